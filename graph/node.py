@@ -1,0 +1,213 @@
+"""Node declarations: a node is a plain function whose signature is its whole schema.
+
+    @node(category="latent", outputs=["LATENT"])
+    def EmptyLatentImage(width=Int(512, min=16, max=MAX_RESOLUTION, step=8),
+                         height=Int(512, min=16, max=MAX_RESOLUTION, step=8),
+                         batch_size=Int(1, min=1, max=4096)):
+        return empty_latent(width, height, batch_size)
+
+Every parameter except `ctx` has an `Input` descriptor as its default; the parameter order is the
+input order ComfyUI clients see. A body that declares `ctx` receives the run `Context`.
+A body returns its outputs as a tuple (a single output may be returned bare), or a `Result` to
+attach a UI payload (output nodes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+MAX_RESOLUTION = 16384
+
+#: Socket types that carry no widget: they can only be linked.
+LINK_TYPES = frozenset({
+    "MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK", "CONTROL_NET",
+    "CLIP_VISION", "CLIP_VISION_OUTPUT", "STYLE_MODEL", "UPSCALE_MODEL", "GLIGEN", "NOISE",
+    "SAMPLER", "SIGMAS", "GUIDER", "*",
+})
+#: Socket types that hold a model: a node consuming one gets a precision policy for it.
+MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL"})
+WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Input:
+    """One declared input. `type` is a ComfyUI socket name; combos use type "COMBO" + options."""
+
+    type: str
+    default: Any = _REQUIRED
+    min: float | None = None
+    max: float | None = None
+    step: float | None = None
+    round: float | None = None
+    options: Sequence[str] | Callable[[Any], Sequence[str]] | None = None  # list, or fn(env)
+    multiline: bool = False
+    optional: bool = False
+    tooltip: str | None = None
+    extra: tuple[tuple[str, Any], ...] = ()  # other object_info options (control_after_generate...)
+    force_input: bool = False  # a widget type that must be linked (e.g. a STRING socket)
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not _REQUIRED
+
+    @property
+    def is_widget(self) -> bool:
+        return self.type in WIDGET_TYPES and not self.force_input
+
+    def option_list(self, env: Any = None) -> list[str]:
+        if self.options is None:
+            return []
+        opts = self.options(env) if callable(self.options) else self.options
+        return list(opts)
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """A hidden input filled by the executor: PROMPT, EXTRA_PNGINFO, UNIQUE_ID."""
+
+    kind: str
+
+
+def _extra(**kw: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, v) for k, v in kw.items() if v is not None and v is not False)
+
+
+def Int(default: int = 0, *, min: int | None = None, max: int | None = None, step: int | None = None,
+        control_after_generate: bool = False, optional: bool = False, tooltip: str | None = None) -> Input:
+    return Input("INT", default, min=min, max=max, step=step, optional=optional, tooltip=tooltip,
+                 extra=_extra(control_after_generate=control_after_generate))
+
+
+def Float(default: float = 0.0, *, min: float | None = None, max: float | None = None,
+          step: float | None = None, round: float | None = None, optional: bool = False,
+          tooltip: str | None = None) -> Input:
+    return Input("FLOAT", default, min=min, max=max, step=step, round=round, optional=optional,
+                 tooltip=tooltip)
+
+
+def String(default: str = "", *, multiline: bool = False, dynamic_prompts: bool = False,
+           optional: bool = False, force_input: bool = False, tooltip: str | None = None) -> Input:
+    return Input("STRING", default, multiline=multiline, optional=optional, tooltip=tooltip,
+                 force_input=force_input, extra=_extra(dynamicPrompts=dynamic_prompts))
+
+
+def Boolean(default: bool = False, *, optional: bool = False, tooltip: str | None = None) -> Input:
+    return Input("BOOLEAN", default, optional=optional, tooltip=tooltip)
+
+
+def Combo(options: Sequence[str] | Callable[[Any], Sequence[str]], default: str | None = None, *,
+          optional: bool = False, tooltip: str | None = None, **extra: Any) -> Input:
+    """A choice among strings. `options` may be a callable of the environment (model file lists)."""
+    if default is None and not callable(options) and options:
+        default = options[0]
+    return Input("COMBO", _REQUIRED if default is None else default, options=options,
+                 optional=optional, tooltip=tooltip, extra=_extra(**extra))
+
+
+def Socket(type: str, *, optional: bool = False, tooltip: str | None = None) -> Input:
+    """A linked-only input (MODEL, LATENT, ...; or a widget type forced to be a socket)."""
+    return Input(type, optional=optional, tooltip=tooltip, force_input=type in WIDGET_TYPES)
+
+
+@dataclass(frozen=True)
+class Output:
+    type: str
+    name: str
+    is_list: bool = False
+
+
+@dataclass(frozen=True)
+class Result:
+    """What an output node (or any node that shows something) returns: values + a UI payload."""
+
+    values: tuple = ()
+    ui: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """The whole schema of a node type, derived once from its function."""
+
+    name: str
+    fn: Callable[..., Any]
+    inputs: tuple[tuple[str, Input], ...]
+    hidden: tuple[tuple[str, Hidden], ...]
+    outputs: tuple[Output, ...]
+    category: str = ""
+    display_name: str | None = None
+    description: str = ""
+    output_node: bool = False
+    deterministic: bool = True
+    version: int = 1
+    wants_ctx: bool = False
+    # fn(env, **literal_inputs) -> hashable: state outside the graph (files). None: no external state.
+    fingerprint: Callable[..., Any] | None = None
+    # fn(env, **literal_inputs) -> list[str] of problems (empty when valid).
+    validate: Callable[..., list[str]] | None = None
+    python_module: str = "nodes"
+
+    @property
+    def input_map(self) -> dict[str, Input]:
+        return dict(self.inputs)
+
+    @property
+    def uses_precision(self) -> bool:
+        return any(i.type in MODEL_TYPES for _, i in self.inputs)
+
+
+def node(_fn: Callable | None = None, *, name: str | None = None, category: str = "",
+         outputs: Sequence[str | Output | tuple[str, str]] = (), output_names: Sequence[str] | None = None,
+         display_name: str | None = None, description: str = "", output_node: bool = False,
+         deterministic: bool = True, version: int = 1, fingerprint: Callable | None = None,
+         validate: Callable | None = None, register: bool = True):
+    """Declare a node from a function. Returns the function, with its `NodeSpec` at `fn.spec`."""
+
+    def wrap(fn: Callable) -> Callable:
+        spec = spec_from_function(
+            fn, name=name, category=category, outputs=outputs, output_names=output_names,
+            display_name=display_name, description=description or (inspect.getdoc(fn) or ""),
+            output_node=output_node, deterministic=deterministic, version=version,
+            fingerprint=fingerprint, validate=validate)
+        fn.spec = spec  # type: ignore[attr-defined]
+        if register:
+            from graph.registry import REGISTRY
+            REGISTRY.add(spec)
+        return fn
+
+    return wrap(_fn) if _fn is not None else wrap
+
+
+def spec_from_function(fn: Callable, *, name: str | None = None, outputs: Sequence = (),
+                       output_names: Sequence[str] | None = None, **kw: Any) -> NodeSpec:
+    inputs: list[tuple[str, Input]] = []
+    hidden: list[tuple[str, Hidden]] = []
+    wants_ctx = False
+    for pname, p in inspect.signature(fn).parameters.items():
+        if pname == "ctx":
+            wants_ctx = True
+        elif isinstance(p.default, Input):
+            inputs.append((pname, p.default))
+        elif isinstance(p.default, Hidden):
+            hidden.append((pname, p.default))
+        else:
+            raise TypeError(f"node {fn.__name__}: parameter {pname!r} needs an Input descriptor "
+                            f"as its default (Int(...), Combo(...), Socket('MODEL'), ...)")
+    outs: list[Output] = []
+    for i, o in enumerate(outputs):
+        if isinstance(o, Output):
+            outs.append(o)
+        elif isinstance(o, tuple):
+            outs.append(Output(o[0], o[1]))
+        else:
+            outs.append(Output(o, output_names[i] if output_names else o))
+    return NodeSpec(name=name or fn.__name__, fn=fn, inputs=tuple(inputs), hidden=tuple(hidden),
+                    outputs=tuple(outs), wants_ctx=wants_ctx, **kw)
+
+
+def replace_spec(spec: NodeSpec, **changes: Any) -> NodeSpec:
+    return dataclasses.replace(spec, **changes)

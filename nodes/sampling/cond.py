@@ -1,0 +1,122 @@
+"""Edge payloads that travel between sampling nodes: LATENT and CONDITIONING.
+
+Everything here is float32 on the CPU and immutable by convention: a consumer never modifies a
+payload in place; it derives a new one with ``dataclasses.replace``. These are ComfyUI's untyped
+``{"samples": ...}`` dicts and ``[[tensor, dict]]`` conditioning lists, given named fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["Latent", "Cond", "SizeCond", "Control", "ControlLike", "Conditioning"]
+
+
+@dataclass(frozen=True)
+class Latent:
+    """LATENT socket.
+
+    samples:     [B, C, H, W] float32, **unscaled** VAE latent (ComfyUI's process_in is applied by
+                 the sampler, not stored here).
+    noise_mask:  [B or 1, 1, H', W'] float32 in 0..1, or None. 1 = resample, 0 = keep the input
+                 latent. Any spatial size; the sampler resizes it (bilinear) to [H, W].
+    batch_index: which images of a bigger batch these are (ComfyUI's "batch_index"), so the
+                 initial noise of image k equals slice k of the batched draw.
+    """
+
+    samples: torch.Tensor
+    noise_mask: torch.Tensor | None = None
+    batch_index: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SizeCond:
+    """SDXL ADM size/crop/aesthetic conditioning (Podell et al. 2023, "SDXL", sec. 2.2).
+
+    Pixel units. ``None`` for width/height/target means "latent size × 8" at sampling time, as in
+    ComfyUI; crops default to 0. ``aesthetic_score`` is used by the refiner only (ComfyUI default
+    6.0 for the positive, 2.5 when a refiner negative sets it).
+    """
+
+    width: int | None = None
+    height: int | None = None
+    crop_w: int = 0
+    crop_h: int = 0
+    target_width: int | None = None
+    target_height: int | None = None
+    aesthetic_score: float = 6.0
+
+
+@dataclass(frozen=True)
+class Control:
+    """ControlNet residuals, diffusers convention.
+
+    input:  one tensor (or None) per UNet input-block output, in order; added to the skip
+            connections. Each [B, C_i, H_i, W_i].
+    middle: added to the middle-block output, [B, C_mid, H_mid, W_mid], or None.
+    """
+
+    input: tuple[torch.Tensor | None, ...]
+    middle: torch.Tensor | None = None
+
+
+@runtime_checkable
+class ControlLike(Protocol):
+    """What ``Cond.control`` holds: a ControlNet chain (the sum of every chained net).
+
+    ``residuals`` is called once per UNet evaluation with the batch the UNet is about to see:
+      x_in:      [B, C, H, W] the noisy latent already multiplied by c_in (ComfyUI
+                 ``calculate_input``); for 9-channel inpaint models, the 4 noisy channels only.
+      timesteps: [B] float discrete timesteps (what the UNet receives).
+      context:   [B, T, D] cross-attention context of the same batch.
+      y:         [B, adm] or None (SDXL vector conditioning).
+      sigma:     [B] the current sigmas.
+      percent:   float in 0..1, sampling progress of the current sigma (0 = start, 1 = end);
+                 a net outside its (start_percent, end_percent) returns None.
+    Returns the summed residuals for that batch, or None when no net is active.
+    """
+
+    def residuals(
+        self,
+        x_in: torch.Tensor,
+        timesteps: torch.Tensor,
+        context: torch.Tensor,
+        y: torch.Tensor | None,
+        sigma: torch.Tensor,
+        percent: float,
+    ) -> Control | None: ...
+
+
+@dataclass(frozen=True)
+class Cond:
+    """One entry of a CONDITIONING (``tuple[Cond, ...]``).
+
+    cross_attn:  [1, T, D] text-encoder hidden states (T a multiple of 77 for CLIP).
+    pooled:      [1, P] pooled text embedding (SDXL clip_g projection) or None.
+    area:        (h, w, y, x) in latent pixels (ComfyUI ConditioningSetArea divides px by 8), or
+                 None for the whole latent.
+    strength:    weight of this cond in the area-weighted average (calc_cond_batch).
+    mask:        [H, W] or [1, H, W] float mask (any size; resized to the latent) multiplying this
+                 cond's weight, or None.
+    control:     ControlNet chain, or None.
+    control_apply_to_uncond: the old ControlNetApply semantics (also on the negative).
+    size:        SDXL ADM size conditioning, or None (defaults derived from the latent).
+    timestep_range: (start_percent, end_percent) of sampling progress where this cond is active
+                 (ConditioningSetTimestepRange); (0, 1) = always.
+    """
+
+    cross_attn: torch.Tensor
+    pooled: torch.Tensor | None = None
+    area: tuple[int, int, int, int] | None = None
+    strength: float = 1.0
+    mask: torch.Tensor | None = None
+    control: ControlLike | None = None
+    control_apply_to_uncond: bool = False
+    size: SizeCond | None = None
+    timestep_range: tuple[float, float] = (0.0, 1.0)
+
+
+Conditioning = tuple[Cond, ...]
