@@ -1,0 +1,145 @@
+"""Model folders: which files a combo lists, and where a combo value points on disk.
+
+Folder keys and aliases are ComfyUI's (DESIGN §6). Combo values are paths relative to a folder
+root, with "/" separators. An `extra_model_paths.yaml` (next to the models folder, or named by the
+env setting `extra_model_paths`) adds roots from an existing ComfyUI or A1111 install.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+FOLDERS: dict[str, tuple[str, ...]] = {
+    # key: (subfolder names searched, first is canonical)
+    "checkpoints": ("checkpoints", "Stable-diffusion"),
+    "vae": ("vae", "VAE"),
+    "loras": ("loras", "Lora", "LyCORIS"),
+    "controlnet": ("controlnet", "ControlNet", "t2i_adapter"),
+    "embeddings": ("embeddings",),
+    "diffusion_models": ("diffusion_models", "unet"),
+    "text_encoders": ("text_encoders", "clip"),
+    "upscale_models": ("upscale_models", "ESRGAN", "RealESRGAN"),
+}
+ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
+
+MODEL_EXTENSIONS = (".safetensors", ".sft", ".ckpt", ".pt", ".pt2", ".pth", ".bin")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+class FolderError(ValueError):
+    pass
+
+
+def _extra_roots(env: Any) -> dict[str, list[Path]]:
+    roots: dict[str, list[Path]] = {k: list(v) for k, v in getattr(env, "extra_model_paths", ())}
+    for base in getattr(env, "models", ()):
+        yaml_path = Path(base).parent / "extra_model_paths.yaml"
+        if not yaml_path.is_file():
+            yaml_path = Path(base) / "extra_model_paths.yaml"
+        if yaml_path.is_file():
+            for key, paths in read_extra_model_paths(yaml_path).items():
+                roots.setdefault(key, []).extend(paths)
+    return roots
+
+
+def read_extra_model_paths(path: Path) -> dict[str, list[Path]]:
+    """Parse ComfyUI's extra_model_paths.yaml: sections with `base_path` and folder: subpath(s)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise FolderError(f"{path}: not valid YAML: {e}") from e
+    out: dict[str, list[Path]] = {}
+    for section in data.values():
+        if not isinstance(section, dict):
+            continue
+        base = Path(os.path.expanduser(str(section.get("base_path", ""))))
+        for key, value in section.items():
+            if key in ("base_path", "is_default"):
+                continue
+            key = ALIASES.get(key, key)
+            for sub in str(value).splitlines():
+                if sub.strip():
+                    out.setdefault(key, []).append(base / sub.strip())
+    return out
+
+
+def roots(env: Any, folder: str) -> list[Path]:
+    folder = ALIASES.get(folder, folder)
+    if folder not in FOLDERS:
+        raise FolderError(f"unknown model folder {folder!r}; known: {', '.join(FOLDERS)}")
+    found: list[Path] = []
+    for base in getattr(env, "models", (Path("models"),)):
+        for name in FOLDERS[folder]:
+            found.append(Path(base) / name)
+    found.extend(_extra_roots(env).get(folder, []))
+    return found
+
+
+def _walk(root: Path, extensions: Iterable[str]) -> list[str]:
+    if not root.is_dir():
+        return []
+    out = []
+    for dirpath, _dirs, files in os.walk(root, followlinks=True):
+        for f in files:
+            if f.lower().endswith(tuple(extensions)):
+                out.append((Path(dirpath) / f).relative_to(root).as_posix())
+    return out
+
+
+def list_files(env: Any, folder: str) -> list[str]:
+    """Combo options for a model folder: relative paths, sorted, without duplicates."""
+    names: set[str] = set()
+    for root in roots(env, folder):
+        names.update(_walk(root, MODEL_EXTENSIONS))
+        if folder in ("checkpoints", "diffusion_models", "unet"):
+            names.update(_diffusers_dirs(root))
+    return sorted(names)
+
+
+def _diffusers_dirs(root: Path) -> list[str]:
+    if not root.is_dir():
+        return []
+    return sorted(p.parent.relative_to(root).as_posix() for p in root.glob("*/model_index.json"))
+
+
+def safe_join(root: Path, relative: str) -> Path:
+    """root/relative, refusing absolute paths, `..` and symlinks that leave the root."""
+    rel = relative.replace("\\", "/")
+    if not rel or rel.startswith("/") or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise FolderError(f"path {relative!r} is not a plain relative path inside {root}")
+    path = root / rel
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
+        raise FolderError(f"path {relative!r} resolves outside {root}")
+    return path
+
+
+def resolve(env: Any, folder: str, name: str) -> Path:
+    """The file a combo value names, searched in every root of the folder."""
+    for root in roots(env, folder):
+        try:
+            path = safe_join(root, name)
+        except FolderError:
+            continue
+        if path.exists():
+            return path
+    raise FolderError(f"{folder}: file {name!r} not found in {', '.join(map(str, roots(env, folder)))}")
+
+
+def options(folder: str):
+    """A combo options callable for `graph.node.Combo`: the folder's files for the env."""
+
+    def listing(env: Any) -> list[str]:
+        return list_files(env, folder) if env is not None else []
+
+    listing.__name__ = f"files_in_{folder}"
+    return listing
+
+
+def list_images(env: Any) -> list[str]:
+    root = Path(getattr(env, "input", "input"))
+    return sorted(_walk(root, IMAGE_EXTENSIONS)) if env is not None else []

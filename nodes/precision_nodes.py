@@ -1,0 +1,55 @@
+"""Our precision nodes: pin the precision of one model handle (wins over regions and defaults)."""
+
+from __future__ import annotations
+
+from graph.node import Boolean, Combo, Socket, node
+from graph.precision import parse_spec
+
+STORAGE = ("f32", "bf16", "f16", "fp8_e4m3fn", "fp8_e5m2", "int8")
+COMPUTE = ("f32", "bf16", "f16")
+
+
+def policy_from(storage: str, compute: str, upcast_attention: bool, f32_norms: bool):
+    """The Policy these widget values name, through the one SPEC grammar."""
+    spec = "int8" if storage == "int8" else f"{storage}:{compute}"
+    flags = ("+upcast_attention" if upcast_attention else "") + ("+f32_norms" if f32_norms else "")
+    return parse_spec(spec + flags)
+
+
+def _pin(handle, storage, compute, upcast_attention, f32_norms):
+    return (handle.with_precision(policy_from(storage, compute, upcast_attention, f32_norms)),)
+
+
+_CATEGORY = "advanced/precision"
+
+
+@node(category=_CATEGORY, outputs=("MODEL",))
+def SetModelPrecision(model=Socket("MODEL"), storage=Combo(STORAGE, "bf16"),
+                      compute=Combo(COMPUTE, "bf16"), upcast_attention=Boolean(False),
+                      f32_norms=Boolean(False)):
+    """Pins the storage and compute dtype of a diffusion model (wins over regions)."""
+    return _pin(model, storage, compute, upcast_attention, f32_norms)
+
+
+@node(category=_CATEGORY, outputs=("CLIP",))
+def SetClipPrecision(clip=Socket("CLIP"), storage=Combo(STORAGE, "bf16"),
+                     compute=Combo(COMPUTE, "bf16"), upcast_attention=Boolean(False),
+                     f32_norms=Boolean(False)):
+    """Pins the precision of a text encoder."""
+    return _pin(clip, storage, compute, upcast_attention, f32_norms)
+
+
+@node(category=_CATEGORY, outputs=("VAE",))
+def SetVaePrecision(vae=Socket("VAE"), storage=Combo(STORAGE, "bf16"),
+                    compute=Combo(COMPUTE, "bf16"), upcast_attention=Boolean(False),
+                    f32_norms=Boolean(False)):
+    """Pins the precision of a VAE."""
+    return _pin(vae, storage, compute, upcast_attention, f32_norms)
+
+
+@node(category=_CATEGORY, outputs=("CONTROL_NET",))
+def SetControlNetPrecision(control_net=Socket("CONTROL_NET"), storage=Combo(STORAGE, "bf16"),
+                           compute=Combo(COMPUTE, "bf16"), upcast_attention=Boolean(False),
+                           f32_norms=Boolean(False)):
+    """Pins the precision of a ControlNet."""
+    return _pin(control_net, storage, compute, upcast_attention, f32_norms)
