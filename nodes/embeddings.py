@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from nodes import folders
-from nodes.models.safetensors_io import load_file
+from nodes.models.safetensors_io import WeightFileError, read_tensors
+
+
+def _read_a1111_pt(path: str) -> dict[str, torch.Tensor]:
+    """A1111 .pt embeddings nest the vectors: {"string_to_param": {"*": T}}. weights_only."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - re-raised with the file name
+        raise WeightFileError(f"{path}: cannot load embedding with weights_only=True: {e}") from e
+    params = obj.get("string_to_param") if isinstance(obj, dict) else None
+    if isinstance(params, dict) and params:
+        return {"emb_params": next(iter(params.values()))}
+    return {k: v for k, v in (obj or {}).items() if isinstance(v, torch.Tensor)}
 
 
 @lru_cache(maxsize=64)
 def _read(path: str, size: int, mtime_ns: int) -> dict[str, torch.Tensor]:
     """An embedding file as {key: [n_vectors, dim] float32}. Formats: A1111 .pt
     (`string_to_param: {"*": T}`), safetensors `emb_params`, SDXL `clip_l` / `clip_g`."""
-    sd = load_file(Path(path))
-    if "string_to_param" in sd:  # flattened by load_file for .pt: string_to_param.*
-        sd = {"emb_params": sd["string_to_param"]}
-    out = {}
-    for key, value in sd.items():
-        if isinstance(value, torch.Tensor):
-            out[key.replace("string_to_param.*", "emb_params")] = value.float().reshape(-1, value.shape[-1])
-    return out
+    if path.endswith((".pt", ".bin", ".ckpt")):
+        sd = _read_a1111_pt(path)
+    else:
+        sd = read_tensors(path)
+    return {k: v.float().reshape(-1, v.shape[-1]) for k, v in sd.items()}
 
 
 def embedding_lookup(env: Any, warn: Callable[[str], None] | None = None

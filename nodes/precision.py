@@ -15,6 +15,9 @@ from graph.precision import Policy
 def effective(ctx: Any, handle: Any, socket: str) -> Policy:
     """The policy to run `handle` under in this node, reported to the engine via ctx."""
     policy = getattr(handle, "precision", None) or ctx.policy_for(socket)
+    pinned_storage = getattr(handle, "weight_dtype", None)  # UNETLoader's weight_dtype
+    if pinned_storage is not None:
+        policy = policy.with_storage(pinned_storage)
     if ctx.fallback_f32:
         policy = policy.as_f32_compute()
     ctx.used_precision(policy)

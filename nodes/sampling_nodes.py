@@ -20,8 +20,8 @@ def _sampler_supported(env: Any, sampler_name: str | None = None, **_: Any) -> l
 
 
 def _progress(ctx):
-    def on_step(i: int, total: int) -> None:
-        ctx.progress(i + 1, total)
+    def on_step(i: int, total: int) -> None:  # i counts 1..total, ComfyUI's progress value
+        ctx.progress(i, total)
 
     return on_step
 

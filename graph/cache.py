@@ -1,0 +1,233 @@
+"""Structural cache keys and the output cache (DESIGN §5).
+
+A node's key is a BLAKE2b digest of: class type, node version, its literal inputs in canonical
+JSON (floats by repr; tensors are never hashed), for each linked input the upstream node's key and
+output slot, its resolved precision, and its fingerprint of external state (files). Node ids are
+not part of it, so an identical subgraph under other ids hits the cache. A node with no key (non
+deterministic, or a literal that has no canonical form) is never cached, and neither is anything
+downstream of it. Keys are fixed-size digests, so computing one is O(inputs), never O(ancestors).
+
+`OutputCache` is an LRU over prompts bounded by bytes: its size estimate walks outputs for
+tensors (through dataclasses, tuples, lists, dicts, nn.Modules), and objects may say their own size
+with `__mixgraph_nbytes__()`. ComfyUI's caches count entries, not bytes, and its default mode
+drops everything the current prompt does not use; this one keeps what fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+__all__ = ["structural_key", "canonical_literals", "walk_tensors", "estimate_nbytes",
+           "CacheEntry", "OutputCache", "default_budget"]
+
+_SCALARS = (int, float, str, bool, type(None), bytes)
+ENTRY_OVERHEAD = 256  # bytes charged per entry for the Python objects around the tensors
+
+
+class NotCanonical(TypeError):
+    """A literal with no canonical form: the node is not cached."""
+
+
+def _canon_default(o: Any) -> Any:
+    if isinstance(o, torch.Tensor):
+        raise NotCanonical("tensors are never hashed into cache keys")
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=repr)
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return {"__type__": type(o).__qualname__,
+                **{f.name: getattr(o, f.name) for f in dataclasses.fields(o)}}
+    raise NotCanonical(f"no canonical form for {type(o).__qualname__}")
+
+
+_dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_canon_default,
+                          ensure_ascii=False, check_circular=False).encode
+
+
+def canonical_literals(literals: dict[str, Any]) -> str:
+    """Canonical JSON of literal inputs (sorted keys; floats by repr; 1, 1.0 and True differ)."""
+    return _dumps(literals)
+
+
+def structural_key(class_type: str, version: Any, literals: dict[str, Any],
+                   links: list[tuple[str, bytes, int]], precision: str = "",
+                   external: Any = None) -> bytes | None:
+    """The 16-byte key of one node call, or None when it cannot be cached.
+
+    `links` are (input name, upstream key, output slot) in any order.
+    """
+    try:
+        lit = _dumps(literals) if literals else "{}"
+    except (TypeError, ValueError):  # NotCanonical, unsortable keys
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{class_type}\x1f{version}\x1f{lit}\x1f{precision}\x1f{external!r}".encode())
+    if links:
+        for name, key, slot in sorted(links):
+            h.update(b"\x1e" + name.encode() + b"\x1f" + key + slot.to_bytes(4, "little"))
+    return h.digest()
+
+
+# --- walking outputs ----------------------------------------------------------------------------
+
+_fields_of: dict[type, tuple[str, ...]] = {}
+
+
+def _children(o: Any) -> Any:
+    t = type(o)
+    if t is tuple or t is list or isinstance(o, (tuple, list)):
+        return o
+    if isinstance(o, dict):
+        return o.values()
+    if isinstance(o, torch.nn.Module):
+        return [*o.parameters(), *o.buffers()]
+    names = _fields_of.get(t)
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(o)) if dataclasses.is_dataclass(o) else ()
+        _fields_of[t] = names
+    return [getattr(o, n, None) for n in names]
+
+
+def walk_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor reachable through tuples, lists, dicts, dataclasses and modules (iterative)."""
+    stack = [obj]
+    seen: set[int] = set()
+    while stack:
+        o = stack.pop()
+        if isinstance(o, _SCALARS):
+            continue
+        if isinstance(o, torch.Tensor):
+            yield o
+            continue
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        stack.extend(_children(o))
+
+
+def estimate_nbytes(obj: Any) -> int:
+    """Bytes held by the tensors in `obj` (shared storages counted once)."""
+    if isinstance(obj, _SCALARS) or (type(obj) is tuple and all(isinstance(x, _SCALARS) for x in obj)):
+        return 0
+    total = 0
+    storages: set[int] = set()
+    stack = [obj]
+    seen: set[int] = set()
+    while stack:
+        o = stack.pop()
+        if isinstance(o, _SCALARS):
+            continue
+        if isinstance(o, torch.Tensor):
+            try:
+                st = o.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr not in storages:
+                    storages.add(ptr)
+                    total += st.nbytes()
+            except (RuntimeError, NotImplementedError):  # meta / exotic tensors
+                total += o.numel() * o.element_size()
+            continue
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        own = getattr(o, "__mixgraph_nbytes__", None)
+        if own is not None and not isinstance(o, type):
+            total += int(own())
+            continue
+        stack.extend(_children(o))
+    return total
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+def default_budget(fraction: float = 0.25) -> int:
+    """A fraction of physical RAM (`$MIXGRAPH_CACHE_BYTES` overrides)."""
+    env = os.environ.get("MIXGRAPH_CACHE_BYTES")
+    if env:
+        return int(float(env))
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 8 * 2**30
+    return int(ram * fraction)
+
+
+@dataclass
+class CacheEntry:
+    outputs: tuple
+    ui: dict | None = None
+    meta: dict[str, Any] = field(default_factory=dict)   # precision, nan_fallback, class_type
+    nbytes: int = 0
+
+
+class OutputCache:
+    """LRU of node outputs across prompts, bounded by an estimated byte budget. Thread-safe."""
+
+    def __init__(self, max_bytes: int | None = None):
+        self.max_bytes = default_budget() if max_bytes is None else int(max_bytes)
+        self._entries: OrderedDict[bytes, CacheEntry] = OrderedDict()
+        self._lock = threading.Lock()
+        self.nbytes = 0
+        self.hits = self.misses = self.evictions = self.rejected = 0
+
+    def get(self, key: bytes | None) -> CacheEntry | None:
+        """The entry for `key` (marked most recently used), or None."""
+        if key is None:
+            return None
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def peek(self, key: bytes | None) -> CacheEntry | None:
+        return None if key is None else self._entries.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, key: bytes, outputs: tuple, ui: dict | None = None,
+            meta: dict[str, Any] | None = None) -> bool:
+        """Store outputs; False when the entry alone is bigger than the budget (not kept)."""
+        nbytes = estimate_nbytes(outputs) + ENTRY_OVERHEAD
+        entry = CacheEntry(outputs, ui, meta or {}, nbytes)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            if nbytes > self.max_bytes:
+                self.rejected += 1
+                return False
+            self._entries[key] = entry
+            self.nbytes += nbytes
+            while self.nbytes > self.max_bytes and self._entries:
+                _, victim = self._entries.popitem(last=False)
+                self.nbytes -= victim.nbytes
+                self.evictions += 1
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+    def stats(self) -> dict[str, int]:
+        return {"entries": len(self._entries), "bytes": self.nbytes, "max_bytes": self.max_bytes,
+                "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+                "rejected": self.rejected}

@@ -1,0 +1,335 @@
+"""The `mixgraph` command line (DESIGN §2).
+
+Exit codes: 0 success, 2 invalid workflow or arguments (nothing executed), 1 a node failed,
+130 interrupted. The node library is imported only here, at run time (`graph.api.
+load_node_library`), so graph/ has no static import of nodes/; `serve`, `demo` and
+`bench precision` load their implementations (`ui.server`, `nodes.demo`, `nodes.bench`, each a
+`cli_main(args) -> int`) lazily as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_NODE_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", metavar="DIR", help="model folder (env MIXGRAPH_MODELS; default ./models)")
+    p.add_argument("--input", metavar="DIR", help="input folder for LoadImage (default ./input)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mixgraph", description="Node-graph workflow engine for "
+                                     "Stable Diffusion with per-subgraph precision.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="validate then execute a workflow headless")
+    p.add_argument("workflow", metavar="WF.json")
+    p.add_argument("--set", action="append", default=[], metavar="ID.INPUT=VALUE",
+                   help="override an input (VALUE is JSON when it parses, else a string)")
+    p.add_argument("--precision", metavar="SPEC|TYPE=SPEC,...",
+                   help="run default (beats the file's default) and/or per-socket-type defaults, "
+                        "e.g. bf16 or MODEL=bf16,VAE=f32")
+    _common(p)
+    p.add_argument("--output", metavar="DIR", help="output folder (default ./output)")
+    p.add_argument("--report", metavar="FILE", help="write the run report as JSON")
+    p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N, mps (default cpu)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("validate", help="check a workflow without running it")
+    p.add_argument("workflow", metavar="WF.json")
+    p.add_argument("--json", action="store_true", help="ComfyUI's error body")
+    _common(p)
+
+    p = sub.add_parser("nodes", help="the node catalogue (as GET /object_info)")
+    p.add_argument("--json", action="store_true")
+    _common(p)
+
+    p = sub.add_parser("serve", help="HTTP/WebSocket server and the browser editor")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8188)
+    p.add_argument("--output", metavar="DIR")
+    p.add_argument("--token", help="bearer token required from clients")
+    p.add_argument("--insecure", action="store_true", help="listen beyond localhost without a token")
+    p.add_argument("--device", metavar="D")
+    _common(p)
+
+    p = sub.add_parser("demo", help="run the default workflow on the embedded model")
+    p.add_argument("--prompt", metavar="TEXT")
+    p.add_argument("--output", metavar="DIR")
+    p.add_argument("--device", metavar="D")
+    _common(p)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    b = bsub.add_parser("engine", help="engine overhead on 1,000-node graphs of trivial nodes")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--nodes", type=int, default=1000, help="graph size (default 1000)")
+    b.add_argument("--big", type=int, default=100_000, help="size of the long-chain check (0: skip)")
+    b.add_argument("--repeat", type=int, default=5)
+    _common(b)
+    b = bsub.add_parser("precision", help="a workflow under each precision")
+    b.add_argument("workflow", metavar="WF.json")
+    b.add_argument("--precisions", metavar="LIST")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--output", metavar="DIR")
+    b.add_argument("--device", metavar="D")
+    _common(b)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
+    """Entry point; `registry` lets tests run the CLI in-process on their own nodes."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        return int(e.code or 0)
+    try:
+        if args.command == "run":
+            return _cmd_run(args, registry)
+        if args.command == "validate":
+            return _cmd_validate(args, registry)
+        if args.command == "nodes":
+            return _cmd_nodes(args, registry)
+        if args.command == "bench" and args.bench == "engine":
+            from graph.bench import cli_main
+            return cli_main(args)
+        if args.command == "bench":
+            return _lazy("nodes.bench", "mixgraph bench precision", args)
+        if args.command == "serve":
+            return _lazy("ui.server", "mixgraph serve", args)
+        if args.command == "demo":
+            return _lazy("nodes.demo", "mixgraph demo", args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
+    parser.error(f"unknown command {args.command!r}")
+    return EXIT_INVALID
+
+
+def _lazy(module: str, what: str, args: argparse.Namespace) -> int:
+    try:
+        fn = getattr(importlib.import_module(module), "cli_main")
+    except (ImportError, AttributeError) as e:
+        print(f"{what}: not available yet ({type(e).__name__}: {e})", file=sys.stderr)
+        return EXIT_INVALID
+    return int(fn(args) or 0)
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_INVALID):
+        super().__init__(message)
+        self.code = code
+
+
+def _registry(registry: Any) -> Any:
+    if registry is not None:
+        return registry
+    from graph.api import default_registry
+    try:
+        return default_registry()
+    except Exception as e:  # noqa: BLE001 - a broken install: say so, run nothing
+        raise CliError(f"the node library failed to load ({type(e).__name__}: {e})") from e
+
+
+def _env(args: argparse.Namespace):
+    from graph.env import Env
+    return Env.from_args(models=args.models, input=args.input, output=getattr(args, "output", None),
+                         device=getattr(args, "device", None))
+
+
+def check_device(device: str | None) -> str | None:
+    """None if `device` is usable here, else why not."""
+    if not device:
+        return None
+    import torch
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        return f"--device {device!r}: {e}"
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"--device {device}: CUDA is not available on this machine"
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            return f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)"
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        return f"--device {device}: MPS is not available on this machine"
+    elif d.type not in ("cpu", "cuda", "mps"):
+        return f"--device {device}: unsupported device type {d.type!r} (cpu, cuda, cuda:N, mps)"
+    return None
+
+
+def _load(path: str, registry: Any):
+    from graph.workflow import load_workflow
+    if not Path(path).is_file():
+        from graph.workflow import WorkflowError
+        raise WorkflowError(f"{path}: no such file")
+    return load_workflow(Path(path), registry)
+
+
+def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
+    from graph.api import set_inputs
+    from graph.executor import Executor, Interrupted, NodeError, ValidationFailed
+    from graph.precision import PrecisionError, parse_precision_arg
+    from graph.workflow import WorkflowError
+
+    problem = check_device(args.device)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    registry = _registry(registry)
+    env = _env(args)
+    try:
+        parse_precision_arg(args.precision, env.device)
+        wf = set_inputs(_load(args.workflow, registry), args.set)
+    except (WorkflowError, PrecisionError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    bar = _ProgressBar(disable=args.quiet)
+    report = None
+    code = EXIT_OK
+    try:
+        report = Executor(registry, env).run(wf, precision=args.precision, on_event=bar)
+    except ValidationFailed as e:
+        print(f"invalid workflow {args.workflow}:\n{e}", file=sys.stderr)
+        report, code = e.report, EXIT_INVALID
+    except NodeError as e:
+        bar.close()
+        print(f"error: {e}", file=sys.stderr)
+        report, code = e.report, EXIT_NODE_FAILED
+    except Interrupted as e:
+        bar.close()
+        print("interrupted", file=sys.stderr)
+        report, code = e.report, EXIT_INTERRUPTED
+    finally:
+        bar.close()
+    if args.report and report is not None:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(report.to_json(), indent=2))
+    if report is not None and code == EXIT_OK:
+        for path in report.files:
+            print(path)
+        cached = len(report.cached)
+        print(f"done in {report.seconds:.2f} s: {len(report.executed)} node(s) executed"
+              + (f", {cached} cached" if cached else ""), file=sys.stderr)
+    return code
+
+
+def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
+    from graph.validate import format_problems, validate
+    from graph.workflow import WorkflowError
+
+    registry = _registry(registry)
+    env = _env(args)
+    try:
+        wf = _load(args.workflow, registry)
+    except (WorkflowError, OSError) as e:
+        if args.json:
+            print(json.dumps({"error": {"type": "invalid_prompt", "message": str(e), "details": "",
+                                        "extra_info": {}}, "node_errors": {}}, indent=2))
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    v = validate(wf.prompt, registry, env)
+    problems = []
+    if wf.precision is not None:  # precision specs are part of the workflow too
+        from graph.precision import PrecisionError, parse_spec
+        specs = [("default", wf.precision.default)] + [(f"region {r.name!r}", r.precision)
+                                                        for r in wf.precision.regions]
+        for where, spec in specs:
+            if spec:
+                try:
+                    parse_spec(spec, env.device)
+                except PrecisionError as e:
+                    problems.append(f"precision {where}: {e}")
+    ok = v.ok and not v.errors and not problems
+    if args.json:
+        body = {"error": v.error, "node_errors": v.node_errors}
+        if problems and v.error is None:
+            body["error"] = {"type": "invalid_precision", "message": "; ".join(problems),
+                             "details": "", "extra_info": {}}
+        if ok:
+            body = {"outputs": list(v.outputs), "node_errors": {}}
+        print(json.dumps(body, indent=2))
+    elif ok:
+        print(f"{args.workflow}: valid ({len(wf.prompt)} nodes; outputs {', '.join(v.outputs)})")
+    else:
+        text = format_problems(v) if (v.errors or not v.ok) else ""
+        print("\n".join(x for x in [text, *problems] if x), file=sys.stderr)
+    return EXIT_OK if ok else EXIT_INVALID
+
+
+def _cmd_nodes(args: argparse.Namespace, registry: Any) -> int:
+    registry = _registry(registry)
+    env = _env(args)
+    info = registry.object_info(env)
+    if args.json:
+        print(json.dumps(info, indent=1, sort_keys=True, default=str))
+        return EXIT_OK
+    by_cat: dict[str, list[str]] = {}
+    for name, entry in info.items():
+        ins = ", ".join([*entry.get("input_order", {}).get("required", []),
+                         *(f"[{n}]" for n in entry.get("input_order", {}).get("optional", []))])
+        outs = ", ".join(entry.get("output", []))
+        by_cat.setdefault(entry.get("category") or "(none)", []).append(f"  {name}({ins}) -> {outs}")
+    for cat in sorted(by_cat):
+        print(cat)
+        print("\n".join(sorted(by_cat[cat])))
+    return EXIT_OK
+
+
+class _ProgressBar:
+    """tqdm over the nodes that execute; the current node's step progress as a postfix."""
+
+    def __init__(self, disable: bool = False):
+        self.disable = disable
+        self.bar = None
+        self._last = 0.0
+        self._current: str | None = None
+
+    def __call__(self, event: Any) -> None:
+        from graph import events as ev
+        if self.disable:
+            if isinstance(event, (ev.Warning, ev.NanFallback)):
+                print(f"warning: {event.message}", file=sys.stderr)
+            return
+        if isinstance(event, ev.ExecutionStart):
+            from tqdm import tqdm
+            self.bar = tqdm(total=len(event.planned), unit="node", file=sys.stderr, leave=False,
+                            dynamic_ncols=True)
+        elif self.bar is None:
+            return
+        elif isinstance(event, ev.Executing):
+            if self.bar.n < self.bar.total and self._current is not None:
+                self.bar.update(1)
+            self._current = event.node
+            if event.node is not None:
+                self.bar.set_description(f"{event.node} {event.class_type}", refresh=False)
+                self.bar.set_postfix_str("", refresh=True)
+        elif isinstance(event, ev.Progress):
+            now = time.monotonic()
+            if now - self._last > 0.1 or event.value >= event.max:
+                self._last = now
+                self.bar.set_postfix_str(f"{event.value}/{event.max}", refresh=True)
+        elif isinstance(event, (ev.Warning, ev.NanFallback)):
+            self.bar.write(f"warning: {event.message}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

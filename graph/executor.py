@@ -1,0 +1,597 @@
+"""The executor: validate, plan, look up the cache, run what is missing (DESIGN §4, §5).
+
+    report = Executor(registry, env).run(workflow, precision="bf16,VAE=f32", on_event=print)
+
+Planning is linear and recursion-free (iterative ancestor walk, Kahn's topological sort), so a
+100,000-node chain runs; per-node work is a digest, a dict lookup and the call itself. Order is
+topological, ties broken by the prompt's node order. Only ancestors of the valid output nodes run,
+and of those only the ones not cached and needed by something uncached (an evicted ancestor of a
+cached node is not re-run). ComfyUI stops a prompt at its first failing node; so does this, and
+everything computed before the failure stays cached.
+
+NaN guard: a node that ran under a half-precision compute policy (what it reported through
+`ctx.used_precision`, else the policy resolved for its model inputs) and returned a non-finite
+float tensor anywhere in its outputs is re-run once, alone, with `ctx.fallback_f32` set and f32
+compute; a warning event is sent and the report says `nan_fallback: true`. Still non-finite: an
+error naming the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from graph import events as ev
+from graph.cache import OutputCache, structural_key, walk_tensors
+from graph.context import Context, Interrupted
+from graph.env import Env
+from graph.node import MODEL_TYPES, NodeSpec, Result
+from graph.precision import Resolver, parse_precision_arg
+from graph.validate import Validation, validate
+from graph.workflow import Link, Workflow, WorkflowError, load_workflow
+
+__all__ = ["Executor", "RunReport", "NodeReport", "ExecutionFailed", "ValidationFailed",
+           "NodeError", "Interrupted", "plan_order"]
+
+log = logging.getLogger("mixgraph")
+_MISSING = object()
+
+
+class ExecutionFailed(Exception):
+    """Base of run failures; `.report` holds the partial RunReport."""
+
+    report: "RunReport | None" = None
+
+
+class ValidationFailed(ExecutionFailed):
+    def __init__(self, validation: Validation | None, message: str | None = None):
+        self.validation = validation
+        if message is None:
+            from graph.validate import format_problems
+            message = format_problems(validation)
+        super().__init__(message)
+
+
+class NodeError(ExecutionFailed):
+    """A node failed. The original exception is `__cause__`."""
+
+    def __init__(self, node_id: str, class_type: str, cause: BaseException | str):
+        self.node_id = node_id
+        self.class_type = class_type
+        text = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        super().__init__(f"node {node_id} ({class_type}) failed: {text}")
+
+
+class NonFiniteOutput(ArithmeticError):
+    """A node's float outputs hold NaN or Inf even with f32 compute."""
+
+
+@dataclass
+class NodeReport:
+    class_type: str
+    status: str                  # "executed" | "cached"
+    seconds: float = 0.0
+    precision: str | None = None
+    nan_fallback: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"class_type": self.class_type, "status": self.status,
+                "seconds": round(self.seconds, 6), "precision": self.precision,
+                "nan_fallback": self.nan_fallback}
+
+
+@dataclass
+class RunReport:
+    """DESIGN §2's --report JSON (`to_json()`), plus the node outputs in memory (`values`)."""
+
+    prompt_id: str
+    seconds: float = 0.0
+    status: str = "running"      # "success" | "error" | "interrupted"
+    nodes: dict[str, NodeReport] = field(default_factory=dict)
+    outputs: dict[str, list[str]] = field(default_factory=dict)   # files written, per node
+    values: dict[str, tuple] = field(default_factory=dict)        # node id -> output tuple
+    ui: dict[str, dict] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prompt_id": self.prompt_id, "seconds": round(self.seconds, 6), "status": self.status,
+            "nodes": {k: v.to_json() for k, v in self.nodes.items()},
+            "outputs": self.outputs, "warnings": self.warnings}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    @property
+    def executed(self) -> list[str]:
+        return [k for k, v in self.nodes.items() if v.status == "executed"]
+
+    @property
+    def cached(self) -> list[str]:
+        return [k for k, v in self.nodes.items() if v.status == "cached"]
+
+    @property
+    def files(self) -> list[str]:
+        return [p for paths in self.outputs.values() for p in paths]
+
+
+class _NodePlan:
+    """What the executor needs about a node type, computed once per spec."""
+
+    __slots__ = ("spec", "fn", "names", "defaults", "hidden", "model_types", "n_out", "unique_id",
+                 "wants_ctx", "deterministic", "fingerprint", "version", "class_type")
+
+    def __init__(self, spec: NodeSpec):
+        self.spec = spec
+        self.fn = spec.fn
+        self.class_type = spec.name
+        self.names = tuple(n for n, _ in spec.inputs)
+        # An absent input gets its declared default (optional sockets: None).
+        self.defaults = {n: (i.default if i.has_default else None) for n, i in spec.inputs}
+        self.hidden = tuple((n, h.kind) for n, h in spec.hidden)
+        self.unique_id = any(k == "UNIQUE_ID" for _, k in self.hidden)
+        self.model_types = tuple(sorted({i.type for _, i in spec.inputs if i.type in MODEL_TYPES}))
+        self.n_out = len(spec.outputs)
+        self.wants_ctx = spec.wants_ctx
+        self.deterministic = spec.deterministic
+        self.fingerprint = spec.fingerprint
+        self.version = spec.version
+
+
+def plan_order(outputs: Iterable[str], inputs: dict[str, dict[str, Any]],
+               node_order: Iterable[str] | None = None) -> list[str]:
+    """Topological order of the ancestors of `outputs` (Kahn's algorithm; no recursion).
+
+    Ties follow `node_order` (the prompt's order). Raises ValueError on a cycle.
+    """
+    seen: dict[str, None] = {}
+    stack = list(outputs)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen[n] = None
+        for v in inputs[n].values():
+            if type(v) is Link:
+                stack.append(v.node_id)
+    nodes = [n for n in node_order if n in seen] if node_order is not None else list(seen)
+    if len(nodes) != len(seen):
+        listed = set(nodes)
+        nodes += [n for n in seen if n not in listed]
+    indeg = dict.fromkeys(nodes, 0)
+    consumers: dict[str, list[str]] = {n: [] for n in nodes}
+    for n in nodes:
+        for v in inputs[n].values():
+            if type(v) is Link:
+                indeg[n] += 1
+                consumers[v.node_id].append(n)
+    ready = deque(n for n in nodes if indeg[n] == 0)
+    order: list[str] = []
+    while ready:
+        n = ready.popleft()
+        order.append(n)
+        for c in consumers[n]:
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                ready.append(c)
+    if len(order) != len(nodes):
+        stuck = sorted(n for n, d in indeg.items() if d > 0)
+        raise ValueError(f"dependency cycle among nodes {', '.join(stuck[:10])}")
+    return order
+
+
+class _Run:
+    """Per-run state shared with the nodes' Contexts."""
+
+    __slots__ = ("prompt_id", "on_event", "interrupt", "report", "workflow", "extra_data",
+                 "_api_prompt")
+
+    def __init__(self, prompt_id, on_event, interrupt, report, workflow, extra_data):
+        self.prompt_id = prompt_id
+        self.on_event = on_event
+        self.interrupt = interrupt
+        self.report = report
+        self.workflow = workflow
+        self.extra_data = extra_data
+        self._api_prompt = _MISSING
+
+    def progress(self, node_id: str, value: int, total: int, preview: Any = None) -> None:
+        if self.on_event is not None:
+            self.on_event(ev.Progress(self.prompt_id, node_id, int(value), int(total), preview))
+
+    def warn(self, message: str, node_id: str | None = None) -> None:
+        text = f"node {node_id}: {message}" if node_id else message
+        log.warning(text)
+        self.report.warnings.append(text)
+        if self.on_event is not None:
+            self.on_event(ev.Warning(self.prompt_id, message, node_id))
+
+    def api_prompt(self) -> dict:
+        if self._api_prompt is _MISSING:
+            self._api_prompt = _api_prompt(self.workflow)
+        return self._api_prompt
+
+    def hidden(self, kind: str, node_id: str) -> Any:
+        if kind == "UNIQUE_ID":
+            return node_id
+        if kind == "PROMPT":
+            return self.api_prompt()
+        if kind == "EXTRA_PNGINFO":
+            return self.extra_data.get("extra_pnginfo")
+        return None
+
+
+def _api_prompt(wf: Workflow) -> dict:
+    """The prompt in ComfyUI's API format (for the PROMPT hidden input / PNG metadata)."""
+    try:
+        from graph.workflow import dump_api
+        return dump_api(wf)
+    except (ImportError, NotImplementedError):
+        out = {}
+        for nid, call in wf.prompt.items():
+            ins = {k: ([v.node_id, v.slot] if type(v) is Link
+                       else {"__value__": v} if isinstance(v, list) else v)
+                   for k, v in call.inputs.items()}
+            out[nid] = {"class_type": call.class_type, "inputs": ins}
+        return out
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Validation and planning allocate only acyclic bookkeeping; pausing the cycle collector
+    keeps its passes over everything alive (a big cache) from dominating their cost."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _nonfinite(values: Any) -> bool:
+    for t in walk_tensors(values):
+        if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
+            return True
+    return False
+
+
+def _ui_files(ui: dict | None, env: Env) -> list[str]:
+    if not ui:
+        return []
+    roots = {"output": env.output, "temp": env.temp, "input": env.input}
+    files = []
+    for items in ui.values():
+        if not isinstance(items, (list, tuple)):
+            continue
+        for item in items:
+            if isinstance(item, dict) and "filename" in item:
+                root = Path(roots.get(item.get("type") or "output", env.output))
+                files.append(str(root / (item.get("subfolder") or "") / item["filename"]))
+    return files
+
+
+def _short(v: Any) -> Any:
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    if isinstance(v, torch.Tensor):
+        return f"Tensor{tuple(v.shape)} {str(v.dtype).replace('torch.', '')}"
+    return type(v).__name__
+
+
+class Executor:
+    """Runs workflows against one registry, one output cache and one environment.
+
+    One run at a time (runs from several threads queue on a lock). `interrupt()` stops the
+    current run at the next node boundary or the next `ctx.check_interrupt()` / `ctx.progress()`.
+    """
+
+    def __init__(self, registry: Any, env: Env | None = None, cache: OutputCache | None = None):
+        self.registry = registry
+        self.env = env or Env()
+        self.cache = cache if cache is not None else OutputCache()
+        self.interrupt_event = threading.Event()
+        self._plans: dict[str, _NodePlan] = {}
+        self._learned: dict[str, tuple[str, ...]] = {}   # class -> socket types asked for at run
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def interrupt(self) -> None:
+        self.interrupt_event.set()
+
+    def _plan_for(self, class_type: str) -> _NodePlan:
+        spec = self.registry.get(class_type)
+        plan = self._plans.get(class_type)
+        if plan is None or plan.spec is not spec:
+            plan = self._plans[class_type] = _NodePlan(spec)
+        return plan
+
+    def load(self, workflow: Any) -> Workflow:
+        return workflow if isinstance(workflow, Workflow) else load_workflow(workflow, self.registry)
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def run(self, workflow: Any, *, targets: Iterable[str] | None = None,
+            precision: str | None = None, type_precision: dict[str, str] | None = None,
+            env: Env | None = None, on_event: Callable[[ev.Event], None] | None = None,
+            interrupt: threading.Event | None = None, prompt_id: str | None = None,
+            extra_data: dict | None = None, validation: Validation | None = None,
+            strict: bool = True) -> RunReport:
+        """Validate and execute. Raises ValidationFailed, NodeError or Interrupted (each with
+        `.report`). `precision` is the run's default and per-type defaults (`"bf16,VAE=f32"`);
+        it beats the workflow file's default, regions beat both. With `strict=False`, invalid
+        outputs are dropped and the valid ones run (ComfyUI's server behaviour)."""
+        with self._lock:
+            own_interrupt = interrupt is None
+            interrupt = self.interrupt_event if own_interrupt else interrupt
+            if own_interrupt:
+                interrupt.clear()
+            try:
+                return self._run(workflow, targets, precision, type_precision, env or self.env,
+                                 on_event, interrupt, prompt_id, extra_data, validation, strict)
+            finally:
+                if own_interrupt:
+                    interrupt.clear()
+
+    def _run(self, workflow, targets, precision, type_precision, env, on_event, interrupt,
+             prompt_id, extra_data, validation, strict) -> RunReport:
+        t_start = time.perf_counter()
+        report = RunReport(prompt_id or str(uuid.uuid4()))
+        try:
+            wf = self.load(workflow)
+            default_spec, types = parse_precision_arg(precision, env.device)
+            if type_precision:
+                types.update({k.upper(): v for k, v in type_precision.items()})
+            resolver = Resolver(wf.precision, types, default_spec, env.device, self._warned)
+        except (WorkflowError, ValueError) as e:
+            report.status, report.error = "error", str(e)
+            err = ValidationFailed(None, str(e))
+            err.report = report
+            raise err from e
+        with _gc_paused():
+            v = validation or validate(wf.prompt, self.registry, env, targets)
+        if not v.ok or (strict and v.errors):
+            report.status, report.error = "error", "validation failed"
+            err = ValidationFailed(v)
+            err.report = report
+            raise err
+        extra = dict(extra_data or {})
+        if "extra_pnginfo" not in extra and wf.ui is not None:
+            extra["extra_pnginfo"] = {"workflow": wf.ui}
+        run = _Run(report.prompt_id, on_event, interrupt, report, wf, extra)
+        for msg in resolver.warnings:
+            run.warn(msg)
+
+        inputs = v.inputs
+        prompt = wf.prompt
+        with _gc_paused():
+            order = plan_order(v.outputs, inputs, prompt)
+            plans = {nid: self._plan_for(prompt[nid].class_type) for nid in order}
+            keys = self._keys(order, inputs, plans, resolver, env, run)
+            hits, needed = self._lookup(order, keys, v.outputs, inputs)
+        to_run = [n for n in order if n in needed and n not in hits]
+
+        emit = on_event
+        if emit is not None:
+            emit(ev.ExecutionStart(report.prompt_id, tuple(to_run)))
+            emit(ev.ExecutionCached(report.prompt_id, tuple(hits)))
+        values = report.values
+        nodes = report.nodes
+        for nid, entry in hits.items():
+            values[nid] = entry.outputs
+            meta = entry.meta
+            nodes[nid] = NodeReport(plans[nid].class_type, "cached", 0.0, meta.get("precision"),
+                                    meta.get("nan_fallback", False))
+            if entry.ui:
+                report.ui[nid] = entry.ui
+                files = _ui_files(entry.ui, env)
+                if files:
+                    report.outputs[nid] = files
+                if emit is not None and nid in needed:
+                    emit(ev.Executed(report.prompt_id, nid, entry.ui))
+
+        current = None
+        try:
+            with torch.inference_mode():
+                for nid in to_run:
+                    current = nid
+                    if interrupt.is_set():
+                        raise Interrupted(f"interrupted before node {nid}", nid, plans[nid].class_type)
+                    self._execute(nid, plans[nid], inputs[nid], keys[nid], values, resolver, env,
+                                  run)
+        except (Interrupted, KeyboardInterrupt) as e:
+            report.status, report.error = "interrupted", "interrupted"
+            report.seconds = time.perf_counter() - t_start
+            if emit is not None:
+                emit(ev.ExecutionInterrupted(
+                    report.prompt_id, current, plans[current].class_type if current else None,
+                    tuple(nodes)))
+                emit(ev.Executing(report.prompt_id, None))
+            err = e if isinstance(e, Interrupted) else Interrupted("interrupted", current)
+            err.report = report
+            if err is e:
+                raise
+            raise err from e
+        except NodeError as e:
+            report.status, report.error = "error", str(e)
+            report.seconds = time.perf_counter() - t_start
+            cause = e.__cause__ or e
+            if emit is not None:
+                call = inputs[current]
+                emit(ev.ExecutionError(
+                    report.prompt_id, current, plans[current].class_type, str(cause),
+                    type(cause).__name__,
+                    tuple(traceback.format_exception(type(cause), cause, cause.__traceback__)),
+                    tuple(nodes),
+                    {k: [_short(x)] for k, x in call.items() if type(x) is not Link},
+                    tuple(n for n in nodes if nodes[n].status == "executed")))
+                emit(ev.Executing(report.prompt_id, None))
+            e.report = report
+            raise
+        report.status = "success"
+        report.seconds = time.perf_counter() - t_start
+        if emit is not None:
+            emit(ev.ExecutionSuccess(report.prompt_id))
+            emit(ev.Executing(report.prompt_id, None))
+        return report
+
+    def _lookup(self, order, keys, outputs, inputs) -> tuple[dict, dict]:
+        """Cache hits, and the nodes needed: walk back from the outputs, stopping at hits."""
+        hits = {}
+        cache_get = self.cache.get
+        for nid in order:
+            k = keys[nid]
+            if k is not None:
+                entry = cache_get(k)
+                if entry is not None:
+                    hits[nid] = entry
+        needed: dict[str, None] = {}
+        stack = list(outputs)
+        while stack:
+            n = stack.pop()
+            if n in needed:
+                continue
+            needed[n] = None
+            if n not in hits:
+                stack.extend(x.node_id for x in inputs[n].values() if type(x) is Link)
+        return hits, needed
+
+    def _keys(self, order, inputs, plans, resolver, env, run) -> dict[str, bytes | None]:
+        keys: dict[str, bytes | None] = {}
+        learned = self._learned
+        for nid in order:
+            plan = plans[nid]
+            if not plan.deterministic:
+                keys[nid] = None
+                continue
+            lits = {}
+            links = []
+            ok = True
+            for name, x in inputs[nid].items():
+                if type(x) is Link:
+                    k = keys[x.node_id]
+                    if k is None:
+                        ok = False
+                        break
+                    links.append((name, k, x.slot))
+                else:
+                    lits[name] = x
+            if not ok:
+                keys[nid] = None
+                continue
+            types = plan.model_types
+            extra = learned.get(plan.class_type)
+            if extra:
+                types = tuple(sorted({*types, *extra}))
+            prec = ";".join(f"{t}={resolver.policy(nid, t).spec}" for t in types) if types else ""
+            external = None
+            if plan.fingerprint is not None:
+                try:
+                    external = plan.fingerprint(env, **lits)
+                except Exception as e:  # noqa: BLE001 - no fingerprint: always re-run, say why
+                    run.warn(f"fingerprint failed ({type(e).__name__}: {e}); not cached", nid)
+                    keys[nid] = None
+                    continue
+            if plan.unique_id:
+                external = (external, nid)
+            keys[nid] = structural_key(plan.class_type, plan.version, lits, links, prec, external)
+        return keys
+
+    def _call(self, nid, plan, call, values, resolver, env, run, fallback: bool):
+        kwargs = {}
+        for name in plan.names:
+            x = call.get(name, _MISSING)
+            if x is _MISSING:
+                kwargs[name] = plan.defaults[name]
+            elif type(x) is Link:
+                kwargs[name] = values[x.node_id][x.slot]
+            else:
+                kwargs[name] = x
+        for pname, kind in plan.hidden:
+            kwargs[pname] = run.hidden(kind, nid)
+        ctx = None
+        if plan.wants_ctx:
+            ctx = Context(nid, plan.class_type, env, resolver.resolve(nid), run,
+                          extra_data=run.extra_data, fallback_f32=fallback)
+            kwargs["ctx"] = ctx
+        ret = plan.fn(**kwargs)
+        ui = None
+        if type(ret) is Result:
+            ui, ret = ret.ui, ret.values
+        if type(ret) is not tuple:
+            ret = () if ret is None and plan.n_out == 0 else (ret,)
+        if len(ret) != plan.n_out:
+            raise TypeError(f"returned {len(ret)} value(s); the node declares {plan.n_out} output(s)")
+        return ret, ui, ctx
+
+    def _execute(self, nid, plan, call, key, values, resolver, env, run) -> None:
+        emit = run.on_event
+        if emit is not None:
+            emit(ev.Executing(run.prompt_id, nid, plan.class_type))
+        t0 = time.perf_counter()
+        fell_back = False
+        try:
+            out, ui, ctx = self._call(nid, plan, call, values, resolver, env, run, False)
+            used = _used_policies(ctx, plan, resolver, nid)
+            if any(p.is_half for p in used) and _nonfinite(out):
+                half = ",".join(p.spec for p in used if p.is_half)
+                f32 = ",".join(p.as_f32_compute().spec for p in used)
+                msg = (f"node {nid} ({plan.class_type}) produced NaN/Inf under {half}; "
+                       f"re-running it with f32 compute ({f32})")
+                log.warning(msg)
+                run.report.warnings.append(msg)
+                if emit is not None:
+                    emit(ev.NanFallback(run.prompt_id, nid, plan.class_type, half, f32, msg))
+                fell_back = True
+                out, ui, ctx = self._call(nid, plan, call, values, resolver, env, run, True)
+                used = _used_policies(ctx, plan, resolver, nid, fallback=True)
+                if _nonfinite(out):
+                    raise NonFiniteOutput(
+                        f"outputs hold NaN/Inf even with f32 compute (after {half} gave NaN/Inf); "
+                        f"the inputs or the model weights are likely broken")
+        except (Interrupted, KeyboardInterrupt, NodeError):
+            raise
+        except Exception as e:  # noqa: BLE001 - any node failure becomes a NodeError
+            raise NodeError(nid, plan.class_type, e) from e
+        seconds = time.perf_counter() - t0
+        if ctx is not None and ctx.asked:
+            extra = ctx.asked.difference(plan.model_types)
+            if extra and not extra.issubset(self._learned.get(plan.class_type, ())):
+                self._learned[plan.class_type] = tuple(
+                    sorted({*extra, *self._learned.get(plan.class_type, ())}))
+        precision = ",".join(dict.fromkeys(p.spec for p in used)) or None
+        values[nid] = out
+        report = run.report
+        report.nodes[nid] = NodeReport(plan.class_type, "executed", seconds, precision, fell_back)
+        if ui:
+            report.ui[nid] = ui
+            files = _ui_files(ui, env)
+            if files:
+                report.outputs[nid] = files
+        if key is not None:
+            self.cache.put(key, out, ui, {"precision": precision, "nan_fallback": fell_back})
+        if emit is not None and ui:
+            emit(ev.Executed(run.prompt_id, nid, ui))
+
+
+def _used_policies(ctx: Context | None, plan: _NodePlan, resolver: Resolver, nid: str,
+                   fallback: bool = False) -> list:
+    """What the node ran under: its reports, else the policies resolved for its model inputs."""
+    if ctx is None:
+        return []
+    if ctx.used:
+        return list(ctx.used)
+    policies = [resolver.policy(nid, t) for t in plan.model_types]
+    return [p.as_f32_compute() for p in policies] if fallback else policies

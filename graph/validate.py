@@ -1,0 +1,432 @@
+"""Prompt validation: every problem, collected before anything runs (DESIGN §5).
+
+Follows ComfyUI 0.3.64's `validate_prompt` (comfy-conventions §1.2): same error `type` strings,
+same JSON shape, same coercions, and the same rule that outputs failing validation are dropped
+while the valid ones still run. Where ComfyUI stops at the first problem or crashes, we go on and
+report; the differences:
+
+* a link to a node that is not in the prompt, or to an output slot the node does not have, is a
+  `bad_linked_input` whose message names the node (ComfyUI raises a KeyError/IndexError that
+  surfaces as `exception_during_validation`);
+* a literal given to a link-only input (MODEL, LATENT, ...) is an `invalid_input_type`;
+* a dependency cycle is a `dependency_cycle` problem on each node of it, found here rather than
+  at execution;
+* the upstream nodes of a mismatched link are still validated, so their problems show too;
+* unknown classes and nodes without `class_type` abort the prompt (`invalid_prompt`, as ComfyUI)
+  but are listed in `node_errors` too, so an editor can highlight them.
+
+Coercion is ComfyUI's: `int()`, `float()`, `str()`, `bool()` on the literal. So `int(3.9) == 3`,
+`int("3.5")` fails, and `bool("false")` is True (Python truthiness; the frontend always sends JSON
+booleans). `step` and `round` are not checked. A node's own `validate(env, ...)` function takes
+over the range and option checks of the inputs it names as parameters (ComfyUI's
+VALIDATE_INPUTS rule: LoadImage checks its file itself); a `**kwargs` parameter takes over none.
+
+Linear time without recursion: ancestors are found with an explicit stack, order and validity
+with Kahn's algorithm, and only the nodes left over by Kahn (those on or behind a cycle) go to
+networkx for strongly connected components.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import networkx as nx
+
+from graph.node import WIDGET_TYPES, Input, NodeSpec
+from graph.registry import input_entry
+from graph.workflow import BadLink, Link, NodeCall
+
+COERCE: dict[str, Callable[[Any], Any]] = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
+
+
+@dataclass(frozen=True)
+class Problem:
+    node_id: str | None
+    class_type: str | None
+    type: str
+    message: str
+    details: str = ""
+    input_name: str | None = None
+    extra_info: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """One entry of ComfyUI's `node_errors[id]["errors"]` (or a top-level `error`)."""
+        extra = dict(self.extra_info)
+        if self.input_name is not None:
+            extra = {"input_name": self.input_name, **extra}
+        return {"type": self.type, "message": self.message, "details": self.details,
+                "extra_info": extra}
+
+
+@dataclass
+class Validation:
+    """`outputs`: output node ids that will run. `inputs`: per validated node, its declared
+    inputs (literals coerced, links as `Link`). `error`: ComfyUI's top-level error JSON when
+    nothing can run. `ok` is ComfyUI's verdict (something runs: `error is None`); `clean` means
+    no problem at all."""
+
+    outputs: tuple[str, ...]
+    inputs: dict[str, dict[str, Any]]
+    errors: list[Problem]
+    node_errors: dict[str, dict]
+    error: dict | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def clean(self) -> bool:
+        return self.error is None and not self.errors
+
+    def error_body(self) -> dict:
+        """The HTTP 400 body of `POST /prompt`."""
+        return {"error": self.error, "node_errors": self.node_errors}
+
+
+def validate(prompt: dict[str, NodeCall], registry: Any, env: Any = None,
+             targets: Iterable[str] | None = None, extra_checks: Callable | None = None) -> Validation:
+    """Check a prompt against the registry. `targets` limits the output nodes (partial execution);
+    `extra_checks(node_id, call, spec, inputs) -> iterable of Problem | str` adds checks of its
+    own for every validated node (a str becomes a `custom_validation_failed`)."""
+    fatal: list[Problem] = []
+    specs: dict[str, NodeSpec] = {}
+    for nid, call in prompt.items():
+        if not call.class_type:
+            fatal.append(Problem(nid, None, "invalid_prompt", "Cannot execute because a node is "
+                                 "missing the class_type property.", f"Node ID '#{nid}'"))
+            continue
+        spec = registry.get(call.class_type)
+        if spec is None:
+            fatal.append(Problem(nid, call.class_type, "invalid_prompt", f"Cannot execute because "
+                                 f"node {call.class_type} does not exist.", f"Node ID '#{nid}'"))
+        else:
+            specs[nid] = spec
+    wanted = None if targets is None else {str(t) for t in targets}
+    outputs = [nid for nid, s in specs.items() if s.output_node and (wanted is None or nid in wanted)]
+
+    checker = _NodeChecker(prompt, specs, env, extra_checks)
+    ups = _ancestors(outputs, prompt, specs)
+    ancestors = list(ups)
+    own: dict[str, list[Problem]] = {p.node_id: [p] for p in fatal}
+    inputs: dict[str, dict[str, Any]] = {}
+    for nid in ancestors:
+        spec = specs.get(nid)
+        if spec is None:
+            continue
+        inputs[nid], problems = checker.check(nid, prompt[nid], spec)
+        if problems:
+            own.setdefault(nid, []).extend(problems)
+
+    units, unit_of = _order(ancestors, ups, own, prompt)
+    bad, masks = _propagate(units, unit_of, ups, own, outputs)
+    good = tuple(o for o in outputs if not bad[unit_of[o]])
+    failed_bits = {i: o for i, o in enumerate(outputs)}
+
+    errors: list[Problem] = []
+    node_errors: dict[str, dict] = {}
+    for nid in prompt:
+        problems = own.get(nid)
+        if not problems:
+            continue
+        errors.extend(problems)
+        mask = masks[unit_of[nid]] if nid in unit_of else 0
+        dependent = [failed_bits[i] for i in _bits(mask)]
+        node_errors[nid] = {"errors": [p.to_json() for p in problems],
+                            "dependent_outputs": dependent,
+                            "class_type": prompt[nid].class_type}
+
+    error = None
+    if fatal:
+        error = fatal[0].to_json()
+        good = ()
+    elif not outputs:
+        p = Problem(None, None, "prompt_no_outputs", "Prompt has no outputs")
+        errors.insert(0, p)
+        error = p.to_json()
+    elif not good:
+        error = {"type": "prompt_outputs_failed_validation",
+                 "message": "Prompt outputs failed validation",
+                 "details": "\n".join(f"{p.message}: {p.details}" for p in errors),
+                 "extra_info": {}}
+    if fatal:  # the abort reasons first, then the rest in prompt order
+        first = {id(p) for p in fatal}
+        errors = fatal + [p for p in errors if id(p) not in first]
+    return Validation(outputs=good, inputs=inputs, errors=errors, node_errors=node_errors, error=error)
+
+
+def _linked_ids(call: NodeCall, spec: NodeSpec | None, prompt: dict) -> list[str]:
+    """Upstream node ids of a node's links that exist (declared inputs only, for a known class)."""
+    if spec is None:
+        values = call.inputs.values()
+    else:
+        values = [call.inputs[n] for n, _ in spec.inputs if n in call.inputs]
+    return [v.node_id for v in values if type(v) is Link and v.node_id in prompt]
+
+
+def _ancestors(outputs: list[str], prompt: dict, specs: dict) -> dict[str, list[str]]:
+    """Every node the outputs depend on -> its upstream node ids (iterative: no recursion limit)."""
+    ups: dict[str, list[str]] = {}
+    stack = list(outputs)
+    while stack:
+        nid = stack.pop()
+        if nid in ups:
+            continue
+        ups[nid] = linked = _linked_ids(prompt[nid], specs.get(nid), prompt)
+        stack.extend(u for u in linked if u not in ups)
+    return ups
+
+
+def _order(nodes: list[str], ups: dict[str, list[str]], own: dict[str, list[Problem]],
+           prompt: dict) -> tuple[list[tuple[str, ...]], dict[str, int]]:
+    """Topological units: singletons from Kahn's algorithm, then the strongly connected
+    components of what is left (cycles and what hangs behind them), in condensation order.
+    Cycle members get a `dependency_cycle` problem."""
+    indeg = {n: len(set(ups[n])) for n in nodes}
+    downs: dict[str, list[str]] = {n: [] for n in nodes}
+    for n in nodes:
+        for u in set(ups[n]):
+            downs[u].append(n)
+    ready = [n for n in nodes if indeg[n] == 0]
+    order: list[str] = []
+    while ready:
+        n = ready.pop()
+        order.append(n)
+        for d in downs[n]:
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                ready.append(d)
+    units = [(n,) for n in order]
+    if len(order) < len(nodes):
+        placed = set(order)
+        g = nx.DiGraph()
+        rest = [n for n in nodes if n not in placed]
+        g.add_nodes_from(rest)
+        g.add_edges_from((u, n) for n in rest for u in ups[n] if u not in placed)
+        cond = nx.condensation(g)
+        for c in nx.topological_sort(cond):
+            members = tuple(cond.nodes[c]["members"])
+            units.append(members)
+            if len(members) > 1 or g.has_edge(members[0], members[0]):
+                cycle = [u for u, _ in nx.find_cycle(g.subgraph(members))]
+                text = " -> ".join(cycle + [cycle[0]])
+                for m in members:
+                    own.setdefault(m, []).append(Problem(
+                        m, prompt[m].class_type, "dependency_cycle",
+                        f"Dependency cycle: {text}", f"Node ID '#{m}' is on a cycle of links",
+                        extra_info={"cycle": cycle}))
+    unit_of = {m: i for i, u in enumerate(units) for m in u}
+    return units, unit_of
+
+
+def _propagate(units, unit_of, ups, own, outputs) -> tuple[list[bool], list[int]]:
+    """bad[u]: the unit or anything upstream has a problem. masks[u]: bit i set when output i
+    depends on the unit."""
+    bad = [False] * len(units)
+    for i, unit in enumerate(units):
+        bad[i] = any(m in own for m in unit) or any(
+            bad[unit_of[u]] for m in unit for u in ups[m] if unit_of[u] != i)
+    masks = [0] * len(units)
+    consumers: dict[str, list[str]] = {}
+    for unit in units:
+        for m in unit:
+            for u in ups[m]:
+                consumers.setdefault(u, []).append(m)
+    bit = {o: 1 << i for i, o in enumerate(outputs)}
+    for i in range(len(units) - 1, -1, -1):
+        mask = 0
+        for m in units[i]:
+            mask |= bit.get(m, 0)
+            for d in consumers.get(m, ()):
+                if unit_of[d] != i:
+                    mask |= masks[unit_of[d]]
+        masks[i] = mask
+    return bad, masks
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    i = 0
+    while mask:
+        if mask & 1:
+            out.append(i)
+        mask >>= 1
+        i += 1
+    return out
+
+
+class _NodeChecker:
+    """Checks one node's declared inputs; caches option lists and validator signatures."""
+
+    def __init__(self, prompt: dict, specs: dict, env: Any, extra_checks: Callable | None):
+        self.prompt, self.specs, self.env, self.extra_checks = prompt, specs, env, extra_checks
+        self._options: dict[tuple[str, str], list] = {}
+        self._claims: dict[str, tuple[frozenset[str], bool]] = {}
+
+    def options(self, spec: NodeSpec, name: str, inp: Input) -> list:
+        key = (spec.name, name)
+        if key not in self._options:
+            self._options[key] = inp.option_list(self.env)
+        return self._options[key]
+
+    def claims(self, spec: NodeSpec) -> tuple[frozenset[str], bool]:
+        """Inputs the node's own validate() names (it checks them itself), and whether it takes
+        **kwargs."""
+        if spec.name not in self._claims:
+            params = list(inspect.signature(spec.validate).parameters.values())[1:]
+            named = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+            self._claims[spec.name] = (named, any(p.kind == p.VAR_KEYWORD for p in params))
+        return self._claims[spec.name]
+
+    def config(self, spec: NodeSpec, name: str, inp: Input) -> list:
+        opts = self.options(spec, name, inp) if inp.type == "COMBO" else None
+        return input_entry(inp, self.env, opts)
+
+    def check(self, nid: str, call: NodeCall, spec: NodeSpec) -> tuple[dict[str, Any], list[Problem]]:
+        claimed, kwargs = self.claims(spec) if spec.validate is not None else (frozenset(), False)
+        got: dict[str, Any] = {}
+        problems: list[Problem] = []
+
+        def problem(kind, message, details, name, **extra):
+            problems.append(Problem(nid, call.class_type, kind, message, details, name, extra))
+
+        for name, inp in spec.inputs:
+            if name not in call.inputs:
+                if not inp.optional:
+                    problem("required_input_missing", "Required input is missing", name, name)
+                continue
+            v = call.inputs[name]
+            if type(v) is BadLink:
+                problem("bad_linked_input", "Bad linked input, must be a length-2 list of "
+                        "[node_id, slot_index]", name, name, input_config=self.config(spec, name, inp),
+                        received_value=list(v.raw))
+            elif type(v) is Link:
+                if self._check_link(v, name, inp, spec, problem):
+                    got[name] = v
+            else:
+                ok, value = self._check_literal(v, name, inp, spec, name in claimed, problem)
+                if ok:
+                    got[name] = value
+        if spec.validate is not None and not problems:
+            literals = {k: x for k, x in got.items() if type(x) is not Link}
+            if not kwargs:
+                literals = {k: x for k, x in literals.items() if k in claimed}
+            try:
+                found = spec.validate(self.env, **literals) or []
+            except Exception as e:  # a validator's crash is reported, not raised
+                found = []
+                problem("exception_during_validation", "Exception when validating node", str(e),
+                        None, exception_type=f"{type(e).__module__}.{type(e).__qualname__}")
+            for item in found:
+                name, text = item if isinstance(item, tuple) else (None, str(item))
+                problem("custom_validation_failed", "Custom validation failed for node",
+                        f"{name} - {text}" if name else text, name)
+        if self.extra_checks is not None:
+            for item in self.extra_checks(nid, call, spec, got) or ():
+                if isinstance(item, Problem):
+                    problems.append(item)
+                else:
+                    problem("custom_validation_failed", "Custom validation failed for node", str(item), None)
+        return got, problems
+
+    def _check_link(self, v: Link, name: str, inp: Input, spec: NodeSpec, problem) -> bool:
+        if v.node_id not in self.prompt:
+            problem("bad_linked_input", f"Input '{name}' is linked to node {v.node_id}, which is "
+                    f"not in the prompt", name, name, linked_node=[v.node_id, v.slot])
+            return False
+        up = self.specs.get(v.node_id)
+        if up is None:
+            return True  # the upstream node's own invalid_prompt says what is wrong
+        if not 0 <= v.slot < len(up.outputs):
+            problem("bad_linked_input", f"Input '{name}' is linked to output {v.slot} of node "
+                    f"{v.node_id} ({up.name}), which has {len(up.outputs)} output(s)", name, name,
+                    linked_node=[v.node_id, v.slot])
+            return False
+        received = up.outputs[v.slot].type
+        if not types_match(received, inp.type):
+            problem("return_type_mismatch", "Return type mismatch between linked nodes",
+                    f"{name}, received_type({received}) mismatch input_type({inp.type})", name,
+                    input_config=self.config(spec, name, inp), received_type=received,
+                    linked_node=[v.node_id, v.slot])
+            return False
+        return True
+
+    def _check_literal(self, v, name, inp, spec, claimed, problem) -> tuple[bool, Any]:
+        kind = inp.type
+        if kind not in WIDGET_TYPES and kind != "*":
+            problem("invalid_input_type", f"Input '{name}' takes a {kind} from another node's "
+                    f"output, not a literal value", f"{name}, {v!r}", name, received_value=v)
+            return False, None
+        if kind in COERCE:
+            try:
+                v = COERCE[kind](v)
+            except Exception as e:
+                problem("invalid_input_type", f"Failed to convert an input value to a {kind} value",
+                        f"{name}, {v}, {e}", name, input_config=self.config(spec, name, inp),
+                        received_value=v, exception_message=str(e))
+                return False, None
+        if claimed:
+            return True, v
+        if inp.min is not None and v < inp.min:
+            problem("value_smaller_than_min", f"Value {v} smaller than min of {inp.min}", name,
+                    name, input_config=self.config(spec, name, inp), received_value=v)
+            return False, None
+        if inp.max is not None and v > inp.max:
+            problem("value_bigger_than_max", f"Value {v} bigger than max of {inp.max}", name,
+                    name, input_config=self.config(spec, name, inp), received_value=v)
+            return False, None
+        if kind == "COMBO":
+            options = self.options(spec, name, inp)
+            if v not in options:
+                big = len(options) > 20
+                listed = f"(list of length {len(options)})" if big else str(options)
+                problem("value_not_in_list", "Value not in list", f"{name}: '{v}' not in {listed}",
+                        name, input_config=None if big else self.config(spec, name, inp),
+                        received_value=v)
+                return False, None
+        return True, v
+
+
+def types_match(received: str, expected: str) -> bool:
+    """ComfyUI's `validate_node_input`: equal, `*` on either side, or overlapping unions."""
+    if received == expected or received == "*" or expected == "*":
+        return True
+    got = {t.strip() for t in received.split(",")}
+    want = {t.strip() for t in expected.split(",")}
+    return bool(got & want)
+
+
+_HINTS = {
+    "invalid_prompt": "check the class name (`mixgraph nodes` lists the installed ones)",
+    "prompt_no_outputs": "add an output node such as SaveImage or PreviewImage",
+    "required_input_missing": "connect a node to it or give it a value",
+    "bad_linked_input": "link it as [node_id, output_index] to an output that exists",
+    "return_type_mismatch": "connect an output of the input's type",
+    "invalid_input_type": "give a value of the input's type",
+    "value_smaller_than_min": "raise the value to the minimum or above",
+    "value_bigger_than_max": "lower the value to the maximum or below",
+    "value_not_in_list": "choose one of the listed options (`mixgraph nodes` shows them)",
+    "custom_validation_failed": "fix the value the node rejected",
+    "exception_during_validation": "the node's validator crashed; report it with the details",
+    "dependency_cycle": "remove one of the links on the cycle",
+}
+
+
+def format_problems(validation: Validation) -> str:
+    """One line per problem for humans: node id, class, input, what is wrong, what to do."""
+    lines = []
+    for p in validation.errors:
+        where = f"node {p.node_id} ({p.class_type or 'no class_type'})" if p.node_id else "prompt"
+        if p.input_name:
+            where += f" input '{p.input_name}'"
+        what = p.message
+        if p.details and p.details != p.input_name and p.type != "invalid_prompt":
+            what += f": {p.details}"
+        hint = _HINTS.get(p.type)
+        lines.append(f"{where}: {what} [{p.type}]" + (f"; {hint}" if hint else ""))
+    if not lines and validation.error is not None:
+        e = validation.error
+        lines.append(f"prompt: {e.get('message')}: {e.get('details')} [{e.get('type')}]")
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""Multi-head attention over packed `[B, T, heads*dim_head]` tensors.
+
+The one attention entry point of the model runtime. It uses PyTorch's
+`F.scaled_dot_product_attention` (which picks a fused kernel where the device has one), so no
+hand-written backend selection lives here. `upcast=True` runs scores and softmax in float32, the
+remedy for fp16 overflow in attention logits (ComfyUI's `attn_precision`, diffusers'
+`upcast_attention`); the result is cast back to the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, heads: int, mask: Tensor | None = None, upcast: bool = False
+) -> Tensor:
+    """Scaled dot-product attention, softmax(q k^T / sqrt(d)) v, per head.
+
+    q: [B, Tq, heads*dim_head]; k, v: [B, Tk, heads*dim_head]. `mask` is boolean (True = attend)
+    or additive float, broadcastable to [B, heads, Tq, Tk]; a 2-D/3-D mask is treated as
+    [Tq, Tk] / [B, Tq, Tk]. Returns [B, Tq, heads*dim_head] in q's dtype.
+    """
+    b, tq, inner = q.shape
+    if inner % heads:
+        raise ValueError(f"attention: width {inner} is not divisible by heads={heads}")
+    dim_head = inner // heads
+    out_dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    # [B, T, heads*dh] -> [B, heads, T, dh]
+    qh = q.view(b, tq, heads, dim_head).transpose(1, 2)
+    kh = k.view(b, k.shape[1], heads, dim_head).transpose(1, 2)
+    vh = v.view(b, v.shape[1], heads, dim_head).transpose(1, 2)
+    if mask is not None:
+        if mask.ndim == 2:  # [Tq, Tk] -> [1, 1, Tq, Tk]
+            mask = mask[None, None]
+        elif mask.ndim == 3:  # [B, Tq, Tk] -> [B, 1, Tq, Tk]
+            mask = mask[:, None]
+        if mask.dtype != torch.bool:
+            mask = mask.to(qh.dtype)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    # [B, heads, Tq, dh] -> [B, Tq, heads*dh]
+    out = out.transpose(1, 2).reshape(b, tq, inner)
+    return out.to(out_dtype)

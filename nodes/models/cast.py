@@ -1,0 +1,295 @@
+"""The one cast-on-forward precision layer of the model runtime.
+
+`apply_precision(module, policy)` returns a copy of a plain-PyTorch model whose layers keep their
+weights in `policy.storage` and cast them, layer by layer, to `policy.compute` on every forward
+(the scheme of diffusers' layerwise casting hook and ComfyUI's `manual_cast` ops). Written here
+rather than using those hooks because the runtime also needs f32 norms, int8 Linear layers,
+keep-f32 patterns and f32 entry/exit on the same copy; the copy is made by class swap so attribute
+names (and so checkpoint keys) stay the same.
+
+Rules:
+- Linear/Conv1d/Conv2d/Embedding/GroupNorm/LayerNorm (exact types) are cast layers. Weight
+  matrices and embedding tables are stored in `policy.storage`. Vectors (biases, norm affine
+  params) are stored in the storage dtype too, except under fp8 storage: there they are kept in
+  the compute dtype (~0.1% of the bytes, and 3 mantissa bits would distort them).
+- Each cast layer casts its input to its compute dtype, so layers of different dtypes can follow
+  each other (a keep-f32 layer feeding a bf16 one).
+- `keep_f32`: a class attribute (tuple of fnmatch patterns over dotted module names, relative to
+  the module that declares it) naming submodules that stay f32 storage and f32 compute.
+- `keep_f32_inputs`: a class attribute of the top-level module naming forward arguments the entry
+  must not cast (e.g. `timesteps`, which bf16 cannot represent exactly). All other floating tensors
+  given to the top-level forward (also inside lists/tuples/dicts) are cast to the compute dtype;
+  floating tensors in the output are cast to float32.
+- `f32_norms`: GroupNorm/LayerNorm statistics are computed in f32, the result cast to compute.
+- `upcast_attention`: sets `upcast_attention = True` on every submodule that has the attribute
+  (False leaves the model's own default).
+- `int8`: every nn.Linear not kept f32 becomes an `Int8Linear`: symmetric per-output-channel int8
+  weights, dynamic per-row int8 activations, int32 accumulation via `torch._int_mm`, f32 rescale
+  (LLM.int8()-style absmax quantization without the outlier split; Dettmers et al.,
+  arXiv:2208.07339).
+- Half compute on CPU: Conv2d weights are stored channels_last and activations made channels_last,
+  since NCHW half convolutions on CPU are orders of magnitude slower.
+
+The input module is never modified; tensors whose dtype does not change are shared with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import inspect
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class PolicyLike(Protocol):
+    storage: torch.dtype
+    compute: torch.dtype
+    upcast_attention: bool
+    f32_norms: bool
+    int8: bool
+
+
+# ---------------------------------------------------------------------------------------------
+# cast layers: subclasses of the torch layers, swapped in by class on the copy
+
+
+class CastLayer:
+    """Marker mixin; `compute_dtype` is set per instance by apply_precision."""
+
+    compute_dtype: torch.dtype = torch.float32
+
+    def _params(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+        w = getattr(self, "weight", None)
+        b = getattr(self, "bias", None)
+        return (None if w is None else w.to(dtype), None if b is None else b.to(dtype))
+
+
+class CastLinear(CastLayer, nn.Linear):
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = self._params(self.compute_dtype)
+        return F.linear(x.to(self.compute_dtype), w, b)
+
+
+class CastConv1d(CastLayer, nn.Conv1d):
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = self._params(self.compute_dtype)
+        return self._conv_forward(x.to(self.compute_dtype), w, b)
+
+
+class CastConv2d(CastLayer, nn.Conv2d):
+    channels_last: bool = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = self._params(self.compute_dtype)
+        x = x.to(self.compute_dtype)
+        if self.channels_last and x.device.type == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self._conv_forward(x, w, b)
+
+
+class CastEmbedding(CastLayer, nn.Embedding):
+    def forward(self, ids: Tensor) -> Tensor:
+        w, _ = self._params(self.compute_dtype)
+        return F.embedding(ids, w, self.padding_idx, self.max_norm, self.norm_type,
+                           self.scale_grad_by_freq, self.sparse)
+
+
+class CastGroupNorm(CastLayer, nn.GroupNorm):
+    norm_dtype: torch.dtype = torch.float32
+
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = self._params(self.norm_dtype)
+        return F.group_norm(x.to(self.norm_dtype), self.num_groups, w, b, self.eps).to(self.compute_dtype)
+
+
+class CastLayerNorm(CastLayer, nn.LayerNorm):
+    norm_dtype: torch.dtype = torch.float32
+
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = self._params(self.norm_dtype)
+        y = F.layer_norm(x.to(self.norm_dtype), self.normalized_shape, w, b, self.eps)
+        return y.to(self.compute_dtype)
+
+
+_CAST_CLASSES: dict[type, type] = {
+    nn.Linear: CastLinear,
+    nn.Conv1d: CastConv1d,
+    nn.Conv2d: CastConv2d,
+    nn.Embedding: CastEmbedding,
+    nn.GroupNorm: CastGroupNorm,
+    nn.LayerNorm: CastLayerNorm,
+}
+_NORMS = (nn.GroupNorm, nn.LayerNorm)
+
+
+class Int8Linear(nn.Module):
+    """nn.Linear with int8 weights [in, out] (per-output-channel absmax scale) and dynamic per-row
+    int8 activations; the int32 product is rescaled in f32 and returned in `compute_dtype`."""
+
+    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.compute_dtype = compute_dtype
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
+        self.register_buffer("weight_int8", q.t().contiguous())  # [out, in] -> [in, out]
+        self.register_buffer("weight_scale", scale)
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).float()  # [..., in] -> [N, in]
+        x_scale = x2.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0  # [N, 1]
+        xq = torch.round(x2 / x_scale).clamp(-127, 127).to(torch.int8)
+        n = xq.shape[0]
+        if xq.device.type == "cuda" and n <= 16:  # cuBLAS int8 GEMM needs more than 16 rows
+            xq = F.pad(xq, (0, 0, 0, 17 - n))
+        acc = torch._int_mm(xq, self.weight_int8)[:n]  # [N, out] int32
+        y = acc.float() * x_scale * self.weight_scale[None]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features).to(self.compute_dtype)  # [N, out] -> [..., out]
+
+
+# ---------------------------------------------------------------------------------------------
+# apply
+
+
+def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
+    """A copy of `module` whose layers store weights in `policy.storage` and compute in
+    `policy.compute`; its forward takes and returns float32. See the module docstring."""
+    storage, compute = policy.storage, policy.compute
+    if storage not in STORAGE_DTYPES:
+        raise ValueError(f"apply_precision: storage dtype {storage} not one of {STORAGE_DTYPES}")
+    if compute not in COMPUTE_DTYPES:
+        raise ValueError(f"apply_precision: compute dtype {compute} not one of {COMPUTE_DTYPES}")
+    if any(isinstance(m, (CastLayer, Int8Linear)) for m in module.modules()):
+        raise ValueError("apply_precision: module already has a precision applied; pass the f32 original")
+
+    kept = _keep_f32_names(module)
+    vector_dtype = compute if storage in FP8_DTYPES else storage
+    to_half_cpu = compute in HALF_DTYPES
+
+    # Pre-fill deepcopy's memo with the converted tensors so the copy never duplicates f32 weights.
+    memo: dict[int, Any] = {}
+    plans: dict[str, str] = {}  # module name -> "cast" | "int8"
+    for name, m in module.named_modules():
+        for buf in m._buffers.values():
+            if buf is not None:
+                memo[id(buf)] = buf
+        f32 = name in kept
+        if type(m) in _CAST_CLASSES:
+            plans[name] = "int8" if policy.int8 and type(m) is nn.Linear and not f32 else "cast"
+        for pname, p in m._parameters.items():
+            if p is None or id(p) in memo:
+                continue
+            if type(m) not in _CAST_CLASSES or plans[name] == "int8" or f32:
+                dtype = p.dtype  # unsupported module, int8 source or keep-f32: share as is
+            elif isinstance(m, _NORMS) or p.ndim < 2:
+                dtype = vector_dtype
+            else:
+                dtype = storage
+            t = p.detach().to(dtype)
+            if (pname == "weight" and type(m) is nn.Conv2d and to_half_cpu and not f32
+                    and t.device.type == "cpu"):
+                t = t.contiguous(memory_format=torch.channels_last)
+            memo[id(p)] = nn.Parameter(t, requires_grad=False)
+    new = copy.deepcopy(module, memo)
+
+    for name, m in list(new.named_modules()):
+        plan = plans.get(name)
+        if plan is None:
+            continue
+        layer_compute = torch.float32 if name in kept else compute
+        if plan == "int8":
+            _set_submodule(new, name, Int8Linear(m, layer_compute))
+            continue
+        m.__class__ = _CAST_CLASSES[type(m)]
+        m.compute_dtype = layer_compute
+        if isinstance(m, _NORMS):
+            m.norm_dtype = torch.float32 if policy.f32_norms else layer_compute
+        if isinstance(m, CastConv2d):
+            m.channels_last = layer_compute in HALF_DTYPES
+    if policy.upcast_attention:
+        for m in new.modules():
+            if hasattr(m, "upcast_attention"):
+                m.upcast_attention = True
+    _install_entry_exit(new, compute)
+    return new
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes held by the module's parameters and buffers (each storage counted once)."""
+    seen: set[tuple[int, torch.dtype]] = set()
+    total = 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        key = (t.data_ptr(), t.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _keep_f32_names(module: nn.Module) -> set[str]:
+    """Names of all modules matched by any `keep_f32` pattern (and everything below them)."""
+    patterns: list[str] = []
+    for owner, m in module.named_modules():
+        for p in getattr(type(m), "keep_f32", ()):
+            patterns.append(f"{owner}.{p}" if owner else p)
+    kept: set[str] = set()
+    for name, _ in module.named_modules():
+        if any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*") for p in patterns):
+            kept.add(name)
+    return kept
+
+
+def _set_submodule(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, new)
+
+
+def _cast_tree(obj: Any, dtype: torch.dtype) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_cast_tree(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_tree(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _install_entry_exit(model: nn.Module, compute: torch.dtype) -> None:
+    keep: Iterable[str] = getattr(type(model), "keep_f32_inputs", ())
+    keep = frozenset(keep)
+    params = list(inspect.signature(model.forward).parameters)
+
+    def entry(_mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        new_args = tuple(
+            a if i < len(params) and params[i] in keep else _cast_tree(a, compute)
+            for i, a in enumerate(args)
+        )
+        new_kwargs = {k: v if k in keep else _cast_tree(v, compute) for k, v in kwargs.items()}
+        return new_args, new_kwargs
+
+    def exit_(_mod: nn.Module, _args: tuple, _kwargs: dict, output: Any) -> Any:
+        return _cast_tree(output, torch.float32)
+
+    model.register_forward_pre_hook(entry, with_kwargs=True)
+    model.register_forward_hook(exit_, with_kwargs=True)

@@ -1,0 +1,338 @@
+"""MODEL, CLIP and VAE handles: immutable, hashable recipes for a model (ARCHITECTURE.md).
+
+A handle names where the weights are (``WeightSource``), the sizes (a config derived from
+shapes), the patches (LoRA) and an optional pinned precision. It holds no weights: each use
+materializes the module through the weight store (``store.materialize``) in the storage dtype
+of the policy it runs under and wraps it with ``cast.apply_precision``. Deriving a handle
+(``with_patches``, ``with_precision``, ``with_sampling``, ``with_layer``) is
+``dataclasses.replace``.
+
+Policy: the policy passed in is authoritative. The node library resolves it
+(``nodes.precision.effective``: the handle's pinned ``precision`` first, unless the engine's NaN
+guard asks for an f32 re-run, which must beat the pin). UNETLoader's ``weight_dtype`` pins the
+storage dtype only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from nodes.models.cast import PolicyLike, apply_precision
+from nodes.models.clip import CLIPTextConfig, CLIPTextModel
+from nodes.models.safetensors_io import WeightSource
+from nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
+from nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
+from nodes.sampling.cond import Cond
+
+__all__ = [
+    "LatentFormat", "latent_format_for", "ModelHandle", "UNetRunner", "ClipHandle", "VaeHandle", "ControlNetHandle",
+]
+
+_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025}
+
+
+@dataclass(frozen=True)
+class LatentFormat:
+    """ComfyUI's LatentFormat: the sampler multiplies latents by ``scale_factor`` on the way in."""
+
+    scale_factor: float = 0.18215
+    channels: int = 4
+
+
+def latent_format_for(kind: str, channels: int = 4) -> LatentFormat:
+    return LatentFormat(_SCALE.get(kind, 0.18215), channels)
+
+
+@dataclass(frozen=True)
+class _Policy:
+    storage: torch.dtype
+    compute: torch.dtype
+    upcast_attention: bool = False
+    f32_norms: bool = False
+    int8: bool = False
+
+
+def _with_storage(policy: PolicyLike, storage: torch.dtype | None) -> PolicyLike:
+    if storage is None or policy.storage == storage:
+        return policy
+    return _Policy(storage, policy.compute, policy.upcast_attention, policy.f32_norms, False)
+
+
+def _materialize(kind, source, config, storage, patches, build):
+    from nodes.models import store
+
+    return store.materialize(kind, source, config, storage, patches, build)
+
+
+# --------------------------------------------------------------------------------------------
+# MODEL
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """MODEL: a diffusion UNet recipe.
+
+    kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner"; prediction: "eps" | "v_prediction" | "x0" |
+    "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by UNETLoader.
+    """
+
+    source: WeightSource
+    config: UNetConfig
+    kind: str
+    prediction: str = "eps"
+    zsnr: bool = False
+    latent_format: LatentFormat = LatentFormat()
+    patches: tuple = ()
+    precision: PolicyLike | None = None
+    weight_dtype: torch.dtype | None = None
+
+    def runner(self, policy: PolicyLike) -> "UNetRunner":
+        policy = _with_storage(policy, self.weight_dtype)
+        module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
+        return UNetRunner(self, apply_precision(module, policy))
+
+    def with_patches(self, patches) -> "ModelHandle":
+        """A handle with ``patches`` appended (applied in order at materialization)."""
+        return dataclasses.replace(self, patches=self.patches + tuple(patches))
+
+    def with_precision(self, policy: PolicyLike | None) -> "ModelHandle":
+        return dataclasses.replace(self, precision=policy)
+
+    def with_sampling(self, prediction: str, zsnr: bool = False) -> "ModelHandle":
+        return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr))
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Our module's weight keys → shapes (header only), e.g. for mapping a LoRA."""
+        return _module_shapes(self.source)
+
+
+class UNetRunner:
+    """The sampler seam (``SamplerModel``): one precision-applied UNet plus its metadata."""
+
+    def __init__(self, handle: ModelHandle, model: torch.nn.Module):
+        self.handle = handle
+        self.model = model
+        self.prediction = handle.prediction
+        self.zsnr = handle.zsnr
+        self.latent_scale = handle.latent_format.scale_factor
+        self.in_channels = handle.config.in_channels
+        self.kind = handle.kind
+
+    def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None) -> Tensor:
+        return self.model(x, timesteps, context, y, control)
+
+    def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False) -> Tensor | None:
+        """SDXL vector conditioning, with ComfyUI's defaults (``samplers.encode_model_conds``):
+        width/height = latent size × 8, crops 0, target = width/height; refiner aesthetic score
+        from the cond, else 6.0 (2.5 when ``negative``, ComfyUI's default for the uncond)."""
+        adm_ch = self.handle.config.adm_in_channels
+        if adm_ch is None:
+            return None
+        size = cond.size
+        h, w = latent_hw
+        width = float(size.width) if size and size.width is not None else w * 8.0
+        height = float(size.height) if size and size.height is not None else h * 8.0
+        crop_w = float(size.crop_w) if size else 0.0
+        crop_h = float(size.crop_h) if size else 0.0
+        n_numbers = 5 if self.kind == "sdxl_refiner" else 6
+        pooled = cond.pooled
+        if pooled is None:
+            pooled = torch.zeros(1, adm_ch - n_numbers * 256)
+        if self.kind == "sdxl_refiner":
+            score = size.aesthetic_score if size is not None else (2.5 if negative else 6.0)
+            return sdxl_refiner_adm(pooled, width, height, crop_w, crop_h, score)
+        tw = float(size.target_width) if size and size.target_width is not None else width
+        th = float(size.target_height) if size and size.target_height is not None else height
+        return sdxl_adm(pooled, width, height, crop_w, crop_h, tw, th)
+
+
+# --------------------------------------------------------------------------------------------
+# CLIP
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
+    from nodes.models.tokenizer import CLIPTokenizer
+
+    return CLIPTokenizer()
+
+
+@dataclass(frozen=True)
+class ClipHandle:
+    """CLIP: the text encoders of one model family ("sd1", "sd2", "sdxl", "sdxl_refiner").
+
+    layer_idx: CLIPSetLastLayer's stop_at_clip_layer (None = the family's default).
+    patches: LoRA patches, each applied to the encoder named by its ``target``.
+    """
+
+    kind: str
+    clip_l: WeightSource | None = None
+    clip_g: WeightSource | None = None
+    clip_h: WeightSource | None = None
+    clip_l_config: CLIPTextConfig | None = None
+    clip_g_config: CLIPTextConfig | None = None
+    clip_h_config: CLIPTextConfig | None = None
+    layer_idx: int | None = None
+    patches: tuple = ()
+    precision: PolicyLike | None = None
+
+    @property
+    def encoders(self) -> tuple[str, ...]:
+        return tuple(n for n in ("clip_l", "clip_g", "clip_h") if getattr(self, n) is not None)
+
+    def encode(
+        self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None
+    ) -> tuple[Cond, ...]:
+        from nodes.models.text_encode import TextEncoders, encode_prompt
+
+        models = {}
+        for name in self.encoders:
+            patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
+            module = _materialize(
+                name, getattr(self, name), getattr(self, f"{name}_config"), policy.storage, patches, CLIPTextModel
+            )
+            models[name] = apply_precision(module, policy)
+        encoders = TextEncoders(self.kind, **models)
+        return encode_prompt(
+            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn
+        )
+
+    def with_layer(self, n: int | None) -> "ClipHandle":
+        return dataclasses.replace(self, layer_idx=n)
+
+    def with_patches(self, patches) -> "ClipHandle":
+        return dataclasses.replace(self, patches=self.patches + tuple(patches))
+
+    def with_precision(self, policy: PolicyLike | None) -> "ClipHandle":
+        return dataclasses.replace(self, precision=policy)
+
+    def weight_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """encoder name → {HF-layout key → shape}, e.g. for mapping a LoRA."""
+        out = {}
+        for name in self.encoders:
+            cfg = getattr(self, f"{name}_config")
+            with torch.device("meta"):
+                m = CLIPTextModel(cfg)
+            out[name] = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# VAE
+
+
+@dataclass(frozen=True)
+class VaeHandle:
+    """VAE: an LDM KL autoencoder. Latents in and out are unscaled (the scale factor is applied by
+    the sampler); IMAGE tensors are [B,H,W,3] float32 in 0..1."""
+
+    source: WeightSource
+    config: VAEConfig
+    latent_format: LatentFormat = LatentFormat()
+    precision: PolicyLike | None = None
+
+    @property
+    def latent_scale(self) -> float:
+        return self.latent_format.scale_factor
+
+    @property
+    def latent_channels(self) -> int:
+        return self.config.latent_channels
+
+    @property
+    def downscale(self) -> int:
+        return self.config.downscale
+
+    def module(self, policy: PolicyLike) -> AutoencoderKL:
+        module = _materialize("vae", self.source, self.config, policy.storage, (), AutoencoderKL)
+        return apply_precision(module, policy)
+
+    def decode(self, samples: Tensor, policy: PolicyLike) -> Tensor:
+        """Latent [B,C,h,w] → IMAGE [B,8h,8w,3]; out-of-memory falls back to tiled decoding."""
+        m = self.module(policy)
+        with torch.inference_mode():
+            return decode_image(lambda z: m.decode(z).float(), samples, downscale=self.downscale)
+
+    def decode_tiled(self, samples: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64) -> Tensor:
+        """VAEDecodeTiled: tile_size and overlap in **pixels** (converted to latent pixels by the
+        downscale factor; overlap is capped at tile_size/4, as ComfyUI's node does)."""
+        if tile_size < overlap * 4:
+            overlap = tile_size // 4
+        f = self.downscale
+        m = self.module(policy)
+        with torch.inference_mode():
+            return decode_tiled(
+                lambda z: m.decode(z).float(), samples, tile=tile_size // f, overlap=overlap // f, downscale=f,
+                out_channels=self.config.out_channels,
+            )
+
+    def encode(self, pixels: Tensor, policy: PolicyLike) -> Tensor:
+        """IMAGE [B,H,W,C] → latent posterior mean [B,C,H/8,W/8] (H, W center-cropped to ×8)."""
+        m = self.module(policy)
+        with torch.inference_mode():
+            return encode_image(
+                lambda x: m.encode(x).float(), pixels, downscale=self.downscale, latent_channels=self.latent_channels
+            )
+
+    def encode_tiled(self, pixels: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64) -> Tensor:
+        """VAEEncodeTiled: tile_size and overlap in pixels."""
+        m = self.module(policy)
+        with torch.inference_mode():
+            return encode_tiled(
+                lambda x: m.encode(x).float(), pixels, tile=tile_size, overlap=overlap, downscale=self.downscale,
+                latent_channels=self.latent_channels,
+            )
+
+    def with_precision(self, policy: PolicyLike | None) -> "VaeHandle":
+        return dataclasses.replace(self, precision=policy)
+
+
+# --------------------------------------------------------------------------------------------
+# CONTROL_NET
+
+
+@dataclass(frozen=True)
+class ControlNetHandle:
+    """CONTROL_NET: a ControlNet recipe (``nodes.models.controlnet``); ``config`` is a
+    ``ControlNetConfig``. ``runner(policy)`` is the precision-applied ``ControlNetModel``
+    (f32 in, f32 out), what ``ControlNetChain.runner`` holds."""
+
+    source: WeightSource
+    config: Any
+    patches: tuple = ()
+    precision: PolicyLike | None = None
+
+    def runner(self, policy: PolicyLike) -> torch.nn.Module:
+        from nodes.models.controlnet import ControlNetModel
+
+        module = _materialize("controlnet", self.source, self.config, policy.storage, self.patches, ControlNetModel)
+        return apply_precision(module, policy)
+
+    def with_precision(self, policy: PolicyLike | None) -> "ControlNetHandle":
+        return dataclasses.replace(self, precision=policy)
+
+
+def _module_shapes(source: WeightSource) -> dict[str, tuple[int, ...]]:
+    from nodes.models.loader import reader_for_source
+    from nodes.models.safetensors_io import inspect_file
+
+    if source.path is None:
+        items = {k: tuple(v.shape) for k, v in (source.tensors or {}).items()}
+    else:
+        items = {k: i.shape for k, i in inspect_file(source.path).items()}
+    rename, _ = reader_for_source(source)
+    out = {}
+    for k, shape in items.items():
+        if not k.startswith(source.prefix):
+            continue
+        k = k[len(source.prefix):]
+        new = rename(k) if rename is not None else k
+        if new is not None:
+            out[new] = shape
+    return out

@@ -1,0 +1,564 @@
+"""Detect what a weight file or folder holds and return handles for it (no tensor data is read).
+
+Detection reads only safetensors headers (key names, shapes, dtypes); sizes come from shapes, so a
+tiny test file and a full-size checkpoint take the same path. Weights are read later, by the
+weight store, when a node materializes a handle in a storage dtype.
+
+Layouts understood (comfy-conventions §8):
+- single-file LDM/SGM checkpoints: UNet ``model.diffusion_model.``, VAE ``first_stage_model.``;
+  text encoders SD1 ``cond_stage_model.transformer.`` (HF clip_l), SD2 ``cond_stage_model.model.``
+  (OpenCLIP clip_h), SDXL ``conditioner.embedders.0.transformer.`` (clip_l) +
+  ``conditioner.embedders.1.model.`` (OpenCLIP clip_g), refiner ``conditioner.embedders.0.model.``
+  (clip_g). Other keys (``model_ema.*``, ``cond_stage_model`` extras, optimizer state) are ignored.
+- diffusers folders: ``unet/``, ``vae/``, ``text_encoder/``, ``text_encoder_2/`` holding
+  ``diffusion_pytorch_model[.fp16].safetensors`` / ``model[.fp16].safetensors``.
+- standalone VAE (LDM keys with or without ``first_stage_model.``; diffusers keys), UNet (LDM
+  with or without ``model.diffusion_model.``; diffusers keys), text encoders (HF or OpenCLIP).
+
+The diffusers → LDM key mapping is written here (``diffusers_unet_rename``,
+``diffusers_vae_rename``): it is a pure renaming derived from the block structure seen in the key
+names; diffusers' VAE attention projections are [C, C] Linear weights where LDM has [C, C, 1, 1]
+1×1 convs, which the weight store reshapes on assignment.
+
+Prediction type: SD2 is v-prediction when the std of the last output block's first
+``transformer_blocks.0.norm1.bias`` exceeds 0.09 (ComfyUI tests ``output_blocks.11`` — the last
+block of a real SD2 UNet); SDXL-family files carry ``v_pred`` / ``ztsnr`` marker keys; diffusers
+folders say it in ``scheduler/scheduler_config.json``. ``prediction=`` overrides all of these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from nodes.models.clip import CLIPTextConfig, is_open_clip, open_clip_to_hf
+from nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
+from nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
+from nodes.models.unet import UNetConfig, unet_config_from_state_dict
+from nodes.models.vae import VAEConfig
+
+__all__ = [
+    "load_checkpoint",
+    "load_unet",
+    "load_vae",
+    "load_clip",
+    "load_controlnet",
+    "detect_unet_kind",
+    "reader_for_source",
+    "diffusers_unet_rename",
+    "diffusers_vae_rename",
+]
+
+UNET_PREFIX = "model.diffusion_model."
+VAE_PREFIX = "first_stage_model."
+CLIP_PREFIXES = {  # kind -> {encoder: (prefix, layout)}
+    "sd1": {"clip_l": ("cond_stage_model.transformer.", "hf_clip")},
+    "sd2": {"clip_h": ("cond_stage_model.model.", "open_clip")},
+    "sdxl": {
+        "clip_l": ("conditioner.embedders.0.transformer.", "hf_clip"),
+        "clip_g": ("conditioner.embedders.1.model.", "open_clip"),
+    },
+    "sdxl_refiner": {"clip_g": ("conditioner.embedders.0.model.", "open_clip")},
+}
+CLIP_ACTIVATION = {"clip_l": "quick_gelu", "clip_g": "gelu", "clip_h": "gelu"}
+WEIGHT_DTYPES = {
+    "default": None,
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e4m3fn_fast": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+Info = Mapping[str, TensorInfo]
+
+
+# --------------------------------------------------------------------------------------------
+# key layouts
+
+
+def _sub(prefix: str, info: Info) -> dict[str, TensorInfo]:
+    return {k[len(prefix):]: v for k, v in info.items() if k.startswith(prefix)}
+
+
+def _count(keys, pattern: str) -> int:
+    """1 + the largest N in keys matching ``pattern`` with one ``(\\d+)`` group (0 if none)."""
+    rx = re.compile(pattern)
+    found = [int(m.group(1)) for k in keys if (m := rx.match(k))]
+    return max(found) + 1 if found else 0
+
+
+_DIFFUSERS_RESNET = {
+    "norm1": "in_layers.0",
+    "conv1": "in_layers.2",
+    "time_emb_proj": "emb_layers.1",
+    "norm2": "out_layers.0",
+    "conv2": "out_layers.3",
+    "conv_shortcut": "skip_connection",
+}
+
+
+def diffusers_unet_rename(keys) -> Callable[[str], str | None]:
+    """A key map diffusers ``UNet2DConditionModel`` → LDM ``openaimodel`` names, for this key set.
+
+    Input blocks are numbered in execution order (conv_in = 0, then each level's ResBlock+
+    transformer pairs, then its downsampler); output blocks likewise, deepest level first.
+    """
+    keys = list(keys)
+    table: dict[str, str] = {
+        "conv_in": "input_blocks.0.0",
+        "time_embedding.linear_1": "time_embed.0",
+        "time_embedding.linear_2": "time_embed.2",
+        "add_embedding.linear_1": "label_emb.0.0",
+        "add_embedding.linear_2": "label_emb.0.2",
+        "conv_norm_out": "out.0",
+        "conv_out": "out.2",
+        "mid_block.resnets.0": "middle_block.0",
+    }
+    resnets = set()
+    if any(k.startswith("mid_block.attentions.0.") for k in keys):
+        table["mid_block.attentions.0"] = "middle_block.1"
+        table["mid_block.resnets.1"] = "middle_block.2"
+    else:
+        table["mid_block.resnets.1"] = "middle_block.1"
+    resnets.update(("mid_block.resnets.0", "mid_block.resnets.1"))
+    n = 1
+    for i in range(_count(keys, r"down_blocks\.(\d+)\.")):
+        for j in range(_count(keys, rf"down_blocks\.{i}\.resnets\.(\d+)\.")):
+            table[f"down_blocks.{i}.resnets.{j}"] = f"input_blocks.{n}.0"
+            resnets.add(f"down_blocks.{i}.resnets.{j}")
+            table[f"down_blocks.{i}.attentions.{j}"] = f"input_blocks.{n}.1"
+            n += 1
+        if any(k.startswith(f"down_blocks.{i}.downsamplers.0.") for k in keys):
+            table[f"down_blocks.{i}.downsamplers.0.conv"] = f"input_blocks.{n}.0.op"
+            n += 1
+    n = 0
+    for i in range(_count(keys, r"up_blocks\.(\d+)\.")):
+        count = _count(keys, rf"up_blocks\.{i}\.resnets\.(\d+)\.")
+        has_attn = any(k.startswith(f"up_blocks.{i}.attentions.") for k in keys)
+        for j in range(count):
+            table[f"up_blocks.{i}.resnets.{j}"] = f"output_blocks.{n}.0"
+            resnets.add(f"up_blocks.{i}.resnets.{j}")
+            table[f"up_blocks.{i}.attentions.{j}"] = f"output_blocks.{n}.1"
+            n += 1
+        table[f"up_blocks.{i}.upsamplers.0.conv"] = f"output_blocks.{n - 1}.{2 if has_attn else 1}.conv"
+
+    def rename(key: str) -> str | None:
+        parts = key.split(".")
+        for cut in range(min(len(parts), 5), 0, -1):
+            head = ".".join(parts[:cut])
+            new = table.get(head)
+            if new is None:
+                continue
+            rest = parts[cut:]
+            if head in resnets and rest:
+                rest = _DIFFUSERS_RESNET.get(rest[0], rest[0]).split(".") + rest[1:]
+            return ".".join([new] + rest)
+        return None  # not a UNet weight (e.g. a stray buffer): skipped
+
+    return rename
+
+
+_VAE_ATTN = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out": "proj_out",
+             "query": "q", "key": "k", "value": "v", "proj_attn": "proj_out"}
+
+
+def diffusers_vae_rename(keys) -> Callable[[str], str | None]:
+    """A key map diffusers ``AutoencoderKL`` → LDM ``first_stage_model`` names (prefix-free)."""
+    levels = _count(list(keys), r"decoder\.up_blocks\.(\d+)\.")
+
+    def rename(key: str) -> str | None:
+        parts = key.split(".")
+        if parts[0] in ("quant_conv", "post_quant_conv"):
+            return key
+        side, rest = parts[0], parts[1:]
+        if side not in ("encoder", "decoder") or not rest:
+            return None
+        head = rest[0]
+        if head in ("conv_in", "conv_out"):
+            return key
+        if head == "conv_norm_out":
+            return ".".join([side, "norm_out"] + rest[1:])
+        if head == "mid_block":
+            kind, idx, tail = rest[1], int(rest[2]), rest[3:]
+            if kind == "resnets":
+                return ".".join([side, "mid", f"block_{idx + 1}"] + _vae_resnet(tail))
+            sub = _VAE_ATTN.get(tail[0])
+            if sub is None:
+                return None
+            if tail[0] == "to_out":  # to_out.0.weight
+                tail = tail[1:]
+            return ".".join([side, "mid", "attn_1", sub] + tail[1:])
+        if head in ("down_blocks", "up_blocks"):
+            i = int(rest[1])
+            level = i if head == "down_blocks" else levels - 1 - i
+            what, tail = rest[2], rest[3:]
+            base = [side, "down" if head == "down_blocks" else "up", str(level)]
+            if what == "resnets":
+                return ".".join(base + ["block", tail[0]] + _vae_resnet(tail[1:]))
+            if what in ("downsamplers", "upsamplers"):  # downsamplers.0.conv.weight
+                return ".".join(base + ["downsample" if what == "downsamplers" else "upsample"] + tail[1:])
+        return None
+
+    return rename
+
+
+def _vae_resnet(tail: list[str]) -> list[str]:
+    return (["nin_shortcut"] + tail[1:]) if tail and tail[0] == "conv_shortcut" else tail
+
+
+def _hf_clip_rename(key: str) -> str | None:
+    if key.endswith("position_ids"):
+        return None
+    if not key.startswith(("text_model.", "text_projection")):
+        return "text_model." + key
+    return key
+
+
+def reader_for_source(source: WeightSource):
+    """(rename, post) turning ``source``'s stored keys into our module's keys.
+
+    ``rename`` maps one key (prefix stripped) or returns None to skip it; ``post`` converts the
+    whole renamed dict (only for layouts that are not a renaming, i.e. OpenCLIP's fused q/k/v).
+    """
+    layout = source.layout
+    if layout == "ldm":
+        return None, None
+    if layout == "hf_clip":
+        return _hf_clip_rename, None
+    if layout == "open_clip":
+        return None, lambda sd: open_clip_to_hf(sd, "")
+    if layout == "controlnet":
+        from nodes.models.controlnet import convert_controlnet_state_dict
+
+        return None, convert_controlnet_state_dict
+    keys = _source_keys(source)
+    if layout == "diffusers_unet":
+        return diffusers_unet_rename(keys), None
+    if layout == "diffusers_vae":
+        return diffusers_vae_rename(keys), None
+    raise ValueError(f"unknown weight layout {layout!r}")
+
+
+def _source_keys(source: WeightSource) -> list[str]:
+    if source.path is None:
+        names = list(source.tensors or ())
+    else:
+        names = list(inspect_file(source.path))
+    return [k[len(source.prefix):] for k in names if k.startswith(source.prefix)]
+
+
+def _renamed_info(info: Info, rename) -> dict[str, TensorInfo]:
+    if rename is None:
+        return dict(info)
+    out = {}
+    for k, v in info.items():
+        new = rename(k)
+        if new is not None:
+            out[new] = v
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# detection
+
+
+def _describe(info: Info) -> str:
+    tops: dict[str, int] = {}
+    for k in info:
+        top = ".".join(k.split(".")[:2])
+        tops[top] = tops.get(top, 0) + 1
+    common = sorted(tops.items(), key=lambda kv: -kv[1])[:8]
+    return f"{len(info)} tensors; top key prefixes: " + ", ".join(f"{p}.* ({n})" for p, n in common)
+
+
+def detect_unet_kind(cfg: UNetConfig) -> str:
+    """Model family from a UNet config (ComfyUI's supported_models matching, by structure)."""
+    if cfg.adm_in_channels is not None:
+        if cfg.adm_in_channels == 2560 or cfg.model_channels == 384 or cfg.context_dim == 1280:
+            return "sdxl_refiner"
+        return "sdxl"
+    return "sd2" if cfg.use_linear_in_transformer else "sd1"
+
+
+def _sd2_is_v(info: Info, cfg: UNetConfig, prefix: str, read: Callable[[str], torch.Tensor]) -> bool:
+    n_out = sum(n + 1 for n in cfg.num_res_blocks)
+    key = f"{prefix}output_blocks.{n_out - 1}.1.transformer_blocks.0.norm1.bias"
+    if cfg.in_channels != 4 or key not in info:
+        return False
+    return float(read(key).float().std()) > 0.09
+
+
+def _prediction(kind: str, info: Info, cfg: UNetConfig, prefix: str, read) -> tuple[str, bool]:
+    if "edm_mean" in info or "edm_vpred.sigma_max" in info:
+        raise NotImplementedError("EDM checkpoints (Playground 2.5, edm_vpred): not supported yet")
+    if "v_pred" in info:
+        return "v_prediction", "ztsnr" in info
+    if kind == "sd2" and _sd2_is_v(info, cfg, prefix, read):
+        return "v_prediction", False
+    return "eps", False
+
+
+def _clip_handle(kind: str, sources: dict[str, WeightSource], configs: dict[str, CLIPTextConfig]) -> ClipHandle:
+    return ClipHandle(
+        kind=kind,
+        clip_l=sources.get("clip_l"),
+        clip_g=sources.get("clip_g"),
+        clip_h=sources.get("clip_h"),
+        clip_l_config=configs.get("clip_l"),
+        clip_g_config=configs.get("clip_g"),
+        clip_h_config=configs.get("clip_h"),
+    )
+
+
+def _clip_config(info: Info, source: WeightSource, role: str) -> CLIPTextConfig:
+    sub = _sub(source.prefix, info)
+    if source.layout == "hf_clip":
+        sub = _renamed_info(sub, _hf_clip_rename)
+    return CLIPTextConfig.from_state_dict(sub, activation=CLIP_ACTIVATION[role])
+
+
+def _vae_handle(source: WeightSource, info: Info, kind: str | None = None) -> VaeHandle:
+    rename, _ = reader_for_source(source)
+    sub = _renamed_info(_sub(source.prefix, info), rename)
+    cfg = VAEConfig.from_state_dict(sub)
+    return VaeHandle(source=source, config=cfg, latent_format=latent_format_for(kind or "sd1", cfg.latent_channels))
+
+
+def _is_diffusers_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "unet").is_dir()
+
+
+def _find_weights(folder: Path, stem: str) -> Path:
+    for name in (f"{stem}.safetensors", f"{stem}.fp16.safetensors", f"{stem}.bin", f"{stem}.fp16.bin"):
+        if (folder / name).is_file():
+            return folder / name
+    if (folder / f"{stem}.safetensors.index.json").is_file():
+        raise NotImplementedError(f"{folder}: sharded diffusers weights: not supported yet")
+    raise ValueError(f"{folder}: no {stem}.safetensors (found: {sorted(p.name for p in folder.iterdir())})")
+
+
+def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> tuple[ModelHandle, ClipHandle | None, VaeHandle | None]:
+    """CheckpointLoaderSimple: (MODEL, CLIP, VAE) handles for a single file or diffusers folder.
+
+    ``prediction`` overrides the detected prediction type ("eps", "v_prediction", ...).
+    """
+    p = Path(path)
+    if p.is_dir():
+        if not _is_diffusers_folder(p):
+            raise ValueError(f"{p}: a folder that is not a diffusers model (no unet/ subfolder)")
+        return _load_diffusers_folder(p, prediction)
+    info = inspect_file(p)
+    n_unet = sum(k.startswith(UNET_PREFIX) for k in info)
+    if n_unet <= 5:
+        raise ValueError(
+            f"{p.name}: not a Stable Diffusion checkpoint: no UNet under '{UNET_PREFIX}' ({_describe(info)}). "
+            f"Standalone UNet, VAE or text-encoder files go in diffusion_models/, vae/ or text_encoders/."
+        )
+    unet_source = WeightSource.from_file(p, UNET_PREFIX)
+    cfg = unet_config_from_state_dict(info, UNET_PREFIX)
+    if any(k.startswith(CLIP_PREFIXES["sdxl"]["clip_g"][0]) for k in info):
+        kind = "sdxl"
+    elif any(k.startswith(CLIP_PREFIXES["sdxl_refiner"]["clip_g"][0]) for k in info):
+        kind = "sdxl_refiner"
+    elif any(k.startswith(CLIP_PREFIXES["sd2"]["clip_h"][0]) for k in info):
+        kind = "sd2"
+    elif any(k.startswith(CLIP_PREFIXES["sd1"]["clip_l"][0]) for k in info):
+        kind = "sd1"
+    else:
+        kind = detect_unet_kind(cfg)
+
+    def read(key: str) -> torch.Tensor:
+        return read_tensors(p, [key])[key]
+
+    pred, zsnr = _prediction(kind, info, cfg, UNET_PREFIX, read)
+    model = ModelHandle(
+        source=unet_source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
+        latent_format=latent_format_for(kind, cfg.out_channels),
+    )
+    sources, configs = {}, {}
+    for role, (prefix, layout) in CLIP_PREFIXES[kind].items():
+        if any(k.startswith(prefix) for k in info):
+            sources[role] = WeightSource.from_file(p, prefix, layout)
+            configs[role] = _clip_config(info, sources[role], role)
+    clip = _clip_handle(kind, sources, configs) if len(sources) == len(CLIP_PREFIXES[kind]) else None
+    vae = None
+    if f"{VAE_PREFIX}decoder.conv_in.weight" in info:
+        vae = _vae_handle(WeightSource.from_file(p, VAE_PREFIX), info, kind)
+    return model, clip, vae
+
+
+def _load_diffusers_folder(root: Path, prediction: str | None):
+    unet_file = _find_weights(root / "unet", "diffusion_pytorch_model")
+    info = inspect_file(unet_file)
+    source = WeightSource.from_file(unet_file, "", "diffusers_unet")
+    cfg = unet_config_from_state_dict(_renamed_info(info, diffusers_unet_rename(info)))
+    has_te1, has_te2 = (root / "text_encoder").is_dir(), (root / "text_encoder_2").is_dir()
+    if has_te2:
+        kind = "sdxl" if has_te1 else "sdxl_refiner"
+    else:
+        kind = detect_unet_kind(cfg)
+    pred, zsnr = "eps", False
+    sched = root / "scheduler" / "scheduler_config.json"
+    if sched.is_file():
+        sc = json.loads(sched.read_text())
+        pred = {"v_prediction": "v_prediction", "epsilon": "eps", "sample": "x0"}.get(sc.get("prediction_type", "epsilon"), "eps")
+        zsnr = bool(sc.get("rescale_betas_zero_snr", False))
+    model = ModelHandle(
+        source=source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
+        latent_format=latent_format_for(kind, cfg.out_channels),
+    )
+    roles = {"sd1": ("clip_l",), "sd2": ("clip_h",), "sdxl": ("clip_l", "clip_g"), "sdxl_refiner": ("clip_g",)}[kind]
+    folders = ["text_encoder", "text_encoder_2"] if kind == "sdxl" else ["text_encoder_2" if kind == "sdxl_refiner" else "text_encoder"]
+    sources, configs = {}, {}
+    for role, folder in zip(roles, folders):
+        if (root / folder).is_dir():
+            f = _find_weights(root / folder, "model")
+            src, cfg_c = _standalone_clip_source(f, role)
+            sources[role], configs[role] = src, cfg_c
+    clip = _clip_handle(kind, sources, configs) if len(sources) == len(roles) else None
+    vae = None
+    if (root / "vae").is_dir():
+        vae = load_vae(_find_weights(root / "vae", "diffusion_pytorch_model"), kind=kind)
+    return model, clip, vae
+
+
+# --------------------------------------------------------------------------------------------
+# standalone files
+
+
+def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction: str | None = None) -> ModelHandle:
+    """UNETLoader: an LDM UNet (with or without ``model.diffusion_model.``) or a diffusers UNet.
+
+    ``weight_dtype`` ("fp8_e4m3fn", ...) pins the storage dtype of this model, as ComfyUI's
+    ``model_options["dtype"]``; the compute dtype still comes from the policy.
+    """
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype must be one of {tuple(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+    p = Path(path)
+    if _is_diffusers_folder(p):
+        p = _find_weights(p / "unet", "diffusion_pytorch_model")
+    info = inspect_file(p)
+    if sum(k.startswith(UNET_PREFIX) for k in info) > 5:
+        source, sub = WeightSource.from_file(p, UNET_PREFIX), _sub(UNET_PREFIX, info)
+    elif "input_blocks.0.0.weight" in info:
+        source, sub = WeightSource.from_file(p), dict(info)
+    elif "conv_in.weight" in info and any(k.startswith("down_blocks.0.resnets.0.") for k in info):
+        source = WeightSource.from_file(p, "", "diffusers_unet")
+        sub = _renamed_info(info, diffusers_unet_rename(info))
+    else:
+        raise ValueError(f"{p.name}: not a UNet file ({_describe(info)})")
+    cfg = unet_config_from_state_dict(sub)
+    kind = detect_unet_kind(cfg)
+    marker_info = dict(sub)
+    marker_info.update({k: v for k, v in info.items() if k in ("v_pred", "ztsnr", "edm_mean", "edm_vpred.sigma_max")})
+    rename = None if source.layout == "ldm" else diffusers_unet_rename(info)
+
+    def read(key: str) -> torch.Tensor:
+        if rename is None:
+            return read_tensors(p, [source.prefix + key])[source.prefix + key]
+        stored = next(k for k in info if rename(k) == key)
+        return read_tensors(p, [stored])[stored]
+
+    pred, zsnr = _prediction(kind, marker_info, cfg, "", read)
+    return ModelHandle(
+        source=source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
+        latent_format=latent_format_for(kind, cfg.out_channels), weight_dtype=WEIGHT_DTYPES[weight_dtype],
+    )
+
+
+def load_vae(path: str | os.PathLike, kind: str | None = None) -> VaeHandle:
+    """VAELoader: LDM keys with or without ``first_stage_model.``, or diffusers keys."""
+    p = Path(path)
+    if p.is_dir() and (p / "vae").is_dir():
+        p = p / "vae"
+    if p.is_dir():
+        p = _find_weights(p, "diffusion_pytorch_model")
+    info = inspect_file(p)
+    if f"{VAE_PREFIX}decoder.conv_in.weight" in info:
+        source = WeightSource.from_file(p, VAE_PREFIX)
+    elif "decoder.conv_in.weight" in info and "encoder.down.0.block.0.conv1.weight" in info:
+        source = WeightSource.from_file(p)
+    elif "decoder.conv_in.weight" in info and "encoder.down_blocks.0.resnets.0.conv1.weight" in info:
+        source = WeightSource.from_file(p, "", "diffusers_vae")
+    elif "taesd_decoder.1.weight" in info or "decoder.layers.1.weight" in info:
+        raise NotImplementedError(f"{p.name}: TAESD VAEs: not supported yet")
+    else:
+        raise ValueError(f"{p.name}: not a KL VAE file ({_describe(info)})")
+    return _vae_handle(source, info, kind)
+
+
+_STANDALONE_CLIP_PREFIXES = (
+    ("", None),
+    ("cond_stage_model.transformer.", None),
+    ("conditioner.embedders.0.transformer.", None),
+    ("cond_stage_model.model.", None),
+    ("conditioner.embedders.1.model.", None),
+    ("conditioner.embedders.0.model.", None),
+)
+
+
+def _standalone_clip_source(path: Path, role: str | None = None):
+    """(source, config) for a text-encoder file; role None = guess from the width."""
+    info = inspect_file(path)
+    for prefix, _ in _STANDALONE_CLIP_PREFIXES:
+        if is_open_clip(info, prefix):
+            layout = "open_clip"
+        elif any(k.startswith(prefix) and k.endswith("embeddings.token_embedding.weight") for k in info):
+            layout = "hf_clip"
+        else:
+            continue
+        source = WeightSource.from_file(path, prefix, layout)
+        guess = role or _guess_clip_role(_clip_config(info, source, "clip_g"), layout)
+        return source, _clip_config(info, source, guess)
+    raise ValueError(f"{path.name}: not a CLIP text encoder ({_describe(info)})")
+
+
+def _guess_clip_role(cfg: CLIPTextConfig, layout: str) -> str:
+    if cfg.width == 1280:
+        return "clip_g"
+    if cfg.width == 1024 or layout == "open_clip":
+        return "clip_h"
+    return "clip_l"
+
+
+def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion") -> ClipHandle:
+    """CLIPLoader (one path, type "stable_diffusion": SD1 clip_l or SD2 clip_h) and
+    DualCLIPLoader (two paths, type "sdxl": clip_l + clip_g, matched by width, else by order)."""
+    paths = [Path(x) for x in paths]
+    if type == "stable_diffusion":
+        if len(paths) != 1:
+            raise ValueError("CLIP type stable_diffusion takes one text encoder file")
+        source, cfg = _standalone_clip_source(paths[0])
+        role = _guess_clip_role(cfg, source.layout)
+        if role == "clip_g":
+            raise ValueError(f"{paths[0].name}: a 1280-wide (clip_g) encoder needs type 'sdxl' with a clip_l")
+        source, cfg = _standalone_clip_source(paths[0], role)
+        kind = "sd1" if role == "clip_l" else "sd2"
+        return _clip_handle(kind, {role: source}, {role: cfg})
+    if type == "sdxl":
+        if len(paths) != 2:
+            raise ValueError("CLIP type sdxl takes two text encoder files (clip_l and clip_g)")
+        found = [_standalone_clip_source(x) for x in paths]
+        a, b = found
+        if a[1].width > b[1].width:
+            a, b = b, a
+        la, lb = _standalone_clip_source(Path(a[0].path), "clip_l"), _standalone_clip_source(Path(b[0].path), "clip_g")
+        return _clip_handle("sdxl", {"clip_l": la[0], "clip_g": lb[0]}, {"clip_l": la[1], "clip_g": lb[1]})
+    raise NotImplementedError(f"CLIP type {type!r}: not supported yet (supported: stable_diffusion, sdxl)")
+
+
+def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
+    """ControlNetLoader: LDM (``control_model.`` or bare) or diffusers ControlNet files; the key
+    conversion and config derivation are ``nodes.models.controlnet``'s, run on the header here."""
+    from nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
+
+    p = Path(path)
+    if p.is_dir():
+        p = _find_weights(p, "diffusion_pytorch_model")
+    info = inspect_file(p)
+    cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
+    return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)

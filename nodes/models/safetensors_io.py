@@ -1,0 +1,336 @@
+"""Reading weight files: lazy safetensors access, header-only inspection, guarded pickle loading.
+
+Tensor bytes are read with the ``safetensors`` library (``safe_open`` memory-maps the file); the
+8-byte length + JSON header is parsed here by hand only to *validate* a file before use, so a
+truncated or corrupt download fails with a message that names the file and says what is wrong
+instead of a bare ``SafetensorError``.
+
+Tensors are converted to the target dtype one at a time as they are read, so loading a bf16 copy
+of an f32 file never holds an f32 copy of the whole model.
+
+Pickle-based files (``.ckpt``, ``.pt``, ``.bin``, ``.pth``) are opened only with
+``torch.load(weights_only=True)`` (no code can run) and a warning (DESIGN.md §7).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import struct
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+__all__ = [
+    "TensorInfo",
+    "WeightSource",
+    "WeightFileError",
+    "PICKLE_SUFFIXES",
+    "SAFETENSORS_SUFFIXES",
+    "inspect_file",
+    "read_tensors",
+    "read_source",
+    "source_dtypes",
+]
+
+SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
+PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
+
+_ST_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format limit
+
+
+class WeightFileError(ValueError):
+    """A weight file that cannot be read: truncated, corrupt, or of an unknown format."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Shape and stored dtype of one tensor, known without reading its data."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+_memory_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """Where one model's weights come from, and how to turn them into our module's keys.
+
+    path:      file on disk, or None for an in-memory state dict (tests).
+    size, mtime_ns: the file's identity at detection time; a rewritten file is a new source.
+    prefix:    only keys starting with this are read, and it is stripped ("" = whole file).
+    layout:    key layout of the stored tensors: "ldm" (our module names after stripping the
+               prefix), "diffusers_unet", "diffusers_vae", "open_clip", "hf_clip". The loader
+               registers a converter per layout (``loader.to_module_keys``).
+    tensors:   the in-memory state dict when path is None (excluded from hash and equality;
+               ``token`` identifies it instead).
+    """
+
+    path: str | None
+    size: int = 0
+    mtime_ns: int = 0
+    prefix: str = ""
+    layout: str = "ldm"
+    token: str = ""
+    tensors: Mapping[str, torch.Tensor] | None = field(default=None, compare=False, hash=False, repr=False)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, prefix: str = "", layout: str = "ldm") -> "WeightSource":
+        path = os.path.abspath(os.fspath(path))
+        st = os.stat(path)
+        return cls(path=path, size=st.st_size, mtime_ns=st.st_mtime_ns, prefix=prefix, layout=layout)
+
+    @classmethod
+    def from_state_dict(
+        cls, state_dict: Mapping[str, torch.Tensor], prefix: str = "", layout: str = "ldm", name: str = "memory"
+    ) -> "WeightSource":
+        """An in-memory source (tests). Each call is a distinct identity."""
+        return cls(path=None, prefix=prefix, layout=layout, token=f"{name}#{next(_memory_ids)}", tensors=state_dict)
+
+    def with_prefix(self, prefix: str, layout: str | None = None) -> "WeightSource":
+        return WeightSource(
+            self.path, self.size, self.mtime_ns, prefix, layout or self.layout, self.token, self.tensors
+        )
+
+    @property
+    def file_identity(self) -> tuple:
+        """Identity of the underlying file (or memory dict), independent of prefix and layout."""
+        return ("mem", self.token) if self.path is None else ("file", self.path, self.size, self.mtime_ns)
+
+    @property
+    def identity(self) -> tuple:
+        """Cache identity of these weights: file identity + the part of it read."""
+        return self.file_identity + (self.prefix, self.layout)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path) if self.path else self.token
+
+
+# --------------------------------------------------------------------------------------------
+# header-only inspection
+
+
+def _is_pickle(path: str) -> bool:
+    return path.lower().endswith(PICKLE_SUFFIXES)
+
+
+def _safetensors_header(path: str) -> dict:
+    """Parse and validate the safetensors header; raise WeightFileError naming what is wrong."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise WeightFileError(f"{path}: not a safetensors file: only {size} bytes (truncated?)")
+            (n,) = struct.unpack("<Q", head)
+            if n > _MAX_HEADER_BYTES:
+                raise WeightFileError(
+                    f"{path}: not a safetensors file: header length field is {n} bytes "
+                    f"(corrupt file, or another format with a .safetensors name)"
+                )
+            if 8 + n > size:
+                raise WeightFileError(
+                    f"{path}: truncated safetensors file: the header needs {8 + n} bytes but the file "
+                    f"has {size}; download it again"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise WeightFileError(f"{path}: cannot read weight file: {e}") from e
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WeightFileError(f"{path}: corrupt safetensors header (not valid JSON: {e})") from e
+    if not isinstance(header, dict):
+        raise WeightFileError(f"{path}: corrupt safetensors header (not a JSON object)")
+    data_end = 0
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            begin, end = entry["data_offsets"]
+            entry["shape"], entry["dtype"]
+        except (TypeError, KeyError, ValueError) as e:
+            raise WeightFileError(f"{path}: corrupt safetensors header entry for {key!r}") from e
+        data_end = max(data_end, int(end))
+    if 8 + n + data_end > size:
+        raise WeightFileError(
+            f"{path}: truncated safetensors file: the header declares {data_end} bytes of tensor data "
+            f"but only {size - 8 - n} are present ({size} bytes in all); download it again"
+        )
+    return header
+
+
+def inspect_file(path: str | os.PathLike) -> dict[str, TensorInfo]:
+    """Key → (shape, dtype) for every tensor, without reading tensor data from safetensors files.
+
+    Pickle files have no separate header: they are loaded (weights_only, memory-mapped where the
+    zip format allows) and described.
+    """
+    path = os.fspath(path)
+    if _is_pickle(path):
+        return {k: TensorInfo(tuple(v.shape), v.dtype) for k, v in _load_pickle(path).items()}
+    out: dict[str, TensorInfo] = {}
+    for key, entry in _safetensors_header(path).items():
+        if key == "__metadata__":
+            continue
+        dtype = _ST_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise WeightFileError(f"{path}: tensor {key!r} has unsupported dtype {entry['dtype']}")
+        out[key] = TensorInfo(tuple(int(s) for s in entry["shape"]), dtype)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# reading tensors
+
+_pickle_cache: dict[tuple, dict[str, torch.Tensor]] = {}
+
+
+def _load_pickle(path: str) -> dict[str, torch.Tensor]:
+    """torch.load with weights_only=True (DESIGN.md §7), memory-mapped; warns once per file."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if key in _pickle_cache:
+        return _pickle_cache[key]
+    warnings.warn(
+        f"{os.path.basename(path)}: pickle-format weights; loading with torch.load(weights_only=True). "
+        f"Prefer .safetensors files.",
+        stacklevel=3,
+    )
+    obj = None
+    errors = []
+    for mmap in (True, False):
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            break
+        except Exception as e:  # noqa: BLE001 - re-raised below with the file name
+            errors.append(e)
+    if obj is None:
+        e = errors[-1]
+        raise WeightFileError(
+            f"{path}: cannot load pickle weights with weights_only=True (truncated, corrupt, or it "
+            f"contains objects other than tensors): {type(e).__name__}: {e}"
+        ) from e
+    for wrapper in ("state_dict", "model", "module"):
+        if isinstance(obj, dict) and isinstance(obj.get(wrapper), dict) and len(obj) <= 8:
+            obj = obj[wrapper]
+            break
+    if not isinstance(obj, dict):
+        raise WeightFileError(f"{path}: pickle file holds a {type(obj).__name__}, not a state dict")
+    tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise WeightFileError(f"{path}: pickle file holds no tensors")
+    if len(_pickle_cache) > 4:
+        _pickle_cache.clear()
+    _pickle_cache[key] = tensors
+    return tensors
+
+
+def _convert(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """Cast floating tensors to dtype; integer/bool tensors (position ids) keep theirs."""
+    if dtype is None or not t.is_floating_point() or t.dtype == dtype:
+        return t
+    return t.to(dtype)
+
+
+def read_tensors(
+    path: str | os.PathLike,
+    keys: Iterable[str] | None = None,
+    *,
+    prefix: str = "",
+    dtype: torch.dtype | None = None,
+    strip_prefix: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Read tensors whose names start with ``prefix`` (or exactly ``keys``), cast to ``dtype``.
+
+    One tensor at a time: peak memory is the result plus one tensor in the stored dtype.
+    """
+    path = os.fspath(path)
+    wanted = None if keys is None else set(keys)
+
+    def select(names: Iterable[str]) -> list[str]:
+        return [k for k in names if k.startswith(prefix) and (wanted is None or k in wanted)]
+
+    def out_key(k: str) -> str:
+        return k[len(prefix):] if strip_prefix else k
+
+    if _is_pickle(path):
+        sd = _load_pickle(path)
+        return {out_key(k): _convert(sd[k], dtype).contiguous() for k in select(sd)}
+    _safetensors_header(path)  # clear errors before safetensors' own
+    out: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for k in select(f.keys()):
+                out[out_key(k)] = _convert(f.get_tensor(k), dtype)
+    except (SafetensorError, OSError) as e:
+        raise WeightFileError(f"{path}: cannot read safetensors data: {e}") from e
+    return out
+
+
+def read_source(
+    source: WeightSource,
+    dtype_for: Callable[[str], torch.dtype | None],
+    rename: Callable[[str], str | None] | None = None,
+) -> dict[str, torch.Tensor]:
+    """All tensors of ``source`` (prefix stripped), renamed and cast one at a time.
+
+    ``rename`` maps a stored key (prefix stripped) to our module key, or None to skip it;
+    ``dtype_for(module_key)`` gives the dtype to store that tensor in (None = as stored).
+    """
+    def take(items) -> dict[str, torch.Tensor]:
+        out = {}
+        for key, get in items:
+            new = rename(key) if rename is not None else key
+            if new is None:
+                continue
+            out[new] = _convert(get(), dtype_for(new))
+        return out
+
+    p = source.prefix
+    if source.path is None:
+        assert source.tensors is not None, "in-memory WeightSource without tensors"
+        sd = source.tensors
+        return take((k[len(p):], (lambda k=k: sd[k])) for k in sd if k.startswith(p))
+    path = source.path
+    if _is_pickle(path):
+        sd = _load_pickle(path)
+        return take((k[len(p):], (lambda k=k: sd[k])) for k in sd if k.startswith(p))
+    _safetensors_header(path)
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            return take((k[len(p):], (lambda k=k: f.get_tensor(k))) for k in f.keys() if k.startswith(p))
+    except (SafetensorError, OSError) as e:
+        raise WeightFileError(f"{path}: cannot read safetensors data: {e}") from e
+
+
+def source_dtypes(source: WeightSource) -> set[torch.dtype]:
+    """The stored floating dtypes of a source's tensors (header only for safetensors)."""
+    if source.path is None:
+        assert source.tensors is not None
+        items = [(k, v.dtype) for k, v in source.tensors.items()]
+    else:
+        items = [(k, i.dtype) for k, i in inspect_file(source.path).items()]
+    return {d for k, d in items if k.startswith(source.prefix) and d.is_floating_point}

@@ -1,0 +1,480 @@
+"""The latent-diffusion UNet ("openaimodel" layout) for SD1.x, SD2.x, SDXL and the SDXL refiner.
+
+Architecture: Rombach et al., "High-Resolution Image Synthesis with Latent Diffusion Models"
+(arXiv:2112.10752); SDXL additions (label embedding of pooled text + size conditioning,
+transformer depth per level): Podell et al., "SDXL" (arXiv:2307.01952).
+
+Attribute names equal the checkpoint keys under `model.diffusion_model.`, so
+`UNetModel(cfg).load_state_dict(sd)` needs no mapping table. Model families differ only in
+`UNetConfig` values, which `unet_config_from_state_dict` derives from tensor shapes.
+
+Heads: LDM configures SD1 checkpoints with a fixed head *count* (8) and SD2/SDXL with a fixed head
+*width* (64 channels). Detection follows that rule via `use_linear_in_transformer` (False = SD1
+style, `num_heads=8`; True = SD2/SDXL style, `num_head_channels=64`). With a head width the count is
+`max(1, channels // num_head_channels)` and dim_head = channels // count, so tiny test models with
+fewer than 64 channels still get one full-width head (LDM itself would compute zero heads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nodes.models.attention import attention
+
+GROUPS = 32  # GroupNorm groups everywhere in the LDM UNet
+
+
+@dataclass(frozen=True)
+class UNetConfig:  # the defaults are SD1.5
+    in_channels: int = 4  # 4; 9 inpaint (latent + mask + masked latent); 8 instruct-pix2pix
+    out_channels: int = 4
+    model_channels: int = 320
+    channel_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: tuple[int, ...] = (2, 2, 2, 2)  # per level
+    # transformer blocks after each input ResBlock (one entry per ResBlock, 0 = no transformer)
+    transformer_depth: tuple[int, ...] = (1, 1, 1, 1, 1, 1, 0, 0)
+    # ... and after each output ResBlock (num_res_blocks[level] + 1 per level, deepest level first)
+    transformer_depth_output: tuple[int, ...] = (0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+    transformer_depth_middle: int = 1  # -1: the middle block is a single ResBlock
+    context_dim: int | None = 768
+    use_linear_in_transformer: bool = False  # SD2/SDXL: Linear proj_in/out instead of 1x1 conv
+    adm_in_channels: int | None = None  # SDXL: 2816 (pooled 1280 + 6*256); refiner: 2560
+    num_heads: int = 8  # used when num_head_channels <= 0
+    num_head_channels: int = -1
+
+    @property
+    def time_embed_dim(self) -> int:
+        return self.model_channels * 4
+
+    def heads(self, channels: int) -> int:
+        if self.num_head_channels > 0:
+            return max(1, channels // self.num_head_channels)
+        return self.num_heads
+
+
+@dataclass(frozen=True)
+class Control:
+    """ControlNet residuals: `input[i]` is added to the skip connection from `input_blocks[i]`
+    (None = nothing), `middle` to the middle block output (diffusers'
+    down/mid_block_additional_residual convention)."""
+
+    input: Sequence[Tensor | None]
+    middle: Tensor | None = None
+
+    def __add__(self, other: Control) -> Control:
+        if len(self.input) != len(other.input):
+            raise ValueError(f"Control: cannot add {len(self.input)} and {len(other.input)} residuals")
+        return Control(
+            input=[_add_opt(a, b) for a, b in zip(self.input, other.input)],
+            middle=_add_opt(self.middle, other.middle),
+        )
+
+
+def _add_opt(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def timestep_embedding(timesteps: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    """Sinusoidal embedding [cos, sin] of LDM / "Attention Is All You Need"; float32 [N, dim]."""
+    half = dim // 2
+    freqs = torch.exp(
+        -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=timesteps.device) / half
+    )
+    args = timesteps.float()[:, None] * freqs[None]  # [N, half]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # [N, 2*half]
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))  # [N, dim]
+    return emb
+
+
+def sdxl_adm(
+    pooled: Tensor, width: float, height: float, crop_w: float = 0, crop_h: float = 0,
+    target_width: float | None = None, target_height: float | None = None,
+) -> Tensor:
+    """SDXL base vector conditioning y = [pooled, emb(h, w, crop_h, crop_w, target_h, target_w)].
+
+    Each number is embedded with a 256-wide sinusoid, in ComfyUI's `model_base.SDXL.encode_adm`
+    order (height before width). pooled: [B, P] -> [B, P + 1536] float32.
+    """
+    target_width = width if target_width is None else target_width
+    target_height = height if target_height is None else target_height
+    return _size_adm(pooled, (height, width, crop_h, crop_w, target_height, target_width))
+
+
+def sdxl_refiner_adm(
+    pooled: Tensor, width: float, height: float, crop_w: float = 0, crop_h: float = 0,
+    aesthetic_score: float = 6.0,
+) -> Tensor:
+    """SDXL refiner y = [pooled, emb(h, w, crop_h, crop_w, aesthetic)] ([B, P + 1280]).
+    ComfyUI uses aesthetic 6.0 for positive and 2.5 for negative prompts."""
+    return _size_adm(pooled, (height, width, crop_h, crop_w, aesthetic_score))
+
+
+def _size_adm(pooled: Tensor, numbers: tuple[float, ...]) -> Tensor:
+    emb = timestep_embedding(torch.tensor(numbers, dtype=torch.float32, device=pooled.device), 256)
+    flat = emb.reshape(1, -1).expand(pooled.shape[0], -1)  # [len(numbers), 256] -> [B, len*256]
+    return torch.cat([pooled.float(), flat], dim=1)  # [B, P + len*256]
+
+
+# ---------------------------------------------------------------------------------------------
+# blocks
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int, emb_dim: int, out_channels: int):
+        super().__init__()
+        self.in_layers = nn.Sequential(
+            nn.GroupNorm(GROUPS, channels), nn.SiLU(), nn.Conv2d(channels, out_channels, 3, padding=1)
+        )
+        self.emb_layers = nn.Sequential(nn.SiLU(), nn.Linear(emb_dim, out_channels))
+        self.out_layers = nn.Sequential(
+            nn.GroupNorm(GROUPS, out_channels), nn.SiLU(), nn.Dropout(0.0),
+            nn.Conv2d(out_channels, out_channels, 3, padding=1),
+        )
+        self.skip_connection = (
+            nn.Identity() if channels == out_channels else nn.Conv2d(channels, out_channels, 1)
+        )
+
+    def forward(self, x: Tensor, emb: Tensor) -> Tensor:
+        h = self.in_layers(x)
+        e = self.emb_layers(emb)
+        h = h + e[:, :, None, None].to(h.dtype)  # [B, C] -> [B, C, 1, 1]
+        return self.skip_connection(x) + self.out_layers(h)
+
+
+class Downsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.op = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.op(x)
+
+
+class Upsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor, size: tuple[int, int] | None = None) -> Tensor:
+        # `size` (the next skip's H, W) keeps odd latent sizes aligned with their skip connection
+        if size is None:
+            x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        else:
+            x = F.interpolate(x, size=size, mode="nearest")
+        return self.conv(x)
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, query_dim: int, context_dim: int | None, heads: int, dim_head: int):
+        super().__init__()
+        inner = heads * dim_head
+        context_dim = query_dim if context_dim is None else context_dim
+        self.heads = heads
+        self.upcast_attention = False  # set by cast.apply_precision
+        self.to_q = nn.Linear(query_dim, inner, bias=False)
+        self.to_k = nn.Linear(context_dim, inner, bias=False)
+        self.to_v = nn.Linear(context_dim, inner, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(inner, query_dim), nn.Dropout(0.0))
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        context = x if context is None else context
+        q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
+        return self.to_out(attention(q, k, v, self.heads, upcast=self.upcast_attention))
+
+
+class GEGLU(nn.Module):
+    """GELU-gated linear unit (Shazeer, "GLU Variants Improve Transformer", arXiv:2002.05202)."""
+
+    def __init__(self, dim_in: int, dim_out: int):
+        super().__init__()
+        self.proj = nn.Linear(dim_in, dim_out * 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x, gate = self.proj(x).chunk(2, dim=-1)  # [B, T, 2*D] -> 2 x [B, T, D]
+        return x * F.gelu(gate)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int = 4):
+        super().__init__()
+        self.net = nn.Sequential(GEGLU(dim, dim * mult), nn.Dropout(0.0), nn.Linear(dim * mult, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class BasicTransformerBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, dim_head: int, context_dim: int | None):
+        super().__init__()
+        self.attn1 = CrossAttention(dim, None, heads, dim_head)  # self-attention
+        self.ff = FeedForward(dim)
+        self.attn2 = CrossAttention(dim, context_dim, heads, dim_head)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.norm3 = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor, context: Tensor | None) -> Tensor:
+        x = x + self.attn1(self.norm1(x))
+        x = x + self.attn2(self.norm2(x), context)
+        return x + self.ff(self.norm3(x))
+
+
+class SpatialTransformer(nn.Module):
+    def __init__(self, channels: int, heads: int, depth: int, context_dim: int | None, linear: bool):
+        super().__init__()
+        dim_head = channels // heads
+        inner = heads * dim_head
+        self.linear = linear
+        self.norm = nn.GroupNorm(GROUPS, channels, eps=1e-6)
+        self.proj_in = nn.Linear(channels, inner) if linear else nn.Conv2d(channels, inner, 1)
+        self.transformer_blocks = nn.ModuleList(
+            BasicTransformerBlock(inner, heads, dim_head, context_dim) for _ in range(depth)
+        )
+        self.proj_out = nn.Linear(inner, channels) if linear else nn.Conv2d(inner, channels, 1)
+
+    def forward(self, x: Tensor, context: Tensor | None) -> Tensor:
+        b, _, h, w = x.shape
+        x_in = x
+        x = self.norm(x)
+        if not self.linear:
+            x = self.proj_in(x)
+        x = x.flatten(2).transpose(1, 2)  # [B, C, H, W] -> [B, H*W, C]
+        if self.linear:
+            x = self.proj_in(x)
+        for block in self.transformer_blocks:
+            x = block(x, context)
+        if self.linear:
+            x = self.proj_out(x)
+        x = x.transpose(1, 2).reshape(b, -1, h, w)  # [B, H*W, C] -> [B, C, H, W]
+        if not self.linear:
+            x = self.proj_out(x)
+        return x + x_in
+
+
+class EmbedSequential(nn.ModuleList):
+    """One LDM block: layers run in order, each fed what it needs (emb, context, target size)."""
+
+    def forward(self, x: Tensor, emb: Tensor, context: Tensor | None,
+                size: tuple[int, int] | None = None) -> Tensor:
+        for layer in self:
+            if isinstance(layer, ResBlock):
+                x = layer(x, emb)
+            elif isinstance(layer, SpatialTransformer):
+                x = layer(x, context)
+            elif isinstance(layer, Upsample):
+                x = layer(x, size)
+            else:
+                x = layer(x)
+        return x
+
+
+# ---------------------------------------------------------------------------------------------
+# model
+
+
+class UNetModel(nn.Module):
+    # Time/label embeddings are <0.5% of the weights and run on one [B, C] vector per step, so f32
+    # costs nothing; it keeps the timestep and SDXL size signals exact under fp8/half storage.
+    keep_f32: tuple[str, ...] = ("time_embed", "label_emb")
+    # forward inputs that apply_precision must not cast (bf16 cannot even represent t=999)
+    keep_f32_inputs: tuple[str, ...] = ("timesteps", "y")
+
+    def __init__(self, config: UNetConfig):
+        super().__init__()
+        c = config
+        self.config = c
+        mc, ted = c.model_channels, c.time_embed_dim
+        n_levels = len(c.channel_mult)
+        if len(c.num_res_blocks) != n_levels:
+            raise ValueError("UNetConfig: num_res_blocks needs one entry per channel_mult level")
+        if len(c.transformer_depth) != sum(c.num_res_blocks):
+            raise ValueError("UNetConfig: transformer_depth needs one entry per input ResBlock")
+        if len(c.transformer_depth_output) != sum(n + 1 for n in c.num_res_blocks):
+            raise ValueError("UNetConfig: transformer_depth_output needs one entry per output block")
+
+        def transformer(ch: int, depth: int) -> SpatialTransformer:
+            if c.context_dim is None:
+                raise ValueError("UNetConfig: transformer blocks need context_dim")
+            return SpatialTransformer(ch, c.heads(ch), depth, c.context_dim, c.use_linear_in_transformer)
+
+        self.time_embed = nn.Sequential(nn.Linear(mc, ted), nn.SiLU(), nn.Linear(ted, ted))
+        if c.adm_in_channels is not None:
+            # nested Sequential gives the checkpoint's label_emb.0.{0,2} keys
+            self.label_emb = nn.Sequential(
+                nn.Sequential(nn.Linear(c.adm_in_channels, ted), nn.SiLU(), nn.Linear(ted, ted))
+            )
+
+        self.input_blocks = nn.ModuleList([EmbedSequential([nn.Conv2d(c.in_channels, mc, 3, padding=1)])])
+        skip_channels = [mc]
+        ch = mc
+        depths = iter(c.transformer_depth)
+        for level, mult in enumerate(c.channel_mult):
+            for _ in range(c.num_res_blocks[level]):
+                layers: list[nn.Module] = [ResBlock(ch, ted, mult * mc)]
+                ch = mult * mc
+                depth = next(depths)
+                if depth > 0:
+                    layers.append(transformer(ch, depth))
+                self.input_blocks.append(EmbedSequential(layers))
+                skip_channels.append(ch)
+            if level != n_levels - 1:
+                self.input_blocks.append(EmbedSequential([Downsample(ch)]))
+                skip_channels.append(ch)
+
+        middle: list[nn.Module] = [ResBlock(ch, ted, ch)]
+        if c.transformer_depth_middle >= 0:
+            middle += [transformer(ch, c.transformer_depth_middle), ResBlock(ch, ted, ch)]
+        self.middle_block = EmbedSequential(middle)
+
+        self.output_blocks = nn.ModuleList()
+        depths = iter(c.transformer_depth_output)
+        for level, mult in reversed(list(enumerate(c.channel_mult))):
+            for i in range(c.num_res_blocks[level] + 1):
+                layers = [ResBlock(ch + skip_channels.pop(), ted, mc * mult)]
+                ch = mc * mult
+                depth = next(depths)
+                if depth > 0:
+                    layers.append(transformer(ch, depth))
+                if level and i == c.num_res_blocks[level]:
+                    layers.append(Upsample(ch))
+                self.output_blocks.append(EmbedSequential(layers))
+
+        self.out = nn.Sequential(nn.GroupNorm(GROUPS, ch), nn.SiLU(), nn.Conv2d(ch, c.out_channels, 3, padding=1))
+
+    def forward(self, x: Tensor, timesteps: Tensor, context: Tensor | None, y: Tensor | None = None,
+                control: Control | None = None) -> Tensor:
+        """x: [B, in_channels, H, W]; timesteps: [B] (0..999); context: [B, T, context_dim];
+        y: [B, adm_in_channels] for SDXL-style models. Returns [B, out_channels, H, W]."""
+        if (y is None) != (self.config.adm_in_channels is None):
+            raise ValueError(
+                f"UNet: adm_in_channels={self.config.adm_in_channels} but y is "
+                f"{'missing' if y is None else 'given'}"
+            )
+        if control is not None and len(control.input) != len(self.input_blocks):
+            raise ValueError(
+                f"UNet: Control has {len(control.input)} input residuals, model has "
+                f"{len(self.input_blocks)} input blocks"
+            )
+        emb = self.time_embed(timestep_embedding(timesteps, self.config.model_channels))
+        if y is not None:
+            emb = emb + self.label_emb(y)
+
+        hs: list[Tensor] = []
+        h = x
+        for block in self.input_blocks:
+            h = block(h, emb, context)
+            hs.append(h)
+        h = self.middle_block(h, emb, context)
+        if control is not None:
+            # residuals go to the skips only; the main path into the middle block is unchanged
+            hs = [s if r is None else s + r.to(s.dtype) for s, r in zip(hs, control.input)]
+            if control.middle is not None:
+                h = h + control.middle.to(h.dtype)
+        for block in self.output_blocks:
+            # [B, C, H, W] + skip [B, C_skip, H, W] -> [B, C + C_skip, H, W]
+            h = torch.cat([h, hs.pop()], dim=1)
+            h = block(h, emb, context, hs[-1].shape[-2:] if hs else None)
+        return self.out(h)
+
+
+# ---------------------------------------------------------------------------------------------
+# detection
+
+
+def unet_config_from_state_dict(sd: Mapping[str, Tensor], prefix: str = "") -> UNetConfig:
+    """Derive a UNetConfig from tensor shapes (as ComfyUI's `detect_unet_config` does).
+
+    `prefix` is stripped from keys (e.g. "model.diffusion_model."). Raises ValueError naming what
+    was found when the dict holds no LDM UNet.
+    """
+    shapes = {k[len(prefix):]: v.shape for k, v in sd.items() if k.startswith(prefix)}
+    if "input_blocks.0.0.weight" not in shapes or "out.2.weight" not in shapes:
+        sample = sorted(shapes)[:5]
+        raise ValueError(
+            f"not an LDM UNet state dict: no 'input_blocks.0.0.weight'/'out.2.weight' under prefix "
+            f"{prefix!r} ({len(shapes)} keys there, e.g. {sample}; {len(sd)} keys in all)"
+        )
+    prefixes: set[str] = set()
+    for k in shapes:
+        parts = k.split(".")
+        prefixes.update(".".join(parts[:i]) for i in range(1, len(parts)))
+
+    def count(base: str) -> int:
+        n = 0
+        while f"{base}.{n}" in prefixes:
+            n += 1
+        return n
+
+    mc = shapes["input_blocks.0.0.weight"][0]
+    in_channels = shapes["input_blocks.0.0.weight"][1]
+    out_channels = shapes["out.2.weight"][0]
+    adm = shapes["label_emb.0.0.weight"][1] if "label_emb.0.0.weight" in shapes else None
+    context_dim: int | None = None
+    use_linear = False
+
+    def depth_at(block: str) -> int:
+        nonlocal context_dim, use_linear
+        if f"{block}.proj_in.weight" not in shapes:
+            return 0
+        use_linear = len(shapes[f"{block}.proj_in.weight"]) == 2
+        if f"{block}.transformer_blocks.0.attn2.to_k.weight" in shapes:
+            context_dim = shapes[f"{block}.transformer_blocks.0.attn2.to_k.weight"][1]
+        return count(f"{block}.transformer_blocks")
+
+    channel_mult: list[int] = []
+    num_res_blocks: list[int] = []
+    transformer_depth: list[int] = []
+    res_in_level = 0
+    n_in = count("input_blocks")
+    for i in range(1, n_in):
+        if f"input_blocks.{i}.0.op.weight" in shapes:  # Downsample ends a level
+            num_res_blocks.append(res_in_level)
+            res_in_level = 0
+            continue
+        out_key = f"input_blocks.{i}.0.out_layers.3.weight"
+        if out_key not in shapes:
+            raise ValueError(f"UNet input block {i} is neither a ResBlock nor a Downsample")
+        mult = shapes[out_key][0] // mc
+        if res_in_level == 0:
+            channel_mult.append(mult)
+        res_in_level += 1
+        transformer_depth.append(depth_at(f"input_blocks.{i}.1"))
+    num_res_blocks.append(res_in_level)
+    if not channel_mult or len(num_res_blocks) != len(channel_mult):
+        raise ValueError(f"UNet input blocks do not form levels (found {n_in} input blocks)")
+
+    if "middle_block.1.proj_in.weight" in shapes:
+        depth_middle = depth_at("middle_block.1")
+    elif "middle_block.0.in_layers.0.weight" in shapes:
+        depth_middle = -1
+    else:
+        raise NotImplementedError("UNet without a middle block: not supported yet")
+
+    n_out = count("output_blocks")
+    transformer_depth_output = [depth_at(f"output_blocks.{i}.1") for i in range(n_out)]
+    return UNetConfig(
+        in_channels=in_channels,
+        out_channels=out_channels,
+        model_channels=mc,
+        channel_mult=tuple(channel_mult),
+        num_res_blocks=tuple(num_res_blocks),
+        transformer_depth=tuple(transformer_depth),
+        transformer_depth_output=tuple(transformer_depth_output),
+        transformer_depth_middle=depth_middle,
+        context_dim=context_dim,
+        use_linear_in_transformer=use_linear,
+        adm_in_channels=adm,
+        num_heads=-1 if use_linear else 8,
+        num_head_channels=64 if use_linear else -1,
+    )

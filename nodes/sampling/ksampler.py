@@ -1,0 +1,174 @@
+"""KSampler glue: ComfyUI's ``common_ksampler`` for one LATENT (KSampler / KSamplerAdvanced).
+
+steps → sigmas (scheduler, denoise, advanced cuts), initial noise, latent scaling, the inpaint
+noise mask, the CFG denoiser, progress/cancel, and back to an unscaled LATENT.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .cond import Cond, Latent
+from .noise import prepare_inpaint_noise, prepare_noise
+from .parameterization import CFGDenoiser, ModelSampling
+from .samplers import DISCARD_PENULTIMATE_SIGMA_SAMPLERS, get_sampler
+from .schedules import calculate_sigmas
+
+__all__ = ["sample", "compute_sigmas", "cut_sigmas", "InpaintDenoiser", "prepare_mask"]
+
+
+def compute_sigmas(
+    model_sampling: ModelSampling, scheduler: str, sampler_name: str, steps: int,
+    denoise: float = 1.0,
+) -> torch.Tensor:
+    """ComfyUI ``KSampler.set_steps``: full schedule, or for denoise < 1 the last steps+1 sigmas
+    of a ``int(steps/denoise)``-step schedule; empty for denoise ≤ 0. Samplers in
+    ``DISCARD_PENULTIMATE_SIGMA_SAMPLERS`` get one extra step with the penultimate sigma dropped."""
+
+    def calc(n: int) -> torch.Tensor:
+        if sampler_name in DISCARD_PENULTIMATE_SIGMA_SAMPLERS:
+            s = calculate_sigmas(model_sampling.schedule, scheduler, n + 1)
+            return torch.cat([s[:-2], s[-1:]])
+        return calculate_sigmas(model_sampling.schedule, scheduler, n)
+
+    if denoise is None or denoise > 0.9999:
+        return calc(steps)
+    if denoise <= 0.0:
+        return torch.FloatTensor([])
+    return calc(int(steps / denoise))[-(steps + 1):]
+
+
+def cut_sigmas(
+    sigmas: torch.Tensor, start_step: int | None, last_step: int | None, force_full_denoise: bool
+) -> torch.Tensor | None:
+    """KSamplerAdvanced cuts; ``None`` means "return the input latent unchanged"."""
+    if last_step is not None and last_step < len(sigmas) - 1:
+        sigmas = sigmas[: last_step + 1].clone()
+        if force_full_denoise:
+            sigmas[-1] = 0
+    if start_step is not None:
+        if start_step < len(sigmas) - 1:
+            sigmas = sigmas[start_step:]
+        else:
+            return None
+    return sigmas
+
+
+def prepare_mask(noise_mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Noise mask → [B, C, H, W] at latent size (bilinear), like ComfyUI ``reshape_mask``."""
+    m = noise_mask.reshape(-1, 1, noise_mask.shape[-2], noise_mask.shape[-1]).float()
+    m = F.interpolate(m, size=tuple(shape[2:]), mode="bilinear")  # [Bm,1,H,W]
+    if m.shape[1] < shape[1]:
+        m = m.repeat(1, shape[1], 1, 1)[:, : shape[1]]  # [Bm,C,H,W]
+    if m.shape[0] < shape[0]:
+        reps = -(-shape[0] // m.shape[0])
+        m = m.repeat(reps, 1, 1, 1)
+    return m[: shape[0]]
+
+
+class InpaintDenoiser:
+    """Keeps the unmasked region on the input latent (ComfyUI ``KSamplerX0Inpaint``): before each
+    model call the region where mask = 0 is replaced by latent + σ·noise (the input re-noised to
+    the current level with the sampling noise, or ddim's separate seed+1 noise), and the
+    prediction there is replaced by the input latent."""
+
+    def __init__(self, inner, latent_image: torch.Tensor, noise: torch.Tensor,
+                 denoise_mask: torch.Tensor, model_sampling: ModelSampling):
+        self.inner = inner
+        self.latent_image = latent_image
+        self.noise = noise
+        self.mask = denoise_mask
+        self.ms = model_sampling
+
+    def _blend_in(self, x, sigma):
+        renoised = self.ms.noise_scaling(sigma, self.noise, self.latent_image)
+        return x * self.mask + renoised * (1.0 - self.mask)
+
+    def _blend_out(self, out):
+        return out * self.mask + self.latent_image * (1.0 - self.mask)
+
+    def __call__(self, x, sigma, **extra):
+        return self._blend_out(self.inner(self._blend_in(x, sigma), sigma, **extra))
+
+    def with_uncond(self, x, sigma, **extra):
+        denoised, uncond = self.inner.with_uncond(self._blend_in(x, sigma), sigma, **extra)
+        return self._blend_out(denoised), uncond
+
+
+def _same(latent: Latent, samples: torch.Tensor) -> Latent:
+    return Latent(samples, noise_mask=latent.noise_mask, batch_index=latent.batch_index)
+
+
+@torch.no_grad()
+def sample(
+    model,
+    *,
+    seed: int,
+    steps: int,
+    cfg: float,
+    sampler_name: str,
+    scheduler: str,
+    positive: Sequence[Cond],
+    negative: Sequence[Cond],
+    latent: Latent,
+    denoise: float = 1.0,
+    add_noise: bool = True,
+    start_step: int | None = None,
+    last_step: int | None = None,
+    force_full_denoise: bool = False,
+    on_step: Callable[[int, int], None] | None = None,
+) -> Latent:
+    """Run one KSampler; returns a new float32 CPU Latent (mask and batch_index kept).
+
+    ``on_step(i, total)`` is called once per sampler step with i = 1..total (ComfyUI's progress
+    value); an exception raised there cancels sampling and propagates.
+    """
+    sampler = get_sampler(sampler_name)  # fails before any work for unknown names
+    ms = ModelSampling.for_model(model)
+    latent_image = latent.samples.float()
+
+    if add_noise:
+        noise = prepare_noise(latent_image, seed, latent.batch_index)
+    else:
+        noise = torch.zeros_like(latent_image)
+
+    sigmas = compute_sigmas(ms, scheduler, sampler_name, steps, denoise)
+    if len(sigmas) == 0:
+        return _same(latent, latent.samples.float().clone())
+    sigmas = cut_sigmas(sigmas, start_step, last_step, force_full_denoise)
+    if sigmas is None:
+        return _same(latent, latent.samples.float().clone())
+
+    device = torch.device(getattr(model, "device", "cpu"))
+    scale = float(getattr(model, "latent_scale", 1.0))
+    if torch.count_nonzero(latent_image) > 0:  # ComfyUI does not scale the empty latent
+        latent_image = latent_image * scale
+    latent_image = latent_image.to(device)
+    noise = noise.to(device)
+    sigmas = sigmas.to(device)
+
+    denoise_mask = None
+    if latent.noise_mask is not None:
+        denoise_mask = prepare_mask(latent.noise_mask.to(device), noise.shape)
+
+    denoiser = CFGDenoiser(model, positive, negative, cfg, latent_image, denoise_mask, ms)
+    if denoise_mask is not None:
+        inpaint_noise = noise
+        if sampler_name == "ddim":
+            inpaint_noise = prepare_inpaint_noise(noise.shape, seed).to(device)
+        denoiser = InpaintDenoiser(denoiser, latent_image, inpaint_noise, denoise_mask, ms)
+
+    x = ms.noise_scaling(sigmas[0], noise, latent_image, ms.is_max_denoise(sigmas))
+    total = len(sigmas) - 1
+
+    def callback(info):
+        if on_step is not None:
+            on_step(min(int(info["i"]) + 1, total), total)
+
+    out = sampler(denoiser, x, sigmas, extra_args={"seed": seed}, callback=callback)
+    out = ms.inverse_noise_scaling(sigmas[-1], out)
+    out = out / scale
+    return _same(latent, out.float().cpu())

@@ -1,0 +1,423 @@
+"""Model parameterisations and the classifier-free-guidance denoiser.
+
+``ModelSampling`` turns a raw UNet output into a denoised x0 prediction, in the VE ("k-diffusion")
+view x = x0 + σ·n of Karras et al. 2022 ("Elucidating the Design Space of Diffusion-Based
+Generative Models"): the UNet sees ``c_in · x`` with c_in = 1/sqrt(σ² + 1) and its integer
+timestep, and
+
+* eps (Ho et al. 2020):            D = x − σ·ε̂
+* v_prediction (Salimans & Ho 2022, "Progressive Distillation"):
+                                   D = x/(σ²+1) − v̂·σ/sqrt(σ²+1)
+* x0:                              D = x̂0
+* lcm (Luo et al. 2023, "Latent Consistency Models"; ComfyUI's ModelSamplingDiscrete "lcm"):
+  the eps x0 estimate mixed with the input by the consistency-model boundary condition,
+  c_skip = σ_d²/((10t)² + σ_d²), c_out = 10t/sqrt((10t)² + σ_d²), σ_d = 0.5, on the distilled
+  50-step schedule.
+
+``CFGDenoiser`` is the callable the samplers see (the sampler contract in ``samplers.py``):
+classifier-free guidance (Ho & Salimans 2022) on x0 predictions, ``uncond + (cond − uncond)·cfg``,
+with several conds / areas / masks combined as ComfyUI's ``calc_cond_batch`` weighted average,
+SDXL ADM vectors, ControlNet residuals, 9-channel inpaint concat and timestep ranges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .cond import Cond, Control
+from .schedules import DiscreteSchedule
+
+__all__ = ["ModelSampling", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
+
+PREDICTIONS = ("eps", "v_prediction", "x0", "lcm")
+
+# What pixel value 0 (grey after the VAE's [-1, 1] mapping) encodes to in the SD1/SD2 latent,
+# already multiplied by the latent scale: the "masked image" a 9-channel inpaint model sees when
+# no mask is given (ComfyUI blank_inpaint_image_like).
+_BLANK_INPAINT = (0.8223, -0.6876, 0.6364, 0.1380)
+
+
+def _bcast(sigma: torch.Tensor, ndim: int) -> torch.Tensor:
+    sigma = torch.as_tensor(sigma)
+    return sigma.reshape(sigma.shape[:1] + (1,) * (ndim - 1)) if sigma.ndim else sigma
+
+
+class ModelSampling:
+    """Schedule + parameterisation of one model (ComfyUI ``model_sampling``)."""
+
+    sigma_data = 1.0
+
+    def __init__(self, prediction: str = "eps", zsnr: bool = False):
+        if prediction not in PREDICTIONS:
+            raise NotImplementedError(
+                f"prediction type {prediction!r}: not supported yet (supported: "
+                f"{', '.join(PREDICTIONS)})"
+            )
+        self.prediction = prediction
+        self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
+
+    @classmethod
+    def for_model(cls, model) -> "ModelSampling":
+        existing = getattr(model, "model_sampling", None)
+        if isinstance(existing, ModelSampling):
+            return existing
+        return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)))
+
+    # schedule pass-throughs
+    @property
+    def sigma_min(self) -> torch.Tensor:
+        return self.schedule.sigma_min
+
+    @property
+    def sigma_max(self) -> torch.Tensor:
+        return self.schedule.sigma_max
+
+    def timestep(self, sigma: torch.Tensor) -> torch.Tensor:
+        return self.schedule.timestep(sigma)
+
+    def percent_to_sigma(self, percent: float) -> float:
+        return self.schedule.percent_to_sigma(percent)
+
+    # parameterisation
+    def calculate_input(self, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        sigma = _bcast(sigma, x.ndim)
+        return x / (sigma**2 + self.sigma_data**2) ** 0.5
+
+    def calculate_denoised(
+        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor
+    ) -> torch.Tensor:
+        s = _bcast(sigma, model_output.ndim)
+        if self.prediction == "eps":
+            return model_input - model_output * s
+        if self.prediction == "v_prediction":
+            sd2 = self.sigma_data**2
+            return model_input * sd2 / (s**2 + sd2) - model_output * s * self.sigma_data / (
+                s**2 + sd2
+            ) ** 0.5
+        if self.prediction == "x0":
+            return model_output
+        # lcm
+        t = self.timestep(torch.as_tensor(sigma)).reshape(-1).to(model_output.dtype)
+        t = _bcast(t * 10.0, model_output.ndim)
+        sigma_data = 0.5
+        c_skip = sigma_data**2 / (t**2 + sigma_data**2)
+        c_out = t / (t**2 + sigma_data**2) ** 0.5
+        x0 = model_input - model_output * s
+        return c_out * x0 + c_skip * model_input
+
+    def noise_scaling(
+        self, sigma, noise: torch.Tensor, latent: torch.Tensor, max_denoise: bool = False
+    ) -> torch.Tensor:
+        """x_σ = latent + σ·noise; at full denoise the noise is scaled by sqrt(1 + σ²) instead,
+        the std of a VP sample at the last training step seen in VE units."""
+        sigma = _bcast(torch.as_tensor(sigma, dtype=noise.dtype, device=noise.device), noise.ndim)
+        if max_denoise:
+            noise = noise * torch.sqrt(1.0 + sigma**2.0)
+        else:
+            noise = noise * sigma
+        return noise + latent
+
+    def inverse_noise_scaling(self, sigma, latent: torch.Tensor) -> torch.Tensor:
+        return latent
+
+    def is_max_denoise(self, sigmas: torch.Tensor) -> bool:
+        sigma_max = float(self.sigma_max)
+        sigma = float(sigmas[0])
+        return math.isclose(sigma_max, sigma, rel_tol=1e-05) or sigma > sigma_max
+
+
+def blank_inpaint_latent(like: torch.Tensor) -> torch.Tensor:
+    """[B, 4, H, W] latent of an all-grey image (ComfyUI's SD1 constants)."""
+    blank = torch.ones_like(like[:, :4])
+    for c, v in enumerate(_BLANK_INPAINT):
+        blank[:, c] *= v
+    return blank
+
+
+# ------------------------------------------------------------------------------------- CFG
+
+
+@dataclass
+class _Entry:
+    """One cond resolved against the latent: what ``calc_cond_batch`` needs per evaluation."""
+
+    cond: Cond
+    context: torch.Tensor  # [1, T, D]
+    y: torch.Tensor | None  # [1, adm] or None
+    area: tuple[int, int, int, int] | None  # (h, w, y, x) latent px
+    mask: torch.Tensor | None  # [Bm, H, W] resized to the latent
+    sigma_start: float | None  # active while sigma_end <= σ <= sigma_start
+    sigma_end: float | None
+
+
+def _contains(outer: tuple, inner: tuple) -> bool:
+    return (
+        inner[2] >= outer[2]
+        and inner[3] >= outer[3]
+        and outer[0] + outer[2] >= inner[0] + inner[2]
+        and outer[1] + outer[3] >= inner[1] + inner[3]
+    )
+
+
+def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
+    """For every cond with an area, make sure each other list has a cond with that area: copy the
+    smallest enclosing cond's text/pooled/size into it (ComfyUI create_cond_with_same_area_if_none).
+    Keeps both sides of CFG evaluated on the same crops."""
+    for k, src in enumerate(lists):
+        for c in src:  # lists grow while iterated, as in ComfyUI
+            if c.area is None:
+                continue
+            for kk, dst in enumerate(lists):
+                if kk == k:
+                    continue
+                smallest = None
+                for x in dst:
+                    if x.area is not None:
+                        if _contains(x.area, c.area):
+                            if smallest is None or smallest.area is None:
+                                smallest = x
+                            elif smallest.area[0] * smallest.area[1] > x.area[0] * x.area[1]:
+                                smallest = x
+                    elif smallest is None:
+                        smallest = x
+                if smallest is None:
+                    continue
+                if smallest.area is not None and tuple(smallest.area) == tuple(c.area):
+                    continue
+                dst.append(
+                    replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
+                            size=smallest.size)
+                )
+
+
+def _apply_control_to_uncond(positive: list[Cond], negative: list[Cond]) -> None:
+    """ControlNetApply (old) semantics: controls of positive non-area conds marked
+    ``control_apply_to_uncond`` go to the negative non-area conds without one, round robin
+    (ComfyUI apply_empty_x_to_equal_area for 'control')."""
+    cnets = [c.control for c in positive
+             if c.control_apply_to_uncond and c.area is None and c.control is not None]
+    if any(c.area is None and c.control is not None for c in negative):
+        return
+    others = [(c, i) for i, c in enumerate(negative) if c.area is None and c.control is None]
+    if not others:
+        return
+    for n, cnet in enumerate(cnets):
+        o, idx = others[n % len(others)]
+        if negative[idx] is o:
+            negative[idx] = replace(o, control=cnet)
+        else:
+            negative.append(replace(o, control=cnet))
+
+
+class CFGDenoiser:
+    """x0 denoiser with classifier-free guidance over ComfyUI-style conditioning lists.
+
+    Args:
+        model: a ``SamplerModel`` (see ARCHITECTURE.md): ``unet``, ``adm``, ``in_channels``.
+        positive, negative: CONDITIONING tuples.
+        cfg: guidance scale; at cfg == 1 (isclose) the negative is not evaluated.
+        latent_image: [B, C, H, W] the process_in-scaled input latent (for the inpaint concat).
+        denoise_mask: [B, C, H, W] noise mask at latent size (1 = resample), or None.
+        model_sampling: parameterisation + schedule; default from ``model.prediction/zsnr``.
+
+    9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
+    ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
+    and masked latent = ``latent_image`` (already scaled; VAEEncodeForInpaint greys the masked
+    pixels before encoding); without a noise mask: mask = 1 and the masked latent is the blank
+    grey latent. The concat is cropped with the cond's area like the input.
+    """
+
+    def __init__(
+        self,
+        model,
+        positive: Sequence[Cond],
+        negative: Sequence[Cond],
+        cfg: float,
+        latent_image: torch.Tensor,
+        denoise_mask: torch.Tensor | None = None,
+        model_sampling: ModelSampling | None = None,
+    ):
+        self.model = model
+        self.ms = model_sampling or ModelSampling.for_model(model)
+        self.cfg = float(cfg)
+        self.device = latent_image.device
+        B, C, H, W = latent_image.shape
+        self.latent_hw = (H, W)
+
+        pos, neg = list(positive), list(negative)
+        lists = [pos, neg]
+        _add_same_area_opposites(lists)
+        _apply_control_to_uncond(pos, neg)
+        self.positive = [self._resolve(c) for c in pos]
+        self.negative = [self._resolve(c) for c in neg]
+
+        self.concat = None
+        extra = int(getattr(model, "in_channels", C)) - C
+        if extra > 0:
+            if extra != C + 1:
+                raise NotImplementedError(
+                    f"a {C + extra}-channel model with a {C}-channel latent: only inpaint "
+                    f"concat (mask + masked latent, {2 * C + 1} channels) is supported yet"
+                )
+            if denoise_mask is not None:
+                m = denoise_mask[:, :1]  # [B,1,H,W]
+                if m.shape[-2:] != (H, W):
+                    m = F.interpolate(m, size=(H, W), mode="bilinear")
+                mask = m.round()
+                masked = latent_image
+            else:
+                mask = torch.ones_like(latent_image[:, :1])
+                masked = blank_inpaint_latent(latent_image)
+            self.concat = torch.cat([mask, masked], dim=1)  # [B, 1+C, H, W]
+
+    # -- preparation
+    def _resolve(self, c: Cond) -> _Entry:
+        H, W = self.latent_hw
+        mask = None
+        if c.mask is not None:
+            m = c.mask.to(self.device, torch.float32)
+            if m.ndim == 2:
+                m = m.unsqueeze(0)
+            if m.shape[-2:] != (H, W):
+                m = F.interpolate(m.unsqueeze(1), size=(H, W), mode="bilinear",
+                                  align_corners=False).squeeze(1)  # [Bm,H,W]
+            mask = m
+        area = None
+        if c.area is not None:
+            h, w, y, x = (int(v) for v in c.area)
+            area = (min(H - y, h), min(W - x, w), y, x)
+        y_vec = None
+        adm = getattr(self.model, "adm", None)
+        if adm is not None:
+            y_vec = adm(c, self.latent_hw)
+            if y_vec is not None:
+                y_vec = y_vec.to(self.device, torch.float32)
+        start, end = c.timestep_range
+        s_start = s_end = None
+        if (start, end) != (0.0, 1.0):
+            s_start, s_end = self.ms.percent_to_sigma(start), self.ms.percent_to_sigma(end)
+        return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
+                      s_start, s_end)
+
+    # -- evaluation
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
+        if math.isclose(self.cfg, 1.0):
+            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            return cond
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        return uncond + (cond - uncond) * self.cfg
+
+    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
+        """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        return uncond + (cond - uncond) * self.cfg, uncond
+
+    def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
+        s = float(sigma.reshape(-1)[0])
+        if e.sigma_start is not None and s > e.sigma_start:
+            return None
+        if e.sigma_end is not None and s < e.sigma_end:
+            return None
+        H, W = x.shape[-2:]
+        area = e.area
+        inp = x if area is None else x[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+        if e.mask is not None:
+            m = e.mask[: inp.shape[0]]
+            if area is not None:
+                m = m[:, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+            mult = m.unsqueeze(1).repeat(inp.shape[0] // m.shape[0], inp.shape[1], 1, 1)
+            mult = mult * e.cond.strength
+        else:
+            mult = torch.ones_like(inp) * e.cond.strength
+            if area is not None:
+                # Feather the area's inner edges over up to 8 latent px (ComfyUI's fuzz), so
+                # area conds blend into their surroundings.
+                for dim, (size, off, full) in enumerate(((area[0], area[2], H),
+                                                         (area[1], area[3], W))):
+                    rr = min(8, mult.shape[2 + dim] // 4)
+                    for t in range(rr):
+                        f = (1.0 / rr) * (t + 1)
+                        if off != 0:
+                            mult.narrow(2 + dim, t, 1).mul_(f)
+                        if size + off < full:
+                            mult.narrow(2 + dim, size - 1 - t, 1).mul_(f)
+        return inp, mult, area
+
+    def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor):
+        """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch)."""
+        outs = [torch.zeros_like(x) for _ in cond_lists]
+        counts = [torch.ones_like(x) * 1e-37 for _ in cond_lists]
+        to_run = []
+        for idx, entries in enumerate(cond_lists):
+            for e in entries:
+                p = self._area_and_mult(e, x, sigma)
+                if p is not None:
+                    to_run.append((e, p, idx))
+        while to_run:
+            first = to_run[0]
+            group = [k for k in range(len(to_run)) if self._can_batch(to_run[k], first)]
+            group.reverse()  # ComfyUI pops from the back: batch order is reversed
+            batch = [to_run.pop(k) for k in group]
+            outputs = self._run(batch, sigma)
+            for (e, (inp, mult, area), idx), out in zip(batch, outputs):
+                if area is None:
+                    outs[idx] += out * mult
+                    counts[idx] += mult
+                else:
+                    sl = (slice(None), slice(None), slice(area[2], area[2] + area[0]),
+                          slice(area[3], area[3] + area[1]))
+                    outs[idx][sl] += out * mult
+                    counts[idx][sl] += mult
+        return [o / c for o, c in zip(outs, counts)]
+
+    @staticmethod
+    def _can_batch(a, b) -> bool:
+        ea, (ia, _, _), _ = a
+        eb, (ib, _, _), _ = b
+        if ia.shape != ib.shape or ea.cond.control is not eb.cond.control:
+            return False
+        if (ea.y is None) != (eb.y is None) or (ea.y is not None and ea.y.shape != eb.y.shape):
+            return False
+        ta, tb = ea.context.shape, eb.context.shape
+        if ta[0] != tb[0] or ta[2] != tb[2]:
+            return False
+        return math.lcm(ta[1], tb[1]) // min(ta[1], tb[1]) <= 4
+
+    def _run(self, batch, sigma: torch.Tensor) -> list[torch.Tensor]:
+        """One UNet call for a batch of compatible conds; returns each cond's x0 prediction."""
+        n = len(batch)
+        inputs = [p[0] for _, p, _ in batch]
+        b = inputs[0].shape[0]
+        x_in = torch.cat(inputs)  # [n*B, C, h, w]
+        sig = torch.cat([sigma] * n)  # [n*B]
+        xc = self.ms.calculate_input(sig, x_in)
+        t = self.ms.timestep(sig).float()
+        t_len = math.lcm(*(e.context.shape[1] for e, _, _ in batch))
+        context = torch.cat([
+            e.context.repeat(1, t_len // e.context.shape[1], 1).expand(b, -1, -1)
+            for e, _, _ in batch
+        ])  # [n*B, T, D]; repeating tokens leaves attention unchanged
+        y = None
+        if batch[0][0].y is not None:
+            y = torch.cat([e.y.expand(b, -1) for e, _, _ in batch])  # [n*B, adm]
+        control: Control | None = None
+        chain = batch[0][0].cond.control
+        if chain is not None:
+            percent = self.ms.schedule.sigma_to_percent(float(sigma.reshape(-1)[0]))
+            control = chain.residuals(xc, t, context, y, sig, percent)
+        unet_in = xc
+        if self.concat is not None:
+            crops = []
+            for _, (_, _, area), _ in batch:
+                c = self.concat[:b] if self.concat.shape[0] >= b else self.concat.expand(b, -1, -1, -1)
+                if area is not None:
+                    c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+                crops.append(c)
+            unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + 1 + C, h, w]
+        out = self.model.unet(unet_in, t, context, y=y, control=control).float()
+        return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))

@@ -1,0 +1,112 @@
+"""Helpers shared by the sampler families (``solvers_*.py``); the contract they serve is stated in
+``samplers.py``, which re-exports the public four (``to_d``, ``get_ancestral_step``,
+``append_dims``, ``denoise_with_uncond``).
+
+They live apart from the registry so that the family modules import from here and the registry
+imports the families: imports point one way, with no cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .noise import NoiseSampler, default_noise_sampler
+
+__all__ = [
+    "append_dims",
+    "to_d",
+    "get_ancestral_step",
+    "denoise_with_uncond",
+    "half_log_snr",
+    "seed_of",
+    "noise_or_default",
+    "lazy_noise",
+    "karras_churn",
+    "report_step",
+]
+
+
+def append_dims(v: torch.Tensor | float, ndim: int) -> torch.Tensor:
+    """Reshape a scalar or [B] tensor to broadcast against an ``ndim``-d tensor."""
+    v = torch.as_tensor(v)
+    return v.reshape(v.shape + (1,) * (ndim - v.ndim))
+
+
+def to_d(x: torch.Tensor, sigma, denoised: torch.Tensor) -> torch.Tensor:
+    """Karras et al. 2022 probability-flow ODE derivative dx/dσ = (x − D(x, σ)) / σ."""
+    return (x - denoised) / append_dims(sigma, x.ndim)
+
+
+def get_ancestral_step(sigma_from, sigma_to, eta: float = 1.0):
+    """Split an ancestral step σ_from → σ_to into a deterministic step to ``sigma_down`` plus
+    fresh noise of std ``sigma_up`` (Song et al. 2021, "Score-Based Generative Modeling through
+    SDEs"; k-diffusion's parameterisation), with σ_down² + σ_up² = σ_to²."""
+    if not eta:
+        return sigma_to, 0.0
+    sigma_up = min(
+        sigma_to, eta * (sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2) ** 0.5
+    )
+    sigma_down = (sigma_to**2 - sigma_up**2) ** 0.5
+    return sigma_down, sigma_up
+
+
+def denoise_with_uncond(model, x: torch.Tensor, sigma: torch.Tensor, **extra_args):
+    """(CFG-combined x0, unconditional x0) for CFG++ samplers; see the contract in
+    ``samplers.py``."""
+    with_uncond = getattr(model, "with_uncond", None)
+    if with_uncond is not None:
+        return with_uncond(x, sigma, **extra_args)
+    denoised = model(x, sigma, **extra_args)
+    return denoised, denoised
+
+
+def half_log_snr(sigma: torch.Tensor) -> torch.Tensor:
+    """lambda = log(alpha / sigma) with alpha = 1 (the VE parameterisation)."""
+    return sigma.log().neg()
+
+
+def seed_of(extra_args: dict | None):
+    """The node's seed carried in ``extra_args`` (None when absent)."""
+    return None if extra_args is None else extra_args.get("seed")
+
+
+def noise_or_default(x: torch.Tensor, extra_args: dict, noise_sampler: NoiseSampler | None):
+    """The given noise sampler, else ComfyUI's default one seeded from ``extra_args["seed"]``."""
+    if noise_sampler is not None:
+        return noise_sampler
+    return default_noise_sampler(x, extra_args.get("seed"))
+
+
+def lazy_noise(x, extra_args, noise_sampler) -> Callable[[], NoiseSampler]:
+    """A getter that builds the default noise sampler on first use only, so samplers whose noise
+    is optional (churn) create no generator when they draw nothing."""
+    box = [noise_sampler]
+
+    def get():
+        if box[0] is None:
+            box[0] = default_noise_sampler(x, seed=seed_of(extra_args))
+        return box[0]
+
+    return get
+
+
+def karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise):
+    """Karras et al. 2022 Algorithm 2 "churn": raise σ_i to σ̂ = σ_i(1 + γ) by adding noise.
+    ComfyUI draws this noise from the global RNG; we draw it from the seeded noise sampler."""
+    gamma = 0.0
+    if s_churn > 0 and s_tmin <= sigmas[i] <= s_tmax:
+        gamma = min(s_churn / (len(sigmas) - 1), 2**0.5 - 1)
+    sigma_hat = sigmas[i] * (gamma + 1)
+    if gamma > 0:
+        eps = noise()(sigmas[i], sigma_hat) * s_noise
+        x = x + eps * (sigma_hat**2 - sigmas[i] ** 2) ** 0.5
+    return x, sigma_hat
+
+
+def report_step(callback, i, x, sigma, denoised, sigma_hat=None) -> None:
+    """The contract's once-per-step callback; ``sigma_hat`` defaults to ``sigma`` (no churn)."""
+    if callback is not None:
+        callback({"x": x, "i": i, "sigma": sigma,
+                  "sigma_hat": sigma if sigma_hat is None else sigma_hat, "denoised": denoised})

@@ -1,0 +1,236 @@
+"""DPM-Solver++ (Lu et al. 2022b, "DPM-Solver++: Fast Solver for Guided Sampling of Diffusion
+Probabilistic Models"): 2S ancestral, the single-step SDE, 2M, and the 2M/3M SDE multistep
+variants, with their ``*_gpu`` twins (Brownian tree on x's device).
+
+Contract, registry and shared helpers: ``samplers.py`` / ``sampler_utils.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .noise import brownian_noise_sampler, default_noise_sampler
+from .sampler_utils import get_ancestral_step, report_step, seed_of, to_d
+
+__all__ = [
+    "sample_dpmpp_2s_ancestral",
+    "sample_dpmpp_sde",
+    "sample_dpmpp_sde_gpu",
+    "sample_dpmpp_2m",
+    "sample_dpmpp_2m_sde",
+    "sample_dpmpp_2m_sde_gpu",
+    "sample_dpmpp_2m_sde_heun",
+    "sample_dpmpp_2m_sde_heun_gpu",
+    "sample_dpmpp_3m_sde",
+    "sample_dpmpp_3m_sde_gpu",
+]
+
+
+@torch.no_grad()
+def sample_dpmpp_2s_ancestral(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                              noise_sampler=None, eta=1.0, s_noise=1.0):
+    """Ancestral DPM-Solver++(2S) (Lu et al. 2022b, "DPM-Solver++: Fast Solver for Guided
+    Sampling of Diffusion Probabilistic Models", Algorithm 1) to σ_down, then σ_up noise."""
+    extra_args = {} if extra_args is None else extra_args
+    if noise_sampler is None:
+        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
+        report_step(callback, i, x, sigmas[i], denoised)
+        if sigma_down == 0:
+            x = x + to_d(x, sigmas[i], denoised) * (sigma_down - sigmas[i])
+        else:
+            t, t_next = -sigmas[i].log(), -sigma_down.log()
+            h = t_next - t
+            s = t + 0.5 * h
+            x_2 = ((-s).exp() / (-t).exp()) * x - (-h * 0.5).expm1() * denoised
+            denoised_2 = model(x_2, (-s).exp() * s_in, **extra_args)
+            x = ((-t_next).exp() / (-t).exp()) * x - (-h).expm1() * denoised_2
+        if sigmas[i + 1] > 0:
+            x = x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * sigma_up
+    return x
+
+
+def _sde_noise(x, sigmas, extra_args, noise_sampler, cpu):
+    if noise_sampler is not None:
+        return noise_sampler
+    return brownian_noise_sampler(x, sigmas, seed_of(extra_args), cpu=cpu)
+
+
+@torch.no_grad()
+def sample_dpmpp_sde(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                     noise_sampler=None, eta=1.0, s_noise=1.0, r=1 / 2, cpu=True):
+    """DPM-Solver++ stochastic single-step, two stages at λ_s + r·h (Lu et al. 2022b;
+    k-diffusion's SDE variant), Brownian-tree noise so results do not depend on step count."""
+    if len(sigmas) <= 1:
+        return x
+    extra_args = {} if extra_args is None else extra_args
+    noise_sampler = _sde_noise(x, sigmas, extra_args, noise_sampler, cpu)
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        report_step(callback, i, x, sigmas[i], denoised)
+        if sigmas[i + 1] == 0:
+            x = denoised
+            continue
+        lambda_s, lambda_t = -sigmas[i].log(), -sigmas[i + 1].log()
+        h = lambda_t - lambda_s
+        lambda_s_1 = lambda_s + r * h
+        fac = 1 / (2 * r)
+        sigma_s_1 = (-lambda_s_1).exp()
+        alpha_s = sigmas[i] * lambda_s.exp()
+        alpha_s_1 = sigma_s_1 * lambda_s_1.exp()
+        alpha_t = sigmas[i + 1] * lambda_t.exp()
+        # stage 1
+        sd, su = get_ancestral_step((-lambda_s).exp(), (-lambda_s_1).exp(), eta)
+        h_ = -sd.log() - lambda_s
+        x_2 = (alpha_s_1 / alpha_s) * (-h_).exp() * x - alpha_s_1 * (-h_).expm1() * denoised
+        if eta > 0 and s_noise > 0:
+            x_2 = x_2 + alpha_s_1 * noise_sampler(sigmas[i], sigma_s_1) * s_noise * su
+        denoised_2 = model(x_2, sigma_s_1 * s_in, **extra_args)
+        # stage 2
+        sd, su = get_ancestral_step((-lambda_s).exp(), (-lambda_t).exp(), eta)
+        h_ = -sd.log() - lambda_s
+        denoised_d = (1 - fac) * denoised + fac * denoised_2
+        x = (alpha_t / alpha_s) * (-h_).exp() * x - alpha_t * (-h_).expm1() * denoised_d
+        if eta > 0 and s_noise > 0:
+            x = x + alpha_t * noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * su
+    return x
+
+
+@torch.no_grad()
+def sample_dpmpp_2m(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                    noise_sampler=None):
+    """DPM-Solver++(2M) (Lu et al. 2022b, Algorithm 2): second-order multistep in log σ."""
+    extra_args = {} if extra_args is None else extra_args
+    s_in = x.new_ones([x.shape[0]])
+    old_denoised = None
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        report_step(callback, i, x, sigmas[i], denoised)
+        t, t_next = -sigmas[i].log(), -sigmas[i + 1].log()
+        h = t_next - t
+        ratio = (-t_next).exp() / (-t).exp()
+        if old_denoised is None or sigmas[i + 1] == 0:
+            x = ratio * x - (-h).expm1() * denoised
+        else:
+            r = (t - (-sigmas[i - 1].log())) / h
+            denoised_d = (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * old_denoised
+            x = ratio * x - (-h).expm1() * denoised_d
+        old_denoised = denoised
+    return x
+
+
+@torch.no_grad()
+def sample_dpmpp_2m_sde(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                        noise_sampler=None, eta=1.0, s_noise=1.0, solver_type="midpoint",
+                        cpu=True):
+    """DPM-Solver++(2M) SDE (Lu et al. 2022b, sec. 5 / appendix; k-diffusion), midpoint or heun
+    second-order correction, Brownian-tree noise."""
+    if len(sigmas) <= 1:
+        return x
+    if solver_type not in {"heun", "midpoint"}:
+        raise ValueError("solver_type must be 'heun' or 'midpoint'")
+    extra_args = {} if extra_args is None else extra_args
+    noise_sampler = _sde_noise(x, sigmas, extra_args, noise_sampler, cpu)
+    s_in = x.new_ones([x.shape[0]])
+    old_denoised, h, h_last = None, None, None
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        report_step(callback, i, x, sigmas[i], denoised)
+        if sigmas[i + 1] == 0:
+            x = denoised
+        else:
+            lambda_s, lambda_t = -sigmas[i].log(), -sigmas[i + 1].log()
+            h = lambda_t - lambda_s
+            h_eta = h * (eta + 1)
+            alpha_t = sigmas[i + 1] * lambda_t.exp()
+            x = (sigmas[i + 1] / sigmas[i] * (-h * eta).exp() * x
+                 + alpha_t * (-h_eta).expm1().neg() * denoised)
+            if old_denoised is not None:
+                r = h_last / h
+                if solver_type == "heun":
+                    x = x + alpha_t * ((-h_eta).expm1().neg() / (-h_eta) + 1) * (1 / r) * (
+                        denoised - old_denoised)
+                else:
+                    x = x + 0.5 * alpha_t * (-h_eta).expm1().neg() * (1 / r) * (
+                        denoised - old_denoised)
+            if eta > 0 and s_noise > 0:
+                x = x + (noise_sampler(sigmas[i], sigmas[i + 1]) * sigmas[i + 1]
+                         * (-2 * h * eta).expm1().neg().sqrt() * s_noise)
+        old_denoised = denoised
+        h_last = h
+    return x
+
+
+@torch.no_grad()
+def sample_dpmpp_3m_sde(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                        noise_sampler=None, eta=1.0, s_noise=1.0, cpu=True):
+    """DPM-Solver++(3M) SDE (Lu et al. 2022b third-order multistep; k-diffusion)."""
+    if len(sigmas) <= 1:
+        return x
+    extra_args = {} if extra_args is None else extra_args
+    noise_sampler = _sde_noise(x, sigmas, extra_args, noise_sampler, cpu)
+    s_in = x.new_ones([x.shape[0]])
+    denoised_1 = denoised_2 = None
+    h = h_1 = h_2 = None
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        report_step(callback, i, x, sigmas[i], denoised)
+        if sigmas[i + 1] == 0:
+            x = denoised
+        else:
+            lambda_s, lambda_t = -sigmas[i].log(), -sigmas[i + 1].log()
+            h = lambda_t - lambda_s
+            h_eta = h * (eta + 1)
+            alpha_t = sigmas[i + 1] * lambda_t.exp()
+            x = (sigmas[i + 1] / sigmas[i] * (-h * eta).exp() * x
+                 + alpha_t * (-h_eta).expm1().neg() * denoised)
+            if h_2 is not None:
+                r0, r1 = h_1 / h, h_2 / h
+                d1_0 = (denoised - denoised_1) / r0
+                d1_1 = (denoised_1 - denoised_2) / r1
+                d1 = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1)
+                d2 = (d1_0 - d1_1) / (r0 + r1)
+                phi_2 = h_eta.neg().expm1() / h_eta + 1
+                phi_3 = phi_2 / h_eta - 0.5
+                x = x + (alpha_t * phi_2) * d1 - (alpha_t * phi_3) * d2
+            elif h_1 is not None:
+                d = (denoised - denoised_1) / (h_1 / h)
+                phi_2 = h_eta.neg().expm1() / h_eta + 1
+                x = x + (alpha_t * phi_2) * d
+            if eta > 0 and s_noise > 0:
+                x = x + (noise_sampler(sigmas[i], sigmas[i + 1]) * sigmas[i + 1]
+                         * (-2 * h * eta).expm1().neg().sqrt() * s_noise)
+        denoised_1, denoised_2 = denoised, denoised_1
+        h_1, h_2 = h, h_1
+    return x
+
+
+def _gpu_variant(fn, doc_name):
+    def sample(model, x, sigmas, extra_args=None, callback=None, disable=None,
+               noise_sampler=None, **opts):
+        opts["cpu"] = False
+        return fn(model, x, sigmas, extra_args, callback, disable, noise_sampler, **opts)
+
+    sample.__doc__ = (f"{doc_name} with its Brownian tree on x's device (cpu=False), as "
+                      f"ComfyUI's *_gpu samplers; seeded results then depend on the device.")
+    return sample
+
+
+sample_dpmpp_sde_gpu = _gpu_variant(sample_dpmpp_sde, "dpmpp_sde")
+sample_dpmpp_2m_sde_gpu = _gpu_variant(sample_dpmpp_2m_sde, "dpmpp_2m_sde")
+sample_dpmpp_3m_sde_gpu = _gpu_variant(sample_dpmpp_3m_sde, "dpmpp_3m_sde")
+
+
+@torch.no_grad()
+def sample_dpmpp_2m_sde_heun(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                             noise_sampler=None, eta=1.0, s_noise=1.0, cpu=True):
+    """DPM-Solver++(2M) SDE with the heun-type second-order term."""
+    return sample_dpmpp_2m_sde(model, x, sigmas, extra_args, callback, disable, noise_sampler,
+                               eta=eta, s_noise=s_noise, solver_type="heun", cpu=cpu)
+
+
+sample_dpmpp_2m_sde_heun_gpu = _gpu_variant(sample_dpmpp_2m_sde_heun, "dpmpp_2m_sde_heun")

@@ -1,0 +1,293 @@
+"""Euler-family and single-step samplers: Euler, DDIM, Euler ancestral, Heun, Heun++, DPM-2
+(plain and ancestral), LMS (Karras et al. 2022, "Elucidating the Design Space of
+Diffusion-Based Generative Models", via k-diffusion), plus the VP-step samplers DDPM (Ho et al.
+2020) and LCM (Luo et al. 2023).
+
+Contract, registry and shared helpers: ``samplers.py`` / ``sampler_utils.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .noise import default_noise_sampler
+from .sampler_utils import (
+    get_ancestral_step,
+    karras_churn,
+    lazy_noise,
+    report_step,
+    seed_of,
+    to_d,
+)
+
+__all__ = [
+    "sample_euler",
+    "sample_ddim",
+    "sample_euler_ancestral",
+    "sample_heun",
+    "sample_heunpp2",
+    "sample_dpm_2",
+    "sample_dpm_2_ancestral",
+    "sample_lms",
+    "sample_ddpm",
+    "sample_lcm",
+]
+
+
+# ---------------------------------------------------------------------- Karras-style ODE
+
+
+@torch.no_grad()
+def sample_euler(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                 noise_sampler=None, s_churn=0.0, s_tmin=0.0, s_tmax=float("inf"), s_noise=1.0):
+    """Euler steps on the probability-flow ODE (Karras et al. 2022, Algorithm 2 without the
+    Heun correction)."""
+    extra_args = {} if extra_args is None else extra_args
+    noise = lazy_noise(x, extra_args, noise_sampler)
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        x, sigma_hat = karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise)
+        denoised = model(x, sigma_hat * s_in, **extra_args)
+        d = to_d(x, sigma_hat, denoised)
+        report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+        x = x + d * (sigmas[i + 1] - sigma_hat)
+    return x
+
+
+@torch.no_grad()
+def sample_ddim(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                noise_sampler=None, **opts):
+    """DDIM (Song et al. 2021, "Denoising Diffusion Implicit Models") with η = 0 is the Euler
+    method on the probability-flow ODE in σ (Karras et al. 2022, sec. 4); ComfyUI's "ddim" is
+    exactly ``euler`` plus a separate inpaint noise (seed + 1), which the KSampler glue handles."""
+    return sample_euler(model, x, sigmas, extra_args, callback, disable, noise_sampler, **opts)
+
+
+@torch.no_grad()
+def sample_euler_ancestral(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                           noise_sampler=None, eta=1.0, s_noise=1.0):
+    """Euler step to σ_down, then fresh noise of std σ_up (ancestral sampling; Ho et al. 2020 in
+    k-diffusion's VE form)."""
+    extra_args = {} if extra_args is None else extra_args
+    if noise_sampler is None:
+        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
+        report_step(callback, i, x, sigmas[i], denoised)
+        if sigma_down == 0:
+            x = denoised
+        else:
+            d = to_d(x, sigmas[i], denoised)
+            x = x + d * (sigma_down - sigmas[i])
+            x = x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * sigma_up
+    return x
+
+
+@torch.no_grad()
+def sample_heun(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                noise_sampler=None, s_churn=0.0, s_tmin=0.0, s_tmax=float("inf"), s_noise=1.0):
+    """Heun's second-order method (Karras et al. 2022, Algorithm 2); Euler on the last step."""
+    extra_args = {} if extra_args is None else extra_args
+    noise = lazy_noise(x, extra_args, noise_sampler)
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        x, sigma_hat = karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise)
+        denoised = model(x, sigma_hat * s_in, **extra_args)
+        d = to_d(x, sigma_hat, denoised)
+        report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+        dt = sigmas[i + 1] - sigma_hat
+        if sigmas[i + 1] == 0:
+            x = x + d * dt
+        else:
+            x_2 = x + d * dt
+            denoised_2 = model(x_2, sigmas[i + 1] * s_in, **extra_args)
+            d_2 = to_d(x_2, sigmas[i + 1], denoised_2)
+            x = x + (d + d_2) / 2 * dt
+    return x
+
+
+@torch.no_grad()
+def sample_heunpp2(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                   noise_sampler=None, s_churn=0.0, s_tmin=0.0, s_tmax=float("inf"), s_noise=1.0):
+    """Heun++ (Carzit's sd-webui-samplers-scheduler, as in ComfyUI): a three-stage Heun whose
+    derivative weights depend on σ/σ_0; Heun with σ-weights on the second-last step, Euler last."""
+    extra_args = {} if extra_args is None else extra_args
+    noise = lazy_noise(x, extra_args, noise_sampler)
+    s_in = x.new_ones([x.shape[0]])
+    s_end = sigmas[-1]
+    for i in range(len(sigmas) - 1):
+        x, sigma_hat = karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise)
+        denoised = model(x, sigma_hat * s_in, **extra_args)
+        d = to_d(x, sigma_hat, denoised)
+        report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+        dt = sigmas[i + 1] - sigma_hat
+        if sigmas[i + 1] == s_end:
+            x = x + d * dt
+        elif sigmas[i + 2] == s_end:
+            x_2 = x + d * dt
+            denoised_2 = model(x_2, sigmas[i + 1] * s_in, **extra_args)
+            d_2 = to_d(x_2, sigmas[i + 1], denoised_2)
+            w2 = sigmas[i + 1] / (2 * sigmas[0])
+            x = x + (d * (1 - w2) + d_2 * w2) * dt
+        else:
+            x_2 = x + d * dt
+            denoised_2 = model(x_2, sigmas[i + 1] * s_in, **extra_args)
+            d_2 = to_d(x_2, sigmas[i + 1], denoised_2)
+            x_3 = x_2 + d_2 * (sigmas[i + 2] - sigmas[i + 1])
+            denoised_3 = model(x_3, sigmas[i + 2] * s_in, **extra_args)
+            d_3 = to_d(x_3, sigmas[i + 2], denoised_3)
+            w = 3 * sigmas[0]
+            w2, w3 = sigmas[i + 1] / w, sigmas[i + 2] / w
+            x = x + ((1 - w2 - w3) * d + w2 * d_2 + w3 * d_3) * dt
+    return x
+
+
+@torch.no_grad()
+def sample_dpm_2(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                 noise_sampler=None, s_churn=0.0, s_tmin=0.0, s_tmax=float("inf"), s_noise=1.0):
+    """DPM-Solver-2 style midpoint steps in log σ (Lu et al. 2022, "DPM-Solver"; Karras et al.
+    2022 Algorithm 2 framing)."""
+    extra_args = {} if extra_args is None else extra_args
+    noise = lazy_noise(x, extra_args, noise_sampler)
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        x, sigma_hat = karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise)
+        denoised = model(x, sigma_hat * s_in, **extra_args)
+        d = to_d(x, sigma_hat, denoised)
+        report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+        if sigmas[i + 1] == 0:
+            x = x + d * (sigmas[i + 1] - sigma_hat)
+        else:
+            sigma_mid = sigma_hat.log().lerp(sigmas[i + 1].log(), 0.5).exp()
+            x_2 = x + d * (sigma_mid - sigma_hat)
+            denoised_2 = model(x_2, sigma_mid * s_in, **extra_args)
+            d_2 = to_d(x_2, sigma_mid, denoised_2)
+            x = x + d_2 * (sigmas[i + 1] - sigma_hat)
+    return x
+
+
+@torch.no_grad()
+def sample_dpm_2_ancestral(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                           noise_sampler=None, eta=1.0, s_noise=1.0):
+    """Ancestral sampling with DPM-Solver-2 steps to σ_down (Lu et al. 2022)."""
+    extra_args = {} if extra_args is None else extra_args
+    if noise_sampler is None:
+        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
+        report_step(callback, i, x, sigmas[i], denoised)
+        d = to_d(x, sigmas[i], denoised)
+        if sigma_down == 0:
+            x = x + d * (sigma_down - sigmas[i])
+        else:
+            sigma_mid = sigmas[i].log().lerp(sigma_down.log(), 0.5).exp()
+            x_2 = x + d * (sigma_mid - sigmas[i])
+            denoised_2 = model(x_2, sigma_mid * s_in, **extra_args)
+            d_2 = to_d(x_2, sigma_mid, denoised_2)
+            x = x + d_2 * (sigma_down - sigmas[i])
+            x = x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * sigma_up
+    return x
+
+
+def _lms_coeff(order: int, t, i: int, j: int) -> float:
+    """∫_{t_i}^{t_{i+1}} of the j-th Lagrange basis polynomial through t_i, t_{i-1}, ..."""
+    from scipy import integrate
+
+    def basis(tau):
+        prod = 1.0
+        for k in range(order):
+            if j != k:
+                prod *= (tau - t[i - k]) / (t[i - j] - t[i - k])
+        return prod
+
+    return integrate.quad(basis, t[i], t[i + 1], epsrel=1e-4)[0]
+
+
+@torch.no_grad()
+def sample_lms(model, x, sigmas, extra_args=None, callback=None, disable=None,
+               noise_sampler=None, order=4):
+    """Linear multistep (Adams–Bashforth in σ with exact Lagrange integrals; Karras et al. 2022
+    via k-diffusion; cf. Liu et al. 2022, "Pseudo Numerical Methods for Diffusion Models")."""
+    extra_args = {} if extra_args is None else extra_args
+    s_in = x.new_ones([x.shape[0]])
+    sigmas_cpu = sigmas.detach().cpu().numpy()
+    ds = []
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        ds.append(to_d(x, sigmas[i], denoised))
+        if len(ds) > order:
+            ds.pop(0)
+        report_step(callback, i, x, sigmas[i], denoised)
+        if sigmas[i + 1] == 0:
+            x = denoised
+        else:
+            cur = min(i + 1, order)
+            coeffs = [_lms_coeff(cur, sigmas_cpu, i, j) for j in range(cur)]
+            x = x + sum(c * d for c, d in zip(coeffs, reversed(ds)))
+    return x
+
+
+# ------------------------------------------------------------------- DDPM / LCM (VP steps)
+
+
+@torch.no_grad()
+def sample_ddpm(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                noise_sampler=None):
+    """DDPM ancestral steps (Ho et al. 2020, Algorithm 2) between arbitrary σs, in VP space
+    (x_vp = x/sqrt(1 + σ²), ᾱ = 1/(1 + σ²)), converted back after each step."""
+    extra_args = {} if extra_args is None else extra_args
+    if noise_sampler is None:
+        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        sigma, sigma_prev = sigmas[i], sigmas[i + 1]
+        denoised = model(x, sigma * s_in, **extra_args)
+        report_step(callback, i, x, sigma, denoised)
+        eps = (x - denoised) / sigma
+        x_vp = x / torch.sqrt(1.0 + sigma**2.0)
+        ac = 1 / (sigma * sigma + 1)
+        ac_prev = 1 / (sigma_prev * sigma_prev + 1)
+        alpha = ac / ac_prev
+        mu = (1.0 / alpha).sqrt() * (x_vp - (1 - alpha) * eps / (1 - ac).sqrt())
+        if sigma_prev > 0:
+            mu = mu + ((1 - alpha) * (1.0 - ac_prev) / (1.0 - ac)).sqrt() * noise_sampler(
+                sigma, sigma_prev)
+        x = mu
+        if sigma_prev != 0:
+            x = x * torch.sqrt(1.0 + sigma_prev**2.0)
+    return x
+
+
+@torch.no_grad()
+def sample_lcm(model, x, sigmas, extra_args=None, callback=None, disable=None,
+               noise_sampler=None, s_noise=1.0, s_noise_end=None, noise_clip_std=0.0):
+    """Latent Consistency Model multistep sampling (Luo et al. 2023, Algorithm 1): jump to the
+    x0 prediction, then re-noise to the next σ (x = x0 + σ·n, the discrete-model noise scaling).
+    ``s_noise`` → ``s_noise_end`` interpolates the noise multiplier over the steps;
+    ``noise_clip_std`` clamps the noise to ±k of its std (0 = off)."""
+    extra_args = {} if extra_args is None else extra_args
+    if noise_sampler is None:
+        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    s_in = x.new_ones([x.shape[0]])
+    n_steps = max(1, len(sigmas) - 1)
+    s_start = float(s_noise)
+    s_end = s_start if s_noise_end is None else float(s_noise_end)
+    for i in range(n_steps):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        report_step(callback, i, x, sigmas[i], denoised)
+        x = denoised
+        if sigmas[i + 1] > 0:
+            noise = noise_sampler(sigmas[i], sigmas[i + 1])
+            if noise_clip_std > 0:
+                clip = noise_clip_std * noise.std()
+                noise = noise.clamp(min=-clip, max=clip)
+            frac = (i / (n_steps - 1)) if n_steps > 1 else 0.0
+            s_i = s_start + (s_end - s_start) * frac
+            if s_i != 1.0:
+                noise = noise * s_i
+            x = x + noise * sigmas[i + 1]
+    return x

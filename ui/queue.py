@@ -1,0 +1,322 @@
+"""The prompt queue and its single worker thread (comfy-conventions §1.1, §1.5).
+
+Pending prompts sit in a heap ordered by `number` (a server counter; `front` makes it negative).
+One worker thread takes the lowest number and runs it through the `Executor`; its events go to
+`emit(type, data, client_id)` (the WebSocket hub). Finished prompts land in the history, in
+ComfyUI's entry shape, capped at 10,000 entries. A prompt that fails, whatever the cause, ends in
+an `execution_error` and `executing {node: null}`; the worker carries on with the next one.
+
+Interrupt: every running prompt has its own `threading.Event`, handed to `Executor.run`; nodes
+check it before they start and at every `ctx.progress` (every sampler step). Interrupting stops
+only the running prompt; the queue keeps going.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import itertools
+import logging
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from graph import events as ev
+from graph.context import Interrupted
+from graph.executor import ExecutionFailed, NodeError, ValidationFailed
+
+__all__ = ["QueueItem", "PromptQueue", "MAX_HISTORY", "SENSITIVE_KEYS"]
+
+log = logging.getLogger("mixgraph.ui")
+
+MAX_HISTORY = 10_000
+SENSITIVE_KEYS = ("auth_token_comfy_org", "api_key_comfy_org")
+#: Events recorded in a history entry's `status.messages`, as ComfyUI does.
+_RECORDED = ("execution_start", "execution_cached", "execution_success", "execution_error",
+             "execution_interrupted")
+
+Emit = Callable[[str, Any, "str | None"], None]
+
+
+@dataclass
+class QueueItem:
+    """One queued prompt. `prompt` is the JSON the client sent; `workflow` and `validation` are
+    what the executor runs (parsed and validated when it was queued)."""
+
+    number: float
+    prompt_id: str
+    prompt: dict
+    extra_data: dict
+    outputs: list[str]
+    workflow: Any = None
+    validation: Any = None
+    interrupt: threading.Event = field(default_factory=threading.Event)
+
+    def as_list(self) -> list:
+        """ComfyUI's queue/history form: [number, prompt_id, prompt, extra_data, outputs]."""
+        extra = {k: v for k, v in self.extra_data.items() if k not in SENSITIVE_KEYS}
+        return [self.number, self.prompt_id, self.prompt, extra, list(self.outputs)]
+
+
+class PromptQueue:
+    """Heap of pending prompts + one worker thread + the history."""
+
+    def __init__(self, executor: Any, emit: Emit | None = None,
+                 emit_preview: Callable[[bytes, dict, "str | None"], None] | None = None,
+                 on_change: Callable[[], None] | None = None,
+                 unload_hooks: tuple[Callable[[], Any], ...] = (), max_history: int = MAX_HISTORY):
+        self.executor = executor
+        self.emit: Emit = emit or (lambda type_, data, client_id: None)
+        self.emit_preview = emit_preview or (lambda jpeg, meta, client_id: None)
+        self.on_change = on_change or (lambda: None)
+        self.unload_hooks = tuple(unload_hooks)
+        self.max_history = max_history
+        self._cv = threading.Condition()
+        self._heap: list[tuple[float, int, QueueItem]] = []
+        self._seq = itertools.count()
+        self._counter = 0
+        self._running: QueueItem | None = None
+        self._running_node: str | None = None
+        self._history: OrderedDict[str, dict] = OrderedDict()
+        self._free = {"unload_models": False, "free_memory": False}
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._last_gc = time.monotonic()
+
+    # --- queueing --------------------------------------------------------------------------------
+
+    def next_number(self, front: bool = False) -> int:
+        with self._cv:
+            n = self._counter
+            self._counter += 1
+        return -n if front else n
+
+    def put(self, item: QueueItem) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (item.number, next(self._seq), item))
+            self._cv.notify_all()
+        self.on_change()
+
+    def remaining(self) -> int:
+        with self._cv:
+            return len(self._heap) + (self._running is not None)
+
+    def snapshot(self) -> tuple[list[list], list[list]]:
+        """(running, pending) in ComfyUI's item form; pending in run order."""
+        with self._cv:
+            running = [self._running.as_list()] if self._running is not None else []
+            pending = [entry[2].as_list() for entry in sorted(self._heap)]
+        return running, pending
+
+    def delete(self, prompt_ids: list[str]) -> int:
+        ids = set(prompt_ids)
+        with self._cv:
+            before = len(self._heap)
+            self._heap = [e for e in self._heap if e[2].prompt_id not in ids]
+            heapq.heapify(self._heap)
+            removed = before - len(self._heap)
+        if removed:
+            self.on_change()
+        return removed
+
+    def clear(self) -> None:
+        with self._cv:
+            self._heap.clear()
+        self.on_change()
+
+    def running(self) -> tuple[QueueItem | None, str | None]:
+        with self._cv:
+            return self._running, self._running_node
+
+    # --- interrupt and /free --------------------------------------------------------------------
+
+    def interrupt(self, prompt_id: str | None = None) -> bool:
+        """Stop the running prompt (only if it is `prompt_id`, when given). True if one was asked."""
+        with self._cv:
+            item = self._running
+            if item is None or (prompt_id is not None and item.prompt_id != prompt_id):
+                return False
+            item.interrupt.set()
+        return True
+
+    def request_free(self, unload_models: bool = False, free_memory: bool = False) -> None:
+        """Handled after the running prompt (at once when idle)."""
+        with self._cv:
+            self._free["unload_models"] |= bool(unload_models)
+            self._free["free_memory"] |= bool(free_memory)
+            self._cv.notify_all()
+
+    def _handle_free(self) -> None:
+        with self._cv:
+            flags, self._free = self._free, {"unload_models": False, "free_memory": False}
+        if flags["free_memory"]:
+            self.executor.cache.clear()
+        if flags["unload_models"] or flags["free_memory"]:
+            for hook in self.unload_hooks:
+                try:
+                    hook()
+                except Exception:  # noqa: BLE001 - freeing memory must never stop the worker
+                    log.exception("unload hook failed")
+            gc.collect()
+            _empty_device_cache()
+
+    # --- history ---------------------------------------------------------------------------------
+
+    def history(self, max_items: int | None = None, offset: int = -1) -> dict[str, dict]:
+        """ComfyUI's get_history: by default everything; `max_items` alone gives the newest."""
+        with self._cv:
+            items = list(self._history.items())
+        if offset < 0 and max_items is not None:
+            offset = len(items) - max_items
+        offset = max(offset, 0)
+        end = len(items) if max_items is None else offset + max_items
+        return dict(items[offset:end])
+
+    def history_item(self, prompt_id: str) -> dict[str, dict]:
+        with self._cv:
+            entry = self._history.get(prompt_id)
+        return {prompt_id: entry} if entry is not None else {}
+
+    def delete_history(self, prompt_ids: list[str]) -> None:
+        with self._cv:
+            for pid in prompt_ids:
+                self._history.pop(pid, None)
+
+    def clear_history(self) -> None:
+        with self._cv:
+            self._history.clear()
+
+    def _store(self, item: QueueItem, report: Any, messages: list, status: str) -> None:
+        ui = dict(getattr(report, "ui", None) or {})
+        entry = {
+            "prompt": item.as_list(),
+            "outputs": ui,
+            "meta": {nid: {"node_id": nid, "display_node": nid, "parent_node": None,
+                           "real_node_id": nid} for nid in ui},
+            "status": {"status_str": status, "completed": status == "success",
+                       "messages": messages},
+        }
+        with self._cv:
+            self._history[item.prompt_id] = entry
+            self._history.move_to_end(item.prompt_id)
+            while len(self._history) > self.max_history:
+                self._history.popitem(last=False)
+
+    # --- the worker ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._work, name="mixgraph-prompt-worker",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stop = True
+            if self._running is not None:
+                self._running.interrupt.set()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until nothing is queued or running (tests, shutdown). False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._heap or self._running is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.05))
+        return True
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap and not self._stop and not any(self._free.values()):
+                    self._cv.wait(1.0)
+                if self._stop:
+                    return
+                item = heapq.heappop(self._heap)[2] if self._heap else None
+                self._running = item
+                self._running_node = None
+            if item is not None:
+                self.on_change()
+                try:
+                    self._execute(item)
+                except Exception:  # noqa: BLE001 - last line of defence: the worker lives on
+                    log.exception("prompt %s: unexpected failure in the worker", item.prompt_id)
+                with self._cv:
+                    self._running = None
+                    self._running_node = None
+                    self._cv.notify_all()
+                self.on_change()
+            self._handle_free()
+            if time.monotonic() - self._last_gc > 10.0:
+                gc.collect()
+                _empty_device_cache()
+                self._last_gc = time.monotonic()
+
+    def _execute(self, item: QueueItem) -> None:
+        client_id = item.extra_data.get("client_id")
+        messages: list = []
+
+        def on_event(event: ev.Event) -> None:
+            type_, data = event.to_comfy()
+            if type_ in _RECORDED:
+                messages.append([type_, data])
+            if isinstance(event, ev.Executing):
+                self._running_node = event.node
+            try:       # a client that cannot be told must never fail the run
+                if isinstance(event, ev.Progress) and event.preview is not None:
+                    self._preview(event, item.prompt_id, client_id)
+                target = None if isinstance(event, ev.ExecutionInterrupted) else client_id
+                self.emit(type_, data, target)
+            except Exception:  # noqa: BLE001
+                log.exception("could not send %s for prompt %s", type_, item.prompt_id)
+
+        report, status = None, "error"
+        try:
+            report = self.executor.run(
+                item.workflow, targets=item.outputs or None, on_event=on_event,
+                interrupt=item.interrupt, prompt_id=item.prompt_id, extra_data=item.extra_data,
+                validation=item.validation, strict=False)
+            status = "success"
+        except Interrupted as e:
+            report = getattr(e, "report", None)
+        except NodeError as e:
+            report = e.report
+        except Exception as e:  # noqa: BLE001 - ValidationFailed, or a bug: report, carry on
+            report = getattr(e, "report", None) if isinstance(e, ExecutionFailed) else None
+            if not messages:
+                on_event(ev.ExecutionStart(item.prompt_id))
+            on_event(ev.ExecutionError(
+                item.prompt_id, "", "", str(e) if isinstance(e, ValidationFailed)
+                else f"{type(e).__name__}: {e}", type(e).__name__,
+                tuple(traceback.format_exception(type(e), e, e.__traceback__))))
+            on_event(ev.Executing(item.prompt_id, None))
+        self._store(item, report, messages, status)
+
+
+    def _preview(self, event: ev.Progress, prompt_id: str, client_id: str | None) -> None:
+        from ui.ws import encode_preview
+        jpeg = encode_preview(event.preview)
+        if jpeg is not None:
+            self.emit_preview(jpeg, {"node_id": event.node, "prompt_id": prompt_id,
+                                     "display_node_id": event.node, "parent_node_id": None,
+                                     "real_node_id": event.node}, client_id)
+
+
+def _empty_device_cache() -> None:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - best effort
+        pass

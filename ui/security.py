@@ -1,0 +1,201 @@
+"""Safety defaults of the server (DESIGN §7): bind rule, token, Origin check, safe paths, uploads.
+
+* The server binds 127.0.0.1 by default; any other address needs a token (`--token`), unless
+  `--insecure` is given explicitly (`check_bind`).
+* With a token, every request carries it: `Authorization: Bearer T`, `?token=T`, or the cookie
+  set when a browser first opens a page with `?token=T` (so the editor's own requests pass).
+* A state-changing request (POST/PUT/PATCH/DELETE) or a WebSocket upgrade whose `Origin` is not
+  the server itself is refused with 403: a web page on another site must not queue prompts on a
+  local server. On a loopback bind without a token the `Host` header must be a loopback name too,
+  which stops DNS rebinding (a hostile name resolving to 127.0.0.1 makes Origin and Host agree;
+  behind a reverse proxy that passes its own Host, use a token).
+* Files named by clients resolve inside their folder: no absolute paths, no `..`, no symlink that
+  leads out (`safe_path`).
+* Uploads are read with a size limit and must decode as images of sane size (`check_image`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import ipaddress
+import os
+import warnings
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+__all__ = ["SecurityError", "is_loopback", "check_bind", "security_middleware", "safe_path",
+           "read_limited", "check_image", "unique_name", "TOKEN_COOKIE", "MAX_IMAGE_SIDE"]
+
+TOKEN_COOKIE = "mixgraph_token"
+MAX_IMAGE_SIDE = 16384          # ComfyUI's MAX_RESOLUTION
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class SecurityError(ValueError):
+    """A configuration or request the safety rules refuse; the message says what to do."""
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for localhost names and loopback addresses (127.0.0.0/8, ::1)."""
+    if not host:
+        return False
+    host = host.strip("[]").lower()
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None, insecure: bool) -> None:
+    """Refuse to listen beyond this machine without a token, unless explicitly insecure."""
+    if is_loopback(host) or token or insecure:
+        return
+    raise SecurityError(
+        f"refusing to listen on {host!r} without a token: anyone who can reach this address could "
+        f"run workflows and read your files. Pass --token SECRET (clients send 'Authorization: "
+        f"Bearer SECRET' or '?token=SECRET'), or --insecure if you really mean it.")
+
+
+def _split_host(value: str, default_port: int | None) -> tuple[str, int | None]:
+    """'host:port' / '[::1]:port' / 'host' -> (host, port)."""
+    parts = urlsplit(f"//{value}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return (parts.hostname or "").lower(), port if port is not None else default_port
+
+
+def origin_allowed(origin: str, host_header: str) -> bool:
+    """Is a browser `Origin` this server itself (same host:port, or both loopback, same port)?"""
+    o = urlsplit(origin)
+    if o.scheme not in ("http", "https") or not o.hostname:
+        return False                      # "null", file://, extensions...
+    default = 443 if o.scheme == "https" else 80
+    try:
+        o_port = o.port or default
+    except ValueError:
+        return False
+    o_host = o.hostname.lower()
+    h_host, h_port = _split_host(host_header, default)
+    if o_port != h_port:
+        return False
+    return o_host == h_host or (is_loopback(o_host) and is_loopback(h_host))
+
+
+def _token_ok(request: web.Request, token: str) -> bool:
+    given = None
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        given = auth[7:].strip()
+    given = given or request.query.get("token") or request.cookies.get(TOKEN_COOKIE)
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
+def security_middleware(*, token: str | None, loopback_only: bool):
+    """aiohttp middleware enforcing the token, the Origin rule and (on loopback) the Host rule."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        host_header = request.headers.get("Host", "")
+        if loopback_only and not is_loopback(_split_host(host_header, None)[0]):
+            raise web.HTTPForbidden(text="forbidden: this server only answers to localhost "
+                                         "(the Host header names another host)")
+        if token is not None and not _token_ok(request, token):
+            raise web.HTTPUnauthorized(
+                text="unauthorized: send the server token as 'Authorization: Bearer TOKEN' "
+                     "or '?token=TOKEN'", headers={"WWW-Authenticate": "Bearer"})
+        origin = request.headers.get("Origin")
+        is_ws = request.headers.get("Upgrade", "").lower() == "websocket"
+        if origin is not None and (request.method in STATE_CHANGING or is_ws):
+            if not origin_allowed(origin, host_header):
+                raise web.HTTPForbidden(text=f"forbidden: requests from origin {origin!r} may not "
+                                             f"change this server's state")
+        response = await handler(request)
+        if token is not None and request.query.get("token") and not is_ws:
+            # A browser opened a page with ?token=: let its follow-up requests through.
+            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
+        return response
+
+    return middleware
+
+
+def safe_path(root: Path, filename: str, subfolder: str = "") -> Path:
+    """root/subfolder/filename, or SecurityError if that would leave `root` (absolute paths,
+    `..`, drive letters, NUL bytes, symlinks pointing out)."""
+    rel_parts: list[str] = []
+    for piece in (subfolder or "", filename or ""):
+        text = piece.replace("\\", "/")
+        if "\x00" in text or text.startswith("/") or (len(text) > 1 and text[1] == ":"):
+            raise SecurityError(f"path {piece!r} is not a plain relative path")
+        for part in text.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise SecurityError(f"path {piece!r} may not contain '..'")
+            rel_parts.append(part)
+    if not rel_parts:
+        raise SecurityError("no file name given")
+    path = Path(root).joinpath(*rel_parts)
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
+        raise SecurityError(f"path {'/'.join(rel_parts)!r} resolves outside its folder")
+    return path
+
+
+async def read_limited(part, limit: int) -> bytes:
+    """Read a multipart part (or any object with `read_chunk`) refusing more than `limit` bytes."""
+    buf = bytearray()
+    while True:
+        chunk = await part.read_chunk(1 << 16)
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(buf))
+
+
+def check_image(data: bytes) -> tuple[str, tuple[int, int]]:
+    """(PIL format, (width, height)) of an image file's bytes; SecurityError if it does not decode
+    as an image or is absurdly large."""
+    from PIL import Image
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                fmt, size = im.format, im.size
+                im.verify()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise SecurityError(f"image refused: {e}") from None
+    except Exception as e:  # noqa: BLE001 - PIL raises many types for undecodable data
+        raise SecurityError(f"not a readable image ({type(e).__name__}: {e})") from None
+    if max(size) > MAX_IMAGE_SIDE or min(size) < 1:
+        raise SecurityError(f"image of {size[0]}x{size[1]} px refused (sides must be 1..{MAX_IMAGE_SIDE})")
+    return fmt or "", size
+
+
+def unique_name(folder: Path, name: str, data: bytes, overwrite: bool = False) -> tuple[str, bool]:
+    """(file name to use, whether to write it). A taken name with different contents becomes
+    'name (1).ext', 'name (2).ext', ...; a byte-identical file is reused, not written again."""
+    if overwrite or not (folder / name).exists():
+        return name, True
+    stem, dot, ext = name.rpartition(".")
+    if not dot:
+        stem, ext = name, ""
+    digest = hashlib.sha256(data).digest()
+    candidate, i = name, 0
+    while (folder / candidate).exists():
+        existing = folder / candidate
+        if existing.is_file() and existing.stat().st_size == len(data) and \
+                hashlib.sha256(existing.read_bytes()).digest() == digest:
+            return candidate, False
+        i += 1
+        candidate = f"{stem} ({i}).{ext}" if dot else f"{stem} ({i})"
+    return candidate, True

@@ -1,0 +1,496 @@
+"""The HTTP/WebSocket server: ComfyUI's API (comfy-conventions §2), so existing clients and the
+ComfyUI web editor work unchanged. Every route is also served under `/api`.
+
+    app = create_app(Env(), token=None)          # aiohttp Application
+    serve("127.0.0.1", 8188, models="models")    # or: mixgraph serve
+
+Parts: `ui.queue` (prompt queue, worker thread, history), `ui.ws` (WebSocket hub),
+`ui.security` (bind/token/Origin rules, safe paths, upload checks), `ui.frontend` (the editor's
+static files and its settings/user-data endpoints).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import mimetypes
+import os
+import platform
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from aiohttp import web
+
+from graph.env import Env
+from graph.executor import Executor
+from graph.validate import validate
+from graph.workflow import WorkflowError, dump_api, load_workflow
+from ui.files import convert_image, header_safe, safetensors_metadata, store_upload
+from ui.frontend import UserData, frontend_root, index_handler
+from ui.queue import PromptQueue, QueueItem
+from ui.security import (SecurityError, check_bind, is_loopback, read_limited, safe_path,
+                         security_middleware)
+from ui.ws import Hub
+
+__all__ = ["create_app", "serve", "cli_main", "Server", "SERVER_KEY", "DEFAULT_MAX_UPLOAD"]
+
+DEFAULT_MAX_UPLOAD = 50 * 1024 * 1024
+COMFYUI_API_VERSION = "0.3.64"      # the ComfyUI release whose API this server speaks
+_UNSAFE_TYPES = ("text/html", "text/javascript", "application/javascript", "text/css",
+                 "image/svg+xml", "application/xhtml+xml", "text/xml", "application/xml")
+
+
+def _error(type_: str, message: str, details: str = "", status: int = 400) -> web.Response:
+    return web.json_response({"error": {"type": type_, "message": message, "details": details,
+                                        "extra_info": {}}, "node_errors": {}}, status=status)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str)
+
+
+class Server:
+    """The state behind the routes: environment, registry, executor, queue, hub."""
+
+    def __init__(self, env: Env, registry: Any, executor: Executor, max_upload: int,
+                 user_dir: Path, unload_hooks: tuple[Callable[[], Any], ...] = ()):
+        self.env = env
+        self.registry = registry
+        self.executor = executor
+        self.max_upload = max_upload
+        self.hub = Hub(status=self.status, on_connect=self._replay, max_upload=max_upload)
+        self.queue = PromptQueue(executor, emit=self.hub.send, emit_preview=self.hub.send_preview,
+                                 on_change=self.hub.broadcast_status, unload_hooks=unload_hooks)
+        self.user = UserData(user_dir)
+
+    def status(self) -> dict:
+        return {"exec_info": {"queue_remaining": self.queue.remaining()}}
+
+    def _replay(self, client_id: str) -> list[tuple[str, dict]]:
+        item, node = self.queue.running()
+        if item is not None and node is not None and item.extra_data.get("client_id") == client_id:
+            return [("executing", {"node": node, "display_node": node, "prompt_id": item.prompt_id})]
+        return []
+
+    def roots(self) -> dict[str, Path]:
+        return {"output": Path(self.env.output), "input": Path(self.env.input),
+                "temp": Path(self.env.temp)}
+
+    def routes(self) -> list[tuple[str, str, Callable]]:
+        return [
+            ("POST", "/prompt", self.post_prompt), ("GET", "/prompt", self.get_prompt),
+            ("GET", "/queue", self.get_queue), ("POST", "/queue", self.post_queue),
+            ("GET", "/history", self.get_history), ("POST", "/history", self.post_history),
+            ("GET", "/history/{prompt_id}", self.get_history_item),
+            ("GET", "/view", self.view), ("POST", "/upload/image", self.upload_image),
+            ("POST", "/upload/mask", self.upload_mask),
+            ("GET", "/object_info", self.object_info),
+            ("GET", "/object_info/{node_class}", self.object_info_class),
+            ("POST", "/interrupt", self.interrupt), ("POST", "/free", self.free),
+            ("GET", "/system_stats", self.system_stats), ("GET", "/embeddings", self.embeddings),
+            ("GET", "/models", self.models), ("GET", "/models/{folder}", self.models_in),
+            ("GET", "/view_metadata/{folder}", self.view_metadata),
+            ("GET", "/features", self.features), ("GET", "/extensions", self.extensions),
+            ("GET", "/ws", self.hub.handle),
+            *self.user.routes(),
+        ]
+
+    # --- prompts and queue ---------------------------------------------------------------------
+
+    async def post_prompt(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            return _error("invalid_prompt", "Invalid prompt: the request body is not valid JSON", str(e))
+        if not isinstance(body, dict) or "prompt" not in body:
+            return _error("no_prompt", "No prompt provided", "No prompt provided")
+        prompt = body["prompt"]
+        if not isinstance(prompt, dict):
+            return _error("invalid_prompt", "Invalid prompt: 'prompt' must be a JSON object")
+        targets = body.get("partial_execution_targets")
+        if targets is not None and not (isinstance(targets, list)
+                                        and all(isinstance(t, (str, int)) for t in targets)):
+            return _error("invalid_prompt", "Invalid prompt: partial_execution_targets must be a "
+                                            "list of node ids")
+        try:
+            if "number" in body:
+                number = float(body["number"])
+            else:
+                number = self.queue.next_number(front=bool(body.get("front")))
+        except (TypeError, ValueError):
+            return _error("invalid_prompt", "Invalid prompt: 'number' must be a number")
+        try:
+            wf, v = await asyncio.get_running_loop().run_in_executor(
+                None, self._check, prompt, [str(t) for t in targets] if targets else None)
+        except WorkflowError as e:
+            return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
+        if not v.ok:
+            return web.json_response({"error": v.error, "node_errors": v.node_errors}, status=400,
+                                     dumps=_dumps)
+        prompt_id = str(body.get("prompt_id") or uuid.uuid4())
+        extra = body.get("extra_data") if isinstance(body.get("extra_data"), dict) else {}
+        extra = dict(extra)
+        if body.get("client_id") is not None:
+            extra["client_id"] = str(body["client_id"])
+        if wf.source != "api":       # keep ComfyUI's item shape: the API prompt in slot 2
+            prompt = dump_api(wf)
+        self.queue.put(QueueItem(number, prompt_id, prompt, extra, list(v.outputs), wf, v))
+        return web.json_response({"prompt_id": prompt_id, "number": number,
+                                  "node_errors": v.node_errors}, dumps=_dumps)
+
+    def _check(self, prompt: dict, targets: list[str] | None):
+        wf = load_workflow(prompt, self.registry)
+        return wf, validate(wf.prompt, self.registry, self.env, targets)
+
+    async def get_prompt(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    async def get_queue(self, request: web.Request) -> web.Response:
+        running, pending = self.queue.snapshot()
+        return web.json_response({"queue_running": running, "queue_pending": pending}, dumps=_dumps)
+
+    async def _flags(self, request: web.Request) -> dict:
+        if not request.can_read_body:
+            return {}
+        try:
+            body = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(text="the request body is not valid JSON") from None
+        return body if isinstance(body, dict) else {}
+
+    async def post_queue(self, request: web.Request) -> web.Response:
+        body = await self._flags(request)
+        if body.get("clear"):
+            self.queue.clear()
+        if isinstance(body.get("delete"), list):
+            self.queue.delete([str(x) for x in body["delete"]])
+        return web.Response(status=200)
+
+    async def get_history(self, request: web.Request) -> web.Response:
+        try:
+            max_items = int(request.query["max_items"]) if "max_items" in request.query else None
+            offset = int(request.query.get("offset", -1))
+        except ValueError:
+            raise web.HTTPBadRequest(text="max_items and offset must be integers") from None
+        return web.json_response(self.queue.history(max_items, offset), dumps=_dumps)
+
+    async def get_history_item(self, request: web.Request) -> web.Response:
+        return web.json_response(self.queue.history_item(request.match_info["prompt_id"]),
+                                 dumps=_dumps)
+
+    async def post_history(self, request: web.Request) -> web.Response:
+        body = await self._flags(request)
+        if body.get("clear"):
+            self.queue.clear_history()
+        if isinstance(body.get("delete"), list):
+            self.queue.delete_history([str(x) for x in body["delete"]])
+        return web.Response(status=200)
+
+    async def interrupt(self, request: web.Request) -> web.Response:
+        body = await self._flags(request)
+        pid = body.get("prompt_id")
+        self.queue.interrupt(str(pid) if pid is not None else None)
+        return web.Response(status=200)
+
+    async def free(self, request: web.Request) -> web.Response:
+        body = await self._flags(request)
+        self.queue.request_free(bool(body.get("unload_models")), bool(body.get("free_memory")))
+        return web.Response(status=200)
+
+    # --- files ---------------------------------------------------------------------------------
+
+    def _resolve(self, filename: str, subfolder: str, type_: str) -> Path:
+        root = self.roots().get(type_ or "output")
+        if root is None:
+            raise web.HTTPBadRequest(text=f"type must be output, input or temp, not {type_!r}")
+        try:
+            return safe_path(root, filename, subfolder)
+        except SecurityError as e:
+            raise web.HTTPForbidden(text=str(e)) from None
+
+    async def view(self, request: web.Request) -> web.StreamResponse:
+        q = request.query
+        if not q.get("filename"):
+            raise web.HTTPNotFound(text="no filename given")
+        path = self._resolve(q["filename"], q.get("subfolder", ""), q.get("type", "output"))
+        if not path.is_file():
+            raise web.HTTPNotFound(text="no such file")
+        headers = {"Content-Disposition": f'filename="{header_safe(path.name)}"',
+                   "X-Content-Type-Options": "nosniff"}
+        channel, preview = q.get("channel", "rgba"), q.get("preview")
+        if channel in ("rgb", "a") or preview:
+            loop = asyncio.get_running_loop()
+            converted = await loop.run_in_executor(None, convert_image, path, channel, preview)
+            if converted is not None:
+                data, ctype = converted
+                return web.Response(body=data, content_type=ctype, headers=headers)
+        ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        if ctype in _UNSAFE_TYPES:
+            ctype = "application/octet-stream"
+        headers["Content-Type"] = ctype
+        return web.FileResponse(path, headers=headers)
+
+    async def _read_upload(self, request: web.Request) -> tuple[bytes | None, str | None, dict]:
+        try:
+            reader = await request.multipart()
+        except (AssertionError, ValueError, KeyError) as e:
+            raise web.HTTPBadRequest(text=f"expected a multipart/form-data upload ({e})") from None
+        data = filename = None
+        fields: dict[str, str] = {}
+        while True:
+            part = await reader.next()
+            if part is None:
+                break
+            if part.name == "image" and part.filename is not None:
+                filename = part.filename
+                data = await read_limited(part, self.max_upload)
+            elif part.name in ("type", "subfolder", "overwrite", "original_ref"):
+                fields[part.name] = (await read_limited(part, 1 << 16)).decode("utf-8", "replace")
+            else:
+                await part.release()
+        return data, filename, fields
+
+    async def upload_image(self, request: web.Request) -> web.Response:
+        return await self._upload(request, mask=False)
+
+    async def upload_mask(self, request: web.Request) -> web.Response:
+        return await self._upload(request, mask=True)
+
+    async def _upload(self, request: web.Request, mask: bool) -> web.Response:
+        data, filename, fields = await self._read_upload(request)
+        if data is None or not filename:
+            raise web.HTTPBadRequest(text="no image file in the 'image' field")
+        if "/" in filename or "\\" in filename:
+            raise web.HTTPForbidden(text="an upload's file name may not contain a path; use the "
+                                         "'subfolder' field")
+        type_, subfolder = fields.get("type") or "input", fields.get("subfolder", "")
+        path = self._resolve(filename, subfolder, type_)
+        original = None
+        if mask:
+            try:
+                ref = json.loads(fields.get("original_ref") or "")
+                original = self._resolve(str(ref["filename"]), str(ref.get("subfolder") or ""),
+                                         str(ref.get("type") or "output"))
+            except (ValueError, KeyError, TypeError):
+                raise web.HTTPBadRequest(text="original_ref must be JSON {filename, subfolder, "
+                                              "type}") from None
+            if not original.is_file():
+                raise web.HTTPNotFound(text="the original image of the mask does not exist")
+        overwrite = fields.get("overwrite", "").lower() in ("true", "1")
+        try:
+            name = await asyncio.get_running_loop().run_in_executor(
+                None, store_upload, path, data, original, overwrite)
+        except SecurityError as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
+        return web.json_response({"name": name, "subfolder": subfolder, "type": type_})
+
+    # --- catalogue and system ------------------------------------------------------------------
+
+    async def object_info(self, request: web.Request) -> web.Response:
+        info = await asyncio.get_running_loop().run_in_executor(
+            None, self.registry.object_info, self.env)
+        return web.json_response(info, dumps=_dumps)
+
+    async def object_info_class(self, request: web.Request) -> web.Response:
+        name = request.match_info["node_class"]
+        info = await asyncio.get_running_loop().run_in_executor(
+            None, self.registry.object_info_for, name, self.env)
+        return web.json_response(info, dumps=_dumps)
+
+    async def system_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(system_stats(self.env))
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        from nodes import folders
+        names = folders.list_files(self.env, "embeddings")
+        return web.json_response(sorted({n.rsplit(".", 1)[0] for n in names}))
+
+    async def models(self, request: web.Request) -> web.Response:
+        from nodes import folders
+        return web.json_response(list(folders.FOLDERS))
+
+    async def models_in(self, request: web.Request) -> web.Response:
+        from nodes import folders
+        folder = request.match_info["folder"]
+        if folder not in folders.FOLDERS and folder not in folders.ALIASES:
+            raise web.HTTPNotFound(text=f"unknown model folder {folder!r}")
+        files = await asyncio.get_running_loop().run_in_executor(
+            None, folders.list_files, self.env, folder)
+        return web.json_response(files)
+
+    async def view_metadata(self, request: web.Request) -> web.Response:
+        from nodes import folders
+        folder, name = request.match_info["folder"], request.query.get("filename", "")
+        if not name.endswith((".safetensors", ".sft")):
+            raise web.HTTPNotFound(text="only safetensors files carry metadata")
+        try:
+            path = folders.resolve(self.env, folder, name)
+        except folders.FolderError as e:
+            raise web.HTTPNotFound(text=str(e)) from None
+        return web.json_response(safetensors_metadata(path))
+
+    async def features(self, request: web.Request) -> web.Response:
+        return web.json_response(self.hub.features)
+
+    async def extensions(self, request: web.Request) -> web.Response:
+        return web.json_response(extension_urls(frontend_root()))
+
+
+# --- helpers used by the handlers ---------------------------------------------------------------
+
+def extension_urls(web_root: Path | None) -> list[str]:
+    """JS extension URLs: the frontend's own `extensions/**.js` plus ours (ui/web/*.js)."""
+    urls = []
+    if web_root is not None:
+        urls += sorted("/" + p.relative_to(web_root).as_posix()
+                       for p in (web_root / "extensions").rglob("*.js"))
+    ours = Path(__file__).with_name("web")
+    if ours.is_dir():
+        urls += sorted("/extensions/mixgraph/" + p.relative_to(ours).as_posix()
+                       for p in ours.rglob("*.js"))
+    return urls
+
+
+def _memory() -> tuple[int, int]:
+    total = free = 0
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if ":" in line}
+        total, free = info.get("MemTotal", 0), info.get("MemAvailable", info.get("MemFree", 0))
+    except (OSError, ValueError, IndexError):
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            pass
+    return total, free
+
+
+def system_stats(env: Env) -> dict:
+    import torch
+    try:
+        from importlib.metadata import version
+        ours = version("mixgraph")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        ours = "0.0.0"
+    try:
+        from importlib.metadata import version
+        frontend = version("comfyui-frontend-package")
+    except Exception:  # noqa: BLE001
+        frontend = ""
+    ram_total, ram_free = _memory()
+    devices = []
+    device = torch.device(env.device or "cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index or 0
+        free, total = torch.cuda.mem_get_info(index)
+        reserved = torch.cuda.memory_reserved(index)
+        devices.append({"name": f"cuda:{index} {torch.cuda.get_device_name(index)}", "type": "cuda",
+                        "index": index, "vram_total": total, "vram_free": free,
+                        "torch_vram_total": reserved,
+                        "torch_vram_free": reserved - torch.cuda.memory_allocated(index)})
+    else:
+        devices.append({"name": str(device), "type": device.type, "index": device.index,
+                        "vram_total": ram_total, "vram_free": ram_free,
+                        "torch_vram_total": ram_total, "torch_vram_free": ram_free})
+    return {"system": {"os": os.name, "ram_total": ram_total, "ram_free": ram_free,
+                       "comfyui_version": COMFYUI_API_VERSION, "mixgraph_version": ours,
+                       "required_frontend_version": frontend,
+                       "installed_templates_version": "", "required_templates_version": "",
+                       "python_version": sys.version, "pytorch_version": torch.__version__,
+                       "embedded_python": False, "argv": list(sys.argv),
+                       "platform": platform.platform()},
+            "devices": devices}
+
+
+# --- the application ------------------------------------------------------------------------------
+
+SERVER_KEY = web.AppKey("mixgraph_server", Server)
+
+
+def create_app(env: Env, *, registry: Any = None, token: str | None = None, insecure: bool = False,
+               host: str = "127.0.0.1", executor: Executor | None = None,
+               max_upload: int = DEFAULT_MAX_UPLOAD, user_dir: str | os.PathLike | None = None,
+               unload_hooks: tuple[Callable[[], Any], ...] | None = None) -> web.Application:
+    """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
+    (unless `insecure`). `registry` defaults to the node library; `executor` to a new one."""
+    check_bind(host, token, insecure)
+    hooks = tuple(unload_hooks) if unload_hooks is not None else ()
+    if registry is None and executor is None:
+        from graph.api import default_registry
+        registry = default_registry()
+        if unload_hooks is None:
+            from nodes.models import store
+            hooks = (store.clear,)
+    if executor is None:
+        executor = Executor(registry, env)
+    registry = executor.registry if registry is None else registry
+    server = Server(env, registry, executor, max_upload,
+                    Path(user_dir) if user_dir is not None else Path("user") / "default", hooks)
+
+    app = web.Application(client_max_size=max_upload + (1 << 20), middlewares=[
+        security_middleware(token=token, loopback_only=is_loopback(host) and token is None
+                            and not insecure)])
+    app[SERVER_KEY] = server
+    for method, path, handler in server.routes():
+        app.router.add_route(method, path, handler)
+        app.router.add_route(method, "/api" + path, handler)
+    ours = Path(__file__).with_name("web")
+    if ours.is_dir():
+        app.router.add_static("/extensions/mixgraph", ours)
+    web_root = frontend_root()
+    app.router.add_get("/", index_handler(web_root))
+    if web_root is not None:
+        app.router.add_static("/", web_root)
+
+    async def on_startup(app: web.Application) -> None:
+        server.hub.attach(asyncio.get_running_loop())
+        server.queue.start()
+
+    async def on_shutdown(app: web.Application) -> None:
+        await server.hub.close_all()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, server.queue.stop)
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
+          input: str | None = None, output: str | None = None, token: str | None = None,
+          insecure: bool = False, device: str | None = None,
+          max_upload: int = DEFAULT_MAX_UPLOAD) -> int:
+    """Run the server until Ctrl-C. Returns an exit code (2: refused configuration)."""
+    try:
+        check_bind(host, token, insecure)
+    except SecurityError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from graph.cli import check_device
+    problem = check_device(device)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    env = Env.from_args(models=models, input=input, output=output, device=device)
+    app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload)
+    for folder in (env.input, env.output, env.temp):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    if token is None and not is_loopback(host):
+        print("warning: listening beyond localhost without a token (--insecure)", file=sys.stderr)
+    web.run_app(app, host=host, port=port, print=lambda _: print(f"mixgraph serving on {url}",
+                                                                 file=sys.stderr))
+    return 0
+
+
+def cli_main(args: Any) -> int:
+    """`mixgraph serve` (graph/cli.py calls this with its parsed arguments)."""
+    return serve(host=args.host, port=args.port, models=args.models, input=args.input,
+                 output=getattr(args, "output", None), token=getattr(args, "token", None),
+                 insecure=bool(getattr(args, "insecure", False)),
+                 device=getattr(args, "device", None))
