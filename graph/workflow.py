@@ -108,10 +108,12 @@ class EnvelopePrecision(BaseModel):
 
 
 class Envelope(BaseModel):
-    """`{"format": "mixgraph/1", "prompt": {...}, "precision": {...}, "workflow": {...}}`."""
+    """`{"format": "mixgraph/1", "prompt": {...}, "precision": {...}, "workflow": {...}}`, with an
+    optional human `description`."""
 
     model_config = ConfigDict(extra="forbid")
     format: str
+    description: str | None = None
     prompt: dict[str, ApiNode]
     precision: EnvelopePrecision = Field(default_factory=EnvelopePrecision)
     workflow: dict[str, Any] | None = None
