@@ -12,9 +12,30 @@ from nodes.sampling.cond import Cond, Latent
 LATENT_CHANNELS = 4
 
 
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def empty_latent(width: int, height: int, batch_size: int) -> Latent:
-    """Zeros [B,4,H/8,W/8]: the sampler leaves an all-zero latent unscaled (ComfyUI)."""
-    return Latent(torch.zeros(batch_size, LATENT_CHANNELS, height // 8, width // 8))
+    """Zeros [B,4,H/8,W/8]: the sampler leaves an all-zero latent unscaled (ComfyUI).
+
+    A latent bigger than the free memory is refused up front with a clear error (sampling needs
+    several copies of it, so even one copy that does not fit can never run)."""
+    shape = (batch_size, LATENT_CHANNELS, height // 8, width // 8)
+    needed = 4 * batch_size * LATENT_CHANNELS * (height // 8) * (width // 8)
+    available = _available_bytes()
+    if available is not None and needed > available:
+        raise MemoryError(f"a {width}x{height} latent batch of {batch_size} needs {needed / 2**30:.1f} "
+                          f"GiB, more than the {available / 2**30:.1f} GiB of memory available; "
+                          f"lower width, height or batch_size")
+    return Latent(torch.zeros(shape))
 
 
 def upscale_latent(latent: Latent, method: str, width: int, height: int, crop: str) -> Latent:

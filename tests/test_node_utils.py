@@ -129,3 +129,8 @@ def test_conditioning_set_area_and_zero_out():
     assert c[0].area is None  # not mutated
     zero = latent_ops.zero_out(c)
     assert zero[0].cross_attn.abs().sum() == 0 and zero[0].pooled.abs().sum() == 0
+
+
+def test_empty_latent_larger_than_memory_is_a_clear_error():
+    with pytest.raises(MemoryError, match="lower width, height or batch_size"):
+        latent_ops.empty_latent(16384, 16384, 4096)

@@ -46,14 +46,16 @@ OVERRIDES = {
                              "13.steps": 4, "13.start_at_step": 3},
     "precision_f32_text_bf16_unet.json": {**SMALL_TXT2IMG, "5.width": 32, "5.height": 32,
                                           "3.steps": 2},
+    "ui_txt2img_bf16_group.json": {**SMALL_TXT2IMG, "5.width": 32, "5.height": 32, "3.steps": 2},
 }
 EXPECTED_SIZE = {"hires_fix_sd15.json": 96, "precision_bf16_unet_f32_vae.json": 32,
                  "precision_f16_vae_fallback.json": 32, "precision_phase.json": 32,
-                 "precision_f32_text_bf16_unet.json": 32}
+                 "precision_f32_text_bf16_unet.json": 32, "ui_txt2img_bf16_group.json": 32}
 EXPECTED_PRECISION = {
     "precision_bf16_unet_f32_vae.json": {"3": "bf16", "8": "f32"},
     "precision_phase.json": {"3": "bf16", "13": "f32"},
     "precision_f32_text_bf16_unet.json": {"6": "f32", "7": "f32", "3": "bf16", "8": "f32"},
+    "ui_txt2img_bf16_group.json": {"3": "bf16", "8": "f32", "6": "f32"},  # group region; auto=f32 on CPU
 }
 
 
@@ -121,6 +123,8 @@ def test_workflow_runs_end_to_end(executor, dirs, name):
         png = Image.open(path)
         assert png.size == (size, size)
         assert "prompt" in png.text and json.loads(png.text["prompt"])
+        if name.startswith("ui_"):  # a UI-format file travels in the PNG's workflow chunk
+            assert json.loads(png.text["workflow"])["nodes"]
     for node_id, values in result.outputs.items():
         for value in values:
             if isinstance(value, torch.Tensor) and value.is_floating_point():
