@@ -9,13 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.models.lora import (
-    LoraKeyWarning,
-    LoraPatch,
-    apply_patches,
-    load_lora,
-    unet_diffusers_module_map,
-)
+from nodes.models.diffusers_names import unet_diffusers_module_map
+from nodes.models.lora import LoraKeyWarning, LoraPatch, apply_patches, load_lora
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
 from tests.fixtures.tiny_lora import (
     CLIP_TARGETS,

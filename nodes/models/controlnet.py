@@ -9,8 +9,9 @@ middle-block output pass through a zero-initialised 1x1 conv (``zero_convs.N.0``
 
 Attribute names equal the checkpoint keys under ``control_model.``; diffusers-layout files
 (``controlnet_cond_embedding.*``, ``controlnet_down_blocks.N``, ``controlnet_mid_block``) are
-renamed to them by ``convert_controlnet_state_dict`` with the shared diffusers↔LDM table of
-``nodes.models.lora``. SD1.x/SD2.x and SDXL (ADM ``label_emb``) nets differ only in config values.
+renamed to them by ``convert_controlnet_state_dict`` with the shared diffusers↔LDM UNet table of
+``nodes.models.diffusers_names``. SD1.x/SD2.x and SDXL (ADM ``label_emb``) nets differ only in config
+values.
 
 Not supported yet: T2I-Adapters, ControlLoRA, union / diff ControlNets, "shuffle" global pooling.
 """
@@ -25,16 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nodes.models.lora import diffusers_to_ldm_table, translate_diffusers_key
-from nodes.models.unet import (
-    Control,
-    Downsample,
-    EmbedSequential,
-    ResBlock,
-    SpatialTransformer,
-    UNetConfig,
-    timestep_embedding,
-)
+from nodes.models.diffusers_names import diffusers_to_ldm_table, diffusers_unet_layout, translate_diffusers_key
+from nodes.models.unet import UNetConfig, build_input_blocks, build_middle_block, timestep_embedding
+from nodes.sampling.cond import Control
 
 __all__ = [
     "ControlNetConfig",
@@ -76,10 +70,6 @@ class ControlNetModel(nn.Module):
         c = config.unet
         self.config = config
         mc, ted = c.model_channels, c.time_embed_dim
-        n_levels = len(c.channel_mult)
-
-        def transformer(ch: int, depth: int) -> SpatialTransformer:
-            return SpatialTransformer(ch, c.heads(ch), depth, c.context_dim, c.use_linear_in_transformer)
 
         def zero_conv(ch: int) -> nn.Sequential:
             return nn.Sequential(nn.Conv2d(ch, ch, 1))  # key: zero_convs.N.0
@@ -90,28 +80,11 @@ class ControlNetModel(nn.Module):
                 nn.Sequential(nn.Linear(c.adm_in_channels, ted), nn.SiLU(), nn.Linear(ted, ted))
             )
         self.input_hint_block = _hint_block(config.hint_channels, config.hint_block_channels, mc)
-        # the UNet's encoder half, block for block (same construction as UNetModel's input side)
-        self.input_blocks = nn.ModuleList([EmbedSequential([nn.Conv2d(c.in_channels, mc, 3, padding=1)])])
-        self.zero_convs = nn.ModuleList([zero_conv(mc)])
-        ch = mc
-        depths = iter(c.transformer_depth)
-        for level, mult in enumerate(c.channel_mult):
-            for _ in range(c.num_res_blocks[level]):
-                layers: list[nn.Module] = [ResBlock(ch, ted, mult * mc)]
-                ch = mult * mc
-                depth = next(depths)
-                if depth > 0:
-                    layers.append(transformer(ch, depth))
-                self.input_blocks.append(EmbedSequential(layers))
-                self.zero_convs.append(zero_conv(ch))
-            if level != n_levels - 1:
-                self.input_blocks.append(EmbedSequential([Downsample(ch)]))
-                self.zero_convs.append(zero_conv(ch))
-        middle: list[nn.Module] = [ResBlock(ch, ted, ch)]
-        if c.transformer_depth_middle >= 0:
-            middle += [transformer(ch, c.transformer_depth_middle), ResBlock(ch, ted, ch)]
-        self.middle_block = EmbedSequential(middle)
-        self.middle_block_out = zero_conv(ch)
+        # the UNet's encoder half, built by the UNet's own builders (same blocks, same keys)
+        self.input_blocks, channels = build_input_blocks(c)
+        self.zero_convs = nn.ModuleList(zero_conv(ch) for ch in channels)
+        self.middle_block = build_middle_block(c, channels[-1])
+        self.middle_block_out = zero_conv(channels[-1])
 
     def forward(self, x: Tensor, hint: Tensor, timesteps: Tensor, context: Tensor | None,
                 y: Tensor | None = None) -> list[Tensor]:
@@ -171,13 +144,7 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
 
 
 def _from_diffusers(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    levels: dict[int, set[int]] = {}
-    for k in sd:
-        m = re.match(r"down_blocks\.(\d+)\.resnets\.(\d+)\.", k)
-        if m:
-            levels.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-    num_res = tuple(len(levels[i]) for i in sorted(levels))
-    mid_attn = any(k.startswith("mid_block.attentions.0.") for k in sd)
+    num_res, mid_attn, _ = diffusers_unet_layout(sd)
     table = diffusers_to_ldm_table(num_res, mid_attn)
     n_emb = len({int(m.group(1)) for k in sd if (m := re.match(r"controlnet_cond_embedding\.blocks\.(\d+)\.", k))})
     table["controlnet_cond_embedding.conv_in"] = ("input_hint_block.0", False)

@@ -15,10 +15,10 @@ Layouts understood (comfy-conventions §8):
 - standalone VAE (LDM keys with or without ``first_stage_model.``; diffusers keys), UNet (LDM
   with or without ``model.diffusion_model.``; diffusers keys), text encoders (HF or OpenCLIP).
 
-The diffusers → LDM key mapping is written here (``diffusers_unet_rename``,
-``diffusers_vae_rename``): it is a pure renaming derived from the block structure seen in the key
-names; diffusers' VAE attention projections are [C, C] Linear weights where LDM has [C, C, 1, 1]
-1×1 convs, which the weight store reshapes on assignment.
+The diffusers → LDM key renaming (``diffusers_unet_rename``, ``diffusers_vae_rename``) lives in
+``nodes.models.diffusers_names``, shared with the LoRA and ControlNet loaders; diffusers' VAE
+attention projections are [C, C] Linear weights where LDM has [C, C, 1, 1] 1×1 convs, which the
+weight store reshapes on assignment.
 
 Prediction type: SD2 is v-prediction when the std of the last output block's first
 ``transformer_blocks.0.norm1.bias`` exceeds 0.09 (ComfyUI tests ``output_blocks.11`` — the last
@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from nodes.models.clip import CLIPTextConfig, is_open_clip, open_clip_to_hf
+from nodes.models.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
 from nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
 from nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
 from nodes.models.unet import UNetConfig, unet_config_from_state_dict
@@ -50,8 +50,6 @@ __all__ = [
     "load_controlnet",
     "detect_unet_kind",
     "reader_for_source",
-    "diffusers_unet_rename",
-    "diffusers_vae_rename",
 ]
 
 UNET_PREFIX = "model.diffusion_model."
@@ -82,132 +80,6 @@ Info = Mapping[str, TensorInfo]
 
 def _sub(prefix: str, info: Info) -> dict[str, TensorInfo]:
     return {k[len(prefix):]: v for k, v in info.items() if k.startswith(prefix)}
-
-
-def _count(keys, pattern: str) -> int:
-    """1 + the largest N in keys matching ``pattern`` with one ``(\\d+)`` group (0 if none)."""
-    rx = re.compile(pattern)
-    found = [int(m.group(1)) for k in keys if (m := rx.match(k))]
-    return max(found) + 1 if found else 0
-
-
-_DIFFUSERS_RESNET = {
-    "norm1": "in_layers.0",
-    "conv1": "in_layers.2",
-    "time_emb_proj": "emb_layers.1",
-    "norm2": "out_layers.0",
-    "conv2": "out_layers.3",
-    "conv_shortcut": "skip_connection",
-}
-
-
-def diffusers_unet_rename(keys) -> Callable[[str], str | None]:
-    """A key map diffusers ``UNet2DConditionModel`` → LDM ``openaimodel`` names, for this key set.
-
-    Input blocks are numbered in execution order (conv_in = 0, then each level's ResBlock+
-    transformer pairs, then its downsampler); output blocks likewise, deepest level first.
-    """
-    keys = list(keys)
-    table: dict[str, str] = {
-        "conv_in": "input_blocks.0.0",
-        "time_embedding.linear_1": "time_embed.0",
-        "time_embedding.linear_2": "time_embed.2",
-        "add_embedding.linear_1": "label_emb.0.0",
-        "add_embedding.linear_2": "label_emb.0.2",
-        "conv_norm_out": "out.0",
-        "conv_out": "out.2",
-        "mid_block.resnets.0": "middle_block.0",
-    }
-    resnets = set()
-    if any(k.startswith("mid_block.attentions.0.") for k in keys):
-        table["mid_block.attentions.0"] = "middle_block.1"
-        table["mid_block.resnets.1"] = "middle_block.2"
-    else:
-        table["mid_block.resnets.1"] = "middle_block.1"
-    resnets.update(("mid_block.resnets.0", "mid_block.resnets.1"))
-    n = 1
-    for i in range(_count(keys, r"down_blocks\.(\d+)\.")):
-        for j in range(_count(keys, rf"down_blocks\.{i}\.resnets\.(\d+)\.")):
-            table[f"down_blocks.{i}.resnets.{j}"] = f"input_blocks.{n}.0"
-            resnets.add(f"down_blocks.{i}.resnets.{j}")
-            table[f"down_blocks.{i}.attentions.{j}"] = f"input_blocks.{n}.1"
-            n += 1
-        if any(k.startswith(f"down_blocks.{i}.downsamplers.0.") for k in keys):
-            table[f"down_blocks.{i}.downsamplers.0.conv"] = f"input_blocks.{n}.0.op"
-            n += 1
-    n = 0
-    for i in range(_count(keys, r"up_blocks\.(\d+)\.")):
-        count = _count(keys, rf"up_blocks\.{i}\.resnets\.(\d+)\.")
-        has_attn = any(k.startswith(f"up_blocks.{i}.attentions.") for k in keys)
-        for j in range(count):
-            table[f"up_blocks.{i}.resnets.{j}"] = f"output_blocks.{n}.0"
-            resnets.add(f"up_blocks.{i}.resnets.{j}")
-            table[f"up_blocks.{i}.attentions.{j}"] = f"output_blocks.{n}.1"
-            n += 1
-        table[f"up_blocks.{i}.upsamplers.0.conv"] = f"output_blocks.{n - 1}.{2 if has_attn else 1}.conv"
-
-    def rename(key: str) -> str | None:
-        parts = key.split(".")
-        for cut in range(min(len(parts), 5), 0, -1):
-            head = ".".join(parts[:cut])
-            new = table.get(head)
-            if new is None:
-                continue
-            rest = parts[cut:]
-            if head in resnets and rest:
-                rest = _DIFFUSERS_RESNET.get(rest[0], rest[0]).split(".") + rest[1:]
-            return ".".join([new] + rest)
-        return None  # not a UNet weight (e.g. a stray buffer): skipped
-
-    return rename
-
-
-_VAE_ATTN = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out": "proj_out",
-             "query": "q", "key": "k", "value": "v", "proj_attn": "proj_out"}
-
-
-def diffusers_vae_rename(keys) -> Callable[[str], str | None]:
-    """A key map diffusers ``AutoencoderKL`` → LDM ``first_stage_model`` names (prefix-free)."""
-    levels = _count(list(keys), r"decoder\.up_blocks\.(\d+)\.")
-
-    def rename(key: str) -> str | None:
-        parts = key.split(".")
-        if parts[0] in ("quant_conv", "post_quant_conv"):
-            return key
-        side, rest = parts[0], parts[1:]
-        if side not in ("encoder", "decoder") or not rest:
-            return None
-        head = rest[0]
-        if head in ("conv_in", "conv_out"):
-            return key
-        if head == "conv_norm_out":
-            return ".".join([side, "norm_out"] + rest[1:])
-        if head == "mid_block":
-            kind, idx, tail = rest[1], int(rest[2]), rest[3:]
-            if kind == "resnets":
-                return ".".join([side, "mid", f"block_{idx + 1}"] + _vae_resnet(tail))
-            sub = _VAE_ATTN.get(tail[0])
-            if sub is None:
-                return None
-            if tail[0] == "to_out":  # to_out.0.weight
-                tail = tail[1:]
-            return ".".join([side, "mid", "attn_1", sub] + tail[1:])
-        if head in ("down_blocks", "up_blocks"):
-            i = int(rest[1])
-            level = i if head == "down_blocks" else levels - 1 - i
-            what, tail = rest[2], rest[3:]
-            base = [side, "down" if head == "down_blocks" else "up", str(level)]
-            if what == "resnets":
-                return ".".join(base + ["block", tail[0]] + _vae_resnet(tail[1:]))
-            if what in ("downsamplers", "upsamplers"):  # downsamplers.0.conv.weight
-                return ".".join(base + ["downsample" if what == "downsamplers" else "upsample"] + tail[1:])
-        return None
-
-    return rename
-
-
-def _vae_resnet(tail: list[str]) -> list[str]:
-    return (["nin_shortcut"] + tail[1:]) if tail and tail[0] == "conv_shortcut" else tail
 
 
 def _hf_clip_rename(key: str) -> str | None:

@@ -5,20 +5,8 @@ name the modules in one of several schemes; this module maps every scheme onto *
 (LDM UNet names, HF-layout CLIP names), then ``apply_patches`` merges ``W += strength · ΔW`` in
 float32 and casts back to the storage dtype (ComfyUI's ``calculate_weight``).
 
-Naming schemes understood (``<m>`` a module name with dots):
-  kohya, LDM names        ``lora_unet_<ldm m, . → _>`` (SDXL files), ``lora_te_`` / ``lora_te1_``
-                          (clip_l) / ``lora_te2_`` (clip_g) + ``text_model_encoder_layers_N_...``
-  kohya, diffusers names  ``lora_unet_<diffusers m, . → _>`` (SD1.x files)
-  diffusers / PEFT        ``unet.<diffusers m>``, bare ``<diffusers m>``, ``text_encoder.<m>``,
-                          ``text_encoder_2.<m>``, old attention-processor names
-                          (``attn1.processor.to_q_lora.up.weight``), ``base_model.model.`` prefix
-  generic (ComfyUI)       ``diffusion_model.<ldm m>``, ``text_encoders.<clip>.transformer.<m>``
-  SimpleTuner / LyCORIS   ``lycoris_<diffusers m, . → _>``
-
-Because ``_`` is ambiguous once dots are replaced, names are never parsed: every candidate name of
-every model weight is generated and looked up (the only sound way). The diffusers↔LDM UNet module
-correspondence is derived from the UNet's block layout (``unet_diffusers_module_map``) and is
-shared with the ControlNet loader.
+Naming schemes (kohya, diffusers/PEFT, ComfyUI generic, LyCORIS) are matched onto model keys by
+``nodes.models.lora_keys``; this module builds the adapters and merges them.
 
 Weight formats (per module, the suffix after the module name):
   LoRA (Hu et al. 2021, arXiv:2106.09685): ``lora_up``/``lora_down`` (also ``lora_B``/``lora_A``,
@@ -53,6 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from nodes.models.lora_keys import CLIP_TARGETS, group_modules, is_text_encoder_name, model_lookup
+
 __all__ = [
     "TARGETS",
     "LoraKeyWarning",
@@ -65,12 +55,9 @@ __all__ = [
     "load_lora",
     "apply_patches",
     "describe_lora",
-    "unet_diffusers_module_map",
-    "diffusers_to_ldm_table",
-    "translate_diffusers_key",
 ]
 
-TARGETS = ("unet", "clip_l", "clip_g", "clip_h")
+TARGETS = ("unet",) + CLIP_TARGETS  # ("unet", "clip_l", "clip_g", "clip_h")
 
 
 class LoraKeyWarning(UserWarning):
@@ -280,178 +267,7 @@ class LoraPatch:
 
 
 # --------------------------------------------------------------------------------------------
-# diffusers <-> LDM UNet module names
-
-_RESNET_SUBS = {  # diffusers ResnetBlock2D child -> LDM ResBlock child
-    "norm1": "in_layers.0",
-    "conv1": "in_layers.2",
-    "time_emb_proj": "emb_layers.1",
-    "norm2": "out_layers.0",
-    "conv2": "out_layers.3",
-    "conv_shortcut": "skip_connection",
-}
-_RESNET_SUBS_INV = {v: k for k, v in _RESNET_SUBS.items()}
-
-
-def _block_pairs(num_res: tuple[int, ...], mid_attn: bool = True) -> list[tuple[str, str, bool]]:
-    """(LDM prefix, diffusers prefix, is_resnet) for every block of a UNet with this layout.
-
-    ``num_res``: ResBlocks per level, shallowest first. LDM numbering: input_blocks.0 = conv_in,
-    then per level its ResBlocks (resnet at .0, transformer at .1) and, except on the deepest
-    level, a downsampler (.0.op). Output blocks run deepest level first with num_res + 1 blocks per
-    level; the last of a level holds the upsampler at .1.conv, or .2.conv after a transformer.
-    diffusers' up_blocks.i is LDM output level i (deepest first).
-    """
-    pairs: list[tuple[str, str, bool]] = [
-        ("time_embed.0", "time_embedding.linear_1", False),
-        ("time_embed.2", "time_embedding.linear_2", False),
-        ("label_emb.0.0", "add_embedding.linear_1", False),
-        ("label_emb.0.2", "add_embedding.linear_2", False),
-        ("input_blocks.0.0", "conv_in", False),
-        ("out.0", "conv_norm_out", False),
-        ("out.2", "conv_out", False),
-        ("middle_block.0", "mid_block.resnets.0", True),
-    ]
-    if mid_attn:
-        pairs += [("middle_block.1", "mid_block.attentions.0", False), ("middle_block.2", "mid_block.resnets.1", True)]
-    else:
-        pairs += [("middle_block.1", "mid_block.resnets.1", True)]
-    levels = len(num_res)
-    n = 1
-    for i, nr in enumerate(num_res):
-        for j in range(nr):
-            pairs.append((f"input_blocks.{n}.0", f"down_blocks.{i}.resnets.{j}", True))
-            pairs.append((f"input_blocks.{n}.1", f"down_blocks.{i}.attentions.{j}", False))
-            n += 1
-        if i < levels - 1:
-            pairs.append((f"input_blocks.{n}.0.op", f"down_blocks.{i}.downsamplers.0.conv", False))
-            n += 1
-    n = 0
-    for i, nr in enumerate(reversed(num_res)):
-        for j in range(nr + 1):
-            pairs.append((f"output_blocks.{n}.0", f"up_blocks.{i}.resnets.{j}", True))
-            pairs.append((f"output_blocks.{n}.1", f"up_blocks.{i}.attentions.{j}", False))
-            if j == nr and i < levels - 1:
-                # longer prefixes win in lookup, so ".1.conv" beats the ".1" attention entry
-                pairs.append((f"output_blocks.{n}.1.conv", f"up_blocks.{i}.upsamplers.0.conv", False))
-                pairs.append((f"output_blocks.{n}.2.conv", f"up_blocks.{i}.upsamplers.0.conv", False))
-            n += 1
-    return pairs
-
-
-def _ldm_layout(ldm_modules: Iterable[str]) -> tuple[tuple[int, ...], bool]:
-    """(ResBlocks per level, middle attention) from LDM UNet module/key names."""
-    inputs, downs, mid = set(), set(), set()
-    for k in ldm_modules:
-        parts = k.split(".")
-        if parts[0] == "input_blocks" and len(parts) > 1:
-            inputs.add(int(parts[1]))
-            if len(parts) > 3 and parts[2] == "0" and parts[3] == "op":
-                downs.add(int(parts[1]))
-        elif parts[0] == "middle_block" and len(parts) > 2:
-            mid.add((int(parts[1]), parts[2]))
-    num_res, count = [], 0
-    for i in range(1, max(inputs, default=0) + 1):
-        if i in downs:
-            num_res.append(count)
-            count = 0
-        else:
-            count += 1
-    if inputs:
-        num_res.append(count)
-    mid_attn = any(p in ("proj_in", "transformer_blocks", "norm") for i, p in mid if i == 1)
-    return tuple(num_res), mid_attn
-
-
-def _translate(name: str, table: Mapping[str, tuple[str, bool]], subs: Mapping[str, str] | None) -> str | None:
-    """Map ``name`` through the longest matching dotted prefix of ``table``; None if none."""
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        hit = table.get(".".join(parts[:cut]))
-        if hit is None:
-            continue
-        new_prefix, is_resnet = hit
-        rest = parts[cut:]
-        if is_resnet and subs is not None and rest:
-            for n in (2, 1):
-                mapped = subs.get(".".join(rest[:n]))
-                if mapped is not None:
-                    rest = mapped.split(".") + rest[n:]
-                    break
-        return ".".join([new_prefix, *rest])
-    return None
-
-
-def unet_diffusers_module_map(ldm_modules: Iterable[str]) -> dict[str, str]:
-    """LDM UNet module (or key) name -> diffusers name, for every given LDM name with one."""
-    names = list(ldm_modules)
-    num_res, mid_attn = _ldm_layout(names)
-    table = {ldm: (diff, res) for ldm, diff, res in _block_pairs(num_res, mid_attn)}
-    out = {}
-    for n in names:
-        d = _translate(n, table, _RESNET_SUBS_INV)
-        if d is not None:
-            out[n] = d
-    return out
-
-
-def diffusers_to_ldm_table(num_res: tuple[int, ...], mid_attn: bool = True) -> dict[str, tuple[str, bool]]:
-    """diffusers prefix -> (LDM prefix, is_resnet); use with ``translate_diffusers_key``.
-
-    ``num_res``: ResBlocks per level (diffusers' layers_per_block per down block)."""
-    table = {}
-    for ldm, diff, res in _block_pairs(num_res, mid_attn):
-        if diff.startswith("up_blocks.") and diff.endswith("upsamplers.0.conv"):
-            continue  # ambiguous (.1 or .2); only needed for LDM -> diffusers
-        table[diff] = (ldm, res)
-    return table
-
-
-def translate_diffusers_key(key: str, table: Mapping[str, tuple[str, bool]]) -> str | None:
-    """A diffusers UNet key -> the LDM key, using a ``diffusers_to_ldm_table``."""
-    return _translate(key, table, _RESNET_SUBS)
-
-
-# --------------------------------------------------------------------------------------------
-# parsing a LoRA state dict into modules
-
-# (suffix, slot); longest suffixes first so ".lora_up.weight" wins over ".weight"-like overlaps.
-_SUFFIXES: list[tuple[str, str]] = sorted(
-    [
-        (".lora_up.weight", "up"), (".lora_down.weight", "down"), (".lora_mid.weight", "mid"),
-        (".lora_B.weight", "up"), (".lora_A.weight", "down"),
-        (".lora_B.default.weight", "up"), (".lora_A.default.weight", "down"),
-        (".lora.up.weight", "up"), (".lora.down.weight", "down"),
-        ("_lora.up.weight", "up"), ("_lora.down.weight", "down"),
-        (".lora_linear_layer.up.weight", "up"), (".lora_linear_layer.down.weight", "down"),
-        (".alpha", "alpha"),
-        (".hada_w1_a", "hada_w1_a"), (".hada_w1_b", "hada_w1_b"),
-        (".hada_w2_a", "hada_w2_a"), (".hada_w2_b", "hada_w2_b"),
-        (".hada_t1", "hada_t1"), (".hada_t2", "hada_t2"),
-        (".lokr_w1", "lokr_w1"), (".lokr_w1_a", "lokr_w1_a"), (".lokr_w1_b", "lokr_w1_b"),
-        (".lokr_w2", "lokr_w2"), (".lokr_w2_a", "lokr_w2_a"), (".lokr_w2_b", "lokr_w2_b"),
-        (".lokr_t2", "lokr_t2"),
-        (".diff", "diff"), (".diff_b", "diff_b"),
-        (".dora_scale", "dora_scale"), (".w_norm", "unsupported"), (".b_norm", "unsupported"),
-        (".oft_blocks", "unsupported"), (".oft_diag", "unsupported"), (".a1.weight", "unsupported"),
-    ],
-    key=lambda s: -len(s[0]),
-)
-
-
-def _split_key(key: str) -> tuple[str, str] | None:
-    for suffix, slot in _SUFFIXES:
-        if key.endswith(suffix):
-            return key[: -len(suffix)], slot
-    return None
-
-
-def _normalize_module(name: str) -> str:
-    """Undo wrapper prefixes and the old diffusers attention-processor naming."""
-    if name.startswith("base_model.model."):
-        name = name[len("base_model.model."):]
-    name = name.replace(".processor.to_out", ".to_out.0").replace(".processor.", ".")
-    return name
+# one module's tensors -> its adapter
 
 
 def _build_adapter(module: str, slots: dict[str, Tensor]) -> tuple[Adapter | None, Adapter | None]:
@@ -484,80 +300,6 @@ def _build_adapter(module: str, slots: dict[str, Tensor]) -> tuple[Adapter | Non
     if bias is not None:
         return None, bias
     raise ValueError(f"LoRA module {module}: incomplete tensors {sorted(slots)} (no up/down pair)")
-
-
-# --------------------------------------------------------------------------------------------
-# candidate names for model weights
-
-
-def _shapes(keys: Mapping | Iterable[str] | None) -> dict[str, tuple[int, ...] | None]:
-    """Accept a state dict, a key -> shape mapping, or plain keys."""
-    if keys is None:
-        return {}
-    if isinstance(keys, Mapping):
-        out = {}
-        for k, v in keys.items():
-            shape = getattr(v, "shape", v)
-            out[k] = tuple(shape) if shape is not None else None
-        return out
-    return {k: None for k in keys}
-
-
-def _ldm_unet_name(key: str) -> str:
-    i = key.find("diffusion_model.")
-    return key[i + len("diffusion_model."):] if i >= 0 else key
-
-
-def _clip_name(key: str) -> str:
-    i = key.find("text_model.")
-    if i >= 0:
-        return key[i:]
-    return key[len("transformer."):] if key.startswith("transformer.") else key
-
-
-def _unet_candidates(weight_keys: Iterable[str]) -> dict[str, str]:
-    """LoRA module name -> model module key (without .weight), every scheme."""
-    modules = {k[: -len(".weight")]: k for k in weight_keys if k.endswith(".weight")}
-    ldm = {_ldm_unet_name(m): m for m in modules}
-    to_diff = unet_diffusers_module_map(ldm)
-    out: dict[str, str] = {}
-    for name, module in ldm.items():
-        out["lora_unet_" + name.replace(".", "_")] = module
-        out["diffusion_model." + name] = module
-        d = to_diff.get(name)
-        if d is not None:
-            us = d.replace(".", "_")
-            out["lora_unet_" + us] = module
-            out["lycoris_" + us] = module
-            out["unet." + d] = module
-            out[d] = module
-    return out
-
-
-_KOHYA_TE = {"clip_l": ("lora_te_", "lora_te1_"), "clip_h": ("lora_te_",), "clip_g": ("lora_te2_",)}
-_DIFFUSERS_TE = {"clip_l": "text_encoder.", "clip_h": "text_encoder.", "clip_g": "text_encoder_2."}
-
-
-def _clip_candidates(target: str, weight_keys: Iterable[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k in weight_keys:
-        if not k.endswith(".weight"):
-            continue
-        module = k[: -len(".weight")]
-        name = _clip_name(module)
-        for p in _KOHYA_TE[target]:
-            out[p + name.replace(".", "_")] = module
-        out[_DIFFUSERS_TE[target] + name] = module
-        out[f"text_encoders.{target}.transformer.{name}"] = module
-        out[f"text_encoders.{target}.{name}"] = module
-    return out
-
-
-_TE_MARKERS = ("lora_te", "text_encoder", "text_encoders.")
-
-
-def _is_text_encoder_name(module: str) -> bool:
-    return module.startswith(_TE_MARKERS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -631,31 +373,8 @@ def load_lora(
         name = name or os.path.basename(path)
         identity = identity or repr(WeightSource.from_file(path).file_identity)
 
-    # group by module
-    grouped: dict[str, dict[str, Tensor]] = {}
-    stray: list[str] = []
-    for key, t in sd.items():
-        split = _split_key(key)
-        if split is None:
-            stray.append(key)
-            continue
-        module, slot = split
-        grouped.setdefault(_normalize_module(module), {})[slot] = t
-
-    unet_shapes = _shapes(unet_keys)
-    shapes: dict[str, tuple[int, ...] | None] = {}
-    lookup: dict[str, tuple[str, str]] = {}  # lora module -> (target, model module)
-    if unet_keys is not None:
-        for cand, module in _unet_candidates(unet_shapes).items():
-            lookup[cand] = ("unet", module)
-        shapes.update(unet_shapes)
-    for target, keys in (clip_keys or {}).items():
-        if target not in TARGETS[1:]:
-            raise ValueError(f"clip_keys target must be one of {TARGETS[1:]}, got {target!r}")
-        ks = _shapes(keys)
-        for cand, module in _clip_candidates(target, ks).items():
-            lookup.setdefault(cand, (target, module))
-        shapes.update(ks)
+    grouped, stray = group_modules(sd)
+    lookup, shapes = model_lookup(unet_keys, clip_keys)
 
     adapters: dict[str, dict[str, Adapter]] = {}
     by_module: dict[str, Adapter] = {}
@@ -668,9 +387,9 @@ def load_lora(
             by_module[module] = w_ad
         hit = lookup.get(module)
         if hit is None:
-            if _is_text_encoder_name(module) and not clip_keys:
+            if is_text_encoder_name(module) and not clip_keys:
                 skipped.append(module)
-            elif unet_keys is None and not _is_text_encoder_name(module):
+            elif unet_keys is None and not is_text_encoder_name(module):
                 skipped.append(module)
             else:
                 unmatched.append(module)

@@ -4,6 +4,9 @@ Weights are built from our own modules' state-dict shapes (attribute names equal
 so a file written here has exactly the layout of a real single-file SD1.x checkpoint:
 `model.diffusion_model.*`, `first_stage_model.*`, `cond_stage_model.transformer.text_model.*`.
 `size="full"` gives the real SD 1.5 architecture (about 1.07 B parameters); "tiny" a few MB.
+
+`module_shapes` + `random_state_dict` are the one seeded-weight generator: the test fixtures
+(tests/fixtures) build their tiny UNets, VAEs, CLIPs and ControlNets with them too.
 """
 
 from __future__ import annotations

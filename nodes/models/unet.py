@@ -18,7 +18,7 @@ fewer than 64 channels still get one full-width head (LDM itself would compute z
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nodes.models.attention import attention
+from nodes.sampling.cond import Control  # re-exported: the residuals type lives with the edge payloads
 
 GROUPS = 32  # GroupNorm groups everywhere in the LDM UNet
 
@@ -56,32 +57,6 @@ class UNetConfig:  # the defaults are SD1.5
         if self.num_head_channels > 0:
             return max(1, channels // self.num_head_channels)
         return self.num_heads
-
-
-@dataclass(frozen=True)
-class Control:
-    """ControlNet residuals: `input[i]` is added to the skip connection from `input_blocks[i]`
-    (None = nothing), `middle` to the middle block output (diffusers'
-    down/mid_block_additional_residual convention)."""
-
-    input: Sequence[Tensor | None]
-    middle: Tensor | None = None
-
-    def __add__(self, other: Control) -> Control:
-        if len(self.input) != len(other.input):
-            raise ValueError(f"Control: cannot add {len(self.input)} and {len(other.input)} residuals")
-        return Control(
-            input=[_add_opt(a, b) for a, b in zip(self.input, other.input)],
-            middle=_add_opt(self.middle, other.middle),
-        )
-
-
-def _add_opt(a: Tensor | None, b: Tensor | None) -> Tensor | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a + b
 
 
 def timestep_embedding(timesteps: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
@@ -279,6 +254,53 @@ class EmbedSequential(nn.ModuleList):
         return x
 
 
+def _transformer(c: UNetConfig, ch: int, depth: int) -> SpatialTransformer:
+    if c.context_dim is None:
+        raise ValueError("UNetConfig: transformer blocks need context_dim")
+    return SpatialTransformer(ch, c.heads(ch), depth, c.context_dim, c.use_linear_in_transformer)
+
+
+def build_input_blocks(c: UNetConfig) -> tuple[nn.ModuleList, list[int]]:
+    """The encoder half's `input_blocks` and the channel count of each block's output (the skip
+    connections, in order). Shared by UNetModel and ControlNetModel (a trainable copy of it).
+
+    LDM numbering: block 0 is the first conv; then per level its ResBlocks (each followed by a
+    transformer where `transformer_depth` > 0) and, except on the deepest level, a Downsample.
+    """
+    if len(c.num_res_blocks) != len(c.channel_mult):
+        raise ValueError("UNetConfig: num_res_blocks needs one entry per channel_mult level")
+    if len(c.transformer_depth) != sum(c.num_res_blocks):
+        raise ValueError("UNetConfig: transformer_depth needs one entry per input ResBlock")
+    mc, ted = c.model_channels, c.time_embed_dim
+    blocks = nn.ModuleList([EmbedSequential([nn.Conv2d(c.in_channels, mc, 3, padding=1)])])
+    channels = [mc]
+    ch = mc
+    depths = iter(c.transformer_depth)
+    for level, mult in enumerate(c.channel_mult):
+        for _ in range(c.num_res_blocks[level]):
+            layers: list[nn.Module] = [ResBlock(ch, ted, mult * mc)]
+            ch = mult * mc
+            depth = next(depths)
+            if depth > 0:
+                layers.append(_transformer(c, ch, depth))
+            blocks.append(EmbedSequential(layers))
+            channels.append(ch)
+        if level != len(c.channel_mult) - 1:
+            blocks.append(EmbedSequential([Downsample(ch)]))
+            channels.append(ch)
+    return blocks, channels
+
+
+def build_middle_block(c: UNetConfig, ch: int) -> EmbedSequential:
+    """ResBlock, transformer, ResBlock at `ch` channels (a single ResBlock when
+    `transformer_depth_middle` is -1)."""
+    ted = c.time_embed_dim
+    middle: list[nn.Module] = [ResBlock(ch, ted, ch)]
+    if c.transformer_depth_middle >= 0:
+        middle += [_transformer(c, ch, c.transformer_depth_middle), ResBlock(ch, ted, ch)]
+    return EmbedSequential(middle)
+
+
 # ---------------------------------------------------------------------------------------------
 # model
 
@@ -295,18 +317,8 @@ class UNetModel(nn.Module):
         c = config
         self.config = c
         mc, ted = c.model_channels, c.time_embed_dim
-        n_levels = len(c.channel_mult)
-        if len(c.num_res_blocks) != n_levels:
-            raise ValueError("UNetConfig: num_res_blocks needs one entry per channel_mult level")
-        if len(c.transformer_depth) != sum(c.num_res_blocks):
-            raise ValueError("UNetConfig: transformer_depth needs one entry per input ResBlock")
         if len(c.transformer_depth_output) != sum(n + 1 for n in c.num_res_blocks):
             raise ValueError("UNetConfig: transformer_depth_output needs one entry per output block")
-
-        def transformer(ch: int, depth: int) -> SpatialTransformer:
-            if c.context_dim is None:
-                raise ValueError("UNetConfig: transformer blocks need context_dim")
-            return SpatialTransformer(ch, c.heads(ch), depth, c.context_dim, c.use_linear_in_transformer)
 
         self.time_embed = nn.Sequential(nn.Linear(mc, ted), nn.SiLU(), nn.Linear(ted, ted))
         if c.adm_in_channels is not None:
@@ -314,28 +326,9 @@ class UNetModel(nn.Module):
             self.label_emb = nn.Sequential(
                 nn.Sequential(nn.Linear(c.adm_in_channels, ted), nn.SiLU(), nn.Linear(ted, ted))
             )
-
-        self.input_blocks = nn.ModuleList([EmbedSequential([nn.Conv2d(c.in_channels, mc, 3, padding=1)])])
-        skip_channels = [mc]
-        ch = mc
-        depths = iter(c.transformer_depth)
-        for level, mult in enumerate(c.channel_mult):
-            for _ in range(c.num_res_blocks[level]):
-                layers: list[nn.Module] = [ResBlock(ch, ted, mult * mc)]
-                ch = mult * mc
-                depth = next(depths)
-                if depth > 0:
-                    layers.append(transformer(ch, depth))
-                self.input_blocks.append(EmbedSequential(layers))
-                skip_channels.append(ch)
-            if level != n_levels - 1:
-                self.input_blocks.append(EmbedSequential([Downsample(ch)]))
-                skip_channels.append(ch)
-
-        middle: list[nn.Module] = [ResBlock(ch, ted, ch)]
-        if c.transformer_depth_middle >= 0:
-            middle += [transformer(ch, c.transformer_depth_middle), ResBlock(ch, ted, ch)]
-        self.middle_block = EmbedSequential(middle)
+        self.input_blocks, skip_channels = build_input_blocks(c)
+        ch = skip_channels[-1]
+        self.middle_block = build_middle_block(c, ch)
 
         self.output_blocks = nn.ModuleList()
         depths = iter(c.transformer_depth_output)
@@ -345,7 +338,7 @@ class UNetModel(nn.Module):
                 ch = mc * mult
                 depth = next(depths)
                 if depth > 0:
-                    layers.append(transformer(ch, depth))
+                    layers.append(_transformer(c, ch, depth))
                 if level and i == c.num_res_blocks[level]:
                     layers.append(Upsample(ch))
                 self.output_blocks.append(EmbedSequential(layers))

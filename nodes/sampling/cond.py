@@ -7,6 +7,7 @@ payload in place; it derives a new one with ``dataclasses.replace``. These are C
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -55,12 +56,32 @@ class Control:
     """ControlNet residuals, diffusers convention.
 
     input:  one tensor (or None) per UNet input-block output, in order; added to the skip
-            connections. Each [B, C_i, H_i, W_i].
+            connections. Each [B, C_i, H_i, W_i]. Any sequence: a tuple or a list (the
+            ControlNet chain and ``+`` build lists; the UNet only indexes and zips it).
     middle: added to the middle-block output, [B, C_mid, H_mid, W_mid], or None.
+
+    ``a + b`` sums two nets' residuals slot by slot (a chain of ControlNets); None means "nothing
+    here", so None + r = r.
     """
 
-    input: tuple[torch.Tensor | None, ...]
+    input: Sequence[torch.Tensor | None]
     middle: torch.Tensor | None = None
+
+    def __add__(self, other: Control) -> Control:
+        if len(self.input) != len(other.input):
+            raise ValueError(f"Control: cannot add {len(self.input)} and {len(other.input)} residuals")
+        return Control(
+            input=[_add_opt(a, b) for a, b in zip(self.input, other.input)],
+            middle=_add_opt(self.middle, other.middle),
+        )
+
+
+def _add_opt(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
 
 
 @runtime_checkable
