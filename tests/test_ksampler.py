@@ -32,7 +32,7 @@ class ContextModel:
                            "y": y, "control": control})
         return context[:, 0, 0].reshape(-1, 1, 1, 1).expand(x.shape[0], 4, *x.shape[2:]).clone()
 
-    def adm(self, cond, latent_hw):
+    def adm(self, cond, latent_hw, negative=False):
         return None
 
 
@@ -240,7 +240,7 @@ def test_cfg_denoiser_timestep_range_selects_cond_by_sigma():
 
 @dataclass
 class AdmModel(ContextModel):
-    def adm(self, cond, latent_hw):
+    def adm(self, cond, latent_hw, negative=False):
         size = cond.size or SizeCond()
         h = size.height or latent_hw[0] * 8
         return torch.tensor([[float(h), float(size.crop_h)]])
@@ -253,6 +253,19 @@ def test_cfg_denoiser_passes_sdxl_adm_vector():
     den(x, torch.tensor([1.0]))
     y = m.calls[0]["y"]
     assert y.tolist() == [[32.0, 0.0], [1024.0, 8.0]]  # uncond (defaults) first, then cond
+
+
+@dataclass
+class PromptTypeAdmModel(ContextModel):
+    def adm(self, cond, latent_hw, negative=False):
+        return torch.tensor([[2.5 if negative else 6.0]])  # the refiner's aesthetic default
+
+
+def test_cfg_denoiser_tells_adm_which_conds_are_negative():
+    m = PromptTypeAdmModel()
+    x = torch.zeros(1, 4, 4, 4)
+    CFGDenoiser(m, (Cond(POS),), (Cond(NEG),), 2.0, x)(x, torch.tensor([1.0]))
+    assert m.calls[0]["y"].tolist() == [[2.5], [6.0]]  # uncond first, then cond
 
 
 class RecordingControl:

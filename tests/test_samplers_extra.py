@@ -303,7 +303,7 @@ class PromptShiftedEps:
     def unet(self, x, timesteps, context, y=None, control=None):
         return 0.5 * x + context.mean(dim=(1, 2)).view(-1, 1, 1, 1)
 
-    def adm(self, cond, latent_hw):
+    def adm(self, cond, latent_hw, negative=False):
         return None
 
 

@@ -254,7 +254,7 @@ class CFGDenoiser:
         _add_same_area_opposites(lists)
         _apply_control_to_uncond(pos, neg)
         self.positive = [self._resolve(c) for c in pos]
-        self.negative = [self._resolve(c) for c in neg]
+        self.negative = [self._resolve(c, negative=True) for c in neg]
 
         self.concat = None
         extra = int(getattr(model, "in_channels", C)) - C
@@ -276,7 +276,7 @@ class CFGDenoiser:
             self.concat = torch.cat([mask, masked], dim=1)  # [B, 1+C, H, W]
 
     # -- preparation
-    def _resolve(self, c: Cond) -> _Entry:
+    def _resolve(self, c: Cond, negative: bool = False) -> _Entry:
         H, W = self.latent_hw
         mask = None
         if c.mask is not None:
@@ -294,7 +294,8 @@ class CFGDenoiser:
         y_vec = None
         adm = getattr(self.model, "adm", None)
         if adm is not None:
-            y_vec = adm(c, self.latent_hw)
+            # ComfyUI's refiner defaults the aesthetic score by prompt type (6.0 / 2.5 negative)
+            y_vec = adm(c, self.latent_hw, negative=True) if negative else adm(c, self.latent_hw)
             if y_vec is not None:
                 y_vec = y_vec.to(self.device, torch.float32)
         start, end = c.timestep_range
