@@ -8,6 +8,8 @@ loading, validation, planning (order + cache keys), a cold run (empty cache, val
 and a fully cached re-run (validation included). Times are the best of `repeat` runs. A
 100,000-node chain is then validated and run once to show that nothing is recursive or quadratic.
 JSON keys `cold_us_per_node` and `cached_us_per_node` are the worst shape's numbers.
+`--sizes 1000,10000,100000` adds the same table per size (`scaling` in the JSON): per-node cost
+must stay flat; what growth remains at 100,000 nodes is CPU caches, not algorithm.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ def _best(fn: Callable[[], Any], repeat: int) -> float:
     for _ in range(repeat):
         gc.collect()
         t0 = time.perf_counter()
-        fn()
+        result = fn()
         best = min(best, time.perf_counter() - t0)
+        del result  # freeing what a run returns (or the executor it made) is not part of it
     return best
 
 
@@ -97,15 +100,17 @@ def _shape(name: str, prompt: dict, reg: Registry, repeat: int) -> dict[str, Any
     ex = Executor(reg, env, OutputCache(2**30))
 
     def plan():
-        order = plan_order(v.outputs, v.inputs, wf.prompt)
+        order = getattr(v, "order", None) or plan_order(v.outputs, v.inputs, wf.prompt)
         plans = {nid: ex._plan_for(wf.prompt[nid].class_type) for nid in order}
-        ex._keys(order, v.inputs, plans, Resolver(wf.precision, device=env.device), env, None)
+        return ex._keys(order, v.inputs, plans, Resolver(wf.precision, device=env.device), env, None)
 
     t_plan = _best(plan, repeat)
 
     def cold():
-        report = Executor(reg, env, OutputCache(2**30)).run(wf)
+        cold_ex = Executor(reg, env, OutputCache(2**30))
+        report = cold_ex.run(wf)
         assert len(report.executed) == n, (len(report.executed), n)
+        return cold_ex, report
 
     t_cold = _best(cold, repeat)
     warm = Executor(reg, env, OutputCache(2**30))
@@ -114,6 +119,7 @@ def _shape(name: str, prompt: dict, reg: Registry, repeat: int) -> dict[str, Any
     def cached():
         report = warm.run(wf)
         assert not report.executed
+        return report
 
     t_cached = _best(cached, repeat)
     us = 1e6 / n
@@ -137,7 +143,8 @@ def _big_chain(n: int, reg: Registry) -> dict[str, Any]:
             "run_us_per_node": round((t2 - t1) * 1e6 / n, 2)}
 
 
-def run_bench(nodes: int = 1000, big: int = 100_000, repeat: int = 5) -> dict[str, Any]:
+def run_bench(nodes: int = 1000, big: int = 100_000, repeat: int = 5,
+              sizes: list[int] | None = None) -> dict[str, Any]:
     reg = bench_registry()
     shapes = [_shape("chain", chain_prompt(nodes), reg, repeat),
               _shape("fanout", fanout_prompt(nodes), reg, repeat)]
@@ -148,21 +155,31 @@ def run_bench(nodes: int = 1000, big: int = 100_000, repeat: int = 5) -> dict[st
         "shapes": {s["shape"]: s for s in shapes},
         "python": sys.version.split()[0],
     }
+    if sizes:
+        out["scaling"] = {str(n): {"chain": _shape("chain", chain_prompt(n), reg, repeat),
+                                   "fanout": _shape("fanout", fanout_prompt(n), reg, repeat)}
+                          for n in sizes}
     if big:
         out["chain_big"] = _big_chain(big, reg)
     return out
 
 
 def cli_main(args: argparse.Namespace) -> int:
-    result = run_bench(args.nodes, args.big, args.repeat)
+    sizes = getattr(args, "sizes", None)
+    result = run_bench(args.nodes, args.big, args.repeat, sizes)
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
         return 0
     print(f"engine overhead, {result['nodes']}-node graphs of trivial nodes (best of {args.repeat}):")
-    print(f"  {'shape':8} {'load':>8} {'validate':>9} {'plan':>8} {'cold':>8} {'cached':>8}  µs/node")
+    print(f"  {'shape':14} {'load':>8} {'validate':>9} {'plan':>8} {'cold':>8} {'cached':>8}  µs/node")
     for s in result["shapes"].values():
-        print(f"  {s['shape']:8} {s['load_us_per_node']:8.2f} {s['validate_us_per_node']:9.2f} "
+        print(f"  {s['shape']:14} {s['load_us_per_node']:8.2f} {s['validate_us_per_node']:9.2f} "
               f"{s['plan_us_per_node']:8.2f} {s['cold_us_per_node']:8.2f} {s['cached_us_per_node']:8.2f}")
+    for n, by_shape in result.get("scaling", {}).items():
+        for s in by_shape.values():
+            print(f"  {s['shape'] + '@' + n:14} {s['load_us_per_node']:8.2f} "
+                  f"{s['validate_us_per_node']:9.2f} {s['plan_us_per_node']:8.2f} "
+                  f"{s['cold_us_per_node']:8.2f} {s['cached_us_per_node']:8.2f}")
     print(f"  worst: cold {result['cold_us_per_node']:.2f} µs/node, cached "
           f"{result['cached_us_per_node']:.2f} µs/node (runs include validation)")
     if "chain_big" in result:
@@ -179,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--big", type=int, default=100_000)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",") if x],
+                   help="also time these graph sizes, e.g. 1000,10000,100000")
     return cli_main(p.parse_args(argv))
 
 

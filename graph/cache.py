@@ -26,9 +26,10 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["structural_key", "canonical_literals", "walk_tensors", "estimate_nbytes",
-           "CacheEntry", "OutputCache", "default_budget"]
+__all__ = ["structural_key", "key_header", "node_key", "canonical_literals", "walk_tensors",
+           "estimate_nbytes", "CacheEntry", "OutputCache", "default_budget"]
 
+_blake2b = hashlib.blake2b
 _SCALARS = (int, float, str, bool, type(None), bytes)
 ENTRY_OVERHEAD = 256  # bytes charged per entry for the Python objects around the tensors
 
@@ -50,8 +51,27 @@ def _canon_default(o: Any) -> Any:
     raise NotCanonical(f"no canonical form for {type(o).__qualname__}")
 
 
-_dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_canon_default,
-                          ensure_ascii=False, check_circular=False).encode
+_json_encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_canon_default,
+                                ensure_ascii=False, check_circular=False).encode
+
+
+def _make_dumps():
+    """`_json_encode`, with the C encoder built once instead of on every call (half the cost of
+    a small dict); the same text (floats by repr, sorted keys, no ASCII escaping)."""
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    c_basestring = getattr(json.encoder, "c_encode_basestring", None)
+    if c_make_encoder is None or c_basestring is None:
+        return _json_encode
+    encoder = c_make_encoder(None, _canon_default, c_basestring, None, ":", ",", True, False, True)
+    join = "".join
+
+    def dumps(o: Any) -> str:
+        return join(encoder(o, 0))
+
+    return dumps
+
+
+_dumps = _make_dumps()
 
 
 def canonical_literals(literals: dict[str, Any]) -> str:
@@ -66,16 +86,55 @@ def structural_key(class_type: str, version: Any, literals: dict[str, Any],
 
     `links` are (input name, upstream key, output slot) in any order.
     """
-    try:
-        lit = _dumps(literals) if literals else "{}"
-    except (TypeError, ValueError):  # NotCanonical, unsortable keys
-        return None
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{class_type}\x1f{version}\x1f{lit}\x1f{precision}\x1f{external!r}".encode())
-    if links:
-        for name, key, slot in sorted(links):
-            h.update(b"\x1e" + name.encode() + b"\x1f" + key + slot.to_bytes(4, "little"))
-    return h.digest()
+    return node_key(key_header(class_type, version), literals, links, precision, external)
+
+
+def key_header(class_type: str, version: Any) -> str:
+    """The part of a key that depends on the node type only (the executor keeps one per type)."""
+    return f"{class_type}\x1f{version}\x1f"
+
+
+def node_key(header: str, literals: dict[str, Any] | None,
+             links: list[tuple[str, bytes, int]] | None, precision: str = "",
+             external: Any = None) -> bytes | None:
+    """`structural_key` with the type's `key_header` already made: the executor's hot path."""
+    if literals:
+        try:
+            lit = _dumps(literals)
+        except (TypeError, ValueError):  # NotCanonical, unsortable keys
+            return None
+        head = f"{header}{lit}\x1f{precision}\x1f{external!r}".encode()
+    elif precision or external is not None:
+        head = f"{header}{{}}\x1f{precision}\x1f{external!r}".encode()
+    else:  # links only (most nodes of a big graph): the same bytes, made once per type
+        head = _bare_heads.get(header)
+        if head is None:
+            head = f"{header}{{}}\x1f\x1fNone".encode()
+            if len(_bare_heads) < 4096:
+                _bare_heads[header] = head
+    if not links:
+        return _blake2b(head, digest_size=16).digest()
+    if len(links) > 1:
+        links = sorted(links)
+    parts = [head]
+    for name, key, slot in links:
+        parts += (_link_prefix(name), key,
+                  _SLOTS[slot] if 0 <= slot < 64 else slot.to_bytes(4, "little"))
+    return _blake2b(b"".join(parts), digest_size=16).digest()
+
+
+_bare_heads: dict[str, bytes] = {}
+_SLOTS = tuple(i.to_bytes(4, "little") for i in range(64))
+_prefixes: dict[str, bytes] = {}
+
+
+def _link_prefix(name: str) -> bytes:
+    p = _prefixes.get(name)
+    if p is None:
+        p = b"\x1e" + name.encode() + b"\x1f"
+        if len(_prefixes) < 4096:   # input names are few; never let odd ones grow it unbounded
+            _prefixes[name] = p
+    return p
 
 
 # --- walking outputs ----------------------------------------------------------------------------
@@ -192,6 +251,24 @@ class OutputCache:
             self._entries.move_to_end(key)
             self.hits += 1
             return entry
+
+    def get_many(self, keys: dict[Any, bytes | None]) -> dict[Any, CacheEntry]:
+        """`{name: entry}` for the names whose key is cached (each marked most recently used),
+        under one lock: the executor looks up a whole prompt at once."""
+        found: dict[Any, CacheEntry] = {}
+        entries = self._entries
+        with self._lock:
+            get, touch = entries.get, entries.move_to_end
+            for name, key in keys.items():
+                if key is None:
+                    continue
+                entry = get(key)
+                if entry is not None:
+                    touch(key)
+                    found[name] = entry
+            self.hits += len(found)
+            self.misses += sum(1 for k in keys.values() if k is not None) - len(found)
+        return found
 
     def peek(self, key: bytes | None) -> CacheEntry | None:
         return None if key is None else self._entries.get(key)

@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nodes", type=int, default=1000, help="graph size (default 1000)")
     b.add_argument("--big", type=int, default=100_000, help="size of the long-chain check (0: skip)")
     b.add_argument("--repeat", type=int, default=5)
+    b.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",") if x],
+                   help="also time these graph sizes, e.g. 1000,10000,100000")
     _common(b)
     b = bsub.add_parser("precision", help="a workflow under each precision")
     b.add_argument("workflow", metavar="WF.json")

@@ -2,9 +2,11 @@
 
     report = Executor(registry, env).run(workflow, precision="bf16,VAE=f32", on_event=print)
 
-Planning is linear and recursion-free (iterative ancestor walk, Kahn's topological sort), so a
-100,000-node chain runs; per-node work is a digest, a dict lookup and the call itself. Order is
-topological, ties broken by the prompt's node order. Only ancestors of the valid output nodes run,
+Planning is linear and recursion-free, so a 100,000-node chain runs: the order is the one
+validation already found (Kahn's algorithm; `plan_order` when a Validation does not carry one),
+and per node the rest is a digest, one batched cache lookup and the call itself. A fully cached
+re-run makes no Context and sends no per-node event (one `execution_cached` lists them all).
+Order is topological, ties broken by the prompt's node order (first ready, first run). Only ancestors of the valid output nodes run,
 and of those only the ones not cached and needed by something uncached (an evicted ancestor of a
 cached node is not re-run). ComfyUI stops a prompt at its first failing node; so does this, and
 everything computed before the failure stays cached.
@@ -33,7 +35,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from graph import events as ev
-from graph.cache import OutputCache, structural_key, walk_tensors
+from graph.cache import OutputCache, key_header, node_key, walk_tensors
 from graph.context import Context, Interrupted
 from graph.env import Env
 from graph.node import MODEL_TYPES, NodeSpec, Result
@@ -77,7 +79,7 @@ class NonFiniteOutput(ArithmeticError):
     """A node's float outputs hold NaN or Inf even with f32 compute."""
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeReport:
     class_type: str
     status: str                  # "executed" | "cached"
@@ -131,7 +133,7 @@ class _NodePlan:
     """What the executor needs about a node type, computed once per spec."""
 
     __slots__ = ("spec", "fn", "names", "defaults", "hidden", "model_types", "n_out", "unique_id",
-                 "wants_ctx", "deterministic", "fingerprint", "version", "class_type")
+                 "wants_ctx", "deterministic", "fingerprint", "version", "class_type", "key_header")
 
     def __init__(self, spec: NodeSpec):
         self.spec = spec
@@ -148,6 +150,7 @@ class _NodePlan:
         self.deterministic = spec.deterministic
         self.fingerprint = spec.fingerprint
         self.version = spec.version
+        self.key_header = key_header(spec.name, spec.version)
 
 
 def plan_order(outputs: Iterable[str], inputs: dict[str, dict[str, Any]],
@@ -250,8 +253,8 @@ def _api_prompt(wf: Workflow) -> dict:
 
 @contextlib.contextmanager
 def _gc_paused():
-    """Validation and planning allocate only acyclic bookkeeping; pausing the cycle collector
-    keeps its passes over everything alive (a big cache) from dominating their cost."""
+    """Planning and the cache-hit bookkeeping allocate only acyclic objects; pausing the cycle
+    collector keeps its passes over everything alive (a big cache) out of their cost."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -269,15 +272,15 @@ def _nonfinite(values: Any) -> bool:
 
 
 def _ui_files(ui: dict | None, env: Env) -> list[str]:
+    files: list[str] = []
     if not ui:
-        return []
-    roots = {"output": env.output, "temp": env.temp, "input": env.input}
-    files = []
+        return files
     for items in ui.values():
         if not isinstance(items, (list, tuple)):
             continue
         for item in items:
             if isinstance(item, dict) and "filename" in item:
+                roots = {"output": env.output, "temp": env.temp, "input": env.input}
                 root = Path(roots.get(item.get("type") or "output", env.output))
                 files.append(str(root / (item.get("subfolder") or "") / item["filename"]))
     return files
@@ -360,8 +363,7 @@ class Executor:
             err = ValidationFailed(None, str(e))
             err.report = report
             raise err from e
-        with _gc_paused():
-            v = validation or validate(wf.prompt, self.registry, env, targets)
+        v = validation or validate(wf.prompt, self.registry, env, targets)
         if not v.ok or (strict and v.errors):
             report.status, report.error = "error", "validation failed"
             err = ValidationFailed(v)
@@ -376,31 +378,38 @@ class Executor:
 
         inputs = v.inputs
         prompt = wf.prompt
-        with _gc_paused():
-            order = plan_order(v.outputs, inputs, prompt)
-            plans = {nid: self._plan_for(prompt[nid].class_type) for nid in order}
-            keys = self._keys(order, inputs, plans, resolver, env, run)
-            hits, needed = self._lookup(order, keys, v.outputs, inputs)
-        to_run = [n for n in order if n in needed and n not in hits]
-
         emit = on_event
-        if emit is not None:
-            emit(ev.ExecutionStart(report.prompt_id, tuple(to_run)))
-            emit(ev.ExecutionCached(report.prompt_id, tuple(hits)))
         values = report.values
         nodes = report.nodes
-        for nid, entry in hits.items():
-            values[nid] = entry.outputs
-            meta = entry.meta
-            nodes[nid] = NodeReport(plans[nid].class_type, "cached", 0.0, meta.get("precision"),
-                                    meta.get("nan_fallback", False))
-            if entry.ui:
-                report.ui[nid] = entry.ui
-                files = _ui_files(entry.ui, env)
-                if files:
-                    report.outputs[nid] = files
-                if emit is not None and nid in needed:
-                    emit(ev.Executed(report.prompt_id, nid, entry.ui))
+        with _gc_paused():
+            order = v.order or plan_order(v.outputs, inputs, prompt)
+            by_class: dict[str, _NodePlan] = {}
+            plans = {}
+            for nid in order:
+                ct = prompt[nid].class_type
+                plan = by_class.get(ct)
+                if plan is None:
+                    plan = by_class[ct] = self._plan_for(ct)
+                plans[nid] = plan
+            keys = self._keys(order, inputs, plans, resolver, env, run)
+            hits, needed = self._lookup(keys, v.outputs, inputs)
+            to_run = [n for n in order if n in needed and n not in hits]
+
+            if emit is not None:
+                emit(ev.ExecutionStart(report.prompt_id, tuple(to_run)))
+                emit(ev.ExecutionCached(report.prompt_id, tuple(hits)))
+            for nid, entry in hits.items():
+                values[nid] = entry.outputs
+                meta = entry.meta
+                nodes[nid] = NodeReport(plans[nid].class_type, "cached", 0.0, meta.get("precision"),
+                                        meta.get("nan_fallback", False))
+                if entry.ui:
+                    report.ui[nid] = entry.ui
+                    files = _ui_files(entry.ui, env)
+                    if files:
+                        report.outputs[nid] = files
+                    if emit is not None and nid in needed:
+                        emit(ev.Executed(report.prompt_id, nid, entry.ui))
 
         current = None
         try:
@@ -447,16 +456,10 @@ class Executor:
             emit(ev.Executing(report.prompt_id, None))
         return report
 
-    def _lookup(self, order, keys, outputs, inputs) -> tuple[dict, dict]:
-        """Cache hits, and the nodes needed: walk back from the outputs, stopping at hits."""
-        hits = {}
-        cache_get = self.cache.get
-        for nid in order:
-            k = keys[nid]
-            if k is not None:
-                entry = cache_get(k)
-                if entry is not None:
-                    hits[nid] = entry
+    def _lookup(self, keys, outputs, inputs) -> tuple[dict, dict]:
+        """Cache hits (one batched lookup), and the nodes needed: walk back from the outputs,
+        stopping at hits."""
+        hits = self.cache.get_many(keys)
         needed: dict[str, None] = {}
         stack = list(outputs)
         while stack:
@@ -469,8 +472,12 @@ class Executor:
         return hits, needed
 
     def _keys(self, order, inputs, plans, resolver, env, run) -> dict[str, bytes | None]:
+        """Every node's structural key, in topological order (an upstream key is ready when its
+        consumer needs it). O(inputs) per node: keys are fixed-size digests."""
         keys: dict[str, bytes | None] = {}
         learned = self._learned
+        types_of: dict[str, tuple[str, ...]] = {}    # class -> model socket types, this run
+        policy = resolver.policy
         for nid in order:
             plan = plans[nid]
             if not plan.deterministic:
@@ -478,35 +485,40 @@ class Executor:
                 continue
             lits = {}
             links = []
-            ok = True
             for name, x in inputs[nid].items():
                 if type(x) is Link:
                     k = keys[x.node_id]
                     if k is None:
-                        ok = False
                         break
                     links.append((name, k, x.slot))
                 else:
                     lits[name] = x
-            if not ok:
-                keys[nid] = None
-                continue
-            types = plan.model_types
-            extra = learned.get(plan.class_type)
-            if extra:
-                types = tuple(sorted({*types, *extra}))
-            prec = ";".join(f"{t}={resolver.policy(nid, t).spec}" for t in types) if types else ""
-            external = None
-            if plan.fingerprint is not None:
-                try:
-                    external = plan.fingerprint(env, **lits)
-                except Exception as e:  # noqa: BLE001 - no fingerprint: always re-run, say why
-                    run.warn(f"fingerprint failed ({type(e).__name__}: {e}); not cached", nid)
-                    keys[nid] = None
+            else:
+                ct = plan.class_type
+                types = types_of.get(ct)
+                if types is None:
+                    types = plan.model_types
+                    extra = learned.get(ct)
+                    if extra:
+                        types = tuple(sorted({*types, *extra}))
+                    types_of[ct] = types
+                prec = ";".join(f"{t}={policy(nid, t).spec}" for t in types) if types else ""
+                if plan.fingerprint is None and not plan.unique_id:
+                    keys[nid] = node_key(plan.key_header, lits, links, prec)
                     continue
-            if plan.unique_id:
-                external = (external, nid)
-            keys[nid] = structural_key(plan.class_type, plan.version, lits, links, prec, external)
+                external = None
+                if plan.fingerprint is not None:
+                    try:
+                        external = plan.fingerprint(env, **lits)
+                    except Exception as e:  # noqa: BLE001 - no fingerprint: always re-run, say why
+                        run.warn(f"fingerprint failed ({type(e).__name__}: {e}); not cached", nid)
+                        keys[nid] = None
+                        continue
+                if plan.unique_id:
+                    external = (external, nid)
+                keys[nid] = node_key(plan.key_header, lits, links, prec, external)
+                continue
+            keys[nid] = None   # an upstream node has no key
         return keys
 
     def _call(self, nid, plan, call, values, resolver, env, run, fallback: bool):

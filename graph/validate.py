@@ -28,7 +28,10 @@ networkx for strongly connected components.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import inspect
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -38,6 +41,7 @@ from graph.node import WIDGET_TYPES, Input, NodeSpec
 from graph.registry import input_entry
 from graph.workflow import BadLink, Link, NodeCall
 
+_MISSING = object()
 COERCE: dict[str, Callable[[Any], Any]] = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
 
 
@@ -64,14 +68,16 @@ class Problem:
 class Validation:
     """`outputs`: output node ids that will run. `inputs`: per validated node, its declared
     inputs (literals coerced, links as `Link`). `error`: ComfyUI's top-level error JSON when
-    nothing can run. `ok` is ComfyUI's verdict (something runs: `error is None`); `clean` means
-    no problem at all."""
+    nothing can run. `order`: the nodes the valid outputs need, in topological order (ties in
+    prompt order), following only the links that passed. `ok` is ComfyUI's verdict (something
+    runs: `error is None`); `clean` means no problem at all."""
 
     outputs: tuple[str, ...]
     inputs: dict[str, dict[str, Any]]
     errors: list[Problem]
     node_errors: dict[str, dict]
     error: dict | None
+    order: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -91,36 +97,59 @@ def validate(prompt: dict[str, NodeCall], registry: Any, env: Any = None,
     """Check a prompt against the registry. `targets` limits the output nodes (partial execution);
     `extra_checks(node_id, call, spec, inputs) -> iterable of Problem | str` adds checks of its
     own for every validated node (a str becomes a `custom_validation_failed`)."""
+    with _gc_paused():
+        return _validate(prompt, registry, env, targets, extra_checks)
+
+
+def _validate(prompt, registry, env, targets, extra_checks) -> Validation:
     fatal: list[Problem] = []
     specs: dict[str, NodeSpec] = {}
+    by_class: dict[str, NodeSpec | None] = {}
     for nid, call in prompt.items():
-        if not call.class_type:
+        ct = call.class_type
+        if not ct:
             fatal.append(Problem(nid, None, "invalid_prompt", "Cannot execute because a node is "
                                  "missing the class_type property.", f"Node ID '#{nid}'"))
             continue
-        spec = registry.get(call.class_type)
+        spec = by_class.get(ct, _MISSING)
+        if spec is _MISSING:
+            spec = by_class[ct] = registry.get(ct)
         if spec is None:
-            fatal.append(Problem(nid, call.class_type, "invalid_prompt", f"Cannot execute because "
-                                 f"node {call.class_type} does not exist.", f"Node ID '#{nid}'"))
+            fatal.append(Problem(nid, ct, "invalid_prompt", f"Cannot execute because "
+                                 f"node {ct} does not exist.", f"Node ID '#{nid}'"))
         else:
             specs[nid] = spec
     wanted = None if targets is None else {str(t) for t in targets}
     outputs = [nid for nid, s in specs.items() if s.output_node and (wanted is None or nid in wanted)]
 
+    # One walk back from the outputs finds the ancestors and checks each of them once.
     checker = _NodeChecker(prompt, specs, env, extra_checks)
-    ups = _ancestors(outputs, prompt, specs)
-    ancestors = list(ups)
+    check = checker.check
     own: dict[str, list[Problem]] = {p.node_id: [p] for p in fatal}
     inputs: dict[str, dict[str, Any]] = {}
-    for nid in ancestors:
+    ups: dict[str, list[str]] = {}
+    stack = list(outputs)
+    while stack:
+        nid = stack.pop()
+        if nid in ups:
+            continue
         spec = specs.get(nid)
         if spec is None:
-            continue
-        inputs[nid], problems = checker.check(nid, prompt[nid], spec)
-        if problems:
-            own.setdefault(nid, []).extend(problems)
+            ups[nid] = linked = [v.node_id for v in prompt[nid].inputs.values()
+                                 if type(v) is Link and v.node_id in prompt]
+        else:
+            inputs[nid], problems, linked = check(nid, prompt[nid], spec)
+            ups[nid] = linked
+            if problems:
+                own.setdefault(nid, []).extend(problems)
+        stack.extend(linked)
 
-    units, unit_of = _order(ancestors, ups, own, prompt)
+    order, nodes = _kahn(ups, prompt)
+    if not own and outputs and len(order) == len(nodes):
+        # the common case: no problem, no cycle; nothing to report, nothing to propagate
+        return Validation(outputs=tuple(outputs), inputs=inputs, errors=[], node_errors={},
+                          error=None, order=tuple(order))
+    units, unit_of = _units(order, nodes, ups, own, prompt)
     bad, masks = _propagate(units, unit_of, ups, own, outputs)
     good = tuple(o for o in outputs if not bad[unit_of[o]])
     failed_bits = {i: o for i, o in enumerate(outputs)}
@@ -143,9 +172,8 @@ def validate(prompt: dict[str, NodeCall], registry: Any, env: Any = None,
         error = fatal[0].to_json()
         good = ()
     elif not outputs:
-        p = Problem(None, None, "prompt_no_outputs", "Prompt has no outputs")
+        p, error = _no_outputs()
         errors.insert(0, p)
-        error = p.to_json()
     elif not good:
         error = {"type": "prompt_outputs_failed_validation",
                  "message": "Prompt outputs failed validation",
@@ -154,55 +182,81 @@ def validate(prompt: dict[str, NodeCall], registry: Any, env: Any = None,
     if fatal:  # the abort reasons first, then the rest in prompt order
         first = {id(p) for p in fatal}
         errors = fatal + [p for p in errors if id(p) not in first]
-    return Validation(outputs=good, inputs=inputs, errors=errors, node_errors=node_errors, error=error)
+    return Validation(outputs=good, inputs=inputs, errors=errors, node_errors=node_errors,
+                      error=error, order=_runnable(order, good, inputs) if good else ())
 
 
-def _linked_ids(call: NodeCall, spec: NodeSpec | None, prompt: dict) -> list[str]:
-    """Upstream node ids of a node's links that exist (declared inputs only, for a known class)."""
-    if spec is None:
-        values = call.inputs.values()
-    else:
-        values = [call.inputs[n] for n, _ in spec.inputs if n in call.inputs]
-    return [v.node_id for v in values if type(v) is Link and v.node_id in prompt]
+def _no_outputs() -> tuple[Problem, dict]:
+    p = Problem(None, None, "prompt_no_outputs", "Prompt has no outputs")
+    return p, p.to_json()
 
 
-def _ancestors(outputs: list[str], prompt: dict, specs: dict) -> dict[str, list[str]]:
-    """Every node the outputs depend on -> its upstream node ids (iterative: no recursion limit)."""
-    ups: dict[str, list[str]] = {}
+def _runnable(order: list[str], outputs: tuple[str, ...],
+              inputs: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    """The part of `order` that the valid `outputs` need, following only the links that passed."""
+    need: set[str] = set()
     stack = list(outputs)
     while stack:
-        nid = stack.pop()
-        if nid in ups:
+        n = stack.pop()
+        if n in need:
             continue
-        ups[nid] = linked = _linked_ids(prompt[nid], specs.get(nid), prompt)
-        stack.extend(u for u in linked if u not in ups)
-    return ups
+        need.add(n)
+        stack.extend(v.node_id for v in inputs[n].values() if type(v) is Link)
+    return tuple(n for n in order if n in need)
 
 
-def _order(nodes: list[str], ups: dict[str, list[str]], own: dict[str, list[Problem]],
-           prompt: dict) -> tuple[list[tuple[str, ...]], dict[str, int]]:
-    """Topological units: singletons from Kahn's algorithm, then the strongly connected
-    components of what is left (cycles and what hangs behind them), in condensation order.
-    Cycle members get a `dependency_cycle` problem."""
-    indeg = {n: len(set(ups[n])) for n in nodes}
-    downs: dict[str, list[str]] = {n: [] for n in nodes}
+@contextlib.contextmanager
+def _gc_paused():
+    """Validation allocates only acyclic bookkeeping; pausing the cycle collector keeps its passes
+    over everything alive (a big output cache, a 100,000-node prompt) out of its cost."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _kahn(ups: dict[str, list[str]], prompt: dict) -> tuple[list[str], list[str]]:
+    """Kahn's algorithm over the validated nodes, ties in prompt order (first ready, first out).
+    Returns the order and the nodes in it (in prompt order); what the order lacks is on or behind
+    a cycle. A node linked twice to one upstream node counts that edge twice on both sides."""
+    nodes = [n for n in prompt if n in ups] if len(ups) < len(prompt) else list(prompt)
+    indeg: dict[str, int] = {}
+    downs: dict[str, list[str]] = {}
     for n in nodes:
-        for u in set(ups[n]):
-            downs[u].append(n)
-    ready = [n for n in nodes if indeg[n] == 0]
+        linked = ups[n]
+        indeg[n] = len(linked)
+        for u in linked:
+            d = downs.get(u)
+            if d is None:
+                downs[u] = [n]
+            else:
+                d.append(n)
+    ready = deque(n for n in nodes if not indeg[n])
     order: list[str] = []
     while ready:
-        n = ready.pop()
+        n = ready.popleft()
         order.append(n)
-        for d in downs[n]:
-            indeg[d] -= 1
-            if indeg[d] == 0:
+        for d in downs.get(n, ()):
+            k = indeg[d] - 1
+            indeg[d] = k
+            if not k:
                 ready.append(d)
+    return order, nodes
+
+
+def _units(order: list[str], nodes: list[str], ups: dict[str, list[str]],
+           own: dict[str, list[Problem]], prompt: dict) -> tuple[list[tuple[str, ...]], dict[str, int]]:
+    """Topological units: singletons from Kahn's order, then the strongly connected components of
+    what is left (cycles and what hangs behind them), in condensation order. Cycle members get a
+    `dependency_cycle` problem."""
     units = [(n,) for n in order]
     if len(order) < len(nodes):
         placed = set(order)
         g = nx.DiGraph()
-        rest = [n for n in nodes if n not in placed]
+        rest = [n for n in ups if n not in placed]   # walk order: stable cycle messages
         g.add_nodes_from(rest)
         g.add_edges_from((u, n) for n in rest for u in ups[n] if u not in placed)
         cond = nx.condensation(g)
@@ -284,31 +338,51 @@ class _NodeChecker:
         opts = self.options(spec, name, inp) if inp.type == "COMBO" else None
         return input_entry(inp, self.env, opts)
 
-    def check(self, nid: str, call: NodeCall, spec: NodeSpec) -> tuple[dict[str, Any], list[Problem]]:
+    def check(self, nid: str, call: NodeCall, spec: NodeSpec
+              ) -> tuple[dict[str, Any], list[Problem], list[str]]:
+        """The node's checked inputs, its problems, and the ids of the prompt's nodes its declared
+        inputs link to (also the links that failed a check: they still order the graph)."""
         claimed, kwargs = self.claims(spec) if spec.validate is not None else (frozenset(), False)
         got: dict[str, Any] = {}
         problems: list[Problem] = []
-
-        def problem(kind, message, details, name, **extra):
-            problems.append(Problem(nid, call.class_type, kind, message, details, name, extra))
+        linked: list[str] = []
+        prompt, specs, given = self.prompt, self.specs, call.inputs
 
         for name, inp in spec.inputs:
-            if name not in call.inputs:
+            v = given.get(name, _MISSING)
+            if v is _MISSING:
                 if not inp.optional:
-                    problem("required_input_missing", "Required input is missing", name, name)
+                    problems.append(_problem(nid, call, _fail(
+                        "required_input_missing", "Required input is missing", name, name)))
                 continue
-            v = call.inputs[name]
-            if type(v) is BadLink:
-                problem("bad_linked_input", "Bad linked input, must be a length-2 list of "
-                        "[node_id, slot_index]", name, name, input_config=self.config(spec, name, inp),
-                        received_value=list(v.raw))
-            elif type(v) is Link:
-                if self._check_link(v, name, inp, spec, problem):
+            tv = type(v)
+            if tv is Link:
+                up_id = v.node_id
+                if up_id in prompt:
+                    linked.append(up_id)
+                    up = specs.get(up_id)
+                    # the usual case inline: a link to an existing slot of the declared type
+                    if up is not None and 0 <= v.slot < len(up.outputs) and \
+                            up.outputs[v.slot].type == inp.type:
+                        got[name] = v
+                        continue
+                failed = self._check_link(v, name, inp, spec)
+                if failed is None:
                     got[name] = v
+                else:
+                    problems.append(_problem(nid, call, failed))
+            elif tv is BadLink:
+                problems.append(_problem(nid, call, _fail(
+                    "bad_linked_input", "Bad linked input, must be a length-2 list of "
+                    "[node_id, slot_index]", name, name, input_config=self.config(spec, name, inp),
+                    received_value=list(v.raw))))
             else:
-                ok, value = self._check_literal(v, name, inp, spec, name in claimed, problem)
+                ok, value = self._check_literal(v, name, inp, spec, name in claimed)
                 if ok:
                     got[name] = value
+                else:
+                    problems.append(_problem(nid, call, value))
+
         if spec.validate is not None and not problems:
             literals = {k: x for k, x in got.items() if type(x) is not Link}
             if not kwargs:
@@ -317,76 +391,90 @@ class _NodeChecker:
                 found = spec.validate(self.env, **literals) or []
             except Exception as e:  # a validator's crash is reported, not raised
                 found = []
-                problem("exception_during_validation", "Exception when validating node", str(e),
-                        None, exception_type=f"{type(e).__module__}.{type(e).__qualname__}")
+                problems.append(_problem(nid, call, _fail(
+                    "exception_during_validation", "Exception when validating node", str(e), None,
+                    exception_type=f"{type(e).__module__}.{type(e).__qualname__}")))
             for item in found:
                 name, text = item if isinstance(item, tuple) else (None, str(item))
-                problem("custom_validation_failed", "Custom validation failed for node",
-                        f"{name} - {text}" if name else text, name)
+                problems.append(_problem(nid, call, _fail(
+                    "custom_validation_failed", "Custom validation failed for node",
+                    f"{name} - {text}" if name else text, name)))
         if self.extra_checks is not None:
             for item in self.extra_checks(nid, call, spec, got) or ():
                 if isinstance(item, Problem):
                     problems.append(item)
                 else:
-                    problem("custom_validation_failed", "Custom validation failed for node", str(item), None)
-        return got, problems
+                    problems.append(_problem(nid, call, _fail(
+                        "custom_validation_failed", "Custom validation failed for node", str(item),
+                        None)))
+        return got, problems, linked
 
-    def _check_link(self, v: Link, name: str, inp: Input, spec: NodeSpec, problem) -> bool:
+    def _check_link(self, v: Link, name: str, inp: Input, spec: NodeSpec) -> tuple | None:
+        """None when the link is fine, else the problem (`_fail`)."""
         if v.node_id not in self.prompt:
-            problem("bad_linked_input", f"Input '{name}' is linked to node {v.node_id}, which is "
-                    f"not in the prompt", name, name, linked_node=[v.node_id, v.slot])
-            return False
+            return _fail("bad_linked_input", f"Input '{name}' is linked to node {v.node_id}, "
+                         f"which is not in the prompt", name, name, linked_node=[v.node_id, v.slot])
         up = self.specs.get(v.node_id)
         if up is None:
-            return True  # the upstream node's own invalid_prompt says what is wrong
+            return None  # the upstream node's own invalid_prompt says what is wrong
         if not 0 <= v.slot < len(up.outputs):
-            problem("bad_linked_input", f"Input '{name}' is linked to output {v.slot} of node "
-                    f"{v.node_id} ({up.name}), which has {len(up.outputs)} output(s)", name, name,
-                    linked_node=[v.node_id, v.slot])
-            return False
+            return _fail("bad_linked_input", f"Input '{name}' is linked to output {v.slot} of "
+                         f"node {v.node_id} ({up.name}), which has {len(up.outputs)} output(s)",
+                         name, name, linked_node=[v.node_id, v.slot])
         received = up.outputs[v.slot].type
         if not types_match(received, inp.type):
-            problem("return_type_mismatch", "Return type mismatch between linked nodes",
-                    f"{name}, received_type({received}) mismatch input_type({inp.type})", name,
-                    input_config=self.config(spec, name, inp), received_type=received,
-                    linked_node=[v.node_id, v.slot])
-            return False
-        return True
+            return _fail("return_type_mismatch", "Return type mismatch between linked nodes",
+                         f"{name}, received_type({received}) mismatch input_type({inp.type})", name,
+                         input_config=self.config(spec, name, inp), received_type=received,
+                         linked_node=[v.node_id, v.slot])
+        return None
 
-    def _check_literal(self, v, name, inp, spec, claimed, problem) -> tuple[bool, Any]:
+    def _check_literal(self, v, name, inp, spec, claimed) -> tuple[bool, Any]:
+        """(True, coerced value), or (False, the problem (`_fail`))."""
         kind = inp.type
         if kind not in WIDGET_TYPES and kind != "*":
-            problem("invalid_input_type", f"Input '{name}' takes a {kind} from another node's "
-                    f"output, not a literal value", f"{name}, {v!r}", name, received_value=v)
-            return False, None
+            return False, _fail("invalid_input_type", f"Input '{name}' takes a {kind} from another "
+                                f"node's output, not a literal value", f"{name}, {v!r}", name,
+                                received_value=v)
         if kind in COERCE:
             try:
                 v = COERCE[kind](v)
             except Exception as e:
-                problem("invalid_input_type", f"Failed to convert an input value to a {kind} value",
-                        f"{name}, {v}, {e}", name, input_config=self.config(spec, name, inp),
-                        received_value=v, exception_message=str(e))
-                return False, None
+                return False, _fail("invalid_input_type",
+                                    f"Failed to convert an input value to a {kind} value",
+                                    f"{name}, {v}, {e}", name,
+                                    input_config=self.config(spec, name, inp), received_value=v,
+                                    exception_message=str(e))
         if claimed:
             return True, v
         if inp.min is not None and v < inp.min:
-            problem("value_smaller_than_min", f"Value {v} smaller than min of {inp.min}", name,
-                    name, input_config=self.config(spec, name, inp), received_value=v)
-            return False, None
+            return False, _fail("value_smaller_than_min", f"Value {v} smaller than min of {inp.min}",
+                                name, name, input_config=self.config(spec, name, inp),
+                                received_value=v)
         if inp.max is not None and v > inp.max:
-            problem("value_bigger_than_max", f"Value {v} bigger than max of {inp.max}", name,
-                    name, input_config=self.config(spec, name, inp), received_value=v)
-            return False, None
+            return False, _fail("value_bigger_than_max", f"Value {v} bigger than max of {inp.max}",
+                                name, name, input_config=self.config(spec, name, inp),
+                                received_value=v)
         if kind == "COMBO":
             options = self.options(spec, name, inp)
             if v not in options:
                 big = len(options) > 20
                 listed = f"(list of length {len(options)})" if big else str(options)
-                problem("value_not_in_list", "Value not in list", f"{name}: '{v}' not in {listed}",
-                        name, input_config=None if big else self.config(spec, name, inp),
-                        received_value=v)
-                return False, None
+                return False, _fail("value_not_in_list", "Value not in list",
+                                    f"{name}: '{v}' not in {listed}", name,
+                                    input_config=None if big else self.config(spec, name, inp),
+                                    received_value=v)
         return True, v
+
+
+def _fail(kind: str, message: str, details: str, name: str | None, **extra: Any) -> tuple:
+    """A problem found by a check, before it is tied to its node."""
+    return kind, message, details, name, extra
+
+
+def _problem(nid: str, call: NodeCall, failed: tuple) -> Problem:
+    kind, message, details, name, extra = failed
+    return Problem(nid, call.class_type, kind, message, details, name, extra)
 
 
 def types_match(received: str, expected: str) -> bool:

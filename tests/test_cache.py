@@ -93,3 +93,31 @@ def test_fingerprint_disk_cache_survives_a_new_process_state(tmp_path):
     d = one(f).digest
     two = Fingerprinter(cache_file, disk_min_bytes=1024)
     assert two(f).digest == d and two.hashed == 0
+
+
+def test_node_key_is_structural_key_with_the_header_made_once():
+    import json
+
+    from graph.cache import _dumps, key_header, node_key
+    up = structural_key("U", 1, {}, [])
+    for lits, links, prec, ext in [({}, [], "", None), ({}, [("a", up, 0)], "", None),
+                                   ({"x": [1.5, None, True], "é": "ü\x01"}, [("b", up, 2), ("a", up, 70)],
+                                    "MODEL=bf16", ("f", 3))]:
+        assert node_key(key_header("A", 1), lits, links, prec, ext) == structural_key("A", 1, lits, links, prec, ext)
+    assert structural_key("A", 1, {}, [("a", up, 64)]) != structural_key("A", 1, {}, [("a", up, 0)])
+    lit = {"b": {"z": 1, "a": [0.1, 2]}, "a": "x\u00e9\n", "c": float("inf")}
+    assert _dumps(lit) == json.dumps(lit, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert structural_key("A", 1, {"b": 1, 2: "a"}, []) is None                     # unsortable keys
+
+
+def test_output_cache_get_many_counts_and_refreshes_lru():
+    entry = 256 + 400
+    cache = OutputCache(max_bytes=2 * entry)
+    a, b, c = b"a" * 16, b"b" * 16, b"c" * 16
+    cache.put(a, (torch.zeros(100),))
+    cache.put(b, (torch.zeros(100),))
+    found = cache.get_many({"1": a, "2": None, "3": c})
+    assert list(found) == ["1"] and found["1"] is cache.peek(a)
+    assert (cache.hits, cache.misses) == (1, 1)
+    cache.put(c, (torch.zeros(100),))                    # evicts b, not the refreshed a
+    assert a in cache and b not in cache and c in cache

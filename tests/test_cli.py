@@ -113,6 +113,13 @@ def test_bench_engine_json_keys(capsys):
     assert data["cold_us_per_node"] > 0 and data["cached_us_per_node"] > 0
 
 
+def test_bench_engine_scaling_sizes():
+    result = run_bench(nodes=20, big=0, repeat=1, sizes=[10, 41])
+    assert set(result["scaling"]) == {"10", "41"} and "chain_big" not in result
+    fan = result["scaling"]["41"]["fanout"]
+    assert fan["nodes"] == 41 and fan["cached_us_per_node"] > 0
+
+
 def test_cli_run_precision_order_region_then_cli_then_file(tmp_path):
     prompt = {"1": call("ToyModelLoader", scale=1.0), "2": call("Const", value=3),
               "3": call("NanIfHalf", model=link(1), x=link(2)), "4": call("ShowImage", image=link(3)),

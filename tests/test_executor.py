@@ -241,3 +241,43 @@ def test_api_run_builds_graph_in_code_and_shares_cache(ex, env):
     assert torch.equal(changed[out.node_id][0], torch.full((4,), 3.0))
     with pytest.raises(ValueError, match="no node"):
         api.set_inputs(g.build(), {"99.value": 1})
+
+
+def test_executor_same_workflow_object_rechecks_file_and_literals_each_run(ex, env):
+    from graph.workflow import load_workflow
+    f = env.input / "a.txt"
+    f.write_text("one")
+    wf = load_workflow({"1": call("ReadText", path="a.txt"), "2": call("ShowText", text=link(1)),
+                        "3": call("Const", value=2), "4": call("Mul", a=link(3), factor=3),
+                        "5": call("Show", value=link(4))}, REG)
+    assert ex.run(wf).values["1"] == ("one",) and ex.run(wf).executed == []
+    tmp = env.input / "b.txt"
+    tmp.write_text("two")
+    os.replace(tmp, f)                                     # same name, same size, new content
+    r = ex.run(wf)
+    assert sorted(r.executed) == ["1", "2"] and r.values["1"] == ("two",)
+    wf.prompt["3"].inputs["value"] = 5                     # the same NodeCall, changed in place
+    r = ex.run(wf)
+    assert sorted(r.executed) == ["3", "4", "5"] and r.values["4"] == (15,)
+    wf.prompt["4"].inputs["factor"] = 101                  # now out of range: validation says so
+    with pytest.raises(ValidationFailed, match="bigger than max"):
+        ex.run(wf)
+
+
+def test_executor_order_is_topological_with_prompt_order_ties(ex):
+    seen = []
+    wf = {"5": call("Show", value=link(4)), "1": call("Const", value=1),
+          "4": call("Add", a=link(2), b=link(3)), "3": call("Mul", a=link(1), factor=2),
+          "2": call("Mul", a=link(1), factor=3)}
+    ex.run(wf, on_event=seen.append)
+    assert [e.node for e in seen if isinstance(e, ev.Executing)] == ["1", "3", "2", "4", "5", None]
+
+
+def test_executor_cached_rerun_sends_one_cached_event_and_no_per_node_events(ex):
+    ex.run(diamond())
+    seen = []
+    r = ex.run(diamond(), on_event=seen.append)
+    assert [e.to_comfy()[0] for e in seen] == ["execution_start", "execution_cached", "executed",
+                                               "execution_success", "executing"]
+    assert sorted(seen[1].nodes) == ["1", "2", "3", "4", "5"] and seen[0].planned == ()
+    assert seen[-1].node is None and seen[2].node == "5" and r.ui["5"] == {"text": ["16"]}

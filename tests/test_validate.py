@@ -281,3 +281,74 @@ def test_validate_100000_node_chain_without_recursion():
     prompt["0"] = C("Num", value=-5)
     v = validate(prompt, REG)
     assert set(v.node_errors) == {"0"} and v.node_errors["0"]["dependent_outputs"] == ["out"]
+
+
+def test_validate_order_is_topological_with_prompt_order_ties():
+    v = validate({"4": C("Sink", value=Link("3", 0)), "1": C("Num", value=1),
+                  "3": C("Sum", a=Link("1", 0), b=Link("2", 0)), "2": C("Num", value=2),
+                  "9": C("Num", value=3)}, REG)
+    assert v.clean and v.order == ("1", "2", "3", "4")   # "9" feeds no output
+    v = validate({"1": C("Num", value=1), "2": C("Sum", a=Link("1", 0)), "3": C("Num", value=2),
+                  "4": C("Sink", value=Link("2", 0)), "5": C("Sink", value=Link("3", 0))}, REG)
+    assert v.order == ("1", "3", "2", "5", "4")          # Kahn, first ready first out
+
+
+def test_validate_order_leaves_out_what_only_failed_outputs_need():
+    v = validate({"1": C("Num", value=3), "2": C("Num", value=50),
+                  "3": C("Sink", value=Link("1", 0)), "4": C("Sink", value=Link("2", 0)),
+                  "5": C("Sum", a=Link("1", 0), b=Link("2", 0)), "6": C("Sink", value=Link("5", 0))}, REG)
+    assert v.outputs == ("3",) and v.order == ("1", "3")
+    cyclic = validate({"1": C("Sum", a=Link("2", 0)), "2": C("Sum", a=Link("1", 0)),
+                       "3": C("Sink", value=Link("2", 0)), "4": C("Num", value=1),
+                       "5": C("Sink", value=Link("4", 0))}, REG)
+    assert cyclic.outputs == ("5",) and cyclic.order == ("4", "5")
+
+
+def test_validate_changed_literal_after_clean_validation_reports_new_problem():
+    call = C("Num", value=3)
+    prompt = {"1": call, "2": C("Sink", value=Link("1", 0))}
+    assert validate(prompt, REG).clean and validate(prompt, REG).clean
+    call.inputs["value"] = 11                            # the same objects, changed in place
+    v = validate(prompt, REG)
+    assert not v.ok and _only(v, "1")["type"] == "value_bigger_than_max"
+    prompt["1"] = C("Num", value=-1)                     # a new node object, same id
+    assert _only(validate(prompt, REG), "1")["type"] == "value_smaller_than_min"
+    prompt["1"] = C("Num", value=4)
+    assert validate(prompt, REG).clean
+
+
+def test_validate_node_validator_runs_on_every_validation():
+    seen = []
+
+    def extra(nid, call, spec, inputs):
+        seen.append(nid)
+        return []
+    prompt = {"1": C("ReadFile", path="ok.txt", count=1), "2": C("Sink", value=Link("1", 0))}
+    assert validate(prompt, REG, extra_checks=extra).clean
+    assert validate(prompt, REG, extra_checks=extra).clean
+    assert sorted(seen) == ["1", "1", "2", "2"]
+    prompt["1"].inputs["path"] = "gone.txt"
+    assert _only(validate(prompt, REG), "1")["type"] == "custom_validation_failed"
+
+
+def test_validate_order_equals_executor_plan_order_on_random_graphs():
+    import random
+
+    from graph.executor import plan_order
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [str(i) for i in range(rng.randint(1, 10))]
+        rng.shuffle(ids)
+        prompt = {}
+        for nid in ids:
+            r = rng.random()
+            if r < 0.3:
+                prompt[nid] = C("Num", value=rng.choice([1, 5, 50]))
+            elif r < 0.7:
+                extra = {"b": Link(rng.choice(ids), 0)} if rng.random() < 0.5 else {}
+                prompt[nid] = C("Sum", a=Link(rng.choice(ids + ["zz"]), rng.choice([0, 0, 1])), **extra)
+            else:
+                prompt[nid] = C("Sink", value=Link(rng.choice(ids), 0))
+        v = validate(prompt, REG)
+        expected = tuple(plan_order(v.outputs, v.inputs, prompt)) if v.outputs else ()
+        assert v.order == expected, prompt
