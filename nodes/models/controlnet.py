@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nodes.models.diffusers_names import diffusers_to_ldm_table, diffusers_unet_layout, translate_diffusers_key
+from nodes.models.resize import upscale
 from nodes.models.unet import UNetConfig, build_input_blocks, build_middle_block, timestep_embedding
 from nodes.sampling.cond import Control
 
@@ -229,16 +230,7 @@ def controlnet_config_from_state_dict(sd: Mapping[str, Tensor]) -> ControlNetCon
 def resize_hint(image: Tensor, height: int, width: int) -> Tensor:
     """IMAGE [B, H, W, C] -> [B, C, height, width] as ComfyUI's ``common_upscale(...,
     "nearest-exact", "center")``: crop the centre to the target aspect ratio, then resize."""
-    s = image.movedim(-1, 1)  # [B, H, W, C] -> [B, C, H, W]
-    old_h, old_w = s.shape[-2:]
-    old_aspect, new_aspect = old_w / old_h, width / height
-    x = y = 0
-    if old_aspect > new_aspect:
-        x = round((old_w - old_w * (new_aspect / old_aspect)) / 2)
-    elif old_aspect < new_aspect:
-        y = round((old_h - old_h * (old_aspect / new_aspect)) / 2)
-    s = s.narrow(-2, y, old_h - 2 * y).narrow(-1, x, old_w - 2 * x)
-    return F.interpolate(s, size=(height, width), mode="nearest-exact")
+    return upscale(image.movedim(-1, 1), width, height, "nearest-exact", "center")  # [B,C,H,W]
 
 
 def _broadcast(hint: Tensor, batch: int) -> Tensor:
