@@ -23,6 +23,7 @@ from graph.executor import Executor
 from graph.node import Int, Socket, node
 from tests import toy_nodes as toy
 from tests.toy_nodes import call, link
+from ui.frontend import frontend_root
 from ui.security import SecurityError, safe_path
 from ui.server import SERVER_KEY, create_app, serve
 
@@ -583,7 +584,9 @@ def test_server_token_enforced(env):
 def test_server_frontend_endpoints_and_user_data(env):
     async def body(c):
         r = await c.get("/")
-        assert r.status == 200 and "pip install comfyui-frontend-package" in await r.text()
+        # the editor when comfyui-frontend-package is installed, else a page saying how to get it
+        help_page = "pip install comfyui-frontend-package" in await r.text()
+        assert r.status == 200 and help_page == (frontend_root() is None)
         assert "no-cache" in r.headers["Cache-Control"]
         assert await (await c.get("/api/users")).json() == {"storage": "server", "migrated": True}
         assert await (await c.get("/api/i18n")).json() == {}

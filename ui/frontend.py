@@ -18,9 +18,14 @@ from aiohttp import web
 
 from ui.security import SecurityError, safe_path
 
-__all__ = ["frontend_root", "UserData", "index_handler", "NOT_INSTALLED_HTML"]
+__all__ = ["frontend_root", "UserData", "index_handler", "user_css", "NOT_INSTALLED_HTML",
+           "EMPTY_USER_FILES"]
 
 SETTINGS_FILE = "comfy.settings.json"
+#: User files the editor always asks for, served empty while the user has none (ComfyUI answers
+#: 404, which the editor tolerates but logs as a console error on every start).
+EMPTY_USER_FILES = {"user.css": ("", "text/css"),
+                    "comfy.templates.json": ("[]", "application/json")}
 NO_CACHE = {"Cache-Control": "no-cache, no-store, must-revalidate", "Pragma": "no-cache",
             "Expires": "0"}
 
@@ -52,6 +57,12 @@ def frontend_root() -> Path | None:
     return None
 
 
+async def user_css(request: web.Request) -> web.Response:
+    """`/user.css`, which the editor's index.html links: empty (user styles live in the user
+    data file `user.css`, served by `/api/userdata/user.css`)."""
+    return web.Response(text="", content_type="text/css", headers=NO_CACHE)
+
+
 def index_handler(web_root: Path | None):
     async def index(request: web.Request) -> web.StreamResponse:
         if web_root is None:
@@ -74,8 +85,16 @@ def _safe(root: Path, rel: str) -> Path:
 class UserData:
     """Settings and user files of the single local user."""
 
+    #: Folders the editor lists at startup (a missing folder is a 404, as in ComfyUI).
+    FOLDERS = ("workflows", "subgraphs")
+
     def __init__(self, user_dir: Path):
         self.root = Path(user_dir)
+
+    def prepare(self) -> None:
+        """Create the user folder and the folders the editor lists at startup."""
+        for name in self.FOLDERS:
+            (self.root / name).mkdir(parents=True, exist_ok=True)
 
     def routes(self) -> list[tuple[str, str, object]]:
         return [
@@ -171,7 +190,11 @@ class UserData:
         return web.json_response(out)
 
     async def get_file(self, request: web.Request) -> web.StreamResponse:
-        path = _safe(self.root, request.match_info["file"])
+        rel = request.match_info["file"]
+        path = _safe(self.root, rel)
+        if not path.is_file() and rel in EMPTY_USER_FILES:
+            text, ctype = EMPTY_USER_FILES[rel]
+            return web.Response(text=text, content_type=ctype, headers=NO_CACHE)
         if not path.is_file():
             raise web.HTTPNotFound(text="no such user file")
         return web.FileResponse(path, headers={"X-Content-Type-Options": "nosniff"})

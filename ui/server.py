@@ -12,11 +12,14 @@ static files and its settings/user-data endpoints).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import mimetypes
 import os
 import platform
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -26,9 +29,11 @@ from aiohttp import web
 from graph.env import Env
 from graph.executor import Executor
 from graph.validate import validate
-from graph.workflow import WorkflowError, dump_api, load_workflow
+from graph.workflow import Region, Workflow, WorkflowError, dump_api, load_workflow
+from ui.editor import EditorRoutes, LogBuffer, template_routes
 from ui.files import convert_image, header_safe, safetensors_metadata, store_upload
-from ui.frontend import UserData, frontend_root, index_handler
+from ui.frontend import UserData, frontend_root, index_handler, user_css
+from ui.jobs import JobRoutes
 from ui.queue import PromptQueue, QueueItem
 from ui.security import (SecurityError, check_bind, is_loopback, read_limited, safe_path,
                          security_middleware)
@@ -64,6 +69,10 @@ class Server:
         self.queue = PromptQueue(executor, emit=self.hub.send, emit_preview=self.hub.send_preview,
                                  on_change=self.hub.broadcast_status, unload_hooks=unload_hooks)
         self.user = UserData(user_dir)
+        self.jobs = JobRoutes(self.queue)
+        self.logs = LogBuffer()
+        self.logs.send = self.hub.send
+        self.editor = EditorRoutes(env, self.logs)
 
     def status(self) -> dict:
         return {"exec_info": {"queue_remaining": self.queue.remaining()}}
@@ -94,7 +103,7 @@ class Server:
             ("GET", "/view_metadata/{folder}", self.view_metadata),
             ("GET", "/features", self.features), ("GET", "/extensions", self.extensions),
             ("GET", "/ws", self.hub.handle),
-            *self.user.routes(),
+            *self.user.routes(), *self.jobs.routes(), *self.editor.routes(),
         ]
 
     # --- prompts and queue ---------------------------------------------------------------------
@@ -121,27 +130,28 @@ class Server:
                 number = self.queue.next_number(front=bool(body.get("front")))
         except (TypeError, ValueError):
             return _error("invalid_prompt", "Invalid prompt: 'number' must be a number")
+        extra = body.get("extra_data") if isinstance(body.get("extra_data"), dict) else {}
+        extra = dict(extra)
         try:
             wf, v = await asyncio.get_running_loop().run_in_executor(
-                None, self._check, prompt, [str(t) for t in targets] if targets else None)
+                None, self._check, prompt, [str(t) for t in targets] if targets else None, extra)
         except WorkflowError as e:
             return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
         if not v.ok:
             return web.json_response({"error": v.error, "node_errors": v.node_errors}, status=400,
                                      dumps=_dumps)
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
-        extra = body.get("extra_data") if isinstance(body.get("extra_data"), dict) else {}
-        extra = dict(extra)
         if body.get("client_id") is not None:
             extra["client_id"] = str(body["client_id"])
         if wf.source != "api":       # keep ComfyUI's item shape: the API prompt in slot 2
             prompt = dump_api(wf)
+        self.jobs.created(prompt_id, extra.get("create_time") or int(time.time() * 1000))
         self.queue.put(QueueItem(number, prompt_id, prompt, extra, list(v.outputs), wf, v))
         return web.json_response({"prompt_id": prompt_id, "number": number,
                                   "node_errors": v.node_errors}, dumps=_dumps)
 
-    def _check(self, prompt: dict, targets: list[str] | None):
-        wf = load_workflow(prompt, self.registry)
+    def _check(self, prompt: dict, targets: list[str] | None, extra: dict | None = None):
+        wf = editor_regions(load_workflow(prompt, self.registry), extra or {}, self.registry)
         return wf, validate(wf.prompt, self.registry, self.env, targets)
 
     async def get_prompt(self, request: web.Request) -> web.Response:
@@ -340,6 +350,27 @@ class Server:
 
 # --- helpers used by the handlers ---------------------------------------------------------------
 
+def editor_regions(wf: Workflow, extra: dict, registry: Any) -> Workflow:
+    """The editor queues an API prompt and sends its UI graph along in
+    `extra_data.extra_pnginfo.workflow`; ComfyUI ignores groups, but here a precision-tagged group
+    of that graph (DESIGN §3) is a region of the prompt: its node ids are the prompt's ids.
+    A UI graph that does not convert (subgraphs...) leaves the prompt without regions."""
+    pnginfo = extra.get("extra_pnginfo")
+    ui = pnginfo.get("workflow") if isinstance(pnginfo, dict) else None
+    if wf.source != "api" or wf.precision.regions or not isinstance(ui, dict) \
+            or not ui.get("groups"):
+        return wf
+    try:
+        regions = load_workflow(ui, registry).precision.regions
+    except (WorkflowError, NotImplementedError, ValueError, TypeError, KeyError):
+        return wf
+    ids = frozenset(wf.prompt)
+    kept = tuple(Region(r.name, r.nodes & ids, r.precision) for r in regions if r.nodes & ids)
+    if not kept:
+        return wf
+    return dataclasses.replace(wf, precision=dataclasses.replace(wf.precision, regions=kept))
+
+
 def extension_urls(web_root: Path | None) -> list[str]:
     """JS extension URLs: the frontend's own `extensions/**.js` plus ours (ui/web/*.js)."""
     urls = []
@@ -399,7 +430,10 @@ def system_stats(env: Env) -> dict:
                        "required_frontend_version": frontend,
                        "installed_templates_version": "", "required_templates_version": "",
                        "python_version": sys.version, "pytorch_version": torch.__version__,
-                       "embedded_python": False, "argv": list(sys.argv),
+                       "embedded_python": False,
+                       # mixgraph has no api.comfy.org nodes; ComfyUI's flag for that also stops
+                       # the editor from asking api.comfy.org about ComfyUI releases.
+                       "argv": [*sys.argv, "--disable-api-nodes"],
                        "platform": platform.platform()},
             "devices": devices}
 
@@ -441,17 +475,23 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
         app.router.add_static("/extensions/mixgraph", ours)
     web_root = frontend_root()
     app.router.add_get("/", index_handler(web_root))
+    app.router.add_get("/user.css", user_css)
+    for method, path, handler in template_routes():
+        app.router.add_route(method, path, handler)
     if web_root is not None:
         app.router.add_static("/", web_root)
 
     async def on_startup(app: web.Application) -> None:
         server.hub.attach(asyncio.get_running_loop())
+        server.user.prepare()
+        logging.getLogger().addHandler(server.logs)        # the editor's log panel
         server.queue.start()
 
     async def on_shutdown(app: web.Application) -> None:
         await server.hub.close_all()
 
     async def on_cleanup(app: web.Application) -> None:
+        logging.getLogger().removeHandler(server.logs)
         await asyncio.get_running_loop().run_in_executor(None, server.queue.stop)
 
     app.on_startup.append(on_startup)
@@ -476,6 +516,8 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
         print(f"error: {problem}", file=sys.stderr)
         return 2
     env = Env.from_args(models=models, input=input, output=output, device=device)
+    if not logging.getLogger().handlers:     # keep warnings on stderr once the log panel's
+        logging.basicConfig(format="%(message)s")    # handler stops Python's last-resort one
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload)
     for folder in (env.input, env.output, env.temp):
         Path(folder).mkdir(parents=True, exist_ok=True)
