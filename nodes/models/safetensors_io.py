@@ -6,7 +6,11 @@ truncated or corrupt download fails with a message that names the file and says 
 instead of a bare ``SafetensorError``.
 
 Tensors are converted to the target dtype one at a time as they are read, so loading a bf16 copy
-of an f32 file never holds an f32 copy of the whole model.
+of an f32 file never holds an f32 copy of the whole model. ``safe_open`` memory-maps the file
+(private mapping): a tensor kept in its stored dtype is a zero-copy view of the page cache, and
+after a tensor is converted its source pages are handed back (``madvise(MADV_DONTNEED)``: they are
+clean, so the kernel would simply re-read them) — otherwise every page read stays resident until
+the whole file is closed, and an f32 → bf16 load would peak at f32 + bf16 bytes instead of bf16.
 
 Pickle-based files (``.ckpt``, ``.pt``, ``.bin``, ``.pth``) are opened only with
 ``torch.load(weights_only=True)`` (no code can run) and a warning (DESIGN.md §7).
@@ -14,10 +18,13 @@ Pickle-based files (``.ckpt``, ``.pt``, ``.bin``, ``.pth``) are opened only with
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import itertools
 import json
 import os
 import struct
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -255,6 +262,47 @@ def _convert(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return t.to(dtype)
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_MADV_DONTNEED = 4  # Linux
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _release_pages(src: torch.Tensor) -> None:
+    """Drop the resident pages lying wholly inside ``src``'s bytes, a tensor fresh from
+    ``safe_open.get_tensor`` (a view of the file's private mapping) that was just converted and
+    is about to be dropped. Best effort: a no-op off Linux or if madvise fails."""
+    madvise = _madvise()
+    if madvise is None or src.device.type != "cpu":
+        return
+    start = src.data_ptr()
+    end = start + src.numel() * src.element_size()
+    lo = -(-start // _PAGE) * _PAGE
+    hi = end // _PAGE * _PAGE
+    if hi > lo:
+        madvise(lo, hi - lo, _MADV_DONTNEED)
+
+
+def _convert_released(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``_convert`` for a tensor read from a safetensors memory map: when a new tensor is made,
+    the source's pages are released (see the module docstring)."""
+    out = _convert(t, dtype)
+    if out.dtype != t.dtype:
+        _release_pages(t)
+    return out
+
+
 def read_tensors(
     path: str | os.PathLike,
     keys: Iterable[str] | None = None,
@@ -284,7 +332,7 @@ def read_tensors(
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             for k in select(f.keys()):
-                out[out_key(k)] = _convert(f.get_tensor(k), dtype)
+                out[out_key(k)] = _convert_released(f.get_tensor(k), dtype)
     except (SafetensorError, OSError) as e:
         raise WeightFileError(f"{path}: cannot read safetensors data: {e}") from e
     return out
@@ -300,13 +348,13 @@ def read_source(
     ``rename`` maps a stored key (prefix stripped) to our module key, or None to skip it;
     ``dtype_for(module_key)`` gives the dtype to store that tensor in (None = as stored).
     """
-    def take(items) -> dict[str, torch.Tensor]:
+    def take(items, convert=_convert) -> dict[str, torch.Tensor]:
         out = {}
         for key, get in items:
             new = rename(key) if rename is not None else key
             if new is None:
                 continue
-            out[new] = _convert(get(), dtype_for(new))
+            out[new] = convert(get(), dtype_for(new))
         return out
 
     p = source.prefix
@@ -321,7 +369,8 @@ def read_source(
     _safetensors_header(path)
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
-            return take((k[len(p):], (lambda k=k: f.get_tensor(k))) for k in f.keys() if k.startswith(p))
+            return take(((k[len(p):], (lambda k=k: f.get_tensor(k))) for k in f.keys() if k.startswith(p)),
+                        _convert_released)
     except (SafetensorError, OSError) as e:
         raise WeightFileError(f"{path}: cannot read safetensors data: {e}") from e
 
