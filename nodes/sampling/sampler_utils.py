@@ -4,6 +4,13 @@
 
 They live apart from the registry so that the family modules import from here and the registry
 imports the families: imports point one way, with no cycle.
+
+The solvers from ComfyUI's newer set (``solvers_cfgpp``, ``solvers_res``, ``solvers_sa``,
+``solvers_sde``) work in the variance-exploding parameterisation ``x = x0 + sigma * eps`` of the
+SD1/SD2/SDXL denoisers (eps and v-prediction alike): signal scale ``alpha = 1``, half-log-SNR
+``lambda = -log(sigma)`` (``half_log_snr``). ComfyUI's versions also handle flow ("CONST") models
+through ``alpha = 1 - sigma``; mixgraph has no such model, so that branch is left out rather than
+carried untested. Their defaults follow ComfyUI 0.3.64 and are stated in each sampler's docstring.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ __all__ = [
     "lazy_noise",
     "karras_churn",
     "report_step",
+    "ancestral_eval",
+    "add_ancestral_noise",
 ]
 
 
@@ -110,3 +119,20 @@ def report_step(callback, i, x, sigma, denoised, sigma_hat=None) -> None:
     if callback is not None:
         callback({"x": x, "i": i, "sigma": sigma,
                   "sigma_hat": sigma if sigma_hat is None else sigma_hat, "denoised": denoised})
+
+
+def ancestral_eval(model, x, sigmas, i, s_in, extra_args, callback, eta):
+    """The opening of an ancestral step σ_i → σ_{i+1}: evaluate D(x, σ_i), split the step into
+    (σ_down, σ_up) with ``get_ancestral_step`` and report it. Returns (denoised, σ_down, σ_up)."""
+    denoised = model(x, sigmas[i] * s_in, **extra_args)
+    sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
+    report_step(callback, i, x, sigmas[i], denoised)
+    return denoised, sigma_down, sigma_up
+
+
+def add_ancestral_noise(x, noise_sampler, sigma, sigma_next, sigma_up, eta, s_noise):
+    """Add the ancestral step's fresh noise of std ``s_noise * sigma_up`` (ComfyUI's newer-set
+    form) unless ``sigma_next`` is 0 or ``eta`` or ``s_noise`` is 0."""
+    if sigma_next > 0 and eta > 0 and s_noise > 0:
+        x = x + noise_sampler(sigma, sigma_next) * (s_noise * sigma_up)
+    return x

@@ -9,12 +9,8 @@ comes from ``sampler_utils.denoise_with_uncond``, which evaluates the negative e
 its base sampler. The CFG++ forms of RES multistep and gradient estimation share their base
 sampler's code in ``solvers_res.py``.
 
-Like every solver from ComfyUI's newer set, this works in the variance-exploding
-parameterisation ``x = x0 + sigma * eps`` of the SD1/SD2/SDXL denoisers (eps and v-prediction
-alike): signal scale ``alpha = 1``, half-log-SNR ``lambda = -log(sigma)``. ComfyUI's versions also
-handle flow ("CONST") models through ``alpha = 1 - sigma``; mixgraph has no such model, so that
-branch is left out rather than carried untested. Defaults follow ComfyUI 0.3.64 and are stated in
-each docstring. Hand-written: no library implements these solvers against a denoiser callable.
+VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``. Hand-written: no
+library implements these solvers against a denoiser callable.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .sampler_utils import (
+    add_ancestral_noise,
     denoise_with_uncond,
     get_ancestral_step,
     half_log_snr,
@@ -58,8 +55,7 @@ def sample_euler_ancestral_cfg_pp(model, x, sigmas, extra_args=None, callback=No
             continue
         sigma_down, sigma_up = get_ancestral_step(sigma, sigma_next, eta)
         x = denoised + sigma_down * (x - uncond) / sigma
-        if eta > 0 and s_noise > 0:
-            x = x + noise_sampler(sigma, sigma_next) * (s_noise * sigma_up)
+        x = add_ancestral_noise(x, noise_sampler, sigma, sigma_next, sigma_up, eta, s_noise)
     return x
 
 
@@ -104,8 +100,7 @@ def sample_dpmpp_2s_ancestral_cfg_pp(model, x, sigmas, extra_args=None, callback
             x_mid = (sigma_mid / sigma) * shifted - torch.expm1(-0.5 * h) * denoised
             denoised_mid = model(x_mid, sigma_mid * s_in, **extra_args)
             x = (sigma_down / sigma) * shifted - torch.expm1(-h) * denoised_mid
-        if sigma_next > 0 and eta > 0 and s_noise > 0:
-            x = x + noise_sampler(sigma, sigma_next) * (s_noise * sigma_up)
+        x = add_ancestral_noise(x, noise_sampler, sigma, sigma_next, sigma_up, eta, s_noise)
     return x
 
 

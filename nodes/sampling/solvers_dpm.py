@@ -11,8 +11,7 @@ import math
 
 import torch
 
-from .noise import default_noise_sampler
-from .sampler_utils import get_ancestral_step, report_step, seed_of
+from .sampler_utils import get_ancestral_step, noise_or_default, report_step
 
 __all__ = ["sample_dpm_fast", "sample_dpm_adaptive"]
 
@@ -184,6 +183,19 @@ def _dpm_info(callback):
     return lambda i, x, sigma, denoised: report_step(callback, i, x, sigma, denoised)
 
 
+def _dpm_setup(model, x, sigmas, extra_args, callback, noise_sampler):
+    """The solver, the span t = −log σ from σ_0 to the last non-zero sigma, and the noise
+    sampler shared by ``dpm_fast`` and ``dpm_adaptive``."""
+    extra_args = {} if extra_args is None else extra_args
+    sigma_min, sigma_max = _dpm_range(sigmas)
+    if sigma_min <= 0 or sigma_max <= 0:
+        raise ValueError("sigma_min and sigma_max must not be 0")
+    noise_sampler = noise_or_default(x, extra_args, noise_sampler)
+    solver = _DPMSolver(model, extra_args, _dpm_info(callback))
+    t_start, t_end = solver.t(torch.as_tensor(sigma_max)), solver.t(torch.as_tensor(sigma_min))
+    return solver, t_start, t_end, noise_sampler
+
+
 @torch.no_grad()
 def sample_dpm_fast(model, x, sigmas, extra_args=None, callback=None, disable=None,
                     noise_sampler=None, eta=0.0, s_noise=1.0):
@@ -191,14 +203,8 @@ def sample_dpm_fast(model, x, sigmas, extra_args=None, callback=None, disable=No
     third-order steps uniform in log σ between σ_0 and the last non-zero sigma."""
     if len(sigmas) <= 1:
         return x
-    extra_args = {} if extra_args is None else extra_args
-    sigma_min, sigma_max = _dpm_range(sigmas)
-    if sigma_min <= 0 or sigma_max <= 0:
-        raise ValueError("sigma_min and sigma_max must not be 0")
-    if noise_sampler is None:
-        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
-    solver = _DPMSolver(model, extra_args, _dpm_info(callback))
-    t_start, t_end = solver.t(torch.as_tensor(sigma_max)), solver.t(torch.as_tensor(sigma_min))
+    solver, t_start, t_end, noise_sampler = _dpm_setup(model, x, sigmas, extra_args, callback,
+                                                       noise_sampler)
     return solver.fast(x, t_start, t_end, len(sigmas) - 1, eta, s_noise, noise_sampler)
 
 
@@ -211,13 +217,7 @@ def sample_dpm_adaptive(model, x, sigmas, extra_args=None, callback=None, disabl
     only σ_0 and the last non-zero sigma of ``sigmas`` are used."""
     if len(sigmas) <= 1:
         return x
-    extra_args = {} if extra_args is None else extra_args
-    sigma_min, sigma_max = _dpm_range(sigmas)
-    if sigma_min <= 0 or sigma_max <= 0:
-        raise ValueError("sigma_min and sigma_max must not be 0")
-    if noise_sampler is None:
-        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
-    solver = _DPMSolver(model, extra_args, _dpm_info(callback))
-    t_start, t_end = solver.t(torch.as_tensor(sigma_max)), solver.t(torch.as_tensor(sigma_min))
+    solver, t_start, t_end, noise_sampler = _dpm_setup(model, x, sigmas, extra_args, callback,
+                                                       noise_sampler)
     return solver.adaptive(x, t_start, t_end, order, rtol, atol, h_init, pcoeff, icoeff, dcoeff,
                            accept_safety, eta, s_noise, noise_sampler)

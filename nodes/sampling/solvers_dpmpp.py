@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from .noise import brownian_noise_sampler, default_noise_sampler
-from .sampler_utils import get_ancestral_step, report_step, seed_of, to_d
+from .noise import brownian_noise_sampler
+from .sampler_utils import (
+    ancestral_eval,
+    get_ancestral_step,
+    noise_or_default,
+    report_step,
+    seed_of,
+    to_d,
+)
 
 __all__ = [
     "sample_dpmpp_2s_ancestral",
@@ -32,13 +39,11 @@ def sample_dpmpp_2s_ancestral(model, x, sigmas, extra_args=None, callback=None, 
     """Ancestral DPM-Solver++(2S) (Lu et al. 2022b, "DPM-Solver++: Fast Solver for Guided
     Sampling of Diffusion Probabilistic Models", Algorithm 1) to σ_down, then σ_up noise."""
     extra_args = {} if extra_args is None else extra_args
-    if noise_sampler is None:
-        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    noise_sampler = noise_or_default(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
-        denoised = model(x, sigmas[i] * s_in, **extra_args)
-        sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
-        report_step(callback, i, x, sigmas[i], denoised)
+        denoised, sigma_down, sigma_up = ancestral_eval(model, x, sigmas, i, s_in, extra_args,
+                                                        callback, eta)
         if sigma_down == 0:
             x = x + to_d(x, sigmas[i], denoised) * (sigma_down - sigmas[i])
         else:
@@ -123,6 +128,28 @@ def sample_dpmpp_2m(model, x, sigmas, extra_args=None, callback=None, disable=No
     return x
 
 
+def _sde_first_order(x, denoised, sigma, sigma_next, eta):
+    """The first-order part of a DPM-Solver++ multistep SDE step σ → σ_next (data prediction,
+    λ = −log σ, h = λ_next − λ): ``x ← (σ_next/σ) e^{−ηh} x + α_t (1 − e^{−(1+η)h}) D``.
+    Returns (x, h, (1+η)h, α_t) for the higher-order corrections."""
+    lambda_s, lambda_t = -sigma.log(), -sigma_next.log()
+    h = lambda_t - lambda_s
+    h_eta = h * (eta + 1)
+    alpha_t = sigma_next * lambda_t.exp()
+    x = (sigma_next / sigma * (-h * eta).exp() * x
+         + alpha_t * (-h_eta).expm1().neg() * denoised)
+    return x, h, h_eta, alpha_t
+
+
+def _sde_add_noise(x, noise_sampler, sigma, sigma_next, h, eta, s_noise):
+    """The multistep SDE step's noise, std ``σ_next sqrt(1 − e^{−2ηh}) s_noise`` (none when η or
+    s_noise is 0)."""
+    if eta > 0 and s_noise > 0:
+        x = x + (noise_sampler(sigma, sigma_next) * sigma_next
+                 * (-2 * h * eta).expm1().neg().sqrt() * s_noise)
+    return x
+
+
 @torch.no_grad()
 def sample_dpmpp_2m_sde(model, x, sigmas, extra_args=None, callback=None, disable=None,
                         noise_sampler=None, eta=1.0, s_noise=1.0, solver_type="midpoint",
@@ -143,12 +170,7 @@ def sample_dpmpp_2m_sde(model, x, sigmas, extra_args=None, callback=None, disabl
         if sigmas[i + 1] == 0:
             x = denoised
         else:
-            lambda_s, lambda_t = -sigmas[i].log(), -sigmas[i + 1].log()
-            h = lambda_t - lambda_s
-            h_eta = h * (eta + 1)
-            alpha_t = sigmas[i + 1] * lambda_t.exp()
-            x = (sigmas[i + 1] / sigmas[i] * (-h * eta).exp() * x
-                 + alpha_t * (-h_eta).expm1().neg() * denoised)
+            x, h, h_eta, alpha_t = _sde_first_order(x, denoised, sigmas[i], sigmas[i + 1], eta)
             if old_denoised is not None:
                 r = h_last / h
                 if solver_type == "heun":
@@ -157,9 +179,7 @@ def sample_dpmpp_2m_sde(model, x, sigmas, extra_args=None, callback=None, disabl
                 else:
                     x = x + 0.5 * alpha_t * (-h_eta).expm1().neg() * (1 / r) * (
                         denoised - old_denoised)
-            if eta > 0 and s_noise > 0:
-                x = x + (noise_sampler(sigmas[i], sigmas[i + 1]) * sigmas[i + 1]
-                         * (-2 * h * eta).expm1().neg().sqrt() * s_noise)
+            x = _sde_add_noise(x, noise_sampler, sigmas[i], sigmas[i + 1], h, eta, s_noise)
         old_denoised = denoised
         h_last = h
     return x
@@ -182,12 +202,7 @@ def sample_dpmpp_3m_sde(model, x, sigmas, extra_args=None, callback=None, disabl
         if sigmas[i + 1] == 0:
             x = denoised
         else:
-            lambda_s, lambda_t = -sigmas[i].log(), -sigmas[i + 1].log()
-            h = lambda_t - lambda_s
-            h_eta = h * (eta + 1)
-            alpha_t = sigmas[i + 1] * lambda_t.exp()
-            x = (sigmas[i + 1] / sigmas[i] * (-h * eta).exp() * x
-                 + alpha_t * (-h_eta).expm1().neg() * denoised)
+            x, h, h_eta, alpha_t = _sde_first_order(x, denoised, sigmas[i], sigmas[i + 1], eta)
             if h_2 is not None:
                 r0, r1 = h_1 / h, h_2 / h
                 d1_0 = (denoised - denoised_1) / r0
@@ -201,9 +216,7 @@ def sample_dpmpp_3m_sde(model, x, sigmas, extra_args=None, callback=None, disabl
                 d = (denoised - denoised_1) / (h_1 / h)
                 phi_2 = h_eta.neg().expm1() / h_eta + 1
                 x = x + (alpha_t * phi_2) * d
-            if eta > 0 and s_noise > 0:
-                x = x + (noise_sampler(sigmas[i], sigmas[i + 1]) * sigmas[i + 1]
-                         * (-2 * h * eta).expm1().neg().sqrt() * s_noise)
+            x = _sde_add_noise(x, noise_sampler, sigmas[i], sigmas[i + 1], h, eta, s_noise)
         denoised_1, denoised_2 = denoised, denoised_1
         h_1, h_2 = h, h_1
     return x

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from .noise import default_noise_sampler
 from .sampler_utils import (
-    get_ancestral_step,
+    ancestral_eval,
     karras_churn,
     lazy_noise,
+    noise_or_default,
     report_step,
-    seed_of,
     to_d,
 )
 
@@ -37,6 +36,17 @@ __all__ = [
 # ---------------------------------------------------------------------- Karras-style ODE
 
 
+def _churned_eval(model, x, sigmas, i, s_in, extra_args, callback, churn, noise):
+    """The opening of a step of Karras et al. 2022 Algorithm 2 (lines 5-7): churn σ_i up to σ̂
+    (``churn`` = (s_churn, s_tmin, s_tmax, s_noise)), evaluate D(x̂, σ̂) and the ODE derivative
+    there, and report the step. Returns (x̂, σ̂, denoised, d)."""
+    x, sigma_hat = karras_churn(x, sigmas, i, *churn, noise)
+    denoised = model(x, sigma_hat * s_in, **extra_args)
+    d = to_d(x, sigma_hat, denoised)
+    report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+    return x, sigma_hat, denoised, d
+
+
 @torch.no_grad()
 def sample_euler(model, x, sigmas, extra_args=None, callback=None, disable=None,
                  noise_sampler=None, s_churn=0.0, s_tmin=0.0, s_tmax=float("inf"), s_noise=1.0):
@@ -46,10 +56,8 @@ def sample_euler(model, x, sigmas, extra_args=None, callback=None, disable=None,
     noise = lazy_noise(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
-        x, sigma_hat = karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise)
-        denoised = model(x, sigma_hat * s_in, **extra_args)
-        d = to_d(x, sigma_hat, denoised)
-        report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+        x, sigma_hat, denoised, d = _churned_eval(model, x, sigmas, i, s_in, extra_args, callback,
+                                                  (s_churn, s_tmin, s_tmax, s_noise), noise)
         x = x + d * (sigmas[i + 1] - sigma_hat)
     return x
 
@@ -69,13 +77,11 @@ def sample_euler_ancestral(model, x, sigmas, extra_args=None, callback=None, dis
     """Euler step to σ_down, then fresh noise of std σ_up (ancestral sampling; Ho et al. 2020 in
     k-diffusion's VE form)."""
     extra_args = {} if extra_args is None else extra_args
-    if noise_sampler is None:
-        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    noise_sampler = noise_or_default(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
-        denoised = model(x, sigmas[i] * s_in, **extra_args)
-        sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
-        report_step(callback, i, x, sigmas[i], denoised)
+        denoised, sigma_down, sigma_up = ancestral_eval(model, x, sigmas, i, s_in, extra_args,
+                                                        callback, eta)
         if sigma_down == 0:
             x = denoised
         else:
@@ -93,10 +99,8 @@ def sample_heun(model, x, sigmas, extra_args=None, callback=None, disable=None,
     noise = lazy_noise(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
-        x, sigma_hat = karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise)
-        denoised = model(x, sigma_hat * s_in, **extra_args)
-        d = to_d(x, sigma_hat, denoised)
-        report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+        x, sigma_hat, denoised, d = _churned_eval(model, x, sigmas, i, s_in, extra_args, callback,
+                                                  (s_churn, s_tmin, s_tmax, s_noise), noise)
         dt = sigmas[i + 1] - sigma_hat
         if sigmas[i + 1] == 0:
             x = x + d * dt
@@ -118,10 +122,8 @@ def sample_heunpp2(model, x, sigmas, extra_args=None, callback=None, disable=Non
     s_in = x.new_ones([x.shape[0]])
     s_end = sigmas[-1]
     for i in range(len(sigmas) - 1):
-        x, sigma_hat = karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise)
-        denoised = model(x, sigma_hat * s_in, **extra_args)
-        d = to_d(x, sigma_hat, denoised)
-        report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+        x, sigma_hat, denoised, d = _churned_eval(model, x, sigmas, i, s_in, extra_args, callback,
+                                                  (s_churn, s_tmin, s_tmax, s_noise), noise)
         dt = sigmas[i + 1] - sigma_hat
         if sigmas[i + 1] == s_end:
             x = x + d * dt
@@ -153,10 +155,8 @@ def sample_dpm_2(model, x, sigmas, extra_args=None, callback=None, disable=None,
     noise = lazy_noise(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
-        x, sigma_hat = karras_churn(x, sigmas, i, s_churn, s_tmin, s_tmax, s_noise, noise)
-        denoised = model(x, sigma_hat * s_in, **extra_args)
-        d = to_d(x, sigma_hat, denoised)
-        report_step(callback, i, x, sigmas[i], denoised, sigma_hat)
+        x, sigma_hat, denoised, d = _churned_eval(model, x, sigmas, i, s_in, extra_args, callback,
+                                                  (s_churn, s_tmin, s_tmax, s_noise), noise)
         if sigmas[i + 1] == 0:
             x = x + d * (sigmas[i + 1] - sigma_hat)
         else:
@@ -173,13 +173,11 @@ def sample_dpm_2_ancestral(model, x, sigmas, extra_args=None, callback=None, dis
                            noise_sampler=None, eta=1.0, s_noise=1.0):
     """Ancestral sampling with DPM-Solver-2 steps to σ_down (Lu et al. 2022)."""
     extra_args = {} if extra_args is None else extra_args
-    if noise_sampler is None:
-        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    noise_sampler = noise_or_default(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
-        denoised = model(x, sigmas[i] * s_in, **extra_args)
-        sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
-        report_step(callback, i, x, sigmas[i], denoised)
+        denoised, sigma_down, sigma_up = ancestral_eval(model, x, sigmas, i, s_in, extra_args,
+                                                        callback, eta)
         d = to_d(x, sigmas[i], denoised)
         if sigma_down == 0:
             x = x + d * (sigma_down - sigmas[i])
@@ -240,8 +238,7 @@ def sample_ddpm(model, x, sigmas, extra_args=None, callback=None, disable=None,
     """DDPM ancestral steps (Ho et al. 2020, Algorithm 2) between arbitrary σs, in VP space
     (x_vp = x/sqrt(1 + σ²), ᾱ = 1/(1 + σ²)), converted back after each step."""
     extra_args = {} if extra_args is None else extra_args
-    if noise_sampler is None:
-        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    noise_sampler = noise_or_default(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
         sigma, sigma_prev = sigmas[i], sigmas[i + 1]
@@ -270,8 +267,7 @@ def sample_lcm(model, x, sigmas, extra_args=None, callback=None, disable=None,
     ``s_noise`` → ``s_noise_end`` interpolates the noise multiplier over the steps;
     ``noise_clip_std`` clamps the noise to ±k of its std (0 = off)."""
     extra_args = {} if extra_args is None else extra_args
-    if noise_sampler is None:
-        noise_sampler = default_noise_sampler(x, seed=seed_of(extra_args))
+    noise_sampler = noise_or_default(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
     n_steps = max(1, len(sigmas) - 1)
     s_start = float(s_noise)

@@ -2,12 +2,8 @@
 multistep samplers of ComfyUI's newer set that combine the current and the previous model
 evaluation, each with its ancestral and/or CFG++ (Chung et al. 2024) forms.
 
-Like every solver from ComfyUI's newer set, this works in the variance-exploding
-parameterisation ``x = x0 + sigma * eps`` of the SD1/SD2/SDXL denoisers (eps and v-prediction
-alike): signal scale ``alpha = 1``, half-log-SNR ``lambda = -log(sigma)``. ComfyUI's versions also
-handle flow ("CONST") models through ``alpha = 1 - sigma``; mixgraph has no such model, so that
-branch is left out rather than carried untested. Defaults follow ComfyUI 0.3.64 and are stated in
-each docstring. Hand-written: no library implements these solvers against a denoiser callable.
+VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``. Hand-written: no
+library implements these solvers against a denoiser callable.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .sampler_utils import (
+    add_ancestral_noise,
     denoise_with_uncond,
     get_ancestral_step,
     half_log_snr,
@@ -83,8 +80,7 @@ def _res_multistep(model, x, sigmas, extra_args, callback, noise_sampler, eta, s
             if cfg_pp:
                 x = x + (denoised - base)
             x = torch.exp(-h) * x + h * (b1 * base + b2 * old_base)
-        if sigma_next > 0 and eta > 0 and s_noise > 0:
-            x = x + noise_sampler(sigma, sigma_next) * (s_noise * sigma_up)
+        x = add_ancestral_noise(x, noise_sampler, sigma, sigma_next, sigma_up, eta, s_noise)
         old_base = base
         old_sigma_down = sigma_down
     return x

@@ -1,12 +1,8 @@
 """SA-Solver, the stochastic Adams predictor-corrector (Xue et al. 2023), in its PEC and PECE
 modes, with its coefficient and tau-schedule helpers.
 
-Like every solver from ComfyUI's newer set, this works in the variance-exploding
-parameterisation ``x = x0 + sigma * eps`` of the SD1/SD2/SDXL denoisers (eps and v-prediction
-alike): signal scale ``alpha = 1``, half-log-SNR ``lambda = -log(sigma)``. ComfyUI's versions also
-handle flow ("CONST") models through ``alpha = 1 - sigma``; mixgraph has no such model, so that
-branch is left out rather than carried untested. Defaults follow ComfyUI 0.3.64 and are stated in
-each docstring. Hand-written: no library implements these solvers against a denoiser callable.
+VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``. Hand-written: no
+library implements these solvers against a denoiser callable.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Exponential-integrator SDE solvers: ER-SDE-Solver-3 (Cui et al. 2023) and SEEDS-2/3 (Gonzalez et
 al. 2023). The DPM-Solver++ SDE samplers live in ``solvers_dpmpp.py``.
 
-Like every solver from ComfyUI's newer set, this works in the variance-exploding
-parameterisation ``x = x0 + sigma * eps`` of the SD1/SD2/SDXL denoisers (eps and v-prediction
-alike): signal scale ``alpha = 1``, half-log-SNR ``lambda = -log(sigma)``. ComfyUI's versions also
-handle flow ("CONST") models through ``alpha = 1 - sigma``; mixgraph has no such model, so that
-branch is left out rather than carried untested. Defaults follow ComfyUI 0.3.64 and are stated in
-each docstring. Hand-written: no library implements these solvers against a denoiser callable.
+VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``. Hand-written: no
+library implements these solvers against a denoiser callable.
 """
 
 from __future__ import annotations
@@ -115,6 +111,28 @@ def _seeds_move(x, sigma_from, sigma_to, eta_span, weighted_d):
     return (sigma_to / sigma_from) * torch.exp(-eta_span) * x - weighted_d
 
 
+def _seeds_first_stage(x, denoised, sigma, sigma_1, r, h, h_eta, eta, s_noise, noise):
+    """SEEDS stage 1, sigma -> sigma_1 at lambda_s + r h: the first-order exponential move plus
+    the first increment ``w`` of the step's Brownian path (``noise`` None: no noise, ``w`` None).
+    Returns (x_1, w)."""
+    x_1 = _seeds_move(x, sigma, sigma_1, r * h * eta, _h_phi_1(-r * h_eta) * denoised)
+    w = None
+    if noise is not None:
+        w = (-torch.expm1(-2 * r * h * eta)).sqrt() * noise(sigma, sigma_1)
+        x_1 = x_1 + w * (sigma_1 * s_noise)
+    return x_1, w
+
+
+def _seeds_later_noise(x, w, seg, noise, sigma_from, sigma_to, s_noise):
+    """A later SEEDS stage's noise on the same Brownian path: the earlier increment ``w`` decayed
+    by ``exp(seg)`` (``seg`` = eta times the negative lambda span between the stages) plus a fresh
+    increment. Returns (x, w); both unchanged when ``noise`` is None."""
+    if noise is None:
+        return x, w
+    w = w * seg.exp() + (-torch.expm1(2 * seg)).sqrt() * noise(sigma_from, sigma_to)
+    return x + w * (sigma_to * s_noise), w
+
+
 @torch.no_grad()
 def sample_seeds_2(model, x, sigmas, extra_args=None, callback=None, disable=None,
                    noise_sampler=None, eta=1.0, s_noise=1.0, r=0.5, solver_type="phi_1"):
@@ -127,9 +145,7 @@ def sample_seeds_2(model, x, sigmas, extra_args=None, callback=None, disable=Non
     if solver_type not in ("phi_1", "phi_2"):
         raise ValueError(f"seeds_2: solver_type must be 'phi_1' or 'phi_2', got {solver_type!r}")
     extra_args = {} if extra_args is None else extra_args
-    inject = eta > 0 and s_noise > 0
-    if inject:
-        noise = noise_or_default(x, extra_args, noise_sampler)
+    noise = noise_or_default(x, extra_args, noise_sampler) if eta > 0 and s_noise > 0 else None
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
@@ -143,10 +159,7 @@ def sample_seeds_2(model, x, sigmas, extra_args=None, callback=None, disable=Non
         h_eta = h * (eta + 1)
         sigma_1 = (-torch.lerp(lam_s, lam_t, r)).exp()
 
-        x_1 = _seeds_move(x, sigma, sigma_1, r * h * eta, _h_phi_1(-r * h_eta) * denoised)
-        if inject:
-            w = (-torch.expm1(-2 * r * h * eta)).sqrt() * noise(sigma, sigma_1)
-            x_1 = x_1 + w * (sigma_1 * s_noise)
+        x_1, w = _seeds_first_stage(x, denoised, sigma, sigma_1, r, h, h_eta, eta, s_noise, noise)
         denoised_1 = model(x_1, sigma_1 * s_in, **extra_args)
 
         if solver_type == "phi_1":
@@ -156,10 +169,7 @@ def sample_seeds_2(model, x, sigmas, extra_args=None, callback=None, disable=Non
             b1 = _h_phi_1(-h_eta) - b2
             combo = b1 * denoised + b2 * denoised_1
         x = _seeds_move(x, sigma, sigma_next, h * eta, combo)
-        if inject:
-            seg = (r - 1) * h * eta
-            w = w * seg.exp() + (-torch.expm1(2 * seg)).sqrt() * noise(sigma_1, sigma_next)
-            x = x + w * (sigma_next * s_noise)
+        x, w = _seeds_later_noise(x, w, (r - 1) * h * eta, noise, sigma_1, sigma_next, s_noise)
     return x
 
 
@@ -172,9 +182,7 @@ def sample_seeds_3(model, x, sigmas, extra_args=None, callback=None, disable=Non
     ``b3 = h*phi2(-(1+eta)h)/r_2``, ``b1 = h*phi1 - b3``. The last step returns ``denoised``.
     """
     extra_args = {} if extra_args is None else extra_args
-    inject = eta > 0 and s_noise > 0
-    if inject:
-        noise = noise_or_default(x, extra_args, noise_sampler)
+    noise = noise_or_default(x, extra_args, noise_sampler) if eta > 0 and s_noise > 0 else None
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
@@ -189,26 +197,19 @@ def sample_seeds_3(model, x, sigmas, extra_args=None, callback=None, disable=Non
         sigma_1 = (-torch.lerp(lam_s, lam_t, r_1)).exp()
         sigma_2 = (-torch.lerp(lam_s, lam_t, r_2)).exp()
 
-        x_1 = _seeds_move(x, sigma, sigma_1, r_1 * h * eta, _h_phi_1(-r_1 * h_eta) * denoised)
-        if inject:
-            w = (-torch.expm1(-2 * r_1 * h * eta)).sqrt() * noise(sigma, sigma_1)
-            x_1 = x_1 + w * (sigma_1 * s_noise)
+        x_1, w = _seeds_first_stage(x, denoised, sigma, sigma_1, r_1, h, h_eta, eta, s_noise,
+                                    noise)
         denoised_1 = model(x_1, sigma_1 * s_in, **extra_args)
 
         a2 = r_2 / r_1 * _h_phi_2(-r_2 * h_eta)
         a1 = _h_phi_1(-r_2 * h_eta) - a2
         x_2 = _seeds_move(x, sigma, sigma_2, r_2 * h * eta, a1 * denoised + a2 * denoised_1)
-        if inject:
-            seg = (r_1 - r_2) * h * eta
-            w = w * seg.exp() + (-torch.expm1(2 * seg)).sqrt() * noise(sigma_1, sigma_2)
-            x_2 = x_2 + w * (sigma_2 * s_noise)
+        x_2, w = _seeds_later_noise(x_2, w, (r_1 - r_2) * h * eta, noise, sigma_1, sigma_2,
+                                    s_noise)
         denoised_2 = model(x_2, sigma_2 * s_in, **extra_args)
 
         b3 = _h_phi_2(-h_eta) / r_2
         b1 = _h_phi_1(-h_eta) - b3
         x = _seeds_move(x, sigma, sigma_next, h * eta, b1 * denoised + b3 * denoised_2)
-        if inject:
-            seg = (r_2 - 1) * h * eta
-            w = w * seg.exp() + (-torch.expm1(2 * seg)).sqrt() * noise(sigma_2, sigma_next)
-            x = x + w * (sigma_next * s_noise)
+        x, w = _seeds_later_noise(x, w, (r_2 - 1) * h * eta, noise, sigma_2, sigma_next, s_noise)
     return x
