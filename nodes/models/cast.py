@@ -16,6 +16,10 @@ Rules:
   each other (a keep-f32 layer feeding a bf16 one).
 - `keep_f32`: a class attribute (tuple of fnmatch patterns over dotted module names, relative to
   the module that declares it) naming submodules that stay f32 storage and f32 compute.
+- `keep_stored`: a class attribute (patterns as above) naming embedding tables whose weights keep
+  the dtype they arrive in (the weight store leaves them as stored: an f32 file's table stays a
+  lazily paged view of the file, and only looked-up rows are ever read); the layer still computes
+  in `policy.compute`, since rows are cast on lookup.
 - `keep_f32_inputs`: a class attribute of the top-level module naming forward arguments the entry
   must not cast (e.g. `timesteps`, which bf16 cannot represent exactly). All other floating tensors
   given to the top-level forward (also inside lists/tuples/dicts) are cast to the compute dtype;
@@ -220,6 +224,7 @@ def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
         raise ValueError("apply_precision: module already has a precision applied; pass the f32 original")
 
     kept = _keep_f32_names(module)
+    as_stored = _matched_names(module, "keep_stored")
     vector_dtype = compute if storage in FP8_DTYPES else storage
     to_half_cpu = compute in HALF_DTYPES
 
@@ -236,8 +241,9 @@ def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
         for pname, p in m._parameters.items():
             if p is None or id(p) in memo:
                 continue
-            if type(m) not in _CAST_CLASSES or plans[name] == "int8" or f32:
-                dtype = p.dtype  # unsupported module, int8 source or keep-f32: share as is
+            if (type(m) not in _CAST_CLASSES or plans[name] == "int8" or f32
+                    or (name in as_stored and type(m) is nn.Embedding)):
+                dtype = p.dtype  # unsupported module, int8 source, keep-f32/stored: share as is
             elif isinstance(m, _NORMS) or p.ndim < 2:
                 dtype = vector_dtype
             else:
@@ -290,9 +296,14 @@ def weight_bytes(module: nn.Module) -> int:
 
 def _keep_f32_names(module: nn.Module) -> set[str]:
     """Names of all modules matched by any `keep_f32` pattern (and everything below them)."""
+    return _matched_names(module, "keep_f32")
+
+
+def _matched_names(module: nn.Module, attr: str) -> set[str]:
+    """Names of all modules matched by a pattern in class attribute `attr` (and those below)."""
     patterns: list[str] = []
     for owner, m in module.named_modules():
-        for p in getattr(type(m), "keep_f32", ()):
+        for p in getattr(type(m), attr, ()):
             patterns.append(f"{owner}.{p}" if owner else p)
     kept: set[str] = set()
     for name, _ in module.named_modules():

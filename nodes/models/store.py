@@ -38,7 +38,8 @@ from torch import nn
 
 from nodes.models.safetensors_io import WeightSource, read_source, source_dtypes
 
-__all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "keep_f32_matcher"]
+__all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "keep_f32_matcher",
+           "dtype_rule"]
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +93,14 @@ def _nbytes(sd: Mapping[str, torch.Tensor]) -> int:
     return total
 
 
-def keep_f32_matcher(module: nn.Module) -> Callable[[str], bool]:
-    """Predicate on state-dict keys: does the key belong to a module named in ``keep_f32``?
+def _matcher(module: nn.Module, attr: str) -> Callable[[str], bool]:
+    """Predicate on state-dict keys: does the key belong to a module named by the class attribute
+    ``attr`` (``keep_f32`` or ``keep_stored``) of the module or one of its submodules?
 
     A pattern matches a dotted module path as a prefix on a dot boundary ("time_embed" matches
     "time_embed.0.weight") or as an fnmatch glob ("*.norm*")."""
     patterns = tuple(
-        f"{owner}.{p}" if owner else p for owner, m in module.named_modules() for p in getattr(type(m), "keep_f32", ())
+        f"{owner}.{p}" if owner else p for owner, m in module.named_modules() for p in getattr(type(m), attr, ())
     )
     if not patterns:
         return lambda key: False
@@ -110,6 +112,25 @@ def keep_f32_matcher(module: nn.Module) -> Callable[[str], bool]:
         return False
 
     return match
+
+
+def keep_f32_matcher(module: nn.Module) -> Callable[[str], bool]:
+    return _matcher(module, "keep_f32")
+
+
+def dtype_rule(module: nn.Module) -> Callable[[str, torch.dtype], torch.dtype | None]:
+    """key, requested storage dtype -> the dtype to hold that tensor in (None: as the file has
+    it). ``keep_stored`` modules (embedding tables: only looked-up rows are ever read) stay as
+    stored, so an f32 file's table remains a lazily paged view of the file; ``keep_f32`` modules
+    are f32; everything else takes the requested dtype."""
+    keep, stored = _matcher(module, "keep_f32"), _matcher(module, "keep_stored")
+
+    def rule(key: str, dtype: torch.dtype) -> torch.dtype | None:
+        if stored(key):
+            return None
+        return torch.float32 if keep(key) else dtype
+
+    return rule
 
 
 def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -188,8 +209,7 @@ class WeightStore:
         if build is None:
             raise TypeError("materialize: build(config) -> nn.Module is required")
         module = _build_meta(build, config)
-        keep = keep_f32_matcher(module)
-        sd = self.state_dict(kind, source, config, storage_dtype, tuple(patches), keep, rename)
+        sd = self.state_dict(kind, source, config, storage_dtype, tuple(patches), dtype_rule(module), rename)
         return _assign(module, sd, build, config, f"{kind} weights from {source.name}")
 
     def state_dict(
@@ -199,7 +219,7 @@ class WeightStore:
         config: Hashable,
         storage_dtype: torch.dtype,
         patches: tuple = (),
-        keep_f32: Callable[[str], bool] = lambda k: False,
+        rule: Callable[[str, torch.dtype], torch.dtype | None] = lambda k, dtype: dtype,
         rename: Callable[[str], str | None] | None = None,
     ) -> dict[str, torch.Tensor]:
         key = (kind, source.identity, config, storage_dtype, patches)
@@ -209,16 +229,16 @@ class WeightStore:
                 self.stats.hits += 1
                 return entry.tensors
             if patches:
-                base = self.state_dict(kind, source, config, storage_dtype, (), keep_f32, rename)
+                base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename)
                 from nodes.models.lora import apply_patches
 
                 tensors = apply_patches(base, patches, target=kind)
                 self.stats.patched += 1
                 self._put(key, _Entry(tensors, _nbytes(tensors), exact=False))
                 return tensors
-            tensors, exact = self._derive(kind, source, config, storage_dtype, keep_f32)
+            tensors, exact = self._derive(kind, source, config, storage_dtype, rule)
             if tensors is None:
-                tensors, exact = self._read(source, storage_dtype, keep_f32, rename)
+                tensors, exact = self._read(source, storage_dtype, rule, rename)
             self._put(key, _Entry(tensors, _nbytes(tensors), exact))
             return tensors
 
@@ -256,7 +276,7 @@ class WeightStore:
             self.stats.evictions += 1
         self.stats.bytes = total
 
-    def _derive(self, kind, source, config, dtype, keep_f32):
+    def _derive(self, kind, source, config, dtype, rule):
         """Convert an exact cached copy of the same source (another dtype) without disk I/O."""
         stored = None
         for (k_kind, k_ident, k_cfg, k_dtype, k_patches), entry in reversed(self._entries.items()):
@@ -268,19 +288,19 @@ class WeightStore:
                 continue
             out = {}
             for name, t in entry.tensors.items():
-                target = torch.float32 if keep_f32(name) else dtype
-                out[name] = t.to(target) if t.is_floating_point() else t
+                target = rule(name, dtype)
+                out[name] = t.to(target) if t.is_floating_point() and target is not None else t
             self.stats.derived += 1
             return out, stored <= _EXACT.get(dtype, {dtype})
         return None, False
 
-    def _read(self, source, dtype, keep_f32, rename):
+    def _read(self, source, dtype, rule, rename):
         post = None
         if rename is None:
             from nodes.models.loader import reader_for_source
 
             rename, post = reader_for_source(source)
-        tensors = read_source(source, lambda k: torch.float32 if keep_f32(k) else dtype, rename)
+        tensors = read_source(source, lambda k: rule(k, dtype), rename)
         if post is not None:
             tensors = post(tensors)
         stored = source_dtypes(source)
