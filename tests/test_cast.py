@@ -276,3 +276,23 @@ def test_no_stray_half_calls_in_runtime():
         if re.search(r"\.(half|bfloat16)\(\)", line.split("#")[0])
     ]
     assert not bad, f"use nodes.models.cast.apply_precision instead of .half()/.bfloat16(): {bad}"
+
+
+def test_apply_precision_keep_stored_embedding_table_is_shared_as_is():
+    """CLIP's token table keeps the dtype it arrives in (an f32 file's view stays lazily paged);
+    the layer still returns compute-dtype rows and other weights take the storage dtype."""
+    from nodes.models.clip import CLIPTextConfig, CLIPTextModel
+    from nodes.models.store import dtype_rule
+
+    cfg = CLIPTextConfig(vocab_size=64, width=32, layers=1, heads=2, max_positions=8,
+                         intermediate=64, projection_dim=None, activation="quick_gelu")
+    model = CLIPTextModel(cfg)
+    table = model.text_model.embeddings.token_embedding.weight
+    out = apply_precision(model, Policy(BF16, BF16))
+    new_table = out.text_model.embeddings.token_embedding.weight
+    assert new_table.dtype == torch.float32 and new_table.data_ptr() == table.data_ptr()
+    assert out.text_model.embeddings.position_embedding.weight.dtype == BF16
+    assert out.text_model.embeddings.token_embedding(torch.tensor([[1, 2]])).dtype == BF16
+    rule = dtype_rule(model)
+    assert rule("text_model.embeddings.token_embedding.weight", BF16) is None
+    assert rule("text_model.embeddings.position_embedding.weight", BF16) == BF16
