@@ -38,8 +38,7 @@ from torch import nn
 
 from nodes.models.safetensors_io import WeightSource, read_source, source_dtypes
 
-__all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "keep_f32_matcher",
-           "dtype_rule"]
+__all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule"]
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +111,6 @@ def _matcher(module: nn.Module, attr: str) -> Callable[[str], bool]:
         return False
 
     return match
-
-
-def keep_f32_matcher(module: nn.Module) -> Callable[[str], bool]:
-    return _matcher(module, "keep_f32")
 
 
 def dtype_rule(module: nn.Module) -> Callable[[str, torch.dtype], torch.dtype | None]:
