@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from nodes.models.diffusers_names import diffusers_to_ldm_table, diffusers_unet_layout, translate_diffusers_key
 from nodes.models.resize import upscale
-from nodes.models.unet import UNetConfig, build_input_blocks, build_middle_block, timestep_embedding
+from nodes.models.unet import (UNetConfig, build_input_blocks, build_middle_block,
+                               encoder_config_from_shapes, timestep_embedding)
 from nodes.sampling.cond import Control
 
 __all__ = [
@@ -174,53 +175,12 @@ def controlnet_config_from_state_dict(sd: Mapping[str, Tensor]) -> ControlNetCon
     shapes = {k: tuple(v.shape) for k, v in sd.items()}
     if "input_blocks.0.0.weight" not in shapes or "zero_convs.0.0.weight" not in shapes:
         raise ValueError(f"not an LDM ControlNet state dict (keys such as {sorted(shapes)[:4]})")
-    mc, in_ch = shapes["input_blocks.0.0.weight"][:2]
-    adm = shapes["label_emb.0.0.weight"][1] if "label_emb.0.0.weight" in shapes else None
-    context_dim: int | None = None
-    use_linear = False
-
-    def depth_at(block: str) -> int:
-        nonlocal context_dim, use_linear
-        if f"{block}.proj_in.weight" not in shapes:
-            return 0
-        use_linear = len(shapes[f"{block}.proj_in.weight"]) == 2
-        k = f"{block}.transformer_blocks.0.attn2.to_k.weight"
-        if k in shapes:
-            context_dim = shapes[k][1]
-        n = 0
-        while f"{block}.transformer_blocks.{n}.norm1.weight" in shapes:
-            n += 1
-        return n
-
-    channel_mult: list[int] = []
-    num_res: list[int] = []
-    depth: list[int] = []
-    count, i = 0, 1
-    while f"zero_convs.{i}.0.weight" in shapes:
-        if f"input_blocks.{i}.0.op.weight" in shapes:
-            num_res.append(count)
-            count = 0
-        else:
-            mult = shapes[f"input_blocks.{i}.0.out_layers.3.weight"][0] // mc
-            if count == 0:
-                channel_mult.append(mult)
-            count += 1
-            depth.append(depth_at(f"input_blocks.{i}.1"))
-        i += 1
-    num_res.append(count)
-    depth_mid = depth_at("middle_block.1") if "middle_block.1.proj_in.weight" in shapes else -1
-
     hint_idx = sorted(int(m.group(1)) for k in shapes if (m := re.fullmatch(r"input_hint_block\.(\d+)\.weight", k)))
     hint_shapes = [shapes[f"input_hint_block.{j}.weight"] for j in hint_idx]
     # widths: the first conv's output, then each stride-2 conv's (every second conv after the first)
     widths = (hint_shapes[0][0],) + tuple(s[0] for s in hint_shapes[2:-1:2])
-    unet = UNetConfig(
-        in_channels=in_ch, out_channels=in_ch, model_channels=mc, channel_mult=tuple(channel_mult),
-        num_res_blocks=tuple(num_res), transformer_depth=tuple(depth), transformer_depth_output=(),
-        transformer_depth_middle=depth_mid, context_dim=context_dim, use_linear_in_transformer=use_linear,
-        adm_in_channels=adm, num_heads=-1 if use_linear else 8, num_head_channels=64 if use_linear else -1,
-    )
-    return ControlNetConfig(unet=unet, hint_channels=hint_shapes[0][1], hint_block_channels=widths)
+    return ControlNetConfig(unet=encoder_config_from_shapes(shapes), hint_channels=hint_shapes[0][1],
+                            hint_block_channels=widths)
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ fewer than 64 channels still get one full-width head (LDM itself would compute z
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -391,83 +392,96 @@ def unet_config_from_state_dict(sd: Mapping[str, Tensor], prefix: str = "") -> U
     `prefix` is stripped from keys (e.g. "model.diffusion_model."). Raises ValueError naming what
     was found when the dict holds no LDM UNet.
     """
-    shapes = {k[len(prefix):]: v.shape for k, v in sd.items() if k.startswith(prefix)}
+    shapes = {k[len(prefix):]: tuple(v.shape) for k, v in sd.items() if k.startswith(prefix)}
     if "input_blocks.0.0.weight" not in shapes or "out.2.weight" not in shapes:
         sample = sorted(shapes)[:5]
         raise ValueError(
             f"not an LDM UNet state dict: no 'input_blocks.0.0.weight'/'out.2.weight' under prefix "
             f"{prefix!r} ({len(shapes)} keys there, e.g. {sample}; {len(sd)} keys in all)"
         )
-    prefixes: set[str] = set()
-    for k in shapes:
-        parts = k.split(".")
-        prefixes.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    if "middle_block.1.proj_in.weight" not in shapes and "middle_block.0.in_layers.0.weight" not in shapes:
+        raise NotImplementedError("UNet without a middle block: not supported yet")
+    encoder = _ShapeReader(shapes)
+    config = encoder.encoder_config()
+    n_out = encoder.count("output_blocks")
+    return dataclasses.replace(
+        config, out_channels=shapes["out.2.weight"][0],
+        transformer_depth_output=tuple(encoder.depth_at(f"output_blocks.{i}.1") for i in range(n_out)),
+        context_dim=encoder.context_dim, use_linear_in_transformer=encoder.use_linear)
 
-    def count(base: str) -> int:
+
+def encoder_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> UNetConfig:
+    """The encoder half (input blocks, middle, embeddings) of a UNetConfig from LDM-named shapes;
+    output-block fields are left empty. What a ControlNet shares with its UNet."""
+    return _ShapeReader(shapes).encoder_config()
+
+
+class _ShapeReader:
+    """Reads block structure off LDM key shapes; records context dim and projection kind as it
+    meets transformer blocks."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]]):
+        self.shapes = shapes
+        self.prefixes: set[str] = set()
+        for k in shapes:
+            parts = k.split(".")
+            self.prefixes.update(".".join(parts[:i]) for i in range(1, len(parts)))
+        self.context_dim: int | None = None
+        self.use_linear = False
+
+    def count(self, base: str) -> int:
         n = 0
-        while f"{base}.{n}" in prefixes:
+        while f"{base}.{n}" in self.prefixes:
             n += 1
         return n
 
-    mc = shapes["input_blocks.0.0.weight"][0]
-    in_channels = shapes["input_blocks.0.0.weight"][1]
-    out_channels = shapes["out.2.weight"][0]
-    adm = shapes["label_emb.0.0.weight"][1] if "label_emb.0.0.weight" in shapes else None
-    context_dim: int | None = None
-    use_linear = False
-
-    def depth_at(block: str) -> int:
-        nonlocal context_dim, use_linear
-        if f"{block}.proj_in.weight" not in shapes:
+    def depth_at(self, block: str) -> int:
+        proj_in = self.shapes.get(f"{block}.proj_in.weight")
+        if proj_in is None:
             return 0
-        use_linear = len(shapes[f"{block}.proj_in.weight"]) == 2
-        if f"{block}.transformer_blocks.0.attn2.to_k.weight" in shapes:
-            context_dim = shapes[f"{block}.transformer_blocks.0.attn2.to_k.weight"][1]
-        return count(f"{block}.transformer_blocks")
+        self.use_linear = len(proj_in) == 2
+        to_k = self.shapes.get(f"{block}.transformer_blocks.0.attn2.to_k.weight")
+        if to_k is not None:
+            self.context_dim = to_k[1]
+        return self.count(f"{block}.transformer_blocks")
 
-    channel_mult: list[int] = []
-    num_res_blocks: list[int] = []
-    transformer_depth: list[int] = []
-    res_in_level = 0
-    n_in = count("input_blocks")
-    for i in range(1, n_in):
-        if f"input_blocks.{i}.0.op.weight" in shapes:  # Downsample ends a level
-            num_res_blocks.append(res_in_level)
-            res_in_level = 0
-            continue
-        out_key = f"input_blocks.{i}.0.out_layers.3.weight"
-        if out_key not in shapes:
-            raise ValueError(f"UNet input block {i} is neither a ResBlock nor a Downsample")
-        mult = shapes[out_key][0] // mc
-        if res_in_level == 0:
-            channel_mult.append(mult)
-        res_in_level += 1
-        transformer_depth.append(depth_at(f"input_blocks.{i}.1"))
-    num_res_blocks.append(res_in_level)
-    if not channel_mult or len(num_res_blocks) != len(channel_mult):
-        raise ValueError(f"UNet input blocks do not form levels (found {n_in} input blocks)")
-
-    if "middle_block.1.proj_in.weight" in shapes:
-        depth_middle = depth_at("middle_block.1")
-    elif "middle_block.0.in_layers.0.weight" in shapes:
-        depth_middle = -1
-    else:
-        raise NotImplementedError("UNet without a middle block: not supported yet")
-
-    n_out = count("output_blocks")
-    transformer_depth_output = [depth_at(f"output_blocks.{i}.1") for i in range(n_out)]
-    return UNetConfig(
-        in_channels=in_channels,
-        out_channels=out_channels,
-        model_channels=mc,
-        channel_mult=tuple(channel_mult),
-        num_res_blocks=tuple(num_res_blocks),
-        transformer_depth=tuple(transformer_depth),
-        transformer_depth_output=tuple(transformer_depth_output),
-        transformer_depth_middle=depth_middle,
-        context_dim=context_dim,
-        use_linear_in_transformer=use_linear,
-        adm_in_channels=adm,
-        num_heads=-1 if use_linear else 8,
-        num_head_channels=64 if use_linear else -1,
-    )
+    def encoder_config(self) -> UNetConfig:
+        shapes = self.shapes
+        mc, in_channels = shapes["input_blocks.0.0.weight"][:2]
+        adm = shapes["label_emb.0.0.weight"][1] if "label_emb.0.0.weight" in shapes else None
+        channel_mult: list[int] = []
+        num_res_blocks: list[int] = []
+        transformer_depth: list[int] = []
+        res_in_level = 0
+        n_in = self.count("input_blocks")
+        for i in range(1, n_in):
+            if f"input_blocks.{i}.0.op.weight" in shapes:  # Downsample ends a level
+                num_res_blocks.append(res_in_level)
+                res_in_level = 0
+                continue
+            out_key = f"input_blocks.{i}.0.out_layers.3.weight"
+            if out_key not in shapes:
+                raise ValueError(f"UNet input block {i} is neither a ResBlock nor a Downsample")
+            if res_in_level == 0:
+                channel_mult.append(shapes[out_key][0] // mc)
+            res_in_level += 1
+            transformer_depth.append(self.depth_at(f"input_blocks.{i}.1"))
+        num_res_blocks.append(res_in_level)
+        if not channel_mult or len(num_res_blocks) != len(channel_mult):
+            raise ValueError(f"UNet input blocks do not form levels (found {n_in} input blocks)")
+        depth_middle = self.depth_at("middle_block.1") if "middle_block.1.proj_in.weight" in shapes else -1
+        return UNetConfig(
+            in_channels=in_channels,
+            out_channels=in_channels,
+            model_channels=mc,
+            channel_mult=tuple(channel_mult),
+            num_res_blocks=tuple(num_res_blocks),
+            transformer_depth=tuple(transformer_depth),
+            transformer_depth_output=(),
+            transformer_depth_middle=depth_middle,
+            context_dim=self.context_dim,
+            use_linear_in_transformer=self.use_linear,
+            adm_in_channels=adm,
+            num_heads=-1 if self.use_linear else 8,
+            num_head_channels=64 if self.use_linear else -1,
+        )
