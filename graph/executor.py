@@ -20,8 +20,6 @@ error naming the node.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import threading
 import time
@@ -40,7 +38,7 @@ from graph.context import Context, Interrupted
 from graph.env import Env
 from graph.node import MODEL_TYPES, NodeSpec, Result
 from graph.precision import Resolver, parse_precision_arg
-from graph.validate import Validation, validate
+from graph.validate import Validation, gc_paused, validate
 from graph.workflow import Link, Workflow, WorkflowError, load_workflow
 
 __all__ = ["Executor", "RunReport", "NodeReport", "ExecutionFailed", "ValidationFailed",
@@ -251,19 +249,6 @@ def _api_prompt(wf: Workflow) -> dict:
         return out
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Planning and the cache-hit bookkeeping allocate only acyclic objects; pausing the cycle
-    collector keeps its passes over everything alive (a big cache) out of their cost."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _nonfinite(values: Any) -> bool:
     for t in walk_tensors(values):
         if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
@@ -381,7 +366,7 @@ class Executor:
         emit = on_event
         values = report.values
         nodes = report.nodes
-        with _gc_paused():
+        with gc_paused():
             order = v.order or plan_order(v.outputs, inputs, prompt)
             by_class: dict[str, _NodePlan] = {}
             plans = {}

@@ -97,7 +97,7 @@ def validate(prompt: dict[str, NodeCall], registry: Any, env: Any = None,
     """Check a prompt against the registry. `targets` limits the output nodes (partial execution);
     `extra_checks(node_id, call, spec, inputs) -> iterable of Problem | str` adds checks of its
     own for every validated node (a str becomes a `custom_validation_failed`)."""
-    with _gc_paused():
+    with gc_paused():
         return _validate(prompt, registry, env, targets, extra_checks)
 
 
@@ -206,9 +206,10 @@ def _runnable(order: list[str], outputs: tuple[str, ...],
 
 
 @contextlib.contextmanager
-def _gc_paused():
-    """Validation allocates only acyclic bookkeeping; pausing the cycle collector keeps its passes
-    over everything alive (a big output cache, a 100,000-node prompt) out of its cost."""
+def gc_paused():
+    """Validation, planning and cache-hit bookkeeping allocate only acyclic objects; pausing the
+    cycle collector keeps its passes over everything alive (a big output cache, a 100,000-node
+    prompt) out of their cost."""
     was = gc.isenabled()
     gc.disable()
     try:
