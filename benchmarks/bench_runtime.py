@@ -44,10 +44,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graph.precision import parse_spec  # noqa: E402
-from nodes.bench import (emit_child_result, fmt_bytes, fmt_s, format_table, peak_rss_bytes,  # noqa: E402
+from mixgraph.graph.precision import parse_spec  # noqa: E402
+from mixgraph.ui.bench_precision import (emit_child_result, fmt_bytes, fmt_s, format_table, peak_rss_bytes,  # noqa: E402
                          rss_bytes, run_child)
-from nodes.models.cast import apply_precision, weight_bytes  # noqa: E402
+from mixgraph.nodes.models.cast import apply_precision, weight_bytes  # noqa: E402
 
 UNET_PREFIX = "model.diffusion_model."
 BENCH_DIR = Path(os.environ.get("MIXGRAPH_BENCH_DIR", "/tmp/mixgraph-bench"))
@@ -55,7 +55,7 @@ BENCH_DIR = Path(os.environ.get("MIXGRAPH_BENCH_DIR", "/tmp/mixgraph-bench"))
 
 def full_checkpoint(dtype: str = "f32", seed: int = 0) -> Path:
     """The cached full-size SD 1.5-architecture checkpoint (written on first use, atomically)."""
-    from nodes.models.synthetic import write_sd15_checkpoint
+    from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
 
     path = BENCH_DIR / f"sd15-full-{dtype}-seed{seed}.safetensors"
     if not path.exists():
@@ -99,7 +99,7 @@ def diffusers_unet(ldm_state: dict[str, torch.Tensor], layerwise: torch.dtype | 
 
 def ours(path: Path, spec: str):
     """Our UNet as a workflow gets it: checkpoint detection, weight store, apply_precision."""
-    from nodes.models.loader import load_checkpoint
+    from mixgraph.nodes.models.loader import load_checkpoint
 
     model, _, _ = load_checkpoint(path)
     return model.runner(parse_spec(spec))
@@ -110,7 +110,7 @@ def ours(path: Path, spec: str):
 
 
 def bench_steps(path: Path, sizes: list[int], repeats: int) -> dict:
-    from nodes.models import store
+    from mixgraph.nodes.models import store
 
     f32 = ours(path, "f32")
     bf16 = ours(path, "bf16:f32")
@@ -155,8 +155,8 @@ def load_child(variant: str, path: str, size: int) -> dict:
     import diffusers  # noqa: F401 - imported in every variant so the start RSS is comparable
     from safetensors.torch import load_file
 
-    from nodes.models.loader import load_checkpoint
-    from nodes.models.unet import UNetModel
+    from mixgraph.nodes.models.loader import load_checkpoint
+    from mixgraph.nodes.models.unet import UNetModel
 
     x, t, c = step_inputs(size)
     base = rss_bytes()

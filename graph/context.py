@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from graph.env import Env
-    from graph.precision import NodePrecision, Policy
+    from mixgraph.graph.env import Env
+    from mixgraph.graph.precision import NodePrecision, Policy
 
 __all__ = ["Context", "Interrupted"]
 
@@ -59,7 +59,7 @@ class Context:
     def policy_for(self, socket_type: str) -> "Policy":
         self.asked.add(socket_type)
         if self._precision is None:
-            from graph.precision import F32
+            from mixgraph.graph.precision import F32
             policy = F32
         else:
             policy = self._precision.for_type(socket_type)

@@ -32,14 +32,14 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from graph import events as ev
-from graph.cache import OutputCache, key_header, node_key, walk_tensors
-from graph.context import Context, Interrupted
-from graph.env import Env
-from graph.node import MODEL_TYPES, NodeSpec, Result
-from graph.precision import Resolver, parse_precision_arg
-from graph.validate import Validation, gc_paused, validate
-from graph.workflow import Link, Workflow, WorkflowError, load_workflow
+from mixgraph.graph import events as ev
+from mixgraph.graph.cache import OutputCache, key_header, node_key, walk_tensors
+from mixgraph.graph.context import Context, Interrupted
+from mixgraph.graph.env import Env
+from mixgraph.graph.node import MODEL_TYPES, NodeSpec, Result
+from mixgraph.graph.precision import Resolver, parse_precision_arg
+from mixgraph.graph.validate import Validation, gc_paused, validate
+from mixgraph.graph.workflow import Link, Workflow, WorkflowError, load_workflow
 
 __all__ = ["Executor", "RunReport", "NodeReport", "ExecutionFailed", "ValidationFailed",
            "NodeError", "Interrupted", "plan_order"]
@@ -58,7 +58,7 @@ class ValidationFailed(ExecutionFailed):
     def __init__(self, validation: Validation | None, message: str | None = None):
         self.validation = validation
         if message is None:
-            from graph.validate import format_problems
+            from mixgraph.graph.validate import format_problems
             message = format_problems(validation)
         super().__init__(message)
 
@@ -237,7 +237,7 @@ class _Run:
 def _api_prompt(wf: Workflow) -> dict:
     """The prompt in ComfyUI's API format (for the PROMPT hidden input / PNG metadata)."""
     try:
-        from graph.workflow import dump_api
+        from mixgraph.graph.workflow import dump_api
         return dump_api(wf)
     except (ImportError, NotImplementedError):
         out = {}

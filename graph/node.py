@@ -175,7 +175,7 @@ def node(_fn: Callable | None = None, *, name: str | None = None, category: str 
             fingerprint=fingerprint, validate=validate)
         fn.spec = spec  # type: ignore[attr-defined]
         if register:
-            from graph.registry import REGISTRY
+            from mixgraph.graph.registry import REGISTRY
             REGISTRY.add(spec)
         return fn
 

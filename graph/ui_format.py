@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from graph.registry import widget_order
-from graph.workflow import (Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError,
+from mixgraph.graph.registry import widget_order
+from mixgraph.graph.workflow import (Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError,
                             pydantic_message)
 
 MODE_NEVER, MODE_BYPASS = 2, 4

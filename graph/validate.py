@@ -37,9 +37,9 @@ from typing import Any, Callable, Iterable
 
 import networkx as nx
 
-from graph.node import WIDGET_TYPES, Input, NodeSpec
-from graph.registry import input_entry
-from graph.workflow import BadLink, Link, NodeCall
+from mixgraph.graph.node import WIDGET_TYPES, Input, NodeSpec
+from mixgraph.graph.registry import input_entry
+from mixgraph.graph.workflow import BadLink, Link, NodeCall
 
 _MISSING = object()
 COERCE: dict[str, Callable[[Any], Any]] = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}

@@ -134,7 +134,7 @@ def load_workflow(obj_or_path: Any, registry: Any) -> Workflow:
     if "format" in obj:
         return _from_envelope(obj, name)
     if isinstance(obj.get("nodes"), list) and "links" in obj:
-        from graph.ui_format import convert_ui
+        from mixgraph.graph.ui_format import convert_ui
         return convert_ui(obj, registry, name)
     if all(isinstance(v, dict) for v in obj.values()) and (
             not obj or any("class_type" in v or "inputs" in v for v in obj.values())):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from graph.fingerprint import fingerprint_file
-from graph.node import MAX_RESOLUTION, Float, Int, Socket, String, node
-from nodes import folders, latent_ops
-from nodes.embeddings import embedding_lookup
-from nodes.models.controlnet import apply_controlnet
-from nodes.precision import effective
+from mixgraph.graph.fingerprint import fingerprint_file
+from mixgraph.graph.node import MAX_RESOLUTION, Float, Int, Socket, String, node
+from mixgraph.nodes import folders, latent_ops
+from mixgraph.nodes.embeddings import embedding_lookup
+from mixgraph.nodes.models.controlnet import apply_controlnet
+from mixgraph.nodes.precision import effective
 
 _EMBEDDING = re.compile(r"embedding:([^\s,()]+)")
 

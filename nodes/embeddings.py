@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import torch
 
-from nodes import folders
-from nodes.models.safetensors_io import WeightFileError, read_tensors
+from mixgraph.nodes import folders
+from mixgraph.nodes.models.safetensors_io import WeightFileError, read_tensors
 
 
 def _read_a1111_pt(path: str) -> dict[str, torch.Tensor]:

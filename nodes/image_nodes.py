@@ -6,9 +6,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from graph.fingerprint import fingerprint_file
-from graph.node import MAX_RESOLUTION, Combo, Float, Hidden, Int, Result, Socket, String, node
-from nodes import folders, imaging, latent_ops
+from mixgraph.graph.fingerprint import fingerprint_file
+from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Hidden, Int, Result, Socket, String, node
+from mixgraph.nodes import folders, imaging, latent_ops
 
 IMAGE_UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")
 

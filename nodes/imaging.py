@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps, ImageSequence, PngImagePlugin
 
-from nodes.models.resize import center_crop, upscale  # noqa: F401  (re-exported)
+from mixgraph.nodes.models.resize import center_crop, upscale  # noqa: F401  (re-exported)
 
 MAX_PIXELS = 16384 * 16384
 
@@ -110,7 +110,7 @@ def save_images(images: torch.Tensor, root: Path, prefix: str, *, kind: str = "o
                 prompt: Any = None, extra_pnginfo: dict | None = None, compress_level: int = 4,
                 metadata: bool = True) -> list[dict[str, str]]:
     """Write each image as `<prefix>_<counter:05>_.png` under root; returns ComfyUI ui entries."""
-    from nodes.folders import safe_join  # local: folders is a sibling utility module
+    from mixgraph.nodes.folders import safe_join  # local: folders is a sibling utility module
 
     height, width = int(images.shape[1]), int(images.shape[2])
     prefix = expand_prefix(prefix, width, height)

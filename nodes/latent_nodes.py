@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from graph.node import MAX_RESOLUTION, Combo, Float, Int, Socket, node
-from nodes import latent_ops
-from nodes.precision import effective
-from nodes.sampling.cond import Latent
+from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Socket, node
+from mixgraph.nodes import latent_ops
+from mixgraph.nodes.precision import effective
+from mixgraph.nodes.sampling.cond import Latent
 
 LATENT_UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")
 CROP = ("disabled", "center")

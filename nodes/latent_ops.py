@@ -6,8 +6,8 @@ import dataclasses
 
 import torch
 
-from nodes.imaging import grow_mask, scaled_size, upscale
-from nodes.sampling.cond import Cond, Latent
+from mixgraph.nodes.imaging import grow_mask, scaled_size, upscale
+from mixgraph.nodes.sampling.cond import Cond, Latent
 
 LATENT_CHANNELS = 4
 

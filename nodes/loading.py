@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from graph.fingerprint import fingerprint_file
-from graph.node import Combo, Float, Socket, node
-from nodes import folders
-from nodes.models import loader
-from nodes.models.lora import load_lora_patches
+from mixgraph.graph.fingerprint import fingerprint_file
+from mixgraph.graph.node import Combo, Float, Socket, node
+from mixgraph.nodes import folders
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.models.lora import load_lora_patches
 
 
 def _fingerprint(folder: str, *inputs: str):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graph.precision import Policy
+from mixgraph.graph.precision import Policy
 
 
 def effective(ctx: Any, handle: Any, socket: str) -> Policy:

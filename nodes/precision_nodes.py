@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from graph.node import Boolean, Combo, Socket, node
-from graph.precision import parse_spec
+from mixgraph.graph.node import Boolean, Combo, Socket, node
+from mixgraph.graph.precision import parse_spec
 
 STORAGE = ("f32", "bf16", "f16", "fp8_e4m3fn", "fp8_e5m2", "int8")
 COMPUTE = ("f32", "bf16", "f16")

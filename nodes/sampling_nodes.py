@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from graph.node import Boolean, Combo, Float, Int, Socket, node
-from nodes.precision import effective
-from nodes.sampling import ksampler
-from nodes.sampling.samplers import SAMPLER_NAMES, is_supported
-from nodes.sampling.schedules import SCHEDULER_NAMES
+from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, node
+from mixgraph.nodes.precision import effective
+from mixgraph.nodes.sampling import ksampler
+from mixgraph.nodes.sampling.samplers import SAMPLER_NAMES, is_supported
+from mixgraph.nodes.sampling.schedules import SCHEDULER_NAMES
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 

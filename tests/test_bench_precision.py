@@ -5,10 +5,10 @@ import math
 
 import torch
 
-from graph.cli import main
-from nodes.bench import parse_precision_list, psnr, ssim
-from nodes.demo import DEMO_CHECKPOINT, demo_workflow
-from nodes.models.synthetic import write_sd15_checkpoint
+from mixgraph.ui.cli import main
+from mixgraph.ui.bench_precision import parse_precision_list, psnr, ssim
+from mixgraph.ui.demo import DEMO_CHECKPOINT, demo_workflow
+from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
 
 
 def test_bench_precision_json_reports_each_precision_against_f32(tmp_path, capsys):

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from graph.cache import OutputCache, estimate_nbytes, structural_key, walk_tensors
-from graph.fingerprint import Fingerprinter
+from mixgraph.graph.cache import OutputCache, estimate_nbytes, structural_key, walk_tensors
+from mixgraph.graph.fingerprint import Fingerprinter
 
 
 def test_structural_key_canonical_literals():
@@ -98,7 +98,7 @@ def test_fingerprint_disk_cache_survives_a_new_process_state(tmp_path):
 def test_node_key_is_structural_key_with_the_header_made_once():
     import json
 
-    from graph.cache import _dumps, key_header, node_key
+    from mixgraph.graph.cache import _dumps, key_header, node_key
     up = structural_key("U", 1, {}, [])
     for lits, links, prec, ext in [({}, [], "", None), ({}, [("a", up, 0)], "", None),
                                    ({"x": [1.5, None, True], "é": "ü\x01"}, [("b", up, 2), ("a", up, 70)],

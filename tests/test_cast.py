@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nodes.models.cast import (
+from mixgraph.nodes.models.cast import (
     CastConv2d,
     CastGroupNorm,
     CastLayer,
@@ -20,7 +20,7 @@ from nodes.models.cast import (
     apply_precision,
     weight_bytes,
 )
-from nodes.models.unet import CrossAttention, sdxl_adm
+from mixgraph.nodes.models.unet import CrossAttention, sdxl_adm
 from tests.fixtures.tiny_unet import TINY_POOLED, tiny_unet, tiny_unet_config
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -184,7 +184,7 @@ def test_apply_precision_upcast_attention_sets_flag_and_computes_in_f32():
 
 
 def test_attention_upcast_matches_f32_softmax():
-    from nodes.models.attention import attention
+    from mixgraph.nodes.models.attention import attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 9, 16, generator=g) * 30 for _ in range(3))
@@ -281,8 +281,8 @@ def test_no_stray_half_calls_in_runtime():
 def test_apply_precision_keep_stored_embedding_table_is_shared_as_is():
     """CLIP's token table keeps the dtype it arrives in (an f32 file's view stays lazily paged);
     the layer still returns compute-dtype rows and other weights take the storage dtype."""
-    from nodes.models.clip import CLIPTextConfig, CLIPTextModel
-    from nodes.models.store import dtype_rule
+    from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
+    from mixgraph.nodes.models.store import dtype_rule
 
     cfg = CLIPTextConfig(vocab_size=64, width=32, layers=1, heads=2, max_positions=8,
                          intermediate=64, projection_dim=None, activation="quick_gelu")

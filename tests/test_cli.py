@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from graph.bench import run_bench
-from graph.cli import _lazy, main
+from mixgraph.ui.bench_engine import run_bench
+from mixgraph.ui.cli import main
 from tests import toy_nodes as toy
 from tests.toy_nodes import call, link
 
@@ -99,9 +99,10 @@ def test_cli_interrupted_exit_130(tmp_path):
     assert main(["run", write(tmp_path, wf), *dirs(tmp_path), "--quiet"], registry=REG) == 130
 
 
-def test_cli_lazy_subcommand_missing_exit_2(capsys):
-    assert _lazy("graph.no_such_module", "mixgraph serve", None) == 2
-    assert "not available yet" in capsys.readouterr().err
+def test_cli_version(capsys):
+    import mixgraph
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"mixgraph {mixgraph.__version__}"
 
 
 def test_bench_engine_json_keys(capsys):

@@ -8,15 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nodes.models.cast import apply_precision
-from nodes.models.controlnet import (
+from mixgraph.nodes.models.cast import apply_precision
+from mixgraph.nodes.models.controlnet import (
     ControlNetChain,
     ControlNetModel,
     controlnet_config_from_state_dict,
     convert_controlnet_state_dict,
     resize_hint,
 )
-from nodes.models.unet import timestep_embedding
+from mixgraph.nodes.models.unet import timestep_embedding
 from tests.fixtures.tiny_lora import (
     TINY_POOLED,
     diffusers_controlnet_config,
@@ -206,7 +206,7 @@ def test_controlnet_under_bf16_storage_returns_f32_close_to_f32(sd15_nets):
 def test_load_controlnet_file_runs_the_same_net(tmp_path, sd15_nets, layout):
     from safetensors.torch import save_file
 
-    from nodes.models.loader import load_controlnet
+    from mixgraph.nodes.models.loader import load_controlnet
 
     ldm = tiny_controlnet_state_dict("sd15", seed=0)
     sd = ldm if layout == "ldm" else to_diffusers_controlnet(ldm, "sd15")
@@ -219,4 +219,7 @@ def test_load_controlnet_file_runs_the_same_net(tmp_path, sd15_nets, layout):
     hint = torch.rand(1, 3, 32, 32, generator=g)
     with torch.no_grad():
         for a, b in zip(runner(x, hint, t, ctx, y), sd15_nets[0](x, hint, t, ctx, y)):
-            assert torch.equal(a, b)
+            # Same weights and math, but the loaded net's tensors come from an mmapped file with
+            # their own strides, so oneDNN may pick other kernels (3.8e-6 seen on an AVX-512 EPYC):
+            # f32 rounding of a few hundred accumulations, far below any wrong-weight error.
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from graph.workflow import load_workflow
+from mixgraph.graph.workflow import load_workflow
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -58,7 +58,7 @@ def _get_json(url: str, timeout: float = 5.0):
 
 
 def _start_server(tmp: Path, deadline: float) -> tuple[subprocess.Popen, str]:
-    from nodes.models.synthetic import write_sd15_checkpoint
+    from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
     write_sd15_checkpoint(tmp / "models" / "checkpoints" / "sd15.safetensors", "tiny")
     user = tmp / "user" / "default"          # `mixgraph serve`'s user folder, under its cwd
     user.mkdir(parents=True)                 # a returning user: no first-run template browser
@@ -66,7 +66,7 @@ def _start_server(tmp: Path, deadline: float) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "graph.cli", "serve", "--port", str(port), "--models",
+        [sys.executable, "-m", "mixgraph", "serve", "--port", str(port), "--models",
          str(tmp / "models"), "--input", str(tmp / "input"), "--output", str(tmp / "output")],
         cwd=tmp, env=env, stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -90,7 +90,7 @@ def _browser_or_skip():
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.skip("the 'playwright' Python package is not installed (pip install playwright)")
-    from ui.frontend import frontend_root
+    from mixgraph.ui.frontend import frontend_root
     if frontend_root() is None:
         pytest.skip("comfyui-frontend-package is not installed")
     return sync_playwright
@@ -167,9 +167,9 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
                                     "Precision (mixgraph): f32"]
                 assert "✓ f32" in menu[4] and "bf16" in menu[4]
                 sent = page.evaluate("() => window.app.graphToPrompt()")
-                from graph.api import default_registry
-                from graph.workflow import Region
-                from ui.server import editor_regions
+                from mixgraph.ui.api import default_registry
+                from mixgraph.graph.workflow import Region
+                from mixgraph.ui.server import editor_regions
                 wf = editor_regions(load_workflow(sent["output"], default_registry()),
                                     {"extra_pnginfo": {"workflow": sent["workflow"]}},
                                     default_registry())
@@ -228,11 +228,11 @@ def test_editor_startup_endpoints_jobs_and_stubs(tmp_path):
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from graph.cache import OutputCache
-    from graph.env import Env
-    from graph.executor import Executor
+    from mixgraph.graph.cache import OutputCache
+    from mixgraph.graph.env import Env
+    from mixgraph.graph.executor import Executor
     from tests import toy_nodes as toy
-    from ui.server import SERVER_KEY, create_app
+    from mixgraph.ui.server import SERVER_KEY, create_app
 
     for d in ("in", "out", "temp", "models/checkpoints/sub"):
         (tmp_path / d).mkdir(parents=True)

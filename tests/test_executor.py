@@ -6,10 +6,10 @@ import threading
 import pytest
 import torch
 
-from graph import events as ev
-from graph.cache import OutputCache
-from graph.env import Env
-from graph.executor import Executor, Interrupted, NodeError, ValidationFailed
+from mixgraph.graph import events as ev
+from mixgraph.graph.cache import OutputCache
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor, Interrupted, NodeError, ValidationFailed
 from tests import toy_nodes as toy
 from tests.toy_nodes import call, link
 
@@ -185,7 +185,7 @@ def test_executor_resolved_precision_is_in_key_and_report(ex):
 
 
 def test_executor_region_beats_run_default(ex):
-    from graph.workflow import PrecisionConfig, Region, Workflow, load_workflow
+    from mixgraph.graph.workflow import PrecisionConfig, Region, Workflow, load_workflow
     wf = load_workflow(nan_wf(), REG)
     wf = Workflow(wf.prompt, PrecisionConfig("bf16", (Region("vae", frozenset({"3"}), "f16:f32"),)))
     r = ex.run(wf, precision="bf16")
@@ -225,7 +225,7 @@ def test_executor_long_chain_has_no_recursion(ex):
 
 
 def test_api_run_builds_graph_in_code_and_shares_cache(ex, env):
-    from graph import api
+    from mixgraph.ui import api
     g = api.Graph(precision="f32")
     one = g.add("Const", value=4)
     loader = g.add("ToyModelLoader", scale=0.5)
@@ -244,7 +244,7 @@ def test_api_run_builds_graph_in_code_and_shares_cache(ex, env):
 
 
 def test_executor_same_workflow_object_rechecks_file_and_literals_each_run(ex, env):
-    from graph.workflow import load_workflow
+    from mixgraph.graph.workflow import load_workflow
     f = env.input / "a.txt"
     f.write_text("one")
     wf = load_workflow({"1": call("ReadText", path="a.txt"), "2": call("ShowText", text=link(1)),

@@ -48,9 +48,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nodes.sampling import samplers as S
-from nodes.sampling.noise import BrownianTreeNoiseSampler, default_noise_sampler
-from nodes.sampling.schedules import (
+from mixgraph.nodes.sampling import samplers as S
+from mixgraph.nodes.sampling.noise import BrownianTreeNoiseSampler, default_noise_sampler
+from mixgraph.nodes.sampling.schedules import (
     DiscreteSchedule,
     calculate_sigmas,
     exponential_scheduler,

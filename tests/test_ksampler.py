@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from nodes.sampling.cond import Cond, Control, Latent, SizeCond
-from nodes.sampling.ksampler import compute_sigmas, cut_sigmas, sample
-from nodes.sampling.noise import prepare_noise
-from nodes.sampling.parameterization import CFGDenoiser, ModelSampling
+from mixgraph.nodes.sampling.cond import Cond, Control, Latent, SizeCond
+from mixgraph.nodes.sampling.ksampler import compute_sigmas, cut_sigmas, sample
+from mixgraph.nodes.sampling.noise import prepare_noise
+from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling
 
 POS = torch.full((1, 2, 3), 1.0)
 NEG = torch.full((1, 2, 3), -1.0)

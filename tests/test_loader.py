@@ -8,14 +8,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from graph.precision import parse_spec
-from nodes.models import loader
-from nodes.models.clip import open_clip_to_hf
-from nodes.models.handles import ModelHandle
-from nodes.models.safetensors_io import WeightFileError, WeightSource, inspect_file
-from nodes.models.store import WeightStore
-from nodes.models.unet import UNetModel
-from nodes.models.vae import AutoencoderKL
+from mixgraph.graph.precision import parse_spec
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.models.clip import open_clip_to_hf
+from mixgraph.nodes.models.handles import ModelHandle
+from mixgraph.nodes.models.safetensors_io import WeightFileError, WeightSource, inspect_file
+from mixgraph.nodes.models.store import WeightStore
+from mixgraph.nodes.models.unet import UNetModel
+from mixgraph.nodes.models.vae import AutoencoderKL
 from tests.fixtures import checkpoints as C
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict, tiny_open_clip_state_dict
 from tests.fixtures.tiny_unet import tiny_unet_config, tiny_unet_state_dict
@@ -93,7 +93,7 @@ def test_loader_sdxl_encoders_and_markers(files):
     assert clip.clip_g.prefix == "conditioner.embedders.1.model." and clip.clip_g.layout == "open_clip"
     store = WeightStore()
     want = open_clip_to_hf(tiny_open_clip_state_dict(3, width=32, proj=C.TINY_POOLED), "")
-    from nodes.models.clip import CLIPTextModel
+    from mixgraph.nodes.models.clip import CLIPTextModel
 
     _assert_same(_weights(store, "clip_g", clip.clip_g, clip.clip_g_config, CLIPTextModel), want)
     v, _, _ = loader.load_checkpoint(files["sdxl_v"])
@@ -112,7 +112,7 @@ def test_loader_end_to_end_sdxl_encode_adm_unet(files):
     assert cond.cross_attn.shape == (1, 77, 64) and cond.pooled.shape == (1, C.TINY_POOLED)
     runner = model.runner(F32)
     y = runner.adm(cond, (8, 12))
-    from nodes.models.unet import sdxl_adm
+    from mixgraph.nodes.models.unet import sdxl_adm
 
     torch.testing.assert_close(y, sdxl_adm(cond.pooled, 96.0, 64.0, 0, 0, 96.0, 64.0))
     out = runner.unet(torch.zeros(1, 4, 8, 12), torch.tensor([10.0]), cond.cross_attn, y)
@@ -123,7 +123,7 @@ def test_loader_refiner_adm_aesthetic_defaults(files):
     model, clip, _ = loader.load_checkpoint(files["refiner"])
     (cond,) = clip.encode("x", F32)
     runner = model.runner(F32)
-    from nodes.models.unet import sdxl_refiner_adm
+    from mixgraph.nodes.models.unet import sdxl_refiner_adm
 
     torch.testing.assert_close(runner.adm(cond, (4, 4)), sdxl_refiner_adm(cond.pooled, 32.0, 32.0, 0, 0, 6.0))
     torch.testing.assert_close(runner.adm(cond, (4, 4), negative=True), sdxl_refiner_adm(cond.pooled, 32.0, 32.0, 0, 0, 2.5))
@@ -288,7 +288,7 @@ def test_store_lru_budget_evicts_oldest():
 
 
 def test_store_merges_lora_patch_in_f32():
-    from nodes.models.lora import LoraAdapter, LoraFile, LoraPatch
+    from mixgraph.nodes.models.lora import LoraAdapter, LoraFile, LoraPatch
 
     sd = tiny_unet_state_dict("sd15")
     key = "input_blocks.1.1.proj_in.weight"  # [32, 32, 1, 1] conv
@@ -317,7 +317,7 @@ def test_handles_are_hashable_and_equal_per_file(files):
 def test_loader_controlnet_ldm_file(files):
     import dataclasses
 
-    from nodes.models.controlnet import ControlNetConfig, ControlNetModel
+    from mixgraph.nodes.models.controlnet import ControlNetConfig, ControlNetModel
 
     cfg = ControlNetConfig(unet=dataclasses.replace(tiny_unet_config("sd15"), transformer_depth_output=()))
     sd = C.random_state_dict(C.module_shapes(lambda: ControlNetModel(cfg)), 0)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.models.diffusers_names import unet_diffusers_module_map
-from nodes.models.lora import LoraKeyWarning, LoraPatch, apply_patches, load_lora
+from mixgraph.nodes.models.diffusers_names import unet_diffusers_module_map
+from mixgraph.nodes.models.lora import LoraKeyWarning, LoraPatch, apply_patches, load_lora
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
 from tests.fixtures.tiny_lora import (
     CLIP_TARGETS,
@@ -413,7 +413,7 @@ class _F32:
 
 
 def test_lora_patches_merge_at_materialization_of_model_and_clip_handles(tmp_path):
-    from nodes.models.loader import load_checkpoint
+    from mixgraph.nodes.models.loader import load_checkpoint
     from tests.fixtures.checkpoints import write_sd15
 
     model, clip, _ = load_checkpoint(write_sd15(tmp_path / "tiny.safetensors", seed=7))
@@ -433,8 +433,8 @@ def test_lora_patches_merge_at_materialization_of_model_and_clip_handles(tmp_pat
     other = UNET_TARGETS["sd15"][0]
     assert torch.equal(patched[other], base[other])
 
-    from nodes.models import store
-    from nodes.models.clip import CLIPTextModel
+    from mixgraph.nodes.models import store
+    from mixgraph.nodes.models.clip import CLIPTextModel
 
     def clip_sd(handle):
         return store.materialize("clip_l", handle.clip_l, handle.clip_l_config, torch.float32,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
-from graph.env import Env
-from nodes import folders, imaging, latent_ops
-from nodes.sampling.cond import Cond
+from mixgraph.graph.env import Env
+from mixgraph.nodes import folders, imaging, latent_ops
+from mixgraph.nodes.sampling.cond import Cond
 
 
 def _env(tmp_path: Path) -> Env:

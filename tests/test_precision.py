@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from graph.precision import (F32, Policy, PrecisionError, Resolver, auto_spec, emulation_warning,
+from mixgraph.graph.precision import (F32, Policy, PrecisionError, Resolver, auto_spec, emulation_warning,
                              format_spec, parse_precision_arg, parse_spec, parse_type_defaults)
-from graph.workflow import PrecisionConfig, Region
+from mixgraph.graph.workflow import PrecisionConfig, Region
 
 
 def test_parse_spec_plain_dtypes():

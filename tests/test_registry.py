@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from graph.env import Env
-from graph.node import Boolean, Combo, Float, Hidden, Int, Socket, String, node
-from graph.registry import Registry, RegistryError
+from mixgraph.graph.env import Env
+from mixgraph.graph.node import Boolean, Combo, Float, Hidden, Int, Socket, String, node
+from mixgraph.graph.registry import Registry, RegistryError
 
 SAMPLERS = ["euler", "euler_ancestral", "heun"]
 SCHEDULERS = ["simple", "sgm_uniform", "karras"]

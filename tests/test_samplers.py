@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
-from nodes.sampling import samplers as S
-from nodes.sampling.noise import (
+from mixgraph.nodes.sampling import samplers as S
+from mixgraph.nodes.sampling.noise import (
     BrownianTreeNoiseSampler,
     default_noise_sampler,
     prepare_noise,
 )
-from nodes.sampling.schedules import karras_scheduler
+from mixgraph.nodes.sampling.schedules import karras_scheduler
 
 MU, SD = 0.5, 0.8
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from scipy import integrate
 
-from nodes.sampling import samplers_extra as se
-from nodes.sampling.noise import default_noise_sampler
+from mixgraph.nodes.sampling import samplers_extra as se
+from mixgraph.nodes.sampling.noise import default_noise_sampler
 
 MU, S = 0.3, 0.5
 SIGMA_MIN, SIGMA_MAX = 0.0292, 14.6146
@@ -308,8 +308,8 @@ class PromptShiftedEps:
 
 
 def _cfg_denoiser(pos_value: float, neg_value: float, cfg: float):
-    from nodes.sampling.cond import Cond
-    from nodes.sampling.parameterization import CFGDenoiser
+    from mixgraph.nodes.sampling.cond import Cond
+    from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 
     pos = (Cond(cross_attn=torch.full((1, 3, 8), pos_value)),)
     neg = (Cond(cross_attn=torch.full((1, 3, 8), neg_value)),)

@@ -7,7 +7,7 @@ import pytest
 import scipy.stats
 import torch
 
-from nodes.sampling.schedules import (
+from mixgraph.nodes.sampling.schedules import (
     SCHEDULER_NAMES,
     DiscreteSchedule,
     calculate_sigmas,

@@ -17,15 +17,15 @@ from aiohttp import FormData, WSMsgType, WSServerHandshakeError
 from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
 
-from graph.cache import OutputCache
-from graph.env import Env
-from graph.executor import Executor
-from graph.node import Int, Socket, node
+from mixgraph.graph.cache import OutputCache
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor
+from mixgraph.graph.node import Int, Socket, node
 from tests import toy_nodes as toy
 from tests.toy_nodes import call, link
-from ui.frontend import frontend_root
-from ui.security import SecurityError, safe_path
-from ui.server import SERVER_KEY, create_app, serve
+from mixgraph.ui.frontend import frontend_root
+from mixgraph.ui.security import SecurityError, safe_path
+from mixgraph.ui.server import SERVER_KEY, create_app, serve
 
 SPIN_STARTED = threading.Event()
 
@@ -556,7 +556,7 @@ def test_server_non_loopback_bind_requires_token(env, capsys):
     create_app(env, registry=REG, host="0.0.0.0", token="t")
     create_app(env, registry=REG, host="192.168.1.5", insecure=True)
     assert serve(host="0.0.0.0", port=0) == 2
-    from graph.cli import main
+    from mixgraph.ui.cli import main
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "--token" in capsys.readouterr().err
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer, load_clip_vocab, parse_weights
+from mixgraph.nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer, load_clip_vocab, parse_weights
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ import torch
 from diffusers import UNet2DConditionModel
 from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 
-from nodes.models.unet import (
+from mixgraph.nodes.models.unet import (
     UNetModel,
     sdxl_adm,
     sdxl_refiner_adm,
     timestep_embedding,
     unet_config_from_state_dict,
 )
-from nodes.sampling.cond import Control
+from mixgraph.nodes.sampling.cond import Control
 from tests.fixtures.tiny_unet import KINDS, TINY_POOLED, tiny_unet, tiny_unet_config, tiny_unet_state_dict
 
 PREFIX = "model.diffusion_model."

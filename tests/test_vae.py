@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graph.precision import parse_spec
-from nodes.models.handles import VaeHandle
-from nodes.models.safetensors_io import WeightSource
-from nodes.models.vae import (
+from mixgraph.graph.precision import parse_spec
+from mixgraph.nodes.models.handles import VaeHandle
+from mixgraph.nodes.models.safetensors_io import WeightSource
+from mixgraph.nodes.models.vae import (
     AutoencoderKL,
     VAEConfig,
     crop_to_multiple,

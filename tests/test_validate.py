@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from graph.node import Boolean, Combo, Float, Int, Socket, String, node
-from graph.registry import Registry
-from graph.validate import Problem, format_problems, validate
-from graph.workflow import BadLink, Link, NodeCall, load_workflow
+from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, String, node
+from mixgraph.graph.registry import Registry
+from mixgraph.graph.validate import Problem, format_problems, validate
+from mixgraph.graph.workflow import BadLink, Link, NodeCall, load_workflow
 
 
 @node(outputs=["INT"], register=False)
@@ -334,7 +334,7 @@ def test_validate_node_validator_runs_on_every_validation():
 def test_validate_order_equals_executor_plan_order_on_random_graphs():
     import random
 
-    from graph.executor import plan_order
+    from mixgraph.graph.executor import plan_order
     rng = random.Random(0)
     for _ in range(300):
         ids = [str(i) for i in range(rng.randint(1, 10))]

@@ -16,12 +16,12 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from graph import api
-from graph.executor import Executor
-from graph.cache import OutputCache
-from graph.env import Env
-from graph.validate import validate
-from graph.workflow import load_workflow
+from mixgraph.ui import api
+from mixgraph.graph.executor import Executor
+from mixgraph.graph.cache import OutputCache
+from mixgraph.graph.env import Env
+from mixgraph.graph.validate import validate
+from mixgraph.graph.workflow import load_workflow
 from tests.fixtures.checkpoints import write_sd15, write_sdxl, write_sdxl_refiner
 from tests.fixtures.workflow_models import write_controlnet, write_lora
 

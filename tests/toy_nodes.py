@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from graph.fingerprint import fingerprint_file
-from graph.node import Float, Hidden, Int, Result, Socket, String, node
-from graph.registry import Registry
+from mixgraph.graph.fingerprint import fingerprint_file
+from mixgraph.graph.node import Float, Hidden, Int, Result, Socket, String, node
+from mixgraph.graph.registry import Registry
 
 CALLS: Counter = Counter()
 _random = itertools.count(1000)

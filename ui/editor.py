@@ -88,13 +88,13 @@ class EditorRoutes:
         return web.json_response({})
 
     async def model_folders(self, request: web.Request) -> web.Response:
-        from nodes import folders
+        from mixgraph.nodes import folders
         return web.json_response([{"name": key,
                                    "folders": [str(r) for r in folders.roots(self.env, key)]}
                                   for key in folders.FOLDERS])
 
     async def model_files(self, request: web.Request) -> web.Response:
-        from nodes import folders
+        from mixgraph.nodes import folders
         folder = request.match_info["folder"]
         if folder not in folders.FOLDERS and folder not in folders.ALIASES:
             raise web.HTTPNotFound(text=f"unknown model folder {folder!r}")
@@ -118,7 +118,7 @@ class EditorRoutes:
         return web.Response(status=200)
 
     async def folder_paths(self, request: web.Request) -> web.Response:
-        from nodes import folders
+        from mixgraph.nodes import folders
         paths = {key: [str(Path(r).resolve()) for r in folders.roots(self.env, key)]
                  for key in folders.FOLDERS}
         return web.json_response(paths)
@@ -133,7 +133,7 @@ class EditorRoutes:
 
 
 def _model_files(env: Any, folder: str) -> list[dict]:
-    from nodes import folders
+    from mixgraph.nodes import folders
     out, seen = [], set()
     for index, root in enumerate(folders.roots(env, folder)):
         if not root.is_dir():

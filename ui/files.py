@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ui.security import SecurityError, check_image, unique_name
+from mixgraph.ui.security import SecurityError, check_image, unique_name
 
 __all__ = ["header_safe", "convert_image", "store_upload", "merge_mask", "safetensors_metadata"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ui.security import SecurityError, safe_path
+from mixgraph.ui.security import SecurityError, safe_path
 
 __all__ = ["frontend_root", "UserData", "index_handler", "user_css", "NOT_INSTALLED_HTML",
            "EMPTY_USER_FILES"]

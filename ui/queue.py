@@ -24,9 +24,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from graph import events as ev
-from graph.context import Interrupted
-from graph.executor import ExecutionFailed, NodeError, ValidationFailed
+from mixgraph.graph import events as ev
+from mixgraph.graph.context import Interrupted
+from mixgraph.graph.executor import ExecutionFailed, NodeError, ValidationFailed
 
 __all__ = ["QueueItem", "PromptQueue", "MAX_HISTORY", "SENSITIVE_KEYS"]
 
@@ -305,7 +305,7 @@ class PromptQueue:
 
 
     def _preview(self, event: ev.Progress, prompt_id: str, client_id: str | None) -> None:
-        from ui.ws import encode_preview
+        from mixgraph.ui.ws import encode_preview
         jpeg = encode_preview(event.preview)
         if jpeg is not None:
             self.emit_preview(jpeg, {"node_id": event.node, "prompt_id": prompt_id,

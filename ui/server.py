@@ -26,18 +26,18 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from graph.env import Env
-from graph.executor import Executor
-from graph.validate import validate
-from graph.workflow import Region, Workflow, WorkflowError, dump_api, load_workflow
-from ui.editor import EditorRoutes, LogBuffer, template_routes
-from ui.files import convert_image, header_safe, safetensors_metadata, store_upload
-from ui.frontend import UserData, frontend_root, index_handler, user_css
-from ui.jobs import JobRoutes
-from ui.queue import PromptQueue, QueueItem
-from ui.security import (SecurityError, check_bind, is_loopback, read_limited, safe_path,
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor
+from mixgraph.graph.validate import validate
+from mixgraph.graph.workflow import Region, Workflow, WorkflowError, dump_api, load_workflow
+from mixgraph.ui.editor import EditorRoutes, LogBuffer, template_routes
+from mixgraph.ui.files import convert_image, header_safe, safetensors_metadata, store_upload
+from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_css
+from mixgraph.ui.jobs import JobRoutes
+from mixgraph.ui.queue import PromptQueue, QueueItem
+from mixgraph.ui.security import (SecurityError, check_bind, is_loopback, read_limited, safe_path,
                          security_middleware)
-from ui.ws import Hub
+from mixgraph.ui.ws import Hub
 
 __all__ = ["create_app", "serve", "cli_main", "Server", "SERVER_KEY", "DEFAULT_MAX_UPLOAD"]
 
@@ -313,16 +313,16 @@ class Server:
         return web.json_response(system_stats(self.env))
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        from nodes import folders
+        from mixgraph.nodes import folders
         names = folders.list_files(self.env, "embeddings")
         return web.json_response(sorted({n.rsplit(".", 1)[0] for n in names}))
 
     async def models(self, request: web.Request) -> web.Response:
-        from nodes import folders
+        from mixgraph.nodes import folders
         return web.json_response(list(folders.FOLDERS))
 
     async def models_in(self, request: web.Request) -> web.Response:
-        from nodes import folders
+        from mixgraph.nodes import folders
         folder = request.match_info["folder"]
         if folder not in folders.FOLDERS and folder not in folders.ALIASES:
             raise web.HTTPNotFound(text=f"unknown model folder {folder!r}")
@@ -331,7 +331,7 @@ class Server:
         return web.json_response(files)
 
     async def view_metadata(self, request: web.Request) -> web.Response:
-        from nodes import folders
+        from mixgraph.nodes import folders
         folder, name = request.match_info["folder"], request.query.get("filename", "")
         if not name.endswith((".safetensors", ".sft")):
             raise web.HTTPNotFound(text="only safetensors files carry metadata")
@@ -452,10 +452,10 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     check_bind(host, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
     if registry is None and executor is None:
-        from graph.api import default_registry
+        from mixgraph.ui.api import default_registry
         registry = default_registry()
         if unload_hooks is None:
-            from nodes.models import store
+            from mixgraph.nodes.models import store
             hooks = (store.clear,)
     if executor is None:
         executor = Executor(registry, env)
@@ -510,7 +510,7 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     except SecurityError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from graph.cli import check_device
+    from mixgraph.ui.cli import check_device
     problem = check_device(device)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

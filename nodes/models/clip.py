@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nodes.models.attention import attention
+from mixgraph.nodes.models.attention import attention
 
 __all__ = ["CLIPTextConfig", "CLIPTextModel", "open_clip_to_hf", "to_hf_layout", "is_open_clip"]
 

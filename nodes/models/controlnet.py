@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nodes.models.diffusers_names import diffusers_to_ldm_table, diffusers_unet_layout, translate_diffusers_key
-from nodes.models.resize import upscale
-from nodes.models.unet import (UNetConfig, build_input_blocks, build_middle_block,
+from mixgraph.nodes.models.diffusers_names import diffusers_to_ldm_table, diffusers_unet_layout, translate_diffusers_key
+from mixgraph.nodes.models.resize import upscale
+from mixgraph.nodes.models.unet import (UNetConfig, build_input_blocks, build_middle_block,
                                encoder_config_from_shapes, timestep_embedding)
-from nodes.sampling.cond import Control
+from mixgraph.nodes.sampling.cond import Control
 
 __all__ = [
     "ControlNetConfig",

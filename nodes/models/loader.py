@@ -35,12 +35,12 @@ from pathlib import Path
 
 import torch
 
-from nodes.models.clip import CLIPTextConfig, is_open_clip, open_clip_to_hf
-from nodes.models.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
-from nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
-from nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
-from nodes.models.unet import UNetConfig, unet_config_from_state_dict
-from nodes.models.vae import VAEConfig
+from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip, open_clip_to_hf
+from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
+from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
+from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
+from mixgraph.nodes.models.unet import UNetConfig, unet_config_from_state_dict
+from mixgraph.nodes.models.vae import VAEConfig
 
 __all__ = [
     "load_checkpoint",
@@ -104,7 +104,7 @@ def reader_for_source(source: WeightSource):
     if layout == "open_clip":
         return None, lambda sd: open_clip_to_hf(sd, "")
     if layout == "controlnet":
-        from nodes.models.controlnet import convert_controlnet_state_dict
+        from mixgraph.nodes.models.controlnet import convert_controlnet_state_dict
 
         return None, convert_controlnet_state_dict
     keys = _source_keys(source)
@@ -426,7 +426,7 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
 def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     """ControlNetLoader: LDM (``control_model.`` or bare) or diffusers ControlNet files; the key
     conversion and config derivation are ``nodes.models.controlnet``'s, run on the header here."""
-    from nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
+    from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
 
     p = Path(path)
     if p.is_dir():

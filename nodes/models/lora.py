@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from nodes.models.lora_keys import CLIP_TARGETS, group_modules, is_text_encoder_name, model_lookup
+from mixgraph.nodes.models.lora_keys import CLIP_TARGETS, group_modules, is_text_encoder_name, model_lookup
 
 __all__ = [
     "TARGETS",
@@ -366,7 +366,7 @@ def load_lora(
         name = name or "<state dict>"
         identity = identity or _identity_of(sd)
     else:
-        from nodes.models.safetensors_io import WeightSource, read_tensors
+        from mixgraph.nodes.models.safetensors_io import WeightSource, read_tensors
 
         path = os.fspath(source)
         sd = read_tensors(path)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 
 from torch import Tensor
 
-from nodes.models.diffusers_names import unet_diffusers_module_map
+from mixgraph.nodes.models.diffusers_names import unet_diffusers_module_map
 
 __all__ = [
     "CLIP_TARGETS",

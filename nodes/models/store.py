@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nodes.models.safetensors_io import WeightSource, read_source, source_dtypes
+from mixgraph.nodes.models.safetensors_io import WeightSource, read_source, source_dtypes
 
 __all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule"]
 
@@ -225,7 +225,7 @@ class WeightStore:
                 return entry.tensors
             if patches:
                 base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename)
-                from nodes.models.lora import apply_patches
+                from mixgraph.nodes.models.lora import apply_patches
 
                 tensors = apply_patches(base, patches, target=kind)
                 self.stats.patched += 1
@@ -292,7 +292,7 @@ class WeightStore:
     def _read(self, source, dtype, rule, rename):
         post = None
         if rename is None:
-            from nodes.models.loader import reader_for_source
+            from mixgraph.nodes.models.loader import reader_for_source
 
             rename, post = reader_for_source(source)
         tensors = read_source(source, lambda k: rule(k, dtype), rename)

@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from nodes.models.clip import CLIPTextConfig, CLIPTextModel
-from nodes.models.unet import UNetConfig, UNetModel
-from nodes.models.vae import AutoencoderKL, VAEConfig
+from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
+from mixgraph.nodes.models.unet import UNetConfig, UNetModel
+from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig
 
 SD15_UNET = UNetConfig()  # the defaults are SD 1.5's
 SD15_VAE = VAEConfig()

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nodes.models.clip import CLIPTextModel
-from nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer, EmbeddingLookup, TokenWeights
-from nodes.sampling.cond import Cond
+from mixgraph.nodes.models.clip import CLIPTextModel
+from mixgraph.nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer, EmbeddingLookup, TokenWeights
+from mixgraph.nodes.sampling.cond import Cond
 
 __all__ = [
     "TextEncoders",

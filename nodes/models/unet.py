@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nodes.models.attention import attention
-from nodes.sampling.cond import Control  # re-exported: the residuals type lives with the edge payloads
+from mixgraph.nodes.models.attention import attention
+from mixgraph.nodes.sampling.cond import Control  # re-exported: the residuals type lives with the edge payloads
 
 GROUPS = 32  # GroupNorm groups everywhere in the LDM UNet
 

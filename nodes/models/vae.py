@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nodes.models.attention import attention
+from mixgraph.nodes.models.attention import attention
 
 __all__ = [
     "VAEConfig",

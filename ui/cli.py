@@ -1,16 +1,14 @@
 """The `mixgraph` command line (DESIGN §2).
 
 Exit codes: 0 success, 2 invalid workflow or arguments (nothing executed), 1 a node failed,
-130 interrupted. The node library is imported only here, at run time (`graph.api.
-load_node_library`), so graph/ has no static import of nodes/; `serve`, `demo` and
-`bench precision` load their implementations (`ui.server`, `nodes.demo`, `nodes.bench`, each a
-`cli_main(args) -> int`) lazily as well.
+130 interrupted. Each command's implementation lives beside this module in ui/ (`server`, `demo`,
+`bench_engine`, `bench_precision`); they are imported when their command runs, so `mixgraph
+validate` does not pay for aiohttp or the benchmarks.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
@@ -28,6 +26,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mixgraph", description="Node-graph workflow engine for "
                                      "Stable Diffusion with per-subgraph precision.")
+    from mixgraph import __version__
+    parser.add_argument("--version", action="version", version=f"mixgraph {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="validate then execute a workflow headless")
@@ -102,14 +102,17 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
         if args.command == "nodes":
             return _cmd_nodes(args, registry)
         if args.command == "bench" and args.bench == "engine":
-            from graph.bench import cli_main
-            return cli_main(args)
+            from mixgraph.ui.bench_engine import cli_main
+            return int(cli_main(args) or 0)
         if args.command == "bench":
-            return _lazy("nodes.bench", "mixgraph bench precision", args)
+            from mixgraph.ui.bench_precision import cli_main
+            return int(cli_main(args) or 0)
         if args.command == "serve":
-            return _lazy("ui.server", "mixgraph serve", args)
+            from mixgraph.ui.server import cli_main
+            return int(cli_main(args) or 0)
         if args.command == "demo":
-            return _lazy("nodes.demo", "mixgraph demo", args)
+            from mixgraph.ui.demo import cli_main
+            return int(cli_main(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -118,15 +121,6 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
         return e.code
     parser.error(f"unknown command {args.command!r}")
     return EXIT_INVALID
-
-
-def _lazy(module: str, what: str, args: argparse.Namespace) -> int:
-    try:
-        fn = getattr(importlib.import_module(module), "cli_main")
-    except (ImportError, AttributeError) as e:
-        print(f"{what}: not available yet ({type(e).__name__}: {e})", file=sys.stderr)
-        return EXIT_INVALID
-    return int(fn(args) or 0)
 
 
 class CliError(Exception):
@@ -138,7 +132,7 @@ class CliError(Exception):
 def _registry(registry: Any) -> Any:
     if registry is not None:
         return registry
-    from graph.api import default_registry
+    from mixgraph.ui.api import default_registry
     try:
         return default_registry()
     except Exception as e:  # noqa: BLE001 - a broken install: say so, run nothing
@@ -146,7 +140,7 @@ def _registry(registry: Any) -> Any:
 
 
 def _env(args: argparse.Namespace):
-    from graph.env import Env
+    from mixgraph.graph.env import Env
     return Env.from_args(models=args.models, input=args.input, output=getattr(args, "output", None),
                          device=getattr(args, "device", None))
 
@@ -173,18 +167,18 @@ def check_device(device: str | None) -> str | None:
 
 
 def _load(path: str, registry: Any):
-    from graph.workflow import load_workflow
+    from mixgraph.graph.workflow import load_workflow
     if not Path(path).is_file():
-        from graph.workflow import WorkflowError
+        from mixgraph.graph.workflow import WorkflowError
         raise WorkflowError(f"{path}: no such file")
     return load_workflow(Path(path), registry)
 
 
 def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
-    from graph.api import set_inputs
-    from graph.executor import Executor, Interrupted, NodeError, ValidationFailed
-    from graph.precision import PrecisionError, parse_precision_arg
-    from graph.workflow import WorkflowError
+    from mixgraph.ui.api import set_inputs
+    from mixgraph.graph.executor import Executor, Interrupted, NodeError, ValidationFailed
+    from mixgraph.graph.precision import PrecisionError, parse_precision_arg
+    from mixgraph.graph.workflow import WorkflowError
 
     problem = check_device(args.device)
     if problem:
@@ -229,8 +223,8 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
-    from graph.validate import format_problems, validate
-    from graph.workflow import WorkflowError
+    from mixgraph.graph.validate import format_problems, validate
+    from mixgraph.graph.workflow import WorkflowError
 
     registry = _registry(registry)
     env = _env(args)
@@ -246,7 +240,7 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     v = validate(wf.prompt, registry, env)
     problems = []
     if wf.precision is not None:  # precision specs are part of the workflow too
-        from graph.precision import PrecisionError, parse_spec
+        from mixgraph.graph.precision import PrecisionError, parse_spec
         specs = [("default", wf.precision.default)] + [(f"region {r.name!r}", r.precision)
                                                         for r in wf.precision.regions]
         for where, spec in specs:
@@ -301,7 +295,7 @@ class _ProgressBar:
         self._current: str | None = None
 
     def __call__(self, event: Any) -> None:
-        from graph import events as ev
+        from mixgraph.graph import events as ev
         if self.disable:
             if isinstance(event, (ev.Warning, ev.NanFallback)):
                 print(f"warning: {event.message}", file=sys.stderr)

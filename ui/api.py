@@ -1,6 +1,6 @@
 """Python API for scripts and notebooks: same engine, same cache, same precision rules as the CLI.
 
-    from graph import api
+    from mixgraph.ui import api
     result = api.run("workflows/txt2img.json", models="models", precision="bf16,VAE=f32",
                      set={"3.seed": 7})
     image = result["8"][0]           # node 8's first output, in memory
@@ -14,53 +14,41 @@
     result = api.run(g.build())
 
 One default `Executor` per process (one output cache), created on first use with the node
-library registered; pass `executor=` to use another.
+library registered; pass `executor=` to use another. This is the top layer (ui/): it may import
+both the engine (mixgraph.graph) and the node library (mixgraph.nodes).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from graph.env import Env
-from graph.executor import Executor, RunReport
-from graph.workflow import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError, load_workflow
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor, RunReport
+from mixgraph.graph.workflow import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError, load_workflow
 
 __all__ = ["load", "run", "RunResult", "Graph", "NodeRef", "set_inputs", "parse_set",
            "default_executor", "default_registry", "load_node_library"]
 
 _lock = threading.Lock()
 _default: Executor | None = None
-_library_loaded: bool | None = None
+_library_loaded = False
 
 
-def load_node_library(package: str | None = None) -> bool:
-    """Import the node library so its `@node` declarations register (graph/ never imports it
-    statically). `$MIXGRAPH_NODE_PACKAGE` names another package. False if it is not installed."""
+def load_node_library() -> None:
+    """Register the node library's `@node` declarations into the engine's registry (once)."""
     global _library_loaded
-    if _library_loaded is not None and package is None:
-        return _library_loaded
-    name = package or os.environ.get("MIXGRAPH_NODE_PACKAGE", "nodes")
-    try:
-        mod = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name != name and not name.startswith(f"{e.name}."):
-            raise
-        _library_loaded = False
-        return False
-    register_all = getattr(mod, "register_all", None)
-    if callable(register_all):
+    if not _library_loaded:
+        from mixgraph.nodes import register_all
         register_all()
-    _library_loaded = True
-    return True
+        _library_loaded = True
 
 
 def default_registry() -> Any:
-    from graph.registry import REGISTRY
+    from mixgraph.graph.registry import REGISTRY
     load_node_library()
     return REGISTRY
 

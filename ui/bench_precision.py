@@ -1,7 +1,7 @@
 """`mixgraph bench precision WF.json [--precisions LIST] [--json]`, and the measuring tools the
 benchmark scripts in benchmarks/ share (peak memory, child processes, PSNR/SSIM, tables).
 
-Each precision runs in its own child process (`python -m nodes.bench child ...`), so the peak
+Each precision runs in its own child process (`python -m mixgraph.ui.bench_precision child ...`), so the peak
 memory reported for it is its own: a process's peak RSS never goes down, and the weight cache
 would otherwise carry one precision's tensors into the next run. The f32 run is the reference
 for PSNR/SSIM; it always runs, first. The workflow's own precision section (default and regions)
@@ -181,7 +181,7 @@ def parse_precision_list(text: str | None) -> list[str]:
 
 def output_images(workflow: Any, values: dict, registry: Any) -> list[torch.Tensor]:
     """The IMAGE tensors fed to the workflow's output nodes, in node order."""
-    from graph.workflow import Link
+    from mixgraph.graph.workflow import Link
 
     images = []
     for node_id, call in workflow.prompt.items():
@@ -202,9 +202,9 @@ def run_measured(workflow: Any, spec: str | None, *, executor: Any = None, env_k
     """Run a workflow once through `graph.api.run` and measure it. `spec` replaces the file's
     precision section (None or "workflow": keep it). Returns seconds, s_per_step, steps,
     executed/cached node ids, nan_fallbacks, warnings and `images` (tensors, not JSON)."""
-    from graph import api
-    from graph import events as ev
-    from graph.workflow import PrecisionConfig
+    from mixgraph.ui import api
+    from mixgraph.graph import events as ev
+    from mixgraph.graph.workflow import PrecisionConfig
 
     ex = executor or api.default_executor()
     wf = api.load(workflow, ex.registry)
@@ -288,7 +288,7 @@ def bench_precision(workflow: str, precisions: Sequence[str], *, models: str | N
                    "input": input, "output": out_dir, "device": device, "images": images_path}
             row: dict[str, Any] = {"precision": spec}
             try:
-                res = run_child(["-m", "nodes.bench", "child", json.dumps(cfg)])
+                res = run_child(["-m", "mixgraph.ui.bench_precision", "child", json.dumps(cfg)])
             except RuntimeError as e:
                 row.update(status="error", error=str(e).splitlines()[-1] if str(e) else "failed")
                 rows.append(row)
@@ -322,7 +322,7 @@ COLUMNS = [
 
 def cli_main(args: Any) -> int:
     """`mixgraph bench precision WF.json [--precisions LIST] [--json]` (graph/cli.py parses)."""
-    from graph.precision import PrecisionError, parse_precision_arg
+    from mixgraph.graph.precision import PrecisionError, parse_precision_arg
 
     if args.bench != "precision":
         print(f"mixgraph bench {args.bench}: unknown benchmark", file=sys.stderr)
@@ -360,4 +360,4 @@ if __name__ == "__main__":  # the child side of run_child
     if len(sys.argv) >= 3 and sys.argv[1] == "child":
         _child_precision(sys.argv[2:])
     else:
-        sys.exit("usage: python -m nodes.bench child CONFIG_JSON (internal; use `mixgraph bench precision`)")
+        sys.exit("usage: python -m mixgraph.ui.bench_precision child CONFIG_JSON (internal; use `mixgraph bench precision`)")

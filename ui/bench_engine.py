@@ -1,6 +1,6 @@
 """Engine benchmark: per-node overhead of validation, planning and execution (DESIGN §2).
 
-    python -m graph.bench [--json]          (also `mixgraph bench engine [--json]`)
+    python -m mixgraph.ui.bench_engine [--json]          (also `mixgraph bench engine [--json]`)
 
 Graphs of trivial integer nodes (declared here, registered into a private Registry, so nothing in
 the node library is involved): a 1,000-node chain and a 1,000-node fan-out, each timed for
@@ -21,14 +21,14 @@ import sys
 import time
 from typing import Any, Callable
 
-from graph.cache import OutputCache
-from graph.env import Env
-from graph.executor import Executor, plan_order
-from graph.node import Int, Result, Socket, node
-from graph.precision import Resolver
-from graph.registry import Registry
-from graph.validate import validate
-from graph.workflow import load_workflow
+from mixgraph.graph.cache import OutputCache
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor, plan_order
+from mixgraph.graph.node import Int, Result, Socket, node
+from mixgraph.graph.precision import Resolver
+from mixgraph.graph.registry import Registry
+from mixgraph.graph.validate import validate
+from mixgraph.graph.workflow import load_workflow
 
 __all__ = ["bench_registry", "chain_prompt", "fanout_prompt", "run_bench", "cli_main"]
 
@@ -191,7 +191,7 @@ def cli_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m graph.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mixgraph.ui.bench_engine", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--big", type=int, default=100_000)

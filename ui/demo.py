@@ -41,7 +41,7 @@ def demo_models_dir() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mixgraph" / "demo-models"
     checkpoint = base / "checkpoints" / DEMO_CHECKPOINT
     if not checkpoint.exists():
-        from nodes.models.synthetic import write_sd15_checkpoint
+        from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
 
         tmp = checkpoint.with_suffix(".tmp")
         write_sd15_checkpoint(tmp, size="tiny", seed=0)
@@ -51,7 +51,7 @@ def demo_models_dir() -> Path:
 
 def run(prompt: str | None = None, output: str | Path = "output", seed: int = 42) -> int:
     """Run the demo; print the written file and the per-node report. Returns an exit code."""
-    from graph import api
+    from mixgraph.ui import api
 
     result = api.run(api.load(demo_workflow(prompt or DEFAULT_PROMPT, seed)),
                      models=demo_models_dir(), output=output)

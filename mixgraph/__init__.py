@@ -1,0 +1,14 @@
+"""mixgraph: a node-graph workflow engine for Stable-Diffusion-family image generation.
+
+The distribution installs one import name, `mixgraph`, whose subpackages live in the repository's
+top-level folders: `mixgraph.graph` (graph/, the engine), `mixgraph.nodes` (nodes/, the node library
+and the model runtime) and `mixgraph.ui` (ui/, every way a person uses mixgraph: CLI, server, editor,
+demo, benchmarks, the Python API). The mapping is declared once, in pyproject.toml.
+"""
+
+from importlib.metadata import PackageNotFoundError, version as _version
+
+try:
+    __version__ = _version("mixgraph")
+except PackageNotFoundError:  # running from a checkout that was never installed
+    __version__ = "0.0.0+unknown"
