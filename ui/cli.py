@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from mixgraph.graph.env import check_device
+
 EXIT_OK, EXIT_NODE_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -143,27 +145,6 @@ def _env(args: argparse.Namespace):
     from mixgraph.graph.env import Env
     return Env.from_args(models=args.models, input=args.input, output=getattr(args, "output", None),
                          device=getattr(args, "device", None))
-
-
-def check_device(device: str | None) -> str | None:
-    """None if `device` is usable here, else why not."""
-    if not device:
-        return None
-    import torch
-    try:
-        d = torch.device(device)
-    except (RuntimeError, ValueError) as e:
-        return f"--device {device!r}: {e}"
-    if d.type == "cuda":
-        if not torch.cuda.is_available():
-            return f"--device {device}: CUDA is not available on this machine"
-        if d.index is not None and d.index >= torch.cuda.device_count():
-            return f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)"
-    elif d.type == "mps" and not torch.backends.mps.is_available():
-        return f"--device {device}: MPS is not available on this machine"
-    elif d.type not in ("cpu", "cuda", "mps"):
-        return f"--device {device}: unsupported device type {d.type!r} (cpu, cuda, cuda:N, mps)"
-    return None
 
 
 def _load(path: str, registry: Any):

@@ -510,7 +510,7 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     except SecurityError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from mixgraph.ui.cli import check_device
+    from mixgraph.graph.env import check_device
     problem = check_device(device)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -1,0 +1,150 @@
+"""The layering of DESIGN §1 and STYLE rule 2, read from the source with `ast`.
+
+Layers, top to bottom: `mixgraph.ui` (every user-facing entry point) -> the node declarations
+(modules directly in nodes/) -> the engine `mixgraph.graph`; the runtime subpackages of nodes/
+(`nodes/models`, `nodes/sampling`, ...) are plain PyTorch and import only each other. Every import
+is counted, function-local ones too, so a circle cannot hide behind a late import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"mixgraph": "mixgraph", "graph": "mixgraph.graph", "nodes": "mixgraph.nodes",
+           "ui": "mixgraph.ui"}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            mods[".".join([package, *parts])] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(name: str) -> list[tuple[str, int]]:
+    """(imported module, line) for every import in module `name`, relative ones resolved."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        for child in ast.iter_child_nodes(node):
+            if _type_checking_only(child):
+                continue
+            if isinstance(child, ast.Import):
+                found += [(a.name, child.lineno) for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                # `from pkg import submodule` needs the submodule; the package's __init__ runs
+                # for every import below it, so it is no edge of its own unless a name comes from it.
+                subs = [f"{base}.{a.name}" for a in child.names if f"{base}.{a.name}" in MODULES]
+                found += [(s, child.lineno) for s in subs]
+                if len(subs) < len(child.names):
+                    found.append((base, child.lineno))
+            todo.append(child)
+    return found
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != "mixgraph":
+        return "external"
+    if len(parts) == 1:
+        return "top"
+    if parts[1] == "nodes" and len(parts) > 2 and _is_package(".".join(parts[:3])):
+        return "runtime"
+    return {"graph": "engine", "nodes": "declarations", "ui": "ui"}.get(parts[1], "top")
+
+
+ALLOWED = {
+    "top": {"top", "ui"},                     # mixgraph/__main__ starts the CLI
+    "ui": {"top", "ui", "declarations", "runtime", "engine"},
+    "declarations": {"declarations", "runtime", "engine"},
+    "runtime": {"runtime"},
+    "engine": {"engine"},
+}
+
+
+def test_architecture_imports_point_down():
+    wrong = []
+    for name in MODULES:
+        for target, line in _imports(name):
+            if _layer(target) == "external":
+                continue
+            if _layer(target) not in ALLOWED[_layer(name)]:
+                wrong.append(f"{MODULES[name].relative_to(ROOT)}:{line}: {_layer(name)} "
+                             f"module {name} imports {_layer(target)} module {target}")
+    assert not wrong, "imports that point up a layer:\n" + "\n".join(wrong)
+
+
+def test_architecture_no_top_level_graph_nodes_ui_imports():
+    """Nothing imports the old top-level names: they are ComfyUI host-module names."""
+    wrong = []
+    for path in [*MODULES.values(), *sorted((ROOT / "tests").rglob("*.py")),
+                 *sorted((ROOT / "benchmarks").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            wrong += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                      if n and n.split(".")[0] in ("graph", "nodes", "ui")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_architecture_no_reaching_up_by_module_name_strings():
+    """A lower layer never names a higher one in a string (import_module, `-m` children, ...)."""
+    higher = {"engine": ("mixgraph.nodes", "mixgraph.ui", "nodes.", "ui."),
+              "declarations": ("mixgraph.ui", "ui."), "runtime": ("mixgraph.graph", "mixgraph.ui",
+                                                                  "graph.", "ui.")}
+    wrong = []
+    for name, path in MODULES.items():
+        banned = higher.get(_layer(name), ())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.startswith(banned) and " " not in node.value:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_architecture_no_import_cycles():
+    """Module imports form no circle, counting late (function-local) imports as well."""
+    g = nx.DiGraph()
+    for name in MODULES:
+        g.add_node(name)
+        for target, _ in _imports(name):
+            if target in MODULES and target != name:
+                g.add_edge(name, target)
+    cycles = [c for c in nx.simple_cycles(g) if len(c) > 1]
+    # A package's __init__ and its own submodules may refer to each other only when the __init__
+    # is a pure re-export; none of ours does, so every cycle counts.
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in cycles[:10])
+
+
+@pytest.mark.parametrize("layer,example", [("engine", "mixgraph.graph.executor"),
+                                           ("runtime", "mixgraph.nodes.models.unet"),
+                                           ("declarations", "mixgraph.nodes.loading"),
+                                           ("ui", "mixgraph.ui.server")])
+def test_architecture_layers_are_classified(layer, example):
+    assert example in MODULES and _layer(example) == layer
