@@ -257,9 +257,9 @@ class ParsedConfig:
 def parse_config(config: Any, device: str = "cpu") -> ParsedConfig:
     """Parse a workflow's `PrecisionConfig`: its default SPEC and every region's SPEC.
 
-    Every bad SPEC is a problem naming where it is (`precision default`, `region 'Sampling'`,
-    `group 'Sampling'` for a tagged UI group: `Region.origin`); one `PrecisionError` lists them
-    all. The check `load_workflow` runs and the `Resolver` parse are this one function.
+    Every bad SPEC is a problem naming where it is (`precision default`, `precision of region
+    'Sampling'`, or `precision of group 'Sampling'` for a tagged UI group: `Region.origin`); one
+    `PrecisionError` lists them all. The check `load_workflow` runs and the `Resolver` parse are this one function.
     """
     if config is None:
         return ParsedConfig()

@@ -200,3 +200,10 @@ def test_load_workflow_ui_group_with_bad_spec_names_the_group():
     ui["groups"][0]["properties"]["precision"] = "bf16"
     wf = load_workflow(ui, toy.registry())
     assert [(r.name, r.precision, r.origin) for r in wf.precision.regions] == [("Numbers", "bf16", "group")]
+
+
+def test_precision_node_int8_is_a_whole_spec_whatever_the_other_widgets_say():
+    from mixgraph.nodes.precision_nodes import policy_from
+
+    assert policy_from("int8", "bf16", True, True) == parse_spec("int8")
+    assert policy_from("fp8_e4m3fn", "bf16", True, False).spec == "fp8_e4m3fn:bf16+upcast_attention"
