@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mixgraph.graph.precision import F32, resolve
+
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from mixgraph.graph.env import Env
     from mixgraph.graph.precision import NodePrecision, Policy
 
@@ -29,9 +33,10 @@ class Interrupted(Exception):
 class Context:
     """What a node body can ask of the run.
 
-    `policy_for(socket_type)` is the resolved policy for a model socket type (region > per-type
-    default > workflow default > auto); when `fallback_f32` is set (a NaN-guard re-run), it has
-    f32 compute, and the node must compute in f32 whatever its model handle says.
+    `policy_for(socket_type, pinned=, storage=)` is the policy to run a model of that socket type
+    under: `graph.precision.resolve` over the engine's choice (region > per-type default > workflow
+    default > auto), the handle's pinned precision and a loader's pinned storage dtype; when
+    `fallback_f32` is set (a NaN-guard re-run) it has f32 compute, whatever the handle says.
     `used_precision(policy)` records what the node actually ran under: it drives the NaN guard and
     the report's "precision".
     """
@@ -56,14 +61,12 @@ class Context:
         """The prompt in ComfyUI's API format (what SaveImage embeds in PNG metadata)."""
         return self._run.api_prompt()
 
-    def policy_for(self, socket_type: str) -> "Policy":
+    def policy_for(self, socket_type: str, *, pinned: Any = None,
+                   storage: "torch.dtype | None" = None) -> "Policy":
         self.asked.add(socket_type)
-        if self._precision is None:
-            from mixgraph.graph.precision import F32
-            policy = F32
-        else:
-            policy = self._precision.for_type(socket_type)
-        return policy.as_f32_compute() if self.fallback_f32 else policy
+        base = F32 if self._precision is None else self._precision.for_type(socket_type)
+        return resolve(base, pinned=pinned, storage=storage, f32_compute=self.fallback_f32,
+                       warn=self.warn)
 
     def used_precision(self, policy: "Policy") -> None:
         if policy not in self.used:

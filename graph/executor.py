@@ -37,7 +37,7 @@ from mixgraph.graph.cache import OutputCache, key_header, node_key, walk_tensors
 from mixgraph.graph.context import Context, Interrupted
 from mixgraph.graph.env import Env
 from mixgraph.graph.node import MODEL_TYPES, NodeSpec, Result
-from mixgraph.graph.precision import Resolver, parse_precision_arg
+from mixgraph.graph.precision import Resolver, parse_precision_arg, resolve
 from mixgraph.graph.validate import Validation, gc_paused, validate
 from mixgraph.graph.workflow import Link, Workflow, WorkflowError, load_workflow
 
@@ -544,7 +544,7 @@ class Executor:
             used = _used_policies(ctx, plan, resolver, nid)
             if any(p.is_half for p in used) and _nonfinite(out):
                 half = ",".join(p.spec for p in used if p.is_half)
-                f32 = ",".join(p.as_f32_compute().spec for p in used)
+                f32 = ",".join(resolve(p, f32_compute=True).spec for p in used)
                 msg = (f"node {nid} ({plan.class_type}) produced NaN/Inf under {half}; "
                        f"re-running it with f32 compute ({f32})")
                 log.warning(msg)
@@ -590,5 +590,4 @@ def _used_policies(ctx: Context | None, plan: _NodePlan, resolver: Resolver, nid
         return []
     if ctx.used:
         return list(ctx.used)
-    policies = [resolver.policy(nid, t) for t in plan.model_types]
-    return [p.as_f32_compute() for p in policies] if fallback else policies
+    return [resolve(resolver.policy(nid, t), f32_compute=fallback) for t in plan.model_types]

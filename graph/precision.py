@@ -11,7 +11,7 @@ Examples: `f32`, `bf16`, `bf16:f32` (store bf16, compute f32), `fp8_e4m3fn:bf16`
 fp8 formats are storage only, so an fp8 SPEC must name its compute dtype.
 
 Resolution for one node and one model socket type, most specific first (DESIGN ยง4):
-  1. a precision-cast node on the model handle (applied by the node library, not here);
+  1. a precision-cast node on the model handle (the handle's `precision`, passed to `resolve`);
   2. the innermost precision region holding the node (the smallest node set among those that
      hold it; equal sizes: the region listed later wins);
   3. the per-socket-type default (`--precision MODEL=bf16,VAE=f32`);
@@ -21,6 +21,17 @@ Resolution for one node and one model socket type, most specific first (DESIGN ย
      f16+upcast; anything else (CPU, where half precision is emulated and several times slower
      than f32) -> f32.
 
+Every rule lives here once:
+- the grammar: `parse_spec` (SPEC -> Policy), `parse_precision_arg` (`--precision`, `TYPE=SPEC`),
+  `parse_config` (a workflow's default and regions: every problem, each named by where it is;
+  `load_workflow` runs it, so `validate`, `run`, `serve` and `bench` accept the same files);
+- the per-workflow order 2-5: `Resolver` (region > type default > default > auto);
+- the per-use rules, in `resolve`: the handle's pinned precision beats the resolved one, a loader's
+  pinned storage dtype (UNETLoader's `weight_dtype`) replaces the storage (and turns int8 off: see
+  `resolve`), and a NaN-guard re-run computes in f32. Node bodies reach it through
+  `Context.policy_for` (`nodes/precision.py: effective`); the executor calls it for the re-run's
+  report. A model handle receives the finished policy and applies it as given.
+
 Policies are plain frozen data; `nodes/models/cast.py` reads them duck-typed (`PolicyLike`).
 """
 
@@ -29,19 +40,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
 __all__ = [
     "Policy", "PrecisionError", "F32", "parse_spec", "format_spec", "parse_type_defaults",
-    "parse_precision_arg", "DeviceCaps", "device_caps", "auto_spec", "emulation_warning",
-    "Resolver", "NodePrecision",
+    "parse_precision_arg", "parse_config", "ParsedConfig", "resolve", "DeviceCaps", "device_caps",
+    "auto_spec", "emulation_warning", "Resolver", "NodePrecision",
 ]
 
 
 class PrecisionError(ValueError):
-    """A SPEC that cannot be parsed or used; the message says what is allowed."""
+    """A SPEC that cannot be parsed or used; the message says what is allowed (and, from
+    `parse_config`, where each bad SPEC is). `problems` lists them one by one."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
 _STORAGE = {
@@ -76,18 +92,6 @@ class Policy:
         """Compute in f16 or bf16: the NaN guard watches such nodes."""
         return self.compute in _HALF
 
-    def as_f32_compute(self) -> "Policy":
-        """Same storage, f32 compute: what the NaN guard re-runs a node with."""
-        if self.compute == torch.float32:
-            return self
-        return _make(self.storage, torch.float32, self.upcast_attention, self.f32_norms, self.int8)
-
-    def with_storage(self, storage: torch.dtype) -> "Policy":
-        """Same compute, other storage (a loader that pins how weights are kept, e.g. fp8)."""
-        if storage == self.storage or self.int8:
-            return self
-        return _make(storage, self.compute, self.upcast_attention, self.f32_norms)
-
     def __str__(self) -> str:
         return self.spec
 
@@ -115,6 +119,43 @@ def format_spec(p: Any) -> str:
 
 
 F32 = _make(torch.float32, torch.float32)
+
+
+def _as_policy(p: Any) -> Policy:
+    """A `Policy` for any policy-like object (a handle may hold another `PolicyLike`)."""
+    if isinstance(p, Policy):
+        return p
+    return _make(p.storage, p.compute, bool(p.upcast_attention), bool(p.f32_norms), bool(p.int8))
+
+
+def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None,
+            f32_compute: bool = False, warn: Callable[[str], None] | None = None) -> Policy:
+    """The policy one model runs under in one node: the one home of the per-use rules.
+
+    base:        what the `Resolver` gave the node for the model's socket type.
+    pinned:      the handle's own precision (a `Set*Precision` node); beats `base`.
+    storage:     a storage dtype the loader pinned (UNETLoader's `weight_dtype`); it replaces the
+                 storage of whichever policy won, keeping its compute dtype and flags. int8 is a
+                 storage format too (int8 Linear weights, f32 for the rest) and cannot hold the
+                 pinned dtype, so the pin wins: the model stores `storage` and computes in f32,
+                 int8's compute dtype (`int8` + fp8_e4m3fn -> `fp8_e4m3fn:f32`), and `warn` is
+                 told. What the report names is then what is stored and computed.
+    f32_compute: a NaN-guard re-run: same storage and flags, f32 compute; beats everything.
+    """
+    policy = _as_policy(pinned if pinned is not None else base)
+    if storage is not None and (storage != policy.storage or policy.int8):
+        if storage not in _NAMES:
+            raise PrecisionError(f"pinned storage dtype {storage} is not one of "
+                                 f"{', '.join(_NAMES.values())}")
+        if policy.int8 and warn is not None:
+            name = _NAMES[storage]
+            warn(f"int8 does not combine with the loader's weight_dtype {name}: the model is "
+                 f"stored {name} and computes in f32 ({name}:f32), without int8 layers")
+        policy = _make(storage, policy.compute, policy.upcast_attention, policy.f32_norms)
+    if f32_compute and policy.compute != torch.float32:
+        policy = _make(policy.storage, torch.float32, policy.upcast_attention, policy.f32_norms,
+                       policy.int8)
+    return policy
 
 
 @functools.lru_cache(maxsize=256)
@@ -204,6 +245,47 @@ def parse_precision_arg(text: str | None, device: str = "cpu") -> tuple[str | No
     return default, parse_type_defaults(",".join(typed), device)
 
 
+@dataclass(frozen=True)
+class ParsedConfig:
+    """A workflow's precision section, parsed: its default (None: the file sets none) and each
+    region with its Policy, in the section's order."""
+
+    default: Policy | None = None
+    regions: tuple[tuple[Any, Policy], ...] = ()
+
+
+def parse_config(config: Any, device: str = "cpu") -> ParsedConfig:
+    """Parse a workflow's `PrecisionConfig`: its default SPEC and every region's SPEC.
+
+    Every bad SPEC is a problem naming where it is (`precision default`, `precision of region
+    'Sampling'`, or `precision of group 'Sampling'` for a tagged UI group: `Region.origin`); one
+    `PrecisionError` lists them all. The check `load_workflow` runs and the `Resolver` parse are this one function.
+    """
+    if config is None:
+        return ParsedConfig()
+    problems: list[str] = []
+
+    def parse(spec: Any, where: str) -> Policy | None:
+        try:
+            return parse_spec(spec, device)
+        except PrecisionError as e:
+            reason = str(e).removeprefix(f"precision {spec!r}: ")
+            problems.append(f"{where} is {spec!r}: {reason}")
+            return None
+
+    default_spec = getattr(config, "default", None)
+    default = parse(default_spec, "precision default") if default_spec is not None else None
+    regions = []
+    for region in getattr(config, "regions", ()) or ():
+        origin = getattr(region, "origin", "region")
+        policy = parse(region.precision, f"precision of {origin} {region.name!r}")
+        if policy is not None:
+            regions.append((region, policy))
+    if problems:
+        raise PrecisionError("; ".join(problems), tuple(problems))
+    return ParsedConfig(default, tuple(regions))
+
+
 # --- devices ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -290,19 +372,21 @@ class Resolver:
         self.type_defaults: dict[str, Policy] = {
             k.upper(): (v if isinstance(v, Policy) else parse_spec(v, device))
             for k, v in (type_defaults or {}).items()}
+        parsed = parse_config(config, device)
         file_default = getattr(config, "default", None) if config is not None else None
         self.default_spec = cli_default or file_default or "auto"
-        self.default = parse_spec(self.default_spec, device)
-        regions = tuple(getattr(config, "regions", ()) or ()) if config is not None else ()
+        if cli_default:
+            self.default = parse_spec(cli_default, device)
+        else:
+            self.default = parsed.default or parse_spec("auto", device)
         # Innermost first: the smallest set wins; among equals the later-listed region wins.
-        ordered = sorted(enumerate(regions), key=lambda ir: (len(ir[1].nodes), -ir[0]))
+        ordered = sorted(enumerate(parsed.regions), key=lambda ir: (len(ir[1][0].nodes), -ir[0]))
         self._region_of: dict[str, Any] = {}
-        for _, region in ordered:
-            policy = parse_spec(region.precision, device)  # fail early on a bad region spec
+        for _, (region, policy) in ordered:
             self._note(policy)
             for nid in region.nodes:
                 self._region_of.setdefault(str(nid), region)
-        self._region_policy = {id(r): parse_spec(r.precision, device) for r in regions}
+        self._region_policy = {id(r): p for r, p in parsed.regions}
         for p in (self.default, *self.type_defaults.values()):
             self._note(p)
 

@@ -259,6 +259,6 @@ def _regions(groups: list[UiGroup], nodes: list[UiNode]) -> tuple[Region, ...]:
         x, y, w, h = g.bounding[:4]
         inside = frozenset(n.key for n in nodes if (p := n.xy()) is not None
                            and x <= p[0] <= x + w and y <= p[1] <= y + h)
-        found.append((w * h, Region(tagged[0], inside, tagged[1])))
+        found.append((w * h, Region(tagged[0], inside, tagged[1], origin="group")))
     found.sort(key=lambda t: -t[0])  # outermost first; sort is stable for equal areas
     return tuple(r for _, r in found)

@@ -20,11 +20,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from mixgraph.graph.precision import PrecisionError, parse_config
+
 ENVELOPE_FORMAT = "mixgraph/1"
 
 
 class WorkflowError(ValueError):
-    """A workflow file that cannot be read: bad JSON or an unrecognised shape."""
+    """A workflow file that cannot be read: bad JSON or an unrecognised shape. `error_type` is
+    the type string of ComfyUI's error body (DESIGN §5)."""
+
+    error_type = "invalid_prompt"
+
+
+class InvalidPrecision(WorkflowError):
+    """A workflow whose precision SPECs do not parse; `problems` names each one and where it is."""
+
+    error_type = "invalid_precision"
+
+    def __init__(self, message: str, problems: tuple[str, ...]):
+        super().__init__(message)
+        self.problems = problems
 
 
 # --- engine-facing types ------------------------------------------------------------------------
@@ -58,11 +73,13 @@ class NodeCall:
 
 @dataclass(frozen=True)
 class Region:
-    """A precision region: the nodes of a tagged group (UI format) or an envelope region."""
+    """A precision region: the nodes of a tagged group (UI format) or an envelope region.
+    `origin` ("region" | "group") only says where it came from, for error messages."""
 
     name: str
     nodes: frozenset[str]
     precision: str
+    origin: str = field(default="region", compare=False)
 
 
 @dataclass(frozen=True)
@@ -132,10 +149,10 @@ def load_workflow(obj_or_path: Any, registry: Any) -> Workflow:
     if not isinstance(obj, dict):
         raise WorkflowError(f"{name}: a workflow is a JSON object, got {type(obj).__name__}")
     if "format" in obj:
-        return _from_envelope(obj, name)
+        return checked_precision(_from_envelope(obj, name), name)
     if isinstance(obj.get("nodes"), list) and "links" in obj:
         from mixgraph.graph.ui_format import convert_ui
-        return convert_ui(obj, registry, name)
+        return checked_precision(convert_ui(obj, registry, name), name)
     if all(isinstance(v, dict) for v in obj.values()) and (
             not obj or any("class_type" in v or "inputs" in v for v in obj.values())):
         return Workflow(prompt=_parse_api(obj, name), source="api")
@@ -145,6 +162,16 @@ def load_workflow(obj_or_path: Any, registry: Any) -> Workflow:
         f"{name}: not a recognised workflow. Expected a ComfyUI API prompt ({{id: {{class_type, "
         f"inputs}}}}), a ComfyUI UI workflow (nodes, links, groups) or a mixgraph envelope "
         f"(format: {ENVELOPE_FORMAT!r}); got an object with keys {_keys(obj)}{hint}")
+
+
+def checked_precision(workflow: Workflow, name: str = "<workflow>") -> Workflow:
+    """`workflow`, once every precision SPEC in it parses (`graph.precision.parse_config`, the
+    check the Resolver repeats); else `InvalidPrecision` naming each bad SPEC and where it is."""
+    try:
+        parse_config(workflow.precision)
+    except PrecisionError as e:
+        raise InvalidPrecision(f"{name}: invalid precision: {e}", e.problems) from None
+    return workflow
 
 
 def _read(src: Any) -> tuple[Any, str]:

@@ -1,8 +1,11 @@
-"""Which precision a node body computes a model in.
+"""Which precision a node body computes a model in: the node library's side of the one resolver.
 
-Resolution, most specific first (DESIGN §4): a precision set on the handle by a precision node >
-what the engine resolved for this node (innermost region > per-type default > workflow default >
-auto). On a NaN-guard re-run the engine asks for f32 compute, which beats the handle too.
+A node hands its model handle here; the handle's pins (its `precision`, set by a `Set*Precision`
+node, and UNETLoader's `weight_dtype`, a pinned storage dtype) go to `Context.policy_for`, which
+applies `graph.precision.resolve` over what the engine resolved for this node (innermost region >
+per-type default > workflow default > auto). The rules themselves (pin beats region, pinned
+storage replaces storage and turns int8 off, a NaN-guard re-run computes in f32) live only there;
+the handle receives the finished policy.
 """
 
 from __future__ import annotations
@@ -14,11 +17,7 @@ from mixgraph.graph.precision import Policy
 
 def effective(ctx: Any, handle: Any, socket: str) -> Policy:
     """The policy to run `handle` under in this node, reported to the engine via ctx."""
-    policy = getattr(handle, "precision", None) or ctx.policy_for(socket)
-    pinned_storage = getattr(handle, "weight_dtype", None)  # UNETLoader's weight_dtype
-    if pinned_storage is not None:
-        policy = policy.with_storage(pinned_storage)
-    if ctx.fallback_f32:
-        policy = policy.as_f32_compute()
+    policy = ctx.policy_for(socket, pinned=getattr(handle, "precision", None),
+                            storage=getattr(handle, "weight_dtype", None))
     ctx.used_precision(policy)
     return policy

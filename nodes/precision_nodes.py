@@ -10,10 +10,13 @@ COMPUTE = ("f32", "bf16", "f16")
 
 
 def policy_from(storage: str, compute: str, upcast_attention: bool, f32_norms: bool):
-    """The Policy these widget values name, through the one SPEC grammar."""
-    spec = "int8" if storage == "int8" else f"{storage}:{compute}"
+    """The Policy these widget values name, through the one SPEC grammar. `int8` computes in f32
+    and is a whole SPEC (no compute dtype, no flags: they only change half-precision compute), so
+    the other widgets do not apply to it."""
+    if storage == "int8":
+        return parse_spec("int8")
     flags = ("+upcast_attention" if upcast_attention else "") + ("+f32_norms" if f32_norms else "")
-    return parse_spec(spec + flags)
+    return parse_spec(f"{storage}:{compute}{flags}")
 
 
 def _pin(handle, storage, compute, upcast_attention, f32_norms):

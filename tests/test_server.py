@@ -184,8 +184,12 @@ def test_server_failing_prompt_keeps_worker_alive(env):
         bad = {"1": call("Const", value=1), "2": call("Fail", x=link(1), message="kaboom"),
                "3": call("Show", value=link(2))}
         _, r1 = await post_prompt(c, bad)
-        # A prompt that passes validation but cannot run (bad precision spec in an envelope).
-        envelope = {"format": "mixgraph/1", "prompt": diamond(), "precision": {"default": "f99"}}
+        # An envelope prompt that passes validation and fails in a node. (A bad precision spec
+        # no longer gets this far: POST /prompt rejects it, as `mixgraph validate` does.)
+        status, rejected = await post_prompt(c, {"format": "mixgraph/1", "prompt": diamond(),
+                                                 "precision": {"default": "f99"}})
+        assert status == 400 and rejected["error"]["type"] == "invalid_precision"
+        envelope = {"format": "mixgraph/1", "prompt": bad, "precision": {"default": "f32"}}
         _, r2 = await post_prompt(c, envelope)
         _, r3 = await post_prompt(c, diamond(factor=9))
         e1 = await wait_history(c, r1["prompt_id"])
@@ -194,7 +198,7 @@ def test_server_failing_prompt_keeps_worker_alive(env):
         assert err["node_id"] == "2" and err["node_type"] == "Fail"
         assert "kaboom" in err["exception_message"]
         e2 = await wait_history(c, r2["prompt_id"])
-        assert e2["status"]["status_str"] == "error" and e2["prompt"][2] == diamond()  # API form
+        assert e2["status"]["status_str"] == "error" and e2["prompt"][2] == bad  # API form
         assert "execution_error" in dict(e2["status"]["messages"])
         e3 = await wait_history(c, r3["prompt_id"])
         assert e3["status"]["status_str"] == "success" and e3["outputs"]["5"] == {"text": ["24"]}

@@ -321,14 +321,23 @@ COLUMNS = [
 
 
 def cli_main(args: Any) -> int:
-    """`mixgraph bench precision WF.json [--precisions LIST] [--json]` (graph/cli.py parses)."""
+    """`mixgraph bench precision WF.json [--precisions LIST] [--json]` (ui/cli.py parses). The
+    workflow is loaded here first, by the loader `validate` and `run` use, so a file they reject
+    (a bad precision SPEC included) is rejected before any child runs."""
     from mixgraph.graph.precision import PrecisionError, parse_precision_arg
+    from mixgraph.graph.workflow import WorkflowError
+    from mixgraph.ui import api
 
     if args.bench != "precision":
         print(f"mixgraph bench {args.bench}: unknown benchmark", file=sys.stderr)
         return 2
     if not Path(args.workflow).is_file():
         print(f"error: {args.workflow}: no such file", file=sys.stderr)
+        return 2
+    try:
+        api.load(Path(args.workflow), api.default_registry())
+    except WorkflowError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     runs = parse_precision_list(args.precisions)
     try:

@@ -169,8 +169,12 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     env = _env(args)
     try:
         parse_precision_arg(args.precision, env.device)
+    except PrecisionError as e:
+        print(f"error: --precision: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
         wf = set_inputs(_load(args.workflow, registry), args.set)
-    except (WorkflowError, PrecisionError, ValueError, OSError) as e:
+    except (WorkflowError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     bar = _ProgressBar(disable=args.quiet)
@@ -210,40 +214,25 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     registry = _registry(registry)
     env = _env(args)
     try:
-        wf = _load(args.workflow, registry)
+        wf = _load(args.workflow, registry)   # also checks every precision SPEC in the file
     except (WorkflowError, OSError) as e:
         if args.json:
-            print(json.dumps({"error": {"type": "invalid_prompt", "message": str(e), "details": "",
-                                        "extra_info": {}}, "node_errors": {}}, indent=2))
+            print(json.dumps({"error": {"type": getattr(e, "error_type", "invalid_prompt"),
+                                        "message": str(e), "details": "", "extra_info": {}},
+                              "node_errors": {}}, indent=2))
         else:
             print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     v = validate(wf.prompt, registry, env)
-    problems = []
-    if wf.precision is not None:  # precision specs are part of the workflow too
-        from mixgraph.graph.precision import PrecisionError, parse_spec
-        specs = [("default", wf.precision.default)] + [(f"region {r.name!r}", r.precision)
-                                                        for r in wf.precision.regions]
-        for where, spec in specs:
-            if spec:
-                try:
-                    parse_spec(spec, env.device)
-                except PrecisionError as e:
-                    problems.append(f"precision {where}: {e}")
-    ok = v.ok and not v.errors and not problems
+    ok = v.ok and not v.errors
     if args.json:
-        body = {"error": v.error, "node_errors": v.node_errors}
-        if problems and v.error is None:
-            body["error"] = {"type": "invalid_precision", "message": "; ".join(problems),
-                             "details": "", "extra_info": {}}
-        if ok:
-            body = {"outputs": list(v.outputs), "node_errors": {}}
+        body = {"outputs": list(v.outputs), "node_errors": {}} if ok else \
+            {"error": v.error, "node_errors": v.node_errors}
         print(json.dumps(body, indent=2))
     elif ok:
         print(f"{args.workflow}: valid ({len(wf.prompt)} nodes; outputs {', '.join(v.outputs)})")
     else:
-        text = format_problems(v) if (v.errors or not v.ok) else ""
-        print("\n".join(x for x in [text, *problems] if x), file=sys.stderr)
+        print(format_problems(v), file=sys.stderr)
     return EXIT_OK if ok else EXIT_INVALID
 
 

@@ -29,7 +29,7 @@ from aiohttp import web
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import Region, Workflow, WorkflowError, dump_api, load_workflow
+from mixgraph.graph.workflow import InvalidPrecision, Workflow, WorkflowError, dump_api, load_workflow
 from mixgraph.ui.editor import EditorRoutes, LogBuffer, template_routes
 from mixgraph.ui.files import convert_image, header_safe, safetensors_metadata, store_upload
 from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_css
@@ -135,8 +135,8 @@ class Server:
         try:
             wf, v = await asyncio.get_running_loop().run_in_executor(
                 None, self._check, prompt, [str(t) for t in targets] if targets else None, extra)
-        except WorkflowError as e:
-            return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
+        except WorkflowError as e:   # also a bad precision SPEC (InvalidPrecision), as `validate`
+            return _error(e.error_type, f"Invalid prompt: {e}", str(e))
         if not v.ok:
             return web.json_response({"error": v.error, "node_errors": v.node_errors}, status=400,
                                      dumps=_dumps)
@@ -354,7 +354,8 @@ def editor_regions(wf: Workflow, extra: dict, registry: Any) -> Workflow:
     """The editor queues an API prompt and sends its UI graph along in
     `extra_data.extra_pnginfo.workflow`; ComfyUI ignores groups, but here a precision-tagged group
     of that graph (DESIGN §3) is a region of the prompt: its node ids are the prompt's ids.
-    A UI graph that does not convert (subgraphs...) leaves the prompt without regions."""
+    A UI graph that does not convert (subgraphs...) leaves the prompt without regions; one whose
+    precision tags do not parse is rejected (`InvalidPrecision`), as `mixgraph validate` would."""
     pnginfo = extra.get("extra_pnginfo")
     ui = pnginfo.get("workflow") if isinstance(pnginfo, dict) else None
     if wf.source != "api" or wf.precision.regions or not isinstance(ui, dict) \
@@ -362,10 +363,12 @@ def editor_regions(wf: Workflow, extra: dict, registry: Any) -> Workflow:
         return wf
     try:
         regions = load_workflow(ui, registry).precision.regions
+    except InvalidPrecision:
+        raise
     except (WorkflowError, NotImplementedError, ValueError, TypeError, KeyError):
         return wf
     ids = frozenset(wf.prompt)
-    kept = tuple(Region(r.name, r.nodes & ids, r.precision) for r in regions if r.nodes & ids)
+    kept = tuple(dataclasses.replace(r, nodes=r.nodes & ids) for r in regions if r.nodes & ids)
     if not kept:
         return wf
     return dataclasses.replace(wf, precision=dataclasses.replace(wf.precision, regions=kept))

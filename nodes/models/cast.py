@@ -65,6 +65,11 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 class PolicyLike(Protocol):
+    """What `apply_precision` and the handles read from a policy: `graph.precision.Policy`
+    satisfies it, duck-typed (the runtime never imports graph/). A policy given to the runtime is
+    final: every resolution rule (pins, int8 with a pinned storage, NaN-guard f32 compute) has
+    been applied by `graph.precision.resolve`."""
+
     storage: torch.dtype
     compute: torch.dtype
     upcast_attention: bool

@@ -7,10 +7,10 @@ of the policy it runs under and wraps it with ``cast.apply_precision``. Deriving
 (``with_patches``, ``with_precision``, ``with_sampling``, ``with_layer``) is
 ``dataclasses.replace``.
 
-Policy: the policy passed in is authoritative. The node library resolves it
-(``nodes.precision.effective``: the handle's pinned ``precision`` first, unless the engine's NaN
-guard asks for an f32 re-run, which must beat the pin). UNETLoader's ``weight_dtype`` pins the
-storage dtype only.
+Policy: the policy passed in is authoritative and applied as given. The handle's pins
+(``precision``, and for a MODEL UNETLoader's ``weight_dtype``, a pinned storage dtype) are data
+that the one resolver reads (``graph.precision.resolve``, reached through
+``nodes.precision.effective``); a caller without the engine passes a finished policy itself.
 """
 
 from __future__ import annotations
@@ -49,21 +49,6 @@ def latent_format_for(kind: str, channels: int = 4) -> LatentFormat:
     return LatentFormat(_SCALE.get(kind, 0.18215), channels)
 
 
-@dataclass(frozen=True)
-class _Policy:
-    storage: torch.dtype
-    compute: torch.dtype
-    upcast_attention: bool = False
-    f32_norms: bool = False
-    int8: bool = False
-
-
-def _with_storage(policy: PolicyLike, storage: torch.dtype | None) -> PolicyLike:
-    if storage is None or policy.storage == storage:
-        return policy
-    return _Policy(storage, policy.compute, policy.upcast_attention, policy.f32_norms, False)
-
-
 def _materialize(kind, source, config, storage, patches, build):
     from mixgraph.nodes.models import store
 
@@ -79,7 +64,8 @@ class ModelHandle:
     """MODEL: a diffusion UNet recipe.
 
     kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner"; prediction: "eps" | "v_prediction" | "x0" |
-    "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by UNETLoader.
+    "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by UNETLoader
+    (read by the resolver, not applied here).
     """
 
     source: WeightSource
@@ -93,7 +79,6 @@ class ModelHandle:
     weight_dtype: torch.dtype | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
-        policy = _with_storage(policy, self.weight_dtype)
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
         return UNetRunner(self, apply_precision(module, policy))
 
