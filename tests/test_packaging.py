@@ -20,6 +20,12 @@ FOLDERS = {"graph": "mixgraph/graph", "nodes": "mixgraph/nodes", "ui": "mixgraph
            "mixgraph": "mixgraph"}
 
 
+def _clean_env() -> dict[str, str]:
+    """No PYTHONPATH: a checkout on the path (its build leaves mixgraph.egg-info there) would make
+    pip think mixgraph is installed already, and the venv must see only its own install."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     pytest.importorskip("setuptools", reason="building the wheel needs setuptools>=68 (the test extra)")
@@ -27,7 +33,7 @@ def wheel(tmp_path_factory) -> Path:
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=300,
-        cwd=tmp_path_factory.mktemp("cwd"))
+        cwd=tmp_path_factory.mktemp("cwd"), env=_clean_env())
     assert build.returncode == 0, build.stderr[-3000:]
     (whl,) = out.glob("mixgraph-*.whl")
     return whl
@@ -43,17 +49,17 @@ def venv(wheel, tmp_path_factory) -> Path:
                    timeout=120)
     py = env_dir / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-                    "--no-index", str(wheel)], check=True, timeout=300, capture_output=True)
+                    "--no-index", str(wheel)], check=True, timeout=300, capture_output=True,
+                   env=_clean_env())
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+                             capture_output=True, text=True, check=True, env=_clean_env()).stdout.strip()
     deps = [sysconfig.get_path("purelib"), *site.getsitepackages()]
     Path(purelib, "zz_test_deps.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n")
     return env_dir
 
 
-def _run(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    return subprocess.run([*args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=cwd, env=_clean_env())
 
 
 def test_packaging_wheel_holds_only_mixgraph(wheel):
@@ -75,7 +81,7 @@ def test_packaging_fresh_venv_import_names(venv, tmp_path):
              "print(json.dumps({'files': [m.__file__ for m in (mixgraph, mixgraph.graph.executor, "
              "mixgraph.nodes.library, mixgraph.ui.server)], 'version': mixgraph.__version__, "
              "'top': {n: importlib.util.find_spec(n) is not None for n in ('graph', 'nodes', 'ui')}}))")
-    r = _run(venv, py, "-c", probe, cwd=tmp_path)
+    r = _run(py, "-c", probe, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout)
     assert all(f.startswith(str(venv)) for f in got["files"]), got["files"]
@@ -84,9 +90,9 @@ def test_packaging_fresh_venv_import_names(venv, tmp_path):
 
 
 def test_packaging_console_script_and_module_entry(venv, tmp_path):
-    r = _run(venv, str(venv / "bin" / "mixgraph"), "--version", cwd=tmp_path)
+    r = _run(str(venv / "bin" / "mixgraph"), "--version", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("mixgraph "), r.stderr[-2000:]
-    r = _run(venv, str(venv / "bin" / "python"), "-m", "mixgraph", "nodes", "--json", cwd=tmp_path)
+    r = _run(str(venv / "bin" / "python"), "-m", "mixgraph", "nodes", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads(r.stdout)
     assert {"KSampler", "CheckpointLoaderSimple", "SaveImage"} <= info.keys()
