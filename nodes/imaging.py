@@ -160,3 +160,29 @@ def grow_mask(mask: torch.Tensor, grow_by: int) -> torch.Tensor:
     padding = -(-(grow_by - 1) // 2)
     grown = F.conv2d(mask.round(), kernel, padding=padding).clamp(0, 1)
     return grown[..., : mask.shape[-2], : mask.shape[-1]].round()
+
+
+def repeat_to_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """Tile or cut dim 0 to `batch` entries (ComfyUI's repeat_to_batch_size)."""
+    n = t.shape[0]
+    if n > batch:
+        return t[:batch]
+    if n < batch:
+        reps = -(-batch // n)
+        return t.repeat(reps, *([1] * (t.dim() - 1)))[:batch]
+    return t
+
+
+def as_mask3(mask: torch.Tensor) -> torch.Tensor:
+    """Any MASK ([H,W], [B,H,W], [B,1,H,W]) as [B,H,W]."""
+    return mask.reshape(-1, mask.shape[-2], mask.shape[-1])
+
+
+def match_alpha(destination: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Give `source` the channel count of `destination` (RGB vs RGBA): extra channels are
+    dropped, a missing alpha is added as 1 (ComfyUI's image_alpha_fix)."""
+    if destination.shape[-1] < source.shape[-1]:
+        return destination, source[..., : destination.shape[-1]]
+    if destination.shape[-1] > source.shape[-1]:
+        return destination, F.pad(source, (0, 1), value=1.0)
+    return destination, source

@@ -6,7 +6,8 @@ import dataclasses
 
 import torch
 
-from mixgraph.nodes.imaging import grow_mask, scaled_size, upscale
+from mixgraph.nodes.imaging import grow_mask, repeat_to_batch, scaled_size, upscale
+from mixgraph.nodes.mask_ops import paste
 from mixgraph.nodes.sampling.cond import Cond, Latent
 
 LATENT_CHANNELS = 4
@@ -114,3 +115,158 @@ def zero_out(conds: tuple[Cond, ...]) -> tuple[Cond, ...]:
         c, cross_attn=torch.zeros_like(c.cross_attn),
         pooled=None if c.pooled is None else torch.zeros_like(c.pooled)) for c in conds)
 
+
+
+# --- batch, composite and arithmetic on LATENT (nodes.py and comfy_extras/nodes_latent.py) ---
+
+def _mask_rows(mask: torch.Tensor, batch: int) -> torch.Tensor:
+    """A noise mask [b,1,H,W] tiled to at least `batch` rows, so a slice of the batch can index it."""
+    if mask.shape[0] < batch:
+        mask = mask.repeat(-(-batch // mask.shape[0]), 1, 1, 1)[:batch]
+    return mask
+
+
+def from_batch(latent: Latent, batch_index: int, length: int) -> Latent:
+    """LatentFromBatch: images [i, i+length) of the batch; they keep their noise (batch_index)."""
+    n = latent.samples.shape[0]
+    start = min(n - 1, batch_index)
+    length = min(n - start, length)
+    mask = latent.noise_mask
+    if mask is not None and mask.shape[0] > 1:
+        mask = _mask_rows(mask, n)[start:start + length].clone()
+    elif mask is not None:
+        mask = mask.clone()
+    index = (tuple(range(start, start + length)) if latent.batch_index is None
+             else tuple(latent.batch_index[start:start + length]))
+    return Latent(latent.samples[start:start + length].clone(), mask, index)
+
+
+def repeat_batch(latent: Latent, amount: int) -> Latent:
+    """RepeatLatentBatch: the batch `amount` times; a batch_index continues past its range."""
+    mask = latent.noise_mask
+    if mask is not None and mask.shape[0] > 1:
+        mask = mask.repeat(amount, 1, 1, 1)
+    index = latent.batch_index
+    if index is not None:
+        offset = max(index) - min(index) + 1
+        index = tuple(index) + tuple(x + i * offset for i in range(1, amount) for x in index)
+    return Latent(latent.samples.repeat(amount, 1, 1, 1), mask, index)
+
+
+def composite(to: Latent, src: Latent, x: int, y: int, feather: int) -> Latent:
+    """LatentComposite: paste `src` at (x, y) image pixels (floored to latent pixels). A feather
+    ramps the pasted edges that lie inside `to` linearly over feather // 8 latent pixels."""
+    x, y, feather = x // 8, y // 8, feather // 8
+    out = to.samples.clone()
+    th, tw = out.shape[2], out.shape[3]
+    piece = src.samples[:, :, :th - y, :tw - x]
+    ph, pw = piece.shape[2], piece.shape[3]
+    if feather == 0:
+        out[:, :, y:y + ph, x:x + pw] = piece
+        return dataclasses.replace(to, samples=out)
+    w = torch.ones_like(piece)
+    for t in range(feather):
+        rate = (1.0 / feather) * (t + 1)
+        if y != 0:
+            w[:, :, t, :] *= rate
+        if y + ph < th:
+            w[:, :, ph - 1 - t, :] *= rate
+        if x != 0:
+            w[:, :, :, t] *= rate
+        if x + pw < tw:
+            w[:, :, :, pw - 1 - t] *= rate
+    out[:, :, y:y + ph, x:x + pw] = piece * w + out[:, :, y:y + ph, x:x + pw] * (1.0 - w)
+    return dataclasses.replace(to, samples=out)
+
+
+def composite_masked(destination: Latent, source: Latent, x: int, y: int, resize_source: bool,
+                     mask: torch.Tensor | None) -> Latent:
+    """LatentCompositeMasked: x, y in image pixels; the mask is resized to the source."""
+    samples = paste(destination.samples, source.samples, x, y, mask, 8, resize_source)
+    return dataclasses.replace(destination, samples=samples)
+
+
+def blend(a: Latent, b: Latent, factor: float) -> Latent:
+    """LatentBlend: a * f + b * (1 - f); b resized (bicubic, centre crop) to a when shapes differ."""
+    s1, s2 = a.samples, b.samples
+    if s1.shape != s2.shape:
+        s2 = upscale(s2, s1.shape[3], s1.shape[2], "bicubic", "center")
+    return dataclasses.replace(a, samples=s1 * factor + s2 * (1 - factor))
+
+
+ROTATIONS = ("none", "90 degrees", "180 degrees", "270 degrees")
+FLIPS = ("x-axis: vertically", "y-axis: horizontally")
+
+
+def rotate(latent: Latent, rotation: str) -> Latent:
+    """LatentRotate: clockwise quarter turns."""
+    k = ROTATIONS.index(rotation)
+    return dataclasses.replace(latent, samples=torch.rot90(latent.samples, k=k, dims=(3, 2)))
+
+
+def flip(latent: Latent, method: str) -> Latent:
+    dim = 2 if method.startswith("x") else 3
+    return dataclasses.replace(latent, samples=torch.flip(latent.samples, dims=(dim,)))
+
+
+def crop(latent: Latent, width: int, height: int, x: int, y: int) -> Latent:
+    """LatentCrop: x, y, size in image pixels; the origin is kept at least 8 latent px from the
+    right/bottom edge."""
+    s = latent.samples
+    x, y = min(x // 8, s.shape[3] - 8), min(y // 8, s.shape[2] - 8)
+    samples = s[:, :, y:y + height // 8, x:x + width // 8]
+    return dataclasses.replace(latent, samples=samples)
+
+
+def reshape_to(shape: torch.Size, samples: torch.Tensor, repeat: bool = True) -> torch.Tensor:
+    """Fit `samples` to `shape`: bilinear resize with centre crop if C/H/W differ, then (optionally)
+    tile or cut the batch (ComfyUI's reshape_latent_to)."""
+    if samples.shape[1:] != shape[1:]:
+        samples = upscale(samples, shape[-1], shape[-2], "bilinear", "center")
+    return repeat_to_batch(samples, shape[0]) if repeat else samples
+
+
+def add(a: Latent, b: Latent) -> Latent:
+    return dataclasses.replace(a, samples=a.samples + reshape_to(a.samples.shape, b.samples))
+
+
+def subtract(a: Latent, b: Latent) -> Latent:
+    return dataclasses.replace(a, samples=a.samples - reshape_to(a.samples.shape, b.samples))
+
+
+def multiply(a: Latent, multiplier: float) -> Latent:
+    return dataclasses.replace(a, samples=a.samples * multiplier)
+
+
+def interpolate(a: Latent, b: Latent, ratio: float) -> Latent:
+    """LatentInterpolate: per-pixel channel vectors; directions are lerped (ratio weights a) and
+    renormalised, magnitudes lerped; zero vectors give 0, not NaN."""
+    s1 = a.samples
+    s2 = reshape_to(s1.shape, b.samples)
+    m1 = torch.linalg.vector_norm(s1, dim=1, keepdim=True)  # [B,1,H,W]
+    m2 = torch.linalg.vector_norm(s2, dim=1, keepdim=True)
+    d = torch.nan_to_num(s1 / m1) * ratio + torch.nan_to_num(s2 / m2) * (1.0 - ratio)
+    direction = torch.nan_to_num(d / torch.linalg.vector_norm(d, dim=1, keepdim=True))
+    return dataclasses.replace(a, samples=direction * (m1 * ratio + m2 * (1.0 - ratio)))
+
+
+def concat_batch(a: Latent, b: Latent) -> Latent:
+    """LatentBatch: b (resized to a's C/H/W) after a; batch indices concatenated (each side's
+    own 0..n-1 when it has none). a's noise mask is kept, as in ComfyUI."""
+    s2 = reshape_to(a.samples.shape, b.samples, repeat=False)
+    ia = a.batch_index if a.batch_index is not None else tuple(range(a.samples.shape[0]))
+    ib = b.batch_index if b.batch_index is not None else tuple(range(s2.shape[0]))
+    return dataclasses.replace(a, samples=torch.cat((a.samples, s2), dim=0),
+                               batch_index=tuple(ia) + tuple(ib))
+
+
+SEED_BEHAVIORS = ("random", "fixed")
+
+
+def seed_behavior(latent: Latent, behavior: str) -> Latent:
+    """LatentBatchSeedBehavior: "random" drops batch_index (each image its own slice of the noise);
+    "fixed" gives every image the first image's index (the same noise for all)."""
+    if behavior == "random":
+        return dataclasses.replace(latent, batch_index=None)
+    first = latent.batch_index[0] if latent.batch_index else 0
+    return dataclasses.replace(latent, batch_index=(first,) * latent.samples.shape[0])
