@@ -92,7 +92,7 @@ class JobStore:
     def __init__(self, path: str | os.PathLike | None, max_history: int = MAX_HISTORY):
         if max_history < 1:
             raise ValueError(f"max_history must be at least 1, not {max_history}")
-        self.path = Path(path) if path is not None else None
+        self.path = Path(path).absolute() if path is not None else None
         self.max_history = max_history
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
