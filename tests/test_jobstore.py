@@ -6,6 +6,7 @@ tests/test_jobs_crash.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 
 import pytest
@@ -49,9 +50,11 @@ def test_jobstore_history_bound_drops_oldest_and_pages(tmp_path):
     assert reopened.history_request("p4") == {"number": 4, "prompt": {}}
     reopened.delete_history(None)
     assert reopened.history() == {} and reopened.max_number() is None
-    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
-        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with pytest.raises(JobStoreError, match="another mixgraph server is using it"):
+        JobStore(tmp_path / "jobs.sqlite3").open()            # one server per store
     reopened.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "jobs.sqlite3")) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_jobstore_queue_rows_survive_reopen_in_run_order(tmp_path):

@@ -17,6 +17,10 @@ killed process loses nothing committed; only a power cut or OS crash can lose th
 commits, and never corrupts the file. FULL would add an fsync per queued or finished prompt, paid
 on the server's event loop, to protect against power loss, which the queue does not need.
 
+One server per file: the connection holds SQLite's lock on it (`locking_mode=EXCLUSIVE`, taken
+at open), so a second server started on the same user directory gets a clear error instead of
+running the first one's queue too. The operating system drops the lock when a process dies.
+
 Threads: the aiohttp loop (queueing, reads, deletes) and the prompt worker (start, finish) share
 one connection (`check_same_thread=False`) behind a lock; every statement is short.
 `JobStore(None)` keeps the same tables in memory (tests, embedding without a user directory).
@@ -116,7 +120,8 @@ class JobStore:
                 if self.path is not None:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                 db = sqlite3.connect(self.path if self.path is not None else ":memory:",
-                                     check_same_thread=False, isolation_level=None, timeout=10)
+                                     check_same_thread=False, isolation_level=None, timeout=1)
+                db.execute("PRAGMA locking_mode=EXCLUSIVE")     # one server per store
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 if version > _SCHEMA_VERSION:
                     raise JobStoreError(
@@ -295,6 +300,9 @@ def _explain(name: str, error: Exception) -> str:
     if isinstance(error, sqlite3.DatabaseError) and ("not a database" in text
                                                      or "malformed" in text):
         hint = "the file is damaged or not a job store; move it away to start with an empty queue"
+    elif "locked" in text:
+        hint = ("another mixgraph server is using it; stop that one or start this one with "
+                "another user directory")
     elif "readonly" in text or "unable to open" in text or isinstance(error, OSError):
         hint = "check that the folder exists and is writable (or choose another user directory)"
     else:
