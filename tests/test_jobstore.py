@@ -106,6 +106,8 @@ def test_prompt_queue_takes_over_a_stopped_process_queue(env, tmp_path):
     first.put(QueueItem(numbers[1], "envelope", diamond(2), {}, ["5"], source=envelope))
     first.put(QueueItem(numbers[2], "partial", diamond(3), {"api_key_comfy_org": "secret"}, ["5"],
                         targets=["5"]))
+    first.put(QueueItem(first.next_number(), "deleted", diamond(4), {}, ["5"]))
+    assert first.delete(["deleted"]) == 1                # POST /queue {"delete": [...]}
     first.store.set_running("was-running", 12345)        # as the worker does when it takes it
     first.store.close()                                  # ... and the process dies here
 
@@ -127,6 +129,7 @@ def test_prompt_queue_takes_over_a_stopped_process_queue(env, tmp_path):
         assert ran["partial"]["prompt"][3] == {}                       # no secret on disk
         assert second.history_request("envelope")["source"] == envelope
         assert second.history_request("partial")["targets"] == ["5"]
+        assert second.history_item("deleted") == {}
         assert second.next_number() == 3                               # numbers go on
     finally:
         second.stop()
