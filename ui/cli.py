@@ -25,6 +25,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", metavar="DIR", help="input folder for LoadImage (default ./input)")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mixgraph", description="Node-graph workflow engine for "
                                      "Stable Diffusion with per-subgraph precision.")
@@ -61,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", help="bearer token required from clients")
     p.add_argument("--insecure", action="store_true", help="listen beyond localhost without a token")
     p.add_argument("--device", metavar="D")
+    p.add_argument("--max-history", type=_positive, metavar="N",
+                   help="finished prompts kept in the history (default 10000, as ComfyUI)")
     _common(p)
 
     p = sub.add_parser("demo", help="run the default workflow on the embedded model")

@@ -8,11 +8,13 @@ prompts, which the web editor's queue and history panels read.
 A job is `{id, status, priority, create_time, outputs_count, [execution_start_time,
 execution_end_time, execution_error, preview_output, workflow_id]}`; `status` is one of
 pending, in_progress, completed, failed, cancelled (an interrupted prompt). Built from the same
-queue items and history entries as `/queue` and `/history`.
+queue items and history entries as `/queue` and `/history`; creation times come from the job
+store (ui/jobstore.py), which records when each prompt was queued.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -135,20 +137,14 @@ def _int(value: str | None, default: int | None, name: str) -> int | None:
 
 
 class JobRoutes:
-    """`/jobs` over a PromptQueue (its `snapshot()` and `history()`)."""
+    """`/jobs` over a PromptQueue (its `snapshot()`, `history()` and `created_times()`)."""
 
     def __init__(self, queue: Any):
         self.queue = queue
-        self._created: dict[str, int] = {}     # prompt id -> creation time (ms since the epoch)
 
-    def created(self, prompt_id: str, ms: int) -> None:
-        """Record when a prompt was queued (ComfyUI keeps this in extra_data; we keep the
-        client's extra_data as sent). Forgotten once the prompt leaves queue and history."""
-        self._created[prompt_id] = ms
-        if len(self._created) > 2 * getattr(self.queue, "max_history", 10_000):
-            running, pending = self.queue.snapshot()
-            alive = set(self.queue.history()) | {i[1] for i in running + pending}
-            self._created = {k: v for k, v in self._created.items() if k in alive}
+    def _all(self) -> tuple[list, list, dict, dict[str, int]]:
+        running, pending = self.queue.snapshot()
+        return running, pending, self.queue.history(), self.queue.created_times()
 
     def routes(self) -> list[tuple[str, str, Any]]:
         return [("GET", "/jobs", self.jobs), ("GET", "/jobs/{job_id}", self.job)]
@@ -167,9 +163,10 @@ class JobRoutes:
         if order not in ("asc", "desc"):
             raise web.HTTPBadRequest(text="sort_order must be asc or desc")
         limit, offset = _int(q.get("limit"), None, "limit"), _int(q.get("offset"), 0, "offset")
-        running, pending = self.queue.snapshot()
-        jobs = list_jobs(running, pending, self.queue.history(), statuses or STATUSES,
-                         q.get("workflow_id") or None, sort_by, order == "desc", self._created)
+        running, pending, history, created = await asyncio.get_running_loop().run_in_executor(
+            None, self._all)        # up to max_history entries read from the store
+        jobs = list_jobs(running, pending, history, statuses or STATUSES,
+                         q.get("workflow_id") or None, sort_by, order == "desc", created)
         total = len(jobs)
         page = jobs[offset:] if limit is None else jobs[offset:offset + limit]
         return web.json_response(
@@ -181,14 +178,14 @@ class JobRoutes:
     async def job(self, request: web.Request) -> web.Response:
         pid = request.match_info["job_id"]
         entry = self.queue.history_item(pid).get(pid)
+        created = self.queue.created_times()
         if entry is not None:
-            return web.json_response(history_job(pid, entry, True, self._created), dumps=_dumps)
+            return web.json_response(history_job(pid, entry, True, created), dumps=_dumps)
         running, pending = self.queue.snapshot()
         for items, status in ((running, "in_progress"), (pending, "pending")):
             for item in items:
                 if item[1] == pid:
-                    return web.json_response(queue_job(item, status, self._created),
-                                             dumps=_dumps)
+                    return web.json_response(queue_job(item, status, created), dumps=_dumps)
         raise web.HTTPNotFound(text=f"no job {pid!r}")
 
 

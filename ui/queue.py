@@ -3,8 +3,15 @@
 Pending prompts sit in a heap ordered by `number` (a server counter; `front` makes it negative).
 One worker thread takes the lowest number and runs it through the `Executor`; its events go to
 `emit(type, data, client_id)` (the WebSocket hub). Finished prompts land in the history, in
-ComfyUI's entry shape, capped at 10,000 entries. A prompt that fails, whatever the cause, ends in
-an `execution_error` and `executing {node: null}`; the worker carries on with the next one.
+ComfyUI's entry shape, capped at `max_history` entries. A prompt that fails, whatever the cause,
+ends in an `execution_error` and `executing {node: null}`; the worker carries on with the next one.
+
+Persistence: the `JobStore` (ui/jobstore.py) is the source of truth for queue and history; the
+heap is a cache of its pending rows that also holds what only lives in memory (the parsed
+workflow, the validation, the interrupt flag). Every change to the heap is written to the store
+under the same lock. `start()` first recovers what a previous process left: pending prompts are
+queued again in their order (parsed again by `prepare` when the worker takes them) and a prompt
+that was running becomes an interrupted history entry (`recovered_entry`).
 
 Interrupt: every running prompt has its own `threading.Event`, handed to `Executor.run`; nodes
 check it before they start and at every `ctx.progress` (every sampler step). Interrupting stops
@@ -17,22 +24,27 @@ import gc
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 import traceback
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from mixgraph.graph import events as ev
 from mixgraph.graph.context import Interrupted
 from mixgraph.graph.executor import ExecutionFailed, NodeError, ValidationFailed
+from mixgraph.graph.workflow import load_workflow
+from mixgraph.ui.jobstore import MAX_HISTORY, JobStore, JobStoreError
 
-__all__ = ["QueueItem", "PromptQueue", "MAX_HISTORY", "SENSITIVE_KEYS"]
+__all__ = ["QueueItem", "PromptQueue", "MAX_HISTORY", "SENSITIVE_KEYS", "STOPPED_MESSAGE",
+           "recovered_entry"]
 
 log = logging.getLogger("mixgraph.ui")
 
-MAX_HISTORY = 10_000
+#: The error of a prompt that was running when the server process ended (crash, kill -9).
+STOPPED_MESSAGE = ("the server stopped while this prompt was running; queue it again with "
+                   "POST /history/{prompt_id}/requeue")
 SENSITIVE_KEYS = ("auth_token_comfy_org", "api_key_comfy_org")
 #: Events recorded in a history entry's `status.messages`, as ComfyUI does.
 _RECORDED = ("execution_start", "execution_cached", "execution_success", "execution_error",
@@ -43,8 +55,10 @@ Emit = Callable[[str, Any, "str | None"], None]
 
 @dataclass
 class QueueItem:
-    """One queued prompt. `prompt` is the JSON the client sent; `workflow` and `validation` are
-    what the executor runs (parsed and validated when it was queued)."""
+    """One queued prompt. `prompt` is the API prompt (as the client sent it, or converted from
+    the `source` it sent in UI or envelope format); `targets` its partial_execution_targets;
+    `workflow` and `validation` are what the executor runs (parsed and validated when it was
+    queued; None for a prompt taken over from the job store, which `prepare` parses again)."""
 
     number: float
     prompt_id: str
@@ -53,38 +67,101 @@ class QueueItem:
     outputs: list[str]
     workflow: Any = None
     validation: Any = None
+    source: dict | None = None
+    targets: list[str] | None = None
+    created: int = field(default_factory=ev.now_ms)          # ms since the epoch
     interrupt: threading.Event = field(default_factory=threading.Event)
+
+    def _public_extra(self) -> dict:
+        return {k: v for k, v in self.extra_data.items() if k not in SENSITIVE_KEYS}
 
     def as_list(self) -> list:
         """ComfyUI's queue/history form: [number, prompt_id, prompt, extra_data, outputs]."""
-        extra = {k: v for k, v in self.extra_data.items() if k not in SENSITIVE_KEYS}
-        return [self.number, self.prompt_id, self.prompt, extra, list(self.outputs)]
+        return [self.number, self.prompt_id, self.prompt, self._public_extra(), list(self.outputs)]
+
+    def record(self) -> dict:
+        """What the job store keeps to run this prompt again (secrets stripped, as in history)."""
+        rec = {"number": self.number, "prompt": self.prompt, "extra_data": self._public_extra(),
+               "outputs": list(self.outputs)}
+        if self.source is not None:
+            rec["source"] = self.source
+        if self.targets is not None:
+            rec["targets"] = list(self.targets)
+        return rec
+
+    @classmethod
+    def from_record(cls, prompt_id: str, record: dict, created: int) -> "QueueItem":
+        return cls(record["number"], prompt_id, record["prompt"],
+                   dict(record.get("extra_data") or {}), list(record.get("outputs") or ()),
+                   source=record.get("source"), targets=record.get("targets"), created=created)
 
 
 class PromptQueue:
-    """Heap of pending prompts + one worker thread + the history."""
+    """Heap of pending prompts + one worker thread, over a `JobStore` (queue rows and history).
+    `store` defaults to an in-memory one; `prepare(item) -> Workflow` parses a prompt taken over
+    from the store (default: `load_workflow` of what the client sent)."""
 
     def __init__(self, executor: Any, emit: Emit | None = None,
                  emit_preview: Callable[[bytes, dict, "str | None"], None] | None = None,
                  on_change: Callable[[], None] | None = None,
-                 unload_hooks: tuple[Callable[[], Any], ...] = (), max_history: int = MAX_HISTORY):
+                 unload_hooks: tuple[Callable[[], Any], ...] = (), max_history: int = MAX_HISTORY,
+                 store: JobStore | None = None,
+                 prepare: Callable[[QueueItem], Any] | None = None):
         self.executor = executor
         self.emit: Emit = emit or (lambda type_, data, client_id: None)
         self.emit_preview = emit_preview or (lambda jpeg, meta, client_id: None)
         self.on_change = on_change or (lambda: None)
         self.unload_hooks = tuple(unload_hooks)
-        self.max_history = max_history
+        self.store = store if store is not None else JobStore(None, max_history)
+        self.prepare = prepare or self._load
         self._cv = threading.Condition()
         self._heap: list[tuple[float, int, QueueItem]] = []
         self._seq = itertools.count()
         self._counter = 0
+        self._opened = False
         self._running: QueueItem | None = None
         self._running_node: str | None = None
-        self._history: OrderedDict[str, dict] = OrderedDict()
         self._free = {"unload_models": False, "free_memory": False}
         self._thread: threading.Thread | None = None
         self._stop = False
         self._last_gc = time.monotonic()
+
+    @property
+    def max_history(self) -> int:
+        return self.store.max_history
+
+    # --- the store: opening and recovery ---------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the store and take over what an earlier process left in it: pending prompts are
+        queued again in their order, a prompt that was running becomes an interrupted history
+        entry. Once; `start()` calls it. Raises JobStoreError (naming the file)."""
+        with self._cv:
+            if self._opened:
+                return
+            self.store.open()
+            running, pending = self.store.queued()
+            for row in running:
+                item = QueueItem.from_record(row.prompt_id, row.request, row.created_ms)
+                log.warning("prompt %s was running when the server stopped; it is in the "
+                            "history as interrupted", row.prompt_id)
+                self.store.finish(row.prompt_id, recovered_entry(item, row.started_ms),
+                                  row.request, row.created_ms, ev.now_ms())
+            for row in pending:
+                item = QueueItem.from_record(row.prompt_id, row.request, row.created_ms)
+                heapq.heappush(self._heap, (item.number, next(self._seq), item))
+            if pending:
+                log.warning("%d prompt(s) queued before the server stopped are queued again",
+                            len(pending))
+            highest = self.store.max_number()
+            if highest is not None:        # numbers go on after the ones already used
+                self._counter = max(self._counter, math.floor(highest) + 1)
+            self._opened = True
+            self._cv.notify_all()
+
+    def _load(self, item: QueueItem) -> Any:
+        return load_workflow(item.source if item.source is not None else item.prompt,
+                             self.executor.registry)
 
     # --- queueing --------------------------------------------------------------------------------
 
@@ -95,7 +172,13 @@ class PromptQueue:
         return -n if front else n
 
     def put(self, item: QueueItem) -> None:
+        """Queue a prompt (replacing a pending one with the same id). Raises JobStoreError if
+        the store cannot record it; then nothing is queued."""
         with self._cv:
+            self.store.add(item.prompt_id, item.number, item.record(), item.created)
+            if any(e[2].prompt_id == item.prompt_id for e in self._heap):
+                self._heap = [e for e in self._heap if e[2].prompt_id != item.prompt_id]
+                heapq.heapify(self._heap)
             heapq.heappush(self._heap, (item.number, next(self._seq), item))
             self._cv.notify_all()
         self.on_change()
@@ -118,6 +201,7 @@ class PromptQueue:
             self._heap = [e for e in self._heap if e[2].prompt_id not in ids]
             heapq.heapify(self._heap)
             removed = before - len(self._heap)
+            self.store.remove_pending(list(ids))
         if removed:
             self.on_change()
         return removed
@@ -125,6 +209,7 @@ class PromptQueue:
     def clear(self) -> None:
         with self._cv:
             self._heap.clear()
+            self.store.remove_pending(None)
         self.on_change()
 
     def running(self) -> tuple[QueueItem | None, str | None]:
@@ -163,31 +248,29 @@ class PromptQueue:
             gc.collect()
             _empty_device_cache()
 
-    # --- history ---------------------------------------------------------------------------------
+    # --- history (in the store) ------------------------------------------------------------------
 
     def history(self, max_items: int | None = None, offset: int = -1) -> dict[str, dict]:
         """ComfyUI's get_history: by default everything; `max_items` alone gives the newest."""
-        with self._cv:
-            items = list(self._history.items())
-        if offset < 0 and max_items is not None:
-            offset = len(items) - max_items
-        offset = max(offset, 0)
-        end = len(items) if max_items is None else offset + max_items
-        return dict(items[offset:end])
+        return self.store.history(max_items, offset)
 
     def history_item(self, prompt_id: str) -> dict[str, dict]:
-        with self._cv:
-            entry = self._history.get(prompt_id)
+        entry = self.store.history_item(prompt_id)
         return {prompt_id: entry} if entry is not None else {}
 
+    def history_request(self, prompt_id: str) -> dict | None:
+        """What a finished prompt was queued with (`QueueItem.record()`), for re-queueing."""
+        return self.store.history_request(prompt_id)
+
     def delete_history(self, prompt_ids: list[str]) -> None:
-        with self._cv:
-            for pid in prompt_ids:
-                self._history.pop(pid, None)
+        self.store.delete_history(list(prompt_ids))
 
     def clear_history(self) -> None:
-        with self._cv:
-            self._history.clear()
+        self.store.delete_history(None)
+
+    def created_times(self) -> dict[str, int]:
+        """When each queued or finished prompt was queued (ms since the epoch)."""
+        return self.store.created_times()
 
     def _store(self, item: QueueItem, report: Any, messages: list, status: str) -> None:
         ui = dict(getattr(report, "ui", None) or {})
@@ -199,17 +282,18 @@ class PromptQueue:
             "status": {"status_str": status, "completed": status == "success",
                        "messages": messages},
         }
-        with self._cv:
-            self._history[item.prompt_id] = entry
-            self._history.move_to_end(item.prompt_id)
-            while len(self._history) > self.max_history:
-                self._history.popitem(last=False)
+        try:
+            self.store.finish(item.prompt_id, entry, item.record(), item.created, ev.now_ms())
+        except JobStoreError:     # the worker lives on; a restart shows it interrupted
+            log.exception("prompt %s: could not record its history entry", item.prompt_id)
 
     # --- the worker ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Open the store (taking over its queue) and start the worker."""
         if self._thread is not None and self._thread.is_alive():
             return
+        self.open()
         self._stop = False
         self._thread = threading.Thread(target=self._work, name="mixgraph-prompt-worker",
                                         daemon=True)
@@ -223,7 +307,12 @@ class PromptQueue:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():      # still finishing a node: it may yet record it
+                return
             self._thread = None
+        with self._cv:
+            self.store.close()
+            self._opened = False
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until nothing is queued or running (tests, shutdown). False on timeout."""
@@ -246,6 +335,11 @@ class PromptQueue:
                 item = heapq.heappop(self._heap)[2] if self._heap else None
                 self._running = item
                 self._running_node = None
+                if item is not None:
+                    try:
+                        self.store.set_running(item.prompt_id, ev.now_ms())
+                    except JobStoreError:
+                        log.exception("prompt %s: could not mark it running", item.prompt_id)
             if item is not None:
                 self.on_change()
                 try:
@@ -283,6 +377,8 @@ class PromptQueue:
 
         report, status = None, "error"
         try:
+            if item.workflow is None:
+                item.workflow = self.prepare(item)
             report = self.executor.run(
                 item.workflow, targets=item.outputs or None, on_event=on_event,
                 interrupt=item.interrupt, prompt_id=item.prompt_id, extra_data=item.extra_data,
@@ -303,7 +399,6 @@ class PromptQueue:
             on_event(ev.Executing(item.prompt_id, None))
         self._store(item, report, messages, status)
 
-
     def _preview(self, event: ev.Progress, prompt_id: str, client_id: str | None) -> None:
         from mixgraph.ui.ws import encode_preview
         jpeg = encode_preview(event.preview)
@@ -311,6 +406,19 @@ class PromptQueue:
             self.emit_preview(jpeg, {"node_id": event.node, "prompt_id": prompt_id,
                                      "display_node_id": event.node, "parent_node_id": None,
                                      "real_node_id": event.node}, client_id)
+
+
+def recovered_entry(item: QueueItem, started_ms: int | None) -> dict:
+    """The history entry of a prompt that was running when the server process ended: an error,
+    interrupted, with STOPPED_MESSAGE. Its outputs were never recorded."""
+    pid = item.prompt_id
+    events = (ev.ExecutionStart(pid, timestamp=started_ms or item.created),
+              ev.ExecutionError(pid, exception_message=STOPPED_MESSAGE,
+                                exception_type="ServerStopped"),
+              ev.ExecutionInterrupted(pid))
+    return {"prompt": item.as_list(), "outputs": {}, "meta": {},
+            "status": {"status_str": "error", "completed": False,
+                       "messages": [list(e.to_comfy()) for e in events]}}
 
 
 def _empty_device_cache() -> None:

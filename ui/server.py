@@ -4,7 +4,8 @@ ComfyUI web editor work unchanged. Every route is also served under `/api`.
     app = create_app(Env(), token=None)          # aiohttp Application
     serve("127.0.0.1", 8188, models="models")    # or: mixgraph serve
 
-Parts: `ui.queue` (prompt queue, worker thread, history), `ui.ws` (WebSocket hub),
+Parts: `ui.queue` (prompt queue, worker thread, history), `ui.jobstore` (queue and history in
+SQLite under the user directory, so they survive a crash), `ui.ws` (WebSocket hub),
 `ui.security` (bind/token/Origin rules, safe paths, upload checks), `ui.frontend` (the editor's
 static files and its settings/user-data endpoints).
 """
@@ -19,7 +20,6 @@ import mimetypes
 import os
 import platform
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +34,7 @@ from mixgraph.ui.editor import EditorRoutes, LogBuffer, template_routes
 from mixgraph.ui.files import convert_image, header_safe, safetensors_metadata, store_upload
 from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_css
 from mixgraph.ui.jobs import JobRoutes
+from mixgraph.ui.jobstore import DB_NAME, MAX_HISTORY, JobStore, JobStoreError
 from mixgraph.ui.queue import PromptQueue, QueueItem
 from mixgraph.ui.security import (SecurityError, check_bind, is_loopback, read_limited, safe_path,
                          security_middleware)
@@ -57,17 +58,20 @@ def _dumps(obj: Any) -> str:
 
 
 class Server:
-    """The state behind the routes: environment, registry, executor, queue, hub."""
+    """The state behind the routes: environment, registry, executor, queue (over the job store
+    at `jobs_db`), hub."""
 
     def __init__(self, env: Env, registry: Any, executor: Executor, max_upload: int,
-                 user_dir: Path, unload_hooks: tuple[Callable[[], Any], ...] = ()):
+                 user_dir: Path, unload_hooks: tuple[Callable[[], Any], ...] = (),
+                 jobs_db: Path | None = None, max_history: int = MAX_HISTORY):
         self.env = env
         self.registry = registry
         self.executor = executor
         self.max_upload = max_upload
         self.hub = Hub(status=self.status, on_connect=self._replay, max_upload=max_upload)
         self.queue = PromptQueue(executor, emit=self.hub.send, emit_preview=self.hub.send_preview,
-                                 on_change=self.hub.broadcast_status, unload_hooks=unload_hooks)
+                                 on_change=self.hub.broadcast_status, unload_hooks=unload_hooks,
+                                 store=JobStore(jobs_db, max_history), prepare=self._prepare)
         self.user = UserData(user_dir)
         self.jobs = JobRoutes(self.queue)
         self.logs = LogBuffer()
@@ -93,6 +97,7 @@ class Server:
             ("GET", "/queue", self.get_queue), ("POST", "/queue", self.post_queue),
             ("GET", "/history", self.get_history), ("POST", "/history", self.post_history),
             ("GET", "/history/{prompt_id}", self.get_history_item),
+            ("POST", "/history/{prompt_id}/requeue", self.requeue),
             ("GET", "/view", self.view), ("POST", "/upload/image", self.upload_image),
             ("POST", "/upload/mask", self.upload_mask),
             ("GET", "/object_info", self.object_info),
@@ -143,16 +148,57 @@ class Server:
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
         if body.get("client_id") is not None:
             extra["client_id"] = str(body["client_id"])
+        source = None
         if wf.source != "api":       # keep ComfyUI's item shape: the API prompt in slot 2
-            prompt = dump_api(wf)
-        self.jobs.created(prompt_id, extra.get("create_time") or int(time.time() * 1000))
-        self.queue.put(QueueItem(number, prompt_id, prompt, extra, list(v.outputs), wf, v))
+            source, prompt = prompt, dump_api(wf)
+        try:
+            self.queue.put(QueueItem(number, prompt_id, prompt, extra, list(v.outputs), wf, v,
+                                     source, [str(t) for t in targets] if targets else None))
+        except JobStoreError as e:
+            return _error("server_error", f"the prompt could not be queued: {e}", status=500)
         return web.json_response({"prompt_id": prompt_id, "number": number,
                                   "node_errors": v.node_errors}, dumps=_dumps)
 
     def _check(self, prompt: dict, targets: list[str] | None, extra: dict | None = None):
         wf = editor_regions(load_workflow(prompt, self.registry), extra or {}, self.registry)
         return wf, validate(wf.prompt, self.registry, self.env, targets)
+
+    def _prepare(self, item: QueueItem) -> Workflow:
+        """The workflow of a prompt taken over from the job store after a restart (the executor
+        validates it again when it runs)."""
+        sent = item.source if item.source is not None else item.prompt
+        return editor_regions(load_workflow(sent, self.registry), item.extra_data, self.registry)
+
+    async def requeue(self, request: web.Request) -> web.Response:
+        """`POST /history/{prompt_id}/requeue` (mixgraph's own; ComfyUI has none): queue a
+        finished prompt again (one interrupted by a crash, say) as it was first submitted, under
+        a new prompt id. Body (optional): `{"front": bool, "prompt_id": str}`. Answers as
+        `POST /prompt` does, including its 400 when the prompt no longer validates."""
+        old = request.match_info["prompt_id"]
+        record = self.queue.history_request(old)
+        if record is None:
+            raise web.HTTPNotFound(text=f"no prompt {old!r} in the history")
+        body = await self._flags(request)
+        extra, source, targets = dict(record["extra_data"]), record.get("source"), \
+            record.get("targets")
+        try:
+            wf, v = await asyncio.get_running_loop().run_in_executor(
+                None, self._check, source if source is not None else record["prompt"], targets,
+                extra)
+        except WorkflowError as e:
+            return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
+        if not v.ok:
+            return web.json_response({"error": v.error, "node_errors": v.node_errors}, status=400,
+                                     dumps=_dumps)
+        number = self.queue.next_number(front=bool(body.get("front")))
+        prompt_id = str(body.get("prompt_id") or uuid.uuid4())
+        try:
+            self.queue.put(QueueItem(number, prompt_id, record["prompt"], extra, list(v.outputs),
+                                     wf, v, source, targets))
+        except JobStoreError as e:
+            return _error("server_error", f"the prompt could not be queued: {e}", status=500)
+        return web.json_response({"prompt_id": prompt_id, "number": number,
+                                  "node_errors": v.node_errors}, dumps=_dumps)
 
     async def get_prompt(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
@@ -184,7 +230,9 @@ class Server:
             offset = int(request.query.get("offset", -1))
         except ValueError:
             raise web.HTTPBadRequest(text="max_items and offset must be integers") from None
-        return web.json_response(self.queue.history(max_items, offset), dumps=_dumps)
+        history = await asyncio.get_running_loop().run_in_executor(   # up to max_history rows
+            None, self.queue.history, max_items, offset)
+        return web.json_response(history, dumps=_dumps)
 
     async def get_history_item(self, request: web.Request) -> web.Response:
         return web.json_response(self.queue.history_item(request.match_info["prompt_id"]),
@@ -449,9 +497,14 @@ SERVER_KEY = web.AppKey("mixgraph_server", Server)
 def create_app(env: Env, *, registry: Any = None, token: str | None = None, insecure: bool = False,
                host: str = "127.0.0.1", executor: Executor | None = None,
                max_upload: int = DEFAULT_MAX_UPLOAD, user_dir: str | os.PathLike | None = None,
-               unload_hooks: tuple[Callable[[], Any], ...] | None = None) -> web.Application:
+               unload_hooks: tuple[Callable[[], Any], ...] | None = None,
+               jobs_db: str | os.PathLike | None = None,
+               max_history: int = MAX_HISTORY) -> web.Application:
     """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
-    (unless `insecure`). `registry` defaults to the node library; `executor` to a new one."""
+    (unless `insecure`). `registry` defaults to the node library; `executor` to a new one.
+    `user_dir` is the user's folder (settings), `./user/default` by default, inside the user
+    directory that also holds the job store: `jobs_db` defaults to
+    `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup."""
     check_bind(host, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
     if registry is None and executor is None:
@@ -463,8 +516,10 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     if executor is None:
         executor = Executor(registry, env)
     registry = executor.registry if registry is None else registry
-    server = Server(env, registry, executor, max_upload,
-                    Path(user_dir) if user_dir is not None else Path("user") / "default", hooks)
+    user = Path(user_dir) if user_dir is not None else Path("user") / "default"
+    server = Server(env, registry, executor, max_upload, user, hooks,
+                    Path(jobs_db) if jobs_db is not None else user.parent / "mixgraph" / DB_NAME,
+                    max_history)
 
     app = web.Application(client_max_size=max_upload + (1 << 20), middlewares=[
         security_middleware(token=token, loopback_only=is_loopback(host) and token is None
@@ -506,8 +561,9 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
 def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
           input: str | None = None, output: str | None = None, token: str | None = None,
           insecure: bool = False, device: str | None = None,
-          max_upload: int = DEFAULT_MAX_UPLOAD) -> int:
-    """Run the server until Ctrl-C. Returns an exit code (2: refused configuration)."""
+          max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY) -> int:
+    """Run the server until Ctrl-C. Returns an exit code (2: refused configuration, or a job
+    store that cannot be used)."""
     try:
         check_bind(host, token, insecure)
     except SecurityError as e:
@@ -521,7 +577,13 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     env = Env.from_args(models=models, input=input, output=output, device=device)
     if not logging.getLogger().handlers:     # keep warnings on stderr once the log panel's
         logging.basicConfig(format="%(message)s")    # handler stops Python's last-resort one
-    app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload)
+    app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
+                     max_history=max_history)
+    try:            # before listening: a damaged job store is a clear error, not a traceback
+        app[SERVER_KEY].queue.open()
+    except JobStoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for folder in (env.input, env.output, env.temp):
         Path(folder).mkdir(parents=True, exist_ok=True)
     shown = f"[{host}]" if ":" in host else host
@@ -538,4 +600,5 @@ def cli_main(args: Any) -> int:
     return serve(host=args.host, port=args.port, models=args.models, input=args.input,
                  output=getattr(args, "output", None), token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
-                 device=getattr(args, "device", None))
+                 device=getattr(args, "device", None),
+                 max_history=getattr(args, "max_history", None) or MAX_HISTORY)
