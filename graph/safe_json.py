@@ -30,7 +30,12 @@ _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 class JsonError(ValueError):
-    """Text that is not acceptable JSON; the message names where it came from and what is wrong."""
+    """Text that is not acceptable JSON; the message names where it came from and what is wrong.
+    `reason`: "syntax" (not JSON at all), "depth", "number" (an integer too long) or "encoding"."""
+
+    def __init__(self, message: str, reason: str = "syntax"):
+        super().__init__(message)
+        self.reason = reason
 
 
 def loads(data: str | bytes | bytearray, what: str) -> Any:
@@ -41,22 +46,23 @@ def loads(data: str | bytes | bytearray, what: str) -> Any:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as e:
             raise JsonError(f"{what}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                            f"{e.start})") from None
+                            f"{e.start})", "encoding") from None
     depth = nesting_depth(data) if data.count("[") + data.count("{") > MAX_DEPTH else 0
     if depth > MAX_DEPTH:
-        raise JsonError(f"{what}: JSON nested {depth} levels deep; at most {MAX_DEPTH} are allowed")
+        raise JsonError(f"{what}: JSON nested {depth} levels deep; at most {MAX_DEPTH} are allowed",
+                        "depth")
     try:
         return json.loads(data)
     except json.JSONDecodeError as e:
         raise JsonError(f"{what}: not valid JSON: {e.msg} at line {e.lineno}, column "
                         f"{e.colno}") from None
     except ValueError as e:  # an integer beyond Python's int-string conversion limit
-        limit = sys.get_int_max_str_digits()
-        raise JsonError(f"{what}: a number in the JSON is too long (more than {limit} digits)"
-                        if "integer string conversion" in str(e)
-                        else f"{what}: not valid JSON: {e}") from None
+        if "integer string conversion" not in str(e):
+            raise JsonError(f"{what}: not valid JSON: {e}") from None
+        raise JsonError(f"{what}: a number in the JSON is too long (more than "
+                        f"{sys.get_int_max_str_digits()} digits)", "number") from None
     except RecursionError:  # a MAX_DEPTH above what this interpreter's stack allows
-        raise JsonError(f"{what}: JSON nested too deeply") from None
+        raise JsonError(f"{what}: JSON nested too deeply", "depth") from None
 
 
 def nesting_depth(text: str) -> int:

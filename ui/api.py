@@ -20,12 +20,12 @@ both the engine (mixgraph.graph) and the node library (mixgraph.nodes).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
+from mixgraph.graph import safe_json
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor, RunReport
 from mixgraph.graph.workflow import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError, load_workflow
@@ -78,8 +78,10 @@ def parse_set(text: str) -> tuple[str, str, Any]:
     if not sep or not dot or not node_id or not name:
         raise ValueError(f"--set {text!r}: expected NODE_ID.INPUT=VALUE, e.g. 3.seed=42")
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = safe_json.loads(raw, f"--set {target.strip()}")
+    except safe_json.JsonError as e:
+        if e.reason != "syntax":   # JSON, but too deep or too long to take: say so
+            raise ValueError(str(e)) from None
         value = raw
     return node_id, name, value
 

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import mimetypes
 import os
 import platform
@@ -25,9 +26,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
+from mixgraph.graph.safe_json import JsonError, loads as json_loads
 from mixgraph.graph.validate import validate
 from mixgraph.graph.workflow import Region, Workflow, WorkflowError, dump_api, load_workflow
 from mixgraph.ui.editor import EditorRoutes, LogBuffer, template_routes
@@ -35,8 +38,9 @@ from mixgraph.ui.files import convert_image, header_safe, safetensors_metadata, 
 from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_css
 from mixgraph.ui.jobs import JobRoutes
 from mixgraph.ui.queue import PromptQueue, QueueItem
-from mixgraph.ui.security import (SecurityError, check_bind, is_loopback, read_limited, safe_path,
-                         security_middleware)
+from mixgraph.ui.security import (BadFileName, SecurityError, check_bind, check_upload_name,
+                                  is_loopback, read_json, read_limited, safe_path,
+                                  security_middleware)
 from mixgraph.ui.ws import Hub
 
 __all__ = ["create_app", "serve", "cli_main", "Server", "SERVER_KEY", "DEFAULT_MAX_UPLOAD"]
@@ -110,9 +114,9 @@ class Server:
 
     async def post_prompt(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except ValueError as e:
-            return _error("invalid_prompt", "Invalid prompt: the request body is not valid JSON", str(e))
+            body = await read_json(request)
+        except JsonError as e:
+            return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
         if not isinstance(body, dict) or "prompt" not in body:
             return _error("no_prompt", "No prompt provided", "No prompt provided")
         prompt = body["prompt"]
@@ -126,10 +130,12 @@ class Server:
         try:
             if "number" in body:
                 number = float(body["number"])
+                if not math.isfinite(number):
+                    raise ValueError(number)
             else:
                 number = self.queue.next_number(front=bool(body.get("front")))
-        except (TypeError, ValueError):
-            return _error("invalid_prompt", "Invalid prompt: 'number' must be a number")
+        except (TypeError, ValueError, OverflowError):
+            return _error("invalid_prompt", "Invalid prompt: 'number' must be a finite number")
         extra = body.get("extra_data") if isinstance(body.get("extra_data"), dict) else {}
         extra = dict(extra)
         try:
@@ -165,9 +171,9 @@ class Server:
         if not request.can_read_body:
             return {}
         try:
-            body = await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text="the request body is not valid JSON") from None
+            body = await read_json(request)
+        except JsonError as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
         return body if isinstance(body, dict) else {}
 
     async def post_queue(self, request: web.Request) -> web.Response:
@@ -217,6 +223,8 @@ class Server:
             raise web.HTTPBadRequest(text=f"type must be output, input or temp, not {type_!r}")
         try:
             return safe_path(root, filename, subfolder)
+        except BadFileName as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
         except SecurityError as e:
             raise web.HTTPForbidden(text=str(e)) from None
 
@@ -249,17 +257,25 @@ class Server:
             raise web.HTTPBadRequest(text=f"expected a multipart/form-data upload ({e})") from None
         data = filename = None
         fields: dict[str, str] = {}
-        while True:
-            part = await reader.next()
-            if part is None:
-                break
-            if part.name == "image" and part.filename is not None:
-                filename = part.filename
-                data = await read_limited(part, self.max_upload)
-            elif part.name in ("type", "subfolder", "overwrite", "original_ref"):
-                fields[part.name] = (await read_limited(part, 1 << 16)).decode("utf-8", "replace")
-            else:
-                await part.release()
+        try:
+            while True:
+                part = await reader.next()
+                if part is None:
+                    break
+                if part.name == "image" and part.filename is not None:
+                    filename = part.filename
+                    data = await read_limited(part, self.max_upload)
+                elif part.name in ("type", "subfolder", "overwrite", "original_ref"):
+                    fields[part.name] = (await read_limited(part, 1 << 16)).decode("utf-8",
+                                                                                    "replace")
+                else:
+                    await part.release()
+        except (HttpProcessingError, ValueError) as e:
+            # a part header aiohttp refuses: a NUL, CR or LF in the file name, say
+            detail = getattr(e, "message", "") or str(e)
+            raise web.HTTPBadRequest(text=f"malformed multipart upload: {detail.strip()} (file "
+                                          f"names may not contain control characters such as "
+                                          f"NUL or line breaks)") from None
         return data, filename, fields
 
     async def upload_image(self, request: web.Request) -> web.Response:
@@ -275,12 +291,16 @@ class Server:
         if "/" in filename or "\\" in filename:
             raise web.HTTPForbidden(text="an upload's file name may not contain a path; use the "
                                          "'subfolder' field")
+        try:
+            check_upload_name(filename)
+        except BadFileName as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
         type_, subfolder = fields.get("type") or "input", fields.get("subfolder", "")
         path = self._resolve(filename, subfolder, type_)
         original = None
         if mask:
             try:
-                ref = json.loads(fields.get("original_ref") or "")
+                ref = json_loads(fields.get("original_ref") or "", "original_ref")
                 original = self._resolve(str(ref["filename"]), str(ref.get("subfolder") or ""),
                                          str(ref.get("type") or "output"))
             except (ValueError, KeyError, TypeError):
@@ -294,6 +314,10 @@ class Server:
                 None, store_upload, path, data, original, overwrite)
         except SecurityError as e:
             raise web.HTTPBadRequest(text=str(e)) from None
+        except OSError as e:  # the folder cannot hold it: a file in the way, full, read-only
+            where = "/".join(x for x in (type_, subfolder) if x)
+            raise web.HTTPBadRequest(text=f"cannot store the upload in {where!r}: "
+                                          f"{e.strerror or e}") from None
         return web.json_response({"name": name, "subfolder": subfolder, "type": type_})
 
     # --- catalogue and system ------------------------------------------------------------------
