@@ -320,6 +320,27 @@ COLUMNS = [
 ]
 
 
+def _invalid(args: Any) -> str | None:
+    """What `mixgraph validate` would say about the workflow (None: valid), and an unusable
+    --output: checked here, so a bad workflow is exit 2 with its problems, not a failed child."""
+    from mixgraph.graph.env import Env, folder_problem
+    from mixgraph.graph.workflow import WorkflowError
+    from mixgraph.ui.api import default_registry
+    from mixgraph.ui.cli import validate_file, validation_text
+
+    env = Env.from_args(models=args.models, input=args.input, output=args.output,
+                        device=args.device)
+    if args.output and folder_problem(env.output):
+        return f"error: {folder_problem(env.output)}"
+    try:
+        _, v, problems = validate_file(args.workflow, default_registry(), env)
+    except (WorkflowError, OSError) as e:
+        return f"error: {e}"
+    if v.clean and not problems:
+        return None
+    return f"invalid workflow {args.workflow}:\n{validation_text(v, problems)}"
+
+
 def cli_main(args: Any) -> int:
     """`mixgraph bench precision WF.json [--precisions LIST] [--json]` (graph/cli.py parses)."""
     from mixgraph.graph.precision import PrecisionError, parse_precision_arg
@@ -327,8 +348,9 @@ def cli_main(args: Any) -> int:
     if args.bench != "precision":
         print(f"mixgraph bench {args.bench}: unknown benchmark", file=sys.stderr)
         return 2
-    if not Path(args.workflow).is_file():
-        print(f"error: {args.workflow}: no such file", file=sys.stderr)
+    problem = _invalid(args)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     runs = parse_precision_list(args.precisions)
     try:

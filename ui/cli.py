@@ -9,7 +9,9 @@ validate` does not pay for aiohttp or the benchmarks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -116,6 +118,10 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `mixgraph nodes | head`: the reader left; stop quietly
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_NODE_FAILED
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
@@ -174,9 +180,24 @@ def _load(path: str, registry: Any):
     return load_workflow(Path(path), registry)
 
 
+def _check_writable(output: Path, report: str | None) -> None:
+    """Refuse, before anything runs, an output folder or report file that cannot be written:
+    OutputFolderError naming the path and why."""
+    from mixgraph.graph.env import OutputFolderError, folder_problem
+    problem = folder_problem(output, "output folder")
+    if problem is None and report:
+        if Path(report).is_dir():
+            problem = f"--report {report} is a folder; give a file name"
+        else:
+            problem = folder_problem(Path(report).parent, "folder of --report")
+    if problem:
+        raise OutputFolderError(problem)
+
+
 def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     from mixgraph.ui.api import set_inputs
     from mixgraph.graph.executor import Executor, Interrupted, NodeError, ValidationFailed
+    from mixgraph.graph.env import writable_folder
     from mixgraph.graph.precision import PrecisionError, parse_precision_arg
     from mixgraph.graph.workflow import WorkflowError
 
@@ -189,6 +210,7 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     try:
         parse_precision_arg(args.precision, env.device)
         wf = set_inputs(_load(args.workflow, registry), args.set)
+        _check_writable(env.output, args.report)
     except (WorkflowError, PrecisionError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -211,8 +233,13 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     finally:
         bar.close()
     if args.report and report is not None:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(json.dumps(report.to_json(), indent=2))
+        try:
+            writable_folder(Path(args.report).parent, "report folder")
+            Path(args.report).write_text(json.dumps(report.to_json(), indent=2))
+        except OSError as e:
+            print(f"error: cannot write the report {args.report}: {e.strerror or e}",
+                  file=sys.stderr)
+            code = code or EXIT_NODE_FAILED
     if report is not None and code == EXIT_OK:
         for path in report.files:
             print(path)
@@ -222,25 +249,16 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     return code
 
 
-def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
-    from mixgraph.graph.validate import format_problems, validate
-    from mixgraph.graph.workflow import WorkflowError
+def validate_file(path: str, registry: Any, env: Any) -> tuple[Any, Any, list[str]]:
+    """Load and check a workflow file as `mixgraph validate` does: (workflow, Validation,
+    problems of its precision specs). Raises WorkflowError or OSError when it cannot be read."""
+    from mixgraph.graph.precision import PrecisionError, parse_spec
+    from mixgraph.graph.validate import validate
 
-    registry = _registry(registry)
-    env = _env(args)
-    try:
-        wf = _load(args.workflow, registry)
-    except (WorkflowError, OSError) as e:
-        if args.json:
-            print(json.dumps({"error": {"type": "invalid_prompt", "message": str(e), "details": "",
-                                        "extra_info": {}}, "node_errors": {}}, indent=2))
-        else:
-            print(f"error: {e}", file=sys.stderr)
-        return EXIT_INVALID
+    wf = _load(path, registry)
     v = validate(wf.prompt, registry, env)
     problems = []
     if wf.precision is not None:  # precision specs are part of the workflow too
-        from mixgraph.graph.precision import PrecisionError, parse_spec
         specs = [("default", wf.precision.default)] + [(f"region {r.name!r}", r.precision)
                                                         for r in wf.precision.regions]
         for where, spec in specs:
@@ -249,7 +267,31 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
                     parse_spec(spec, env.device)
                 except PrecisionError as e:
                     problems.append(f"precision {where}: {e}")
-    ok = v.ok and not v.errors and not problems
+    return wf, v, problems
+
+
+def validation_text(v: Any, problems: list[str]) -> str:
+    """What `validate` prints for an invalid workflow: one line per problem."""
+    from mixgraph.graph.validate import format_problems
+    text = format_problems(v) if (v.errors or not v.ok) else ""
+    return "\n".join(x for x in [text, *problems] if x)
+
+
+def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
+    from mixgraph.graph.workflow import WorkflowError
+
+    registry = _registry(registry)
+    env = _env(args)
+    try:
+        wf, v, problems = validate_file(args.workflow, registry, env)
+    except (WorkflowError, OSError) as e:
+        if args.json:
+            print(json.dumps({"error": {"type": "invalid_prompt", "message": str(e), "details": "",
+                                        "extra_info": {}}, "node_errors": {}}, indent=2))
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    ok = v.clean and not problems
     if args.json:
         body = {"error": v.error, "node_errors": v.node_errors}
         if problems and v.error is None:
@@ -261,8 +303,7 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     elif ok:
         print(f"{args.workflow}: valid ({len(wf.prompt)} nodes; outputs {', '.join(v.outputs)})")
     else:
-        text = format_problems(v) if (v.errors or not v.ok) else ""
-        print("\n".join(x for x in [text, *problems] if x), file=sys.stderr)
+        print(validation_text(v, problems), file=sys.stderr)
     return EXIT_OK if ok else EXIT_INVALID
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from mixgraph.graph.env import Env
+from mixgraph.graph.env import Env, OutputFolderError, writable_folder
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.safe_json import JsonError, loads as json_loads
 from mixgraph.graph.validate import validate
@@ -540,11 +540,16 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
         print(f"error: {problem}", file=sys.stderr)
         return 2
     env = Env.from_args(models=models, input=input, output=output, device=device)
+    try:
+        for folder, what in ((env.input, "input folder"), (env.output, "output folder"),
+                             (env.temp, "temp folder")):
+            writable_folder(folder, what)
+    except OutputFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not logging.getLogger().handlers:     # keep warnings on stderr once the log panel's
         logging.basicConfig(format="%(message)s")    # handler stops Python's last-resort one
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload)
-    for folder in (env.input, env.output, env.temp):
-        Path(folder).mkdir(parents=True, exist_ok=True)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
     if token is None and not is_loopback(host):
