@@ -33,6 +33,7 @@ import contextlib
 import gc
 import inspect
 import math
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -454,11 +455,14 @@ class _NodeChecker:
             try:
                 v = COERCE[kind](v)
             except Exception as e:
+                why = str(e)
+                if "integer string conversion" in why:  # not Python's advice on sys settings
+                    why = f"more than {sys.get_int_max_str_digits()} digits"
                 return False, _fail("invalid_input_type",
                                     f"Failed to convert an input value to a {kind} value",
-                                    f"{name}, {_shown(v)}, {e}", name,
+                                    f"{name}, {_shown(v)}, {why}", name,
                                     input_config=self.config(spec, name, inp),
-                                    received_value=_shown(v), exception_message=str(e))
+                                    received_value=_shown(v), exception_message=why)
             if kind == "FLOAT" and not math.isfinite(v):
                 # NaN passes every comparison below and would reach the sampler as a NaN image
                 return False, _fail("invalid_input_type", f"Value {v} is not a finite number",
@@ -481,9 +485,9 @@ class _NodeChecker:
                 big = len(options) > 20
                 listed = f"(list of length {len(options)})" if big else str(options)
                 return False, _fail("value_not_in_list", "Value not in list",
-                                    f"{name}: '{v}' not in {listed}", name,
+                                    f"{name}: '{_shown(v)}' not in {listed}", name,
                                     input_config=None if big else self.config(spec, name, inp),
-                                    received_value=v)
+                                    received_value=_shown(v))
         return True, v
 
 
