@@ -6,12 +6,12 @@ bodies, form fields and `--set` values.
 Python's `json.loads` turns hostile input into exceptions that are not `JSONDecodeError`:
 `[[[[...` 100,000 levels deep raises RecursionError, and an integer of more than 4,300 digits a
 ValueError about `sys.set_int_max_str_digits`. Both escape handlers that catch JSONDecodeError and
-end as HTTP 500s or tracebacks. Here nesting is measured on the text before parsing (strings
-cut out by splitting at quotes, then a running sum over the brackets left, all at C speed), so nothing
-recursive ever sees a structure deeper than `MAX_DEPTH`; real workflows nest about 10 levels
-(a UI workflow with nested subgraphs perhaps 30). Python's own `NaN`, `Infinity` and `-Infinity`
-literals are still accepted, as ComfyUI accepts them; validation rejects them where a finite
-number is needed.
+end as HTTP 500s or tracebacks. Here nesting is measured on the text before parsing (strings cut
+out by splitting at quotes, then a running sum over the brackets left, all at C speed), so
+nothing recursive ever sees a structure deeper than `MAX_DEPTH`; real workflows nest about 10
+levels (a UI workflow with nested subgraphs perhaps 30). Python's own `NaN`, `Infinity` and
+`-Infinity` literals are still accepted, as ComfyUI accepts them; validation rejects them where a
+finite number is needed.
 """
 
 from __future__ import annotations

@@ -449,8 +449,8 @@ class _NodeChecker:
         kind = inp.type
         if kind not in WIDGET_TYPES and kind != "*":
             return False, _fail("invalid_input_type", f"Input '{name}' takes a {kind} from another "
-                                f"node's output, not a literal value", f"{name}, {v!r}", name,
-                                received_value=v)
+                                f"node's output, not a literal value", f"{name}, {_shown(v)!r}",
+                                name, received_value=_shown(v))
         if kind in COERCE:
             try:
                 v = COERCE[kind](v)

@@ -290,6 +290,9 @@ def test_server_non_finite_float_literal_is_400(env):
             (err,) = json.loads(raw)["node_errors"]["1"]["errors"]
             assert err["type"] == "invalid_input_type" and err["extra_info"]["input_name"] == "level"
             assert "is not a finite number" in err["message"]
+            text = json.dumps({"prompt": {"2": call("ShowImage", image=0.5)}})
+            r = await c.post("/prompt", data=text.replace("0.5", literal))   # a literal for a link
+            assert r.status == 400 and "NaN" not in await r.text() and "Infinity" not in await r.text()
     run(body, env)
 
 
