@@ -1,4 +1,7 @@
-"""Where a run finds its files: model folders, input, output and temp directories."""
+"""Where a run finds its files: model folders, input, output and temp directories; and the one
+check that a folder a run writes into can be written (`writable_folder`, `folder_problem`), so a
+file standing where the output folder should be is an error naming the folder, not a raw
+FileExistsError."""
 
 from __future__ import annotations
 
@@ -47,3 +50,40 @@ def check_device(device: str | None) -> str | None:
     elif d.type not in ("cpu", "cuda", "mps"):
         return f"--device {device}: unsupported device type {d.type!r} (cpu, cuda, cuda:N, mps)"
     return None
+
+
+class OutputFolderError(OSError):
+    """A folder a run must write into that cannot be written; the message names it and why."""
+
+
+def folder_problem(folder: str | os.PathLike, what: str = "output folder") -> str | None:
+    """Why `folder` could not be used to write files (None: it can, or can be created), without
+    creating anything: a file in its place or in place of a parent, or no write permission."""
+    folder = Path(folder)
+    for p in (folder, *folder.parents):
+        if p.is_dir():
+            if not os.access(p, os.W_OK | os.X_OK):
+                return (f"the {what} {folder} is not writable (no write permission on {p})"
+                        if p == folder else
+                        f"the {what} {folder} cannot be created (no write permission on {p})")
+            return None
+        if p.exists() or p.is_symlink():
+            kind = "a broken link" if not p.exists() else "a file"
+            return f"the {what} {folder} cannot be used: {p} is {kind}, not a folder"
+    return None
+
+
+def writable_folder(folder: str | os.PathLike, what: str = "output folder") -> Path:
+    """`folder`, created if missing; OutputFolderError naming the folder and the cause when it
+    cannot hold new files (the folder was replaced by a file, a parent is a file, permissions)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputFolderError(folder_problem(folder, what)
+                                or f"the {what} {folder} cannot be created: {e.strerror or e}"
+                                ) from None
+    problem = folder_problem(folder, what)
+    if problem:
+        raise OutputFolderError(problem)
+    return folder

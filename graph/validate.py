@@ -17,9 +17,10 @@ report; the differences:
 
 Coercion is ComfyUI's: `int()`, `float()`, `str()`, `bool()` on the literal. So `int(3.9) == 3`,
 `int("3.5")` fails, and `bool("false")` is True (Python truthiness; the frontend always sends JSON
-booleans). `step` and `round` are not checked. A node's own `validate(env, ...)` function takes
-over the range and option checks of the inputs it names as parameters (ComfyUI's
-VALIDATE_INPUTS rule: LoadImage checks its file itself); a `**kwargs` parameter takes over none.
+booleans). `step` and `round` are not checked. A FLOAT must be finite (ComfyUI lets NaN through).
+A node's own `validate(env, ...)` function takes over some default checks of the inputs it names
+(ComfyUI's VALIDATE_INPUTS rule, narrowed: a fixed option list always applies); the precise rule
+is `_NodeChecker.claims`'s.
 
 Linear time without recursion: ancestors are found with an explicit stack, order and validity
 with Kahn's algorithm, and only the nodes left over by Kahn (those on or behind a cycle) go to
@@ -31,6 +32,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
+import math
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -327,8 +330,19 @@ class _NodeChecker:
         return self._options[key]
 
     def claims(self, spec: NodeSpec) -> tuple[frozenset[str], bool]:
-        """Inputs the node's own validate() names (it checks them itself), and whether it takes
-        **kwargs."""
+        """Inputs the node's own validate() names, and whether it takes **kwargs.
+
+        The rule for a named ("claimed") input, ComfyUI's VALIDATE_INPUTS rule narrowed by one
+        thing: the validator takes over the input's min/max check and, for a combo whose options
+        are computed from the environment (a callable: the files in a folder), its option check;
+        LoadImage looks for its file itself. A combo with a *fixed* option list (a sequence in
+        the declaration: sampler names, CLIP types) is checked against it all the same: that list
+        is the node's schema, the one `object_info` gives clients, and a validator may narrow it
+        (KSampler refuses samplers not implemented yet) but never widen it. So a value outside
+        a fixed list is always `value_not_in_list`, before the validator runs. Coercion and
+        the finiteness of floats are checked for every input. A `**kwargs` parameter claims
+        nothing: it only receives the other literals. (A node that really accepts values beyond
+        its declared list, as some ComfyUI custom nodes do, declares the list as a callable.)"""
         if spec.name not in self._claims:
             params = list(inspect.signature(spec.validate).parameters.values())[1:]
             named = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
@@ -435,37 +449,56 @@ class _NodeChecker:
         kind = inp.type
         if kind not in WIDGET_TYPES and kind != "*":
             return False, _fail("invalid_input_type", f"Input '{name}' takes a {kind} from another "
-                                f"node's output, not a literal value", f"{name}, {v!r}", name,
-                                received_value=v)
+                                f"node's output, not a literal value", f"{name}, {_shown(v)!r}",
+                                name, received_value=_shown(v))
         if kind in COERCE:
             try:
                 v = COERCE[kind](v)
             except Exception as e:
+                why = str(e)
+                if "integer string conversion" in why:  # not Python's advice on sys settings
+                    why = f"more than {sys.get_int_max_str_digits()} digits"
                 return False, _fail("invalid_input_type",
                                     f"Failed to convert an input value to a {kind} value",
-                                    f"{name}, {v}, {e}", name,
-                                    input_config=self.config(spec, name, inp), received_value=v,
-                                    exception_message=str(e))
-        if claimed:
-            return True, v
-        if inp.min is not None and v < inp.min:
-            return False, _fail("value_smaller_than_min", f"Value {v} smaller than min of {inp.min}",
-                                name, name, input_config=self.config(spec, name, inp),
-                                received_value=v)
-        if inp.max is not None and v > inp.max:
-            return False, _fail("value_bigger_than_max", f"Value {v} bigger than max of {inp.max}",
-                                name, name, input_config=self.config(spec, name, inp),
-                                received_value=v)
-        if kind == "COMBO":
+                                    f"{name}, {_shown(v)}, {why}", name,
+                                    input_config=self.config(spec, name, inp),
+                                    received_value=_shown(v), exception_message=why)
+            if kind == "FLOAT" and not math.isfinite(v):
+                # NaN passes every comparison below and would reach the sampler as a NaN image
+                return False, _fail("invalid_input_type", f"Value {v} is not a finite number",
+                                    name, name,
+                                    input_config=self.config(spec, name, inp),
+                                    received_value=str(v))
+        if not claimed:
+            if inp.min is not None and v < inp.min:
+                return False, _fail("value_smaller_than_min",
+                                    f"Value {v} smaller than min of {inp.min}", name, name,
+                                    input_config=self.config(spec, name, inp), received_value=v)
+            if inp.max is not None and v > inp.max:
+                return False, _fail("value_bigger_than_max",
+                                    f"Value {v} bigger than max of {inp.max}", name, name,
+                                    input_config=self.config(spec, name, inp), received_value=v)
+        # a claimed combo keeps its fixed option list; only a computed one is the validator's
+        if kind == "COMBO" and not (claimed and callable(inp.options)):
             options = self.options(spec, name, inp)
             if v not in options:
                 big = len(options) > 20
                 listed = f"(list of length {len(options)})" if big else str(options)
                 return False, _fail("value_not_in_list", "Value not in list",
-                                    f"{name}: '{v}' not in {listed}", name,
+                                    f"{name}: '{_shown(v)}' not in {listed}", name,
                                     input_config=None if big else self.config(spec, name, inp),
-                                    received_value=v)
+                                    received_value=_shown(v))
         return True, v
+
+
+def _shown(v: Any) -> Any:
+    """A rejected literal as an error body carries it: JSON has no NaN or Infinity, and a
+    megabyte string need not be echoed whole."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, str) and len(v) > 200:
+        return v[:200] + f"... ({len(v)} characters)"
+    return v
 
 
 def _fail(kind: str, message: str, details: str, name: str | None, **extra: Any) -> tuple:

@@ -12,7 +12,6 @@ frozen dataclasses. The format is detected by shape: a `"format"` key → mixgra
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from mixgraph.graph import safe_json
 from mixgraph.graph.precision import PrecisionError, parse_config
 
 ENVELOPE_FORMAT = "mixgraph/1"
@@ -177,28 +177,26 @@ def checked_precision(workflow: Workflow, name: str = "<workflow>") -> Workflow:
 def _read(src: Any) -> tuple[Any, str]:
     if isinstance(src, dict):
         return src, "<workflow>"
-    if isinstance(src, (bytes, bytearray)):
-        return _parse_json(bytes(src).decode("utf-8", "replace"), "<workflow>"), "<workflow>"
-    if isinstance(src, str) and src.lstrip().startswith(("{", "[")):
+    if isinstance(src, (bytes, bytearray)) or (isinstance(src, str)
+                                               and src.lstrip().startswith(("{", "["))):
         return _parse_json(src, "<workflow>"), "<workflow>"
     if isinstance(src, (str, os.PathLike)):
         path = Path(src)
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
         except FileNotFoundError:
             raise WorkflowError(f"{path}: no such file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise WorkflowError(f"{path}: cannot read: {e}") from None
-        return _parse_json(text, str(path)), str(path)
+        except OSError as e:
+            raise WorkflowError(f"{path}: cannot read: {e.strerror or e}") from None
+        return _parse_json(data, str(path)), str(path)
     raise WorkflowError(f"cannot load a workflow from a {type(src).__name__}")
 
 
-def _parse_json(text: str, name: str) -> Any:
+def _parse_json(data: str | bytes, name: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise WorkflowError(f"{name}: not valid JSON: {e.msg} at line {e.lineno}, "
-                            f"column {e.colno}") from None
+        return safe_json.loads(data, name)
+    except safe_json.JsonError as e:
+        raise WorkflowError(str(e)) from None
 
 
 def _keys(obj: dict) -> str:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps, ImageSequence, PngImagePlugin
 
+from mixgraph.graph.env import writable_folder
 from mixgraph.nodes.models.resize import center_crop, upscale  # noqa: F401  (re-exported)
 
 MAX_PIXELS = 16384 * 16384
@@ -116,7 +117,7 @@ def save_images(images: torch.Tensor, root: Path, prefix: str, *, kind: str = "o
     prefix = expand_prefix(prefix, width, height)
     target = safe_join(Path(root), prefix)
     folder, stem = target.parent, target.name
-    folder.mkdir(parents=True, exist_ok=True)
+    writable_folder(folder, f"{kind} folder")
     subfolder = folder.relative_to(root).as_posix() if folder != Path(root) else ""
     counter = _next_counter(folder, stem)
     results = []

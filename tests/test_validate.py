@@ -60,7 +60,7 @@ def _file_check(env, path):
 
 
 @node(outputs=["INT"], validate=_file_check, register=False)
-def ReadFile(path=Combo(["listed.txt"]), count=Int(1, min=1)):
+def ReadFile(path=Combo(lambda env: ["listed.txt"]), count=Int(1, min=1)):
     pass
 
 
@@ -199,7 +199,7 @@ def test_validate_value_not_in_list_short_and_long():
 def test_validate_custom_validation_and_claimed_inputs():
     v = validate({"1": C("ReadFile", path="ok.txt", count=0), "2": C("Sink", value=Link("1", 0)),
                   "3": C("ReadFile", path="gone.txt", count=1), "4": C("Sink", value=Link("3", 0))}, REG)
-    # the validator names `path`, so the option-list check is its own; `count` is still range-checked
+    # the validator names `path`, so its computed option list is its own; `count` is still range-checked
     assert _only(v, "1")["type"] == "value_smaller_than_min"
     assert _only(v, "3") == {"type": "custom_validation_failed", "message": "Custom validation failed for node",
                              "details": "file gone.txt not found in input/", "extra_info": {}}

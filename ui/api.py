@@ -20,14 +20,16 @@ both the engine (mixgraph.graph) and the node library (mixgraph.nodes).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from mixgraph.graph import safe_json
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor, RunReport
+from mixgraph.graph.validate import Validation, validate
 from mixgraph.graph.workflow import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError, load_workflow
 
 __all__ = ["load", "run", "RunResult", "Graph", "NodeRef", "set_inputs", "parse_set",
@@ -69,6 +71,23 @@ def load(src: Any, registry: Any = None) -> Workflow:
     return load_workflow(src, registry if registry is not None else default_executor().registry)
 
 
+def load_file(path: str | os.PathLike, registry: Any = None) -> Workflow:
+    """A workflow file in any of the three formats; WorkflowError (a missing file, bad JSON or
+    structure, a bad precision SPEC) says what is wrong with it."""
+    if not Path(path).is_file():
+        raise WorkflowError(f"{path}: no such file")
+    return load_workflow(Path(path), registry if registry is not None else default_registry())
+
+
+def validate_file(path: str | os.PathLike, registry: Any = None,
+                  env: Env | None = None) -> tuple[Workflow, Validation]:
+    """Load and check a workflow file as `mixgraph validate` does. Raises WorkflowError or
+    OSError when it cannot be read; `Validation.clean` says whether it may run."""
+    registry = registry if registry is not None else default_registry()
+    wf = load_file(path, registry)
+    return wf, validate(wf.prompt, registry, env)
+
+
 # --- overrides (`--set ID.INPUT=VALUE`) ------------------------------------------------------------
 
 def parse_set(text: str) -> tuple[str, str, Any]:
@@ -78,8 +97,10 @@ def parse_set(text: str) -> tuple[str, str, Any]:
     if not sep or not dot or not node_id or not name:
         raise ValueError(f"--set {text!r}: expected NODE_ID.INPUT=VALUE, e.g. 3.seed=42")
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = safe_json.loads(raw, f"--set {target.strip()}")
+    except safe_json.JsonError as e:
+        if e.reason != "syntax":   # JSON, but too deep or too long to take: say so
+            raise ValueError(str(e)) from None
         value = raw
     return node_id, name, value
 

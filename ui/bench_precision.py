@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -320,24 +319,39 @@ COLUMNS = [
 ]
 
 
+def _invalid(args: Any) -> str | None:
+    """What `mixgraph validate` would say about the workflow (None: valid), and an unusable
+    --output: checked here, so a bad workflow is exit 2 with its problems, not a failed child."""
+    from mixgraph.graph.env import Env, folder_problem
+    from mixgraph.graph.workflow import WorkflowError
+    from mixgraph.graph.validate import format_problems
+    from mixgraph.ui.api import default_registry, validate_file
+
+    env = Env.from_args(models=args.models, input=args.input, output=args.output,
+                        device=args.device)
+    if args.output and folder_problem(env.output):
+        return f"error: {folder_problem(env.output)}"
+    try:
+        _, v = validate_file(args.workflow, default_registry(), env)
+    except (WorkflowError, OSError) as e:
+        return f"error: {e}"
+    if v.clean:
+        return None
+    return f"invalid workflow {args.workflow}:\n{format_problems(v)}"
+
+
 def cli_main(args: Any) -> int:
     """`mixgraph bench precision WF.json [--precisions LIST] [--json]` (ui/cli.py parses). The
     workflow is loaded here first, by the loader `validate` and `run` use, so a file they reject
     (a bad precision SPEC included) is rejected before any child runs."""
     from mixgraph.graph.precision import PrecisionError, parse_precision_arg
-    from mixgraph.graph.workflow import WorkflowError
-    from mixgraph.ui import api
 
     if args.bench != "precision":
         print(f"mixgraph bench {args.bench}: unknown benchmark", file=sys.stderr)
         return 2
-    if not Path(args.workflow).is_file():
-        print(f"error: {args.workflow}: no such file", file=sys.stderr)
-        return 2
-    try:
-        api.load(Path(args.workflow), api.default_registry())
-    except WorkflowError as e:
-        print(f"error: {e}", file=sys.stderr)
+    problem = _invalid(args)   # the loader `validate` and `run` use: a bad precision SPEC too
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     runs = parse_precision_list(args.precisions)
     try:

@@ -9,7 +9,9 @@ validate` does not pay for aiohttp or the benchmarks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -130,6 +132,10 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `mixgraph nodes | head`: the reader left; stop quietly
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_NODE_FAILED
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
@@ -159,17 +165,24 @@ def _env(args: argparse.Namespace):
                          device=getattr(args, "device", None))
 
 
-def _load(path: str, registry: Any):
-    from mixgraph.graph.workflow import load_workflow
-    if not Path(path).is_file():
-        from mixgraph.graph.workflow import WorkflowError
-        raise WorkflowError(f"{path}: no such file")
-    return load_workflow(Path(path), registry)
+def _check_writable(output: Path, report: str | None) -> None:
+    """Refuse, before anything runs, an output folder or report file that cannot be written:
+    OutputFolderError naming the path and why."""
+    from mixgraph.graph.env import OutputFolderError, folder_problem
+    problem = folder_problem(output, "output folder")
+    if problem is None and report:
+        if Path(report).is_dir():
+            problem = f"--report {report} is a folder; give a file name"
+        else:
+            problem = folder_problem(Path(report).parent, "folder of --report")
+    if problem:
+        raise OutputFolderError(problem)
 
 
 def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
-    from mixgraph.ui.api import set_inputs
+    from mixgraph.ui.api import load_file, set_inputs
     from mixgraph.graph.executor import Executor, Interrupted, NodeError, ValidationFailed
+    from mixgraph.graph.env import writable_folder
     from mixgraph.graph.precision import PrecisionError, parse_precision_arg
     from mixgraph.graph.workflow import WorkflowError
 
@@ -185,7 +198,8 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
         print(f"error: --precision: {e}", file=sys.stderr)
         return EXIT_INVALID
     try:
-        wf = set_inputs(_load(args.workflow, registry), args.set)
+        wf = set_inputs(load_file(args.workflow, registry), args.set)
+        _check_writable(env.output, args.report)
     except (WorkflowError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -208,8 +222,13 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     finally:
         bar.close()
     if args.report and report is not None:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(json.dumps(report.to_json(), indent=2))
+        try:
+            writable_folder(Path(args.report).parent, "report folder")
+            Path(args.report).write_text(json.dumps(report.to_json(), indent=2))
+        except OSError as e:
+            print(f"error: cannot write the report {args.report}: {e.strerror or e}",
+                  file=sys.stderr)
+            code = code or EXIT_NODE_FAILED
     if report is not None and code == EXIT_OK:
         for path in report.files:
             print(path)
@@ -220,13 +239,14 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
-    from mixgraph.graph.validate import format_problems, validate
+    from mixgraph.graph.validate import format_problems
     from mixgraph.graph.workflow import WorkflowError
+    from mixgraph.ui.api import validate_file
 
     registry = _registry(registry)
     env = _env(args)
     try:
-        wf = _load(args.workflow, registry)   # also checks every precision SPEC in the file
+        wf, v = validate_file(args.workflow, registry, env)
     except (WorkflowError, OSError) as e:
         if args.json:
             print(json.dumps({"error": {"type": getattr(e, "error_type", "invalid_prompt"),
@@ -235,8 +255,7 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
         else:
             print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    v = validate(wf.prompt, registry, env)
-    ok = v.ok and not v.errors
+    ok = v.clean
     if args.json:
         body = {"outputs": list(v.outputs), "node_errors": {}} if ok else \
             {"error": v.error, "node_errors": v.node_errors}

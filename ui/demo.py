@@ -68,4 +68,16 @@ def run(prompt: str | None = None, output: str | Path = "output", seed: int = 42
 
 def cli_main(args) -> int:
     """`mixgraph demo [--prompt TEXT] [--output DIR]`."""
-    return run(args.prompt, args.output or "output")
+    from mixgraph.graph.env import folder_problem
+    from mixgraph.graph.executor import NodeError
+
+    output = args.output or "output"
+    problem = folder_problem(output)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return run(args.prompt, output)
+    except NodeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1

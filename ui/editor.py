@@ -25,6 +25,9 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from mixgraph.graph.safe_json import JsonError
+from mixgraph.ui.security import read_json
+
 __all__ = ["EditorRoutes", "LogBuffer", "template_routes", "LOG_LINES"]
 
 LOG_LINES = 1000
@@ -109,9 +112,9 @@ class EditorRoutes:
 
     async def log_subscribe(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text="the request body is not valid JSON") from None
+            body = await read_json(request)
+        except JsonError as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
         if not isinstance(body, dict) or not isinstance(body.get("clientId"), str):
             raise web.HTTPBadRequest(text="expected {\"enabled\": bool, \"clientId\": str}")
         self.logs.subscribe(body["clientId"], bool(body.get("enabled")))

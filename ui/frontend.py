@@ -16,7 +16,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from mixgraph.ui.security import SecurityError, safe_path
+from mixgraph.graph.safe_json import JsonError
+from mixgraph.ui.security import SecurityError, read_json, safe_path
 
 __all__ = ["frontend_root", "UserData", "index_handler", "user_css", "NOT_INSTALLED_HTML",
            "EMPTY_USER_FILES"]
@@ -136,9 +137,9 @@ class UserData:
 
     async def _json_body(self, request: web.Request):
         try:
-            return await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text="the request body is not valid JSON") from None
+            return await read_json(request)
+        except JsonError as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
 
     async def get_settings(self, request: web.Request) -> web.Response:
         return web.json_response(self._read_settings())

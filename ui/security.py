@@ -11,7 +11,11 @@
   behind a reverse proxy that passes its own Host, use a token).
 * Files named by clients resolve inside their folder: no absolute paths, no `..`, no symlink that
   leads out (`safe_path`).
+* A name no file can have (NUL, a lone surrogate, a component over 255 bytes, a path over
+  1,024 characters) is a `BadFileName`, answered 400 rather than failing in the OS call; an
+  upload's own name must also be printable and more than dots and spaces (`check_upload_name`).
 * Uploads are read with a size limit and must decode as images of sane size (`check_image`).
+* Request bodies are JSON parsed by `graph.safe_json` (`read_json`): depth and number limits.
 """
 
 from __future__ import annotations
@@ -23,21 +27,32 @@ import ipaddress
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
-__all__ = ["SecurityError", "is_loopback", "check_bind", "security_middleware", "safe_path",
-           "read_limited", "check_image", "unique_name", "TOKEN_COOKIE", "MAX_IMAGE_SIDE"]
+from mixgraph.graph import safe_json
+
+__all__ = ["SecurityError", "BadFileName", "is_loopback", "check_bind", "security_middleware",
+           "safe_path", "check_upload_name", "read_json", "read_limited", "check_image",
+           "unique_name", "TOKEN_COOKIE", "MAX_IMAGE_SIDE"]
 
 TOKEN_COOKIE = "mixgraph_token"
 MAX_IMAGE_SIDE = 16384          # ComfyUI's MAX_RESOLUTION
+NAME_MAX = 255                  # bytes in one path component (Linux and macOS file systems)
+REL_PATH_MAX = 1024             # characters in a relative path a client may name
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
 class SecurityError(ValueError):
     """A configuration or request the safety rules refuse; the message says what to do."""
+
+
+class BadFileName(SecurityError):
+    """A file name that is malformed rather than an attempt to leave a folder (HTTP 400, not
+    403): NUL or control characters, undecodable, too long, nothing but dots."""
 
 
 def is_loopback(host: str | None) -> bool:
@@ -129,25 +144,55 @@ def security_middleware(*, token: str | None, loopback_only: bool):
 
 def safe_path(root: Path, filename: str, subfolder: str = "") -> Path:
     """root/subfolder/filename, or SecurityError if that would leave `root` (absolute paths,
-    `..`, drive letters, NUL bytes, symlinks pointing out)."""
+    `..`, drive letters, symlinks pointing out), BadFileName if no file can have that name (NUL,
+    lone surrogates, a component over NAME_MAX bytes, REL_PATH_MAX characters in all)."""
     rel_parts: list[str] = []
     for piece in (subfolder or "", filename or ""):
         text = piece.replace("\\", "/")
-        if "\x00" in text or text.startswith("/") or (len(text) > 1 and text[1] == ":"):
+        if "\x00" in text:
+            raise BadFileName(f"path {piece!r} contains a NUL character")
+        if text.startswith("/") or (len(text) > 1 and text[1] == ":"):
             raise SecurityError(f"path {piece!r} is not a plain relative path")
         for part in text.split("/"):
             if part in ("", "."):
                 continue
             if part == "..":
                 raise SecurityError(f"path {piece!r} may not contain '..'")
+            try:
+                size = len(part.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise BadFileName(f"path {piece!r} is not valid Unicode text") from None
+            if size > NAME_MAX:
+                raise BadFileName(f"name {part[:40]!r}... is {size} bytes long; at most "
+                                  f"{NAME_MAX} are allowed")
             rel_parts.append(part)
     if not rel_parts:
-        raise SecurityError("no file name given")
+        raise BadFileName("no file name given")
+    if sum(len(p) + 1 for p in rel_parts) > REL_PATH_MAX:
+        raise BadFileName(f"path of {len(rel_parts)} parts is longer than {REL_PATH_MAX} "
+                          f"characters")
     path = Path(root).joinpath(*rel_parts)
     real_root = os.path.realpath(root)
     if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
         raise SecurityError(f"path {'/'.join(rel_parts)!r} resolves outside its folder")
     return path
+
+
+def check_upload_name(name: str) -> None:
+    """An uploaded file's own name: one path component, printable, not only dots and spaces
+    (`...` or ` ` would be a valid name on Linux but a trap everywhere else). Raises
+    BadFileName; the containment checks are `safe_path`'s."""
+    if not name or not name.strip(" ."):
+        raise BadFileName(f"upload file name {name!r} has no name part; send a name such as "
+                          f"'image.png'")
+    if not name.isprintable():
+        raise BadFileName(f"upload file name {name!r} contains control characters")
+
+
+async def read_json(request: web.Request) -> Any:
+    """A request's body as JSON, parsed by `graph.safe_json`; raises JsonError (the handler
+    answers 400), never a RecursionError."""
+    return safe_json.loads(await request.read(), "the request body")
 
 
 async def read_limited(part, limit: int) -> bytes:

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import mimetypes
 import os
 import platform
@@ -25,9 +26,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
-from mixgraph.graph.env import Env
+from mixgraph.graph.env import Env, OutputFolderError, writable_folder
 from mixgraph.graph.executor import Executor
+from mixgraph.graph.safe_json import JsonError, loads as json_loads
 from mixgraph.graph.validate import validate
 from mixgraph.graph.workflow import InvalidPrecision, Workflow, WorkflowError, dump_api, load_workflow
 from mixgraph.ui.editor import EditorRoutes, LogBuffer, template_routes
@@ -36,8 +39,9 @@ from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_cs
 from mixgraph.ui.jobs import JobRoutes
 from mixgraph.ui.jobstore import DB_NAME, MAX_HISTORY, JobStore, JobStoreError
 from mixgraph.ui.queue import PromptQueue, QueueItem
-from mixgraph.ui.security import (SecurityError, check_bind, is_loopback, read_limited, safe_path,
-                         security_middleware)
+from mixgraph.ui.security import (BadFileName, SecurityError, check_bind, check_upload_name,
+                                  is_loopback, read_json, read_limited, safe_path,
+                                  security_middleware)
 from mixgraph.ui.ws import Hub
 
 __all__ = ["create_app", "serve", "cli_main", "Server", "SERVER_KEY", "DEFAULT_MAX_UPLOAD"]
@@ -115,9 +119,9 @@ class Server:
 
     async def post_prompt(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except ValueError as e:
-            return _error("invalid_prompt", "Invalid prompt: the request body is not valid JSON", str(e))
+            body = await read_json(request)
+        except JsonError as e:
+            return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
         if not isinstance(body, dict) or "prompt" not in body:
             return _error("no_prompt", "No prompt provided", "No prompt provided")
         prompt = body["prompt"]
@@ -131,10 +135,12 @@ class Server:
         try:
             if "number" in body:
                 number = float(body["number"])
+                if not math.isfinite(number):
+                    raise ValueError(number)
             else:
                 number = self.queue.next_number(front=bool(body.get("front")))
-        except (TypeError, ValueError):
-            return _error("invalid_prompt", "Invalid prompt: 'number' must be a number")
+        except (TypeError, ValueError, OverflowError):
+            return _error("invalid_prompt", "Invalid prompt: 'number' must be a finite number")
         extra = body.get("extra_data") if isinstance(body.get("extra_data"), dict) else {}
         extra = dict(extra)
         try:
@@ -211,9 +217,9 @@ class Server:
         if not request.can_read_body:
             return {}
         try:
-            body = await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text="the request body is not valid JSON") from None
+            body = await read_json(request)
+        except JsonError as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
         return body if isinstance(body, dict) else {}
 
     async def post_queue(self, request: web.Request) -> web.Response:
@@ -265,6 +271,8 @@ class Server:
             raise web.HTTPBadRequest(text=f"type must be output, input or temp, not {type_!r}")
         try:
             return safe_path(root, filename, subfolder)
+        except BadFileName as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
         except SecurityError as e:
             raise web.HTTPForbidden(text=str(e)) from None
 
@@ -297,17 +305,25 @@ class Server:
             raise web.HTTPBadRequest(text=f"expected a multipart/form-data upload ({e})") from None
         data = filename = None
         fields: dict[str, str] = {}
-        while True:
-            part = await reader.next()
-            if part is None:
-                break
-            if part.name == "image" and part.filename is not None:
-                filename = part.filename
-                data = await read_limited(part, self.max_upload)
-            elif part.name in ("type", "subfolder", "overwrite", "original_ref"):
-                fields[part.name] = (await read_limited(part, 1 << 16)).decode("utf-8", "replace")
-            else:
-                await part.release()
+        try:
+            while True:
+                part = await reader.next()
+                if part is None:
+                    break
+                if part.name == "image" and part.filename is not None:
+                    filename = part.filename
+                    data = await read_limited(part, self.max_upload)
+                elif part.name in ("type", "subfolder", "overwrite", "original_ref"):
+                    fields[part.name] = (await read_limited(part, 1 << 16)).decode("utf-8",
+                                                                                    "replace")
+                else:
+                    await part.release()
+        except (HttpProcessingError, ValueError) as e:
+            # a part header aiohttp refuses: a NUL, CR or LF in the file name, say
+            detail = getattr(e, "message", "") or str(e)
+            raise web.HTTPBadRequest(text=f"malformed multipart upload: {detail.strip()} (file "
+                                          f"names may not contain control characters such as "
+                                          f"NUL or line breaks)") from None
         return data, filename, fields
 
     async def upload_image(self, request: web.Request) -> web.Response:
@@ -323,12 +339,16 @@ class Server:
         if "/" in filename or "\\" in filename:
             raise web.HTTPForbidden(text="an upload's file name may not contain a path; use the "
                                          "'subfolder' field")
+        try:
+            check_upload_name(filename)
+        except BadFileName as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
         type_, subfolder = fields.get("type") or "input", fields.get("subfolder", "")
         path = self._resolve(filename, subfolder, type_)
         original = None
         if mask:
             try:
-                ref = json.loads(fields.get("original_ref") or "")
+                ref = json_loads(fields.get("original_ref") or "", "original_ref")
                 original = self._resolve(str(ref["filename"]), str(ref.get("subfolder") or ""),
                                          str(ref.get("type") or "output"))
             except (ValueError, KeyError, TypeError):
@@ -342,6 +362,10 @@ class Server:
                 None, store_upload, path, data, original, overwrite)
         except SecurityError as e:
             raise web.HTTPBadRequest(text=str(e)) from None
+        except OSError as e:  # the folder cannot hold it: a file in the way, full, read-only
+            where = "/".join(x for x in (type_, subfolder) if x)
+            raise web.HTTPBadRequest(text=f"cannot store the upload in {where!r}: "
+                                          f"{e.strerror or e}") from None
         return web.json_response({"name": name, "subfolder": subfolder, "type": type_})
 
     # --- catalogue and system ------------------------------------------------------------------
@@ -575,6 +599,13 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
         print(f"error: {problem}", file=sys.stderr)
         return 2
     env = Env.from_args(models=models, input=input, output=output, device=device)
+    try:
+        for folder, what in ((env.input, "input folder"), (env.output, "output folder"),
+                             (env.temp, "temp folder")):
+            writable_folder(folder, what)
+    except OutputFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not logging.getLogger().handlers:     # keep warnings on stderr once the log panel's
         logging.basicConfig(format="%(message)s")    # handler stops Python's last-resort one
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
@@ -584,8 +615,6 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     except JobStoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for folder in (env.input, env.output, env.temp):
-        Path(folder).mkdir(parents=True, exist_ok=True)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
     if token is None and not is_loopback(host):
@@ -596,7 +625,7 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
 
 
 def cli_main(args: Any) -> int:
-    """`mixgraph serve` (graph/cli.py calls this with its parsed arguments)."""
+    """`mixgraph serve` (ui/cli.py calls this with its parsed arguments)."""
     return serve(host=args.host, port=args.port, models=args.models, input=args.input,
                  output=getattr(args, "output", None), token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),

@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 from aiohttp import WSMsgType, web
 
+from mixgraph.graph import safe_json
+
 __all__ = ["Hub", "PREVIEW_IMAGE", "PREVIEW_IMAGE_WITH_METADATA", "JPEG", "PNG", "encode_preview"]
 
 log = logging.getLogger("mixgraph.ui")
@@ -146,8 +148,8 @@ class Hub:
 
     def _on_text(self, client: _Client, text: str) -> None:
         try:
-            msg = json.loads(text)
-        except ValueError:
+            msg = safe_json.loads(text, "a WebSocket message")
+        except safe_json.JsonError:
             return
         if isinstance(msg, dict) and msg.get("type") == "feature_flags":
             if isinstance(msg.get("data"), dict):
