@@ -6,11 +6,10 @@ warnings, and the paths of the environment. The executor creates one per node ca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mixgraph.graph.env import Env
-    from mixgraph.graph.precision import NodePrecision, Policy
+from mixgraph.graph.env import Env
+from mixgraph.graph.precision import NodePrecision, Policy
 
 __all__ = ["Context", "Interrupted"]
 
@@ -31,16 +30,19 @@ class Context:
 
     `policy_for(socket_type)` is the resolved policy for a model socket type (region > per-type
     default > workflow default > auto); when `fallback_f32` is set (a NaN-guard re-run), it has
-    f32 compute, and the node must compute in f32 whatever its model handle says.
+    f32 compute, and the node must compute in f32 whatever its model handle says. Only the types
+    the node declares (`NodeSpec.precision_types`, given as `precision_types`) may be asked for:
+    they are what its cache key holds.
     `used_precision(policy)` records what the node actually ran under: it drives the NaN guard and
     the report's "precision".
     """
 
     __slots__ = ("node_id", "class_type", "env", "extra_data", "fallback_f32",
-                 "_precision", "_run", "used", "asked")
+                 "_precision", "_run", "used", "precision_types")
 
-    def __init__(self, node_id: str, class_type: str, env: "Env", precision: "NodePrecision | None",
-                 run: Any, *, extra_data: dict | None = None, fallback_f32: bool = False):
+    def __init__(self, node_id: str, class_type: str, env: Env, precision: NodePrecision,
+                 run: Any, *, extra_data: dict | None = None, fallback_f32: bool = False,
+                 precision_types: tuple[str, ...] = ()):
         self.node_id = node_id
         self.class_type = class_type
         self.env = env
@@ -48,24 +50,24 @@ class Context:
         self.fallback_f32 = fallback_f32
         self._precision = precision
         self._run = run                  # the executor's per-run state (interrupt, events)
-        self.used: list["Policy"] = []   # policies reported through used_precision
-        self.asked: set[str] = set()     # socket types asked through policy_for
+        self.used: list[Policy] = []   # policies reported through used_precision
+        self.precision_types = precision_types
 
     @property
     def prompt(self) -> dict:
         """The prompt in ComfyUI's API format (what SaveImage embeds in PNG metadata)."""
         return self._run.api_prompt()
 
-    def policy_for(self, socket_type: str) -> "Policy":
-        self.asked.add(socket_type)
-        if self._precision is None:
-            from mixgraph.graph.precision import F32
-            policy = F32
-        else:
-            policy = self._precision.for_type(socket_type)
+    def policy_for(self, socket_type: str) -> Policy:
+        if socket_type not in self.precision_types:
+            raise LookupError(
+                f"node {self.node_id} ({self.class_type}) asks for the {socket_type} precision but "
+                f"declares only {', '.join(self.precision_types) or 'none'}; add {socket_type!r} "
+                f"to precision_types in its @node(...) so its cache key includes it")
+        policy = self._precision.for_type(socket_type)
         return policy.as_f32_compute() if self.fallback_f32 else policy
 
-    def used_precision(self, policy: "Policy") -> None:
+    def used_precision(self, policy: Policy) -> None:
         if policy not in self.used:
             self.used.append(policy)
 

@@ -5,7 +5,7 @@ import torch
 
 from mixgraph.graph.precision import (F32, Policy, PrecisionError, Resolver, auto_spec, emulation_warning,
                              format_spec, parse_precision_arg, parse_spec, parse_type_defaults)
-from mixgraph.graph.workflow import PrecisionConfig, Region
+from mixgraph.graph.prompt import PrecisionConfig, Region
 
 
 def test_parse_spec_plain_dtypes():

@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor, RunReport
-from mixgraph.graph.workflow import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError, load_workflow
+from mixgraph.graph.prompt import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError
+from mixgraph.graph.workflow import load_workflow
 
 __all__ = ["load", "run", "RunResult", "Graph", "NodeRef", "set_inputs", "parse_set",
            "default_executor", "default_registry", "load_node_library"]

@@ -169,7 +169,7 @@ def check_device(device: str | None) -> str | None:
 def _load(path: str, registry: Any):
     from mixgraph.graph.workflow import load_workflow
     if not Path(path).is_file():
-        from mixgraph.graph.workflow import WorkflowError
+        from mixgraph.graph.prompt import WorkflowError
         raise WorkflowError(f"{path}: no such file")
     return load_workflow(Path(path), registry)
 
@@ -178,7 +178,7 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     from mixgraph.ui.api import set_inputs
     from mixgraph.graph.executor import Executor, Interrupted, NodeError, ValidationFailed
     from mixgraph.graph.precision import PrecisionError, parse_precision_arg
-    from mixgraph.graph.workflow import WorkflowError
+    from mixgraph.graph.prompt import WorkflowError
 
     problem = check_device(args.device)
     if problem:
@@ -224,7 +224,7 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
 
 def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     from mixgraph.graph.validate import format_problems, validate
-    from mixgraph.graph.workflow import WorkflowError
+    from mixgraph.graph.prompt import WorkflowError
 
     registry = _registry(registry)
     env = _env(args)

@@ -28,8 +28,9 @@ from aiohttp import web
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
+from mixgraph.graph.prompt import Region, Workflow, WorkflowError
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import Region, Workflow, WorkflowError, dump_api, load_workflow
+from mixgraph.graph.workflow import dump_api, load_workflow
 from mixgraph.ui.editor import EditorRoutes, LogBuffer, template_routes
 from mixgraph.ui.files import convert_image, header_safe, safetensors_metadata, store_upload
 from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_css
