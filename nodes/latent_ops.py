@@ -7,7 +7,8 @@ import dataclasses
 import torch
 
 from mixgraph.nodes.imaging import grow_mask, scaled_size, upscale
-from mixgraph.nodes.sampling.cond import Cond, Latent
+from mixgraph.nodes.payloads.conditioning import Cond
+from mixgraph.nodes.payloads.latent import Latent
 
 LATENT_CHANNELS = 4
 

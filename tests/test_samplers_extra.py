@@ -308,7 +308,7 @@ class PromptShiftedEps:
 
 
 def _cfg_denoiser(pos_value: float, neg_value: float, cfg: float):
-    from mixgraph.nodes.sampling.cond import Cond
+    from mixgraph.nodes.payloads.conditioning import Cond
     from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 
     pos = (Cond(cross_attn=torch.full((1, 3, 8), pos_value)),)

@@ -33,7 +33,7 @@ from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt
 from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
-from mixgraph.nodes.sampling.cond import Cond
+from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
     "LatentFormat", "latent_format_for", "ModelHandle", "UNetRunner", "ClipHandle", "VaeHandle", "ControlNetHandle",
