@@ -6,15 +6,12 @@ warnings, and the paths of the environment. The executor creates one per node ca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mixgraph.graph.precision import F32, resolve
+import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
-    from mixgraph.graph.env import Env
-    from mixgraph.graph.precision import NodePrecision, Policy
+from mixgraph.graph.env import Env
+from mixgraph.graph.precision import NodePrecision, Policy, resolve
 
 __all__ = ["Context", "Interrupted"]
 
@@ -36,16 +33,19 @@ class Context:
     `policy_for(socket_type, pinned=, storage=)` is the policy to run a model of that socket type
     under: `graph.precision.resolve` over the engine's choice (region > per-type default > workflow
     default > auto), the handle's pinned precision and a loader's pinned storage dtype; when
-    `fallback_f32` is set (a NaN-guard re-run) it has f32 compute, whatever the handle says.
+    `fallback_f32` is set (a NaN-guard re-run) it has f32 compute, whatever the handle says. Only
+    the types the node declares (`NodeSpec.precision_types`, given as `precision_types`) may be
+    asked for: they are what its cache key holds.
     `used_precision(policy)` records what the node actually ran under: it drives the NaN guard and
     the report's "precision".
     """
 
     __slots__ = ("node_id", "class_type", "env", "extra_data", "fallback_f32",
-                 "_precision", "_run", "used", "asked")
+                 "_precision", "_run", "used", "precision_types")
 
-    def __init__(self, node_id: str, class_type: str, env: "Env", precision: "NodePrecision | None",
-                 run: Any, *, extra_data: dict | None = None, fallback_f32: bool = False):
+    def __init__(self, node_id: str, class_type: str, env: Env, precision: NodePrecision,
+                 run: Any, *, extra_data: dict | None = None, fallback_f32: bool = False,
+                 precision_types: tuple[str, ...] = ()):
         self.node_id = node_id
         self.class_type = class_type
         self.env = env
@@ -53,8 +53,8 @@ class Context:
         self.fallback_f32 = fallback_f32
         self._precision = precision
         self._run = run                  # the executor's per-run state (interrupt, events)
-        self.used: list["Policy"] = []   # policies reported through used_precision
-        self.asked: set[str] = set()     # socket types asked through policy_for
+        self.used: list[Policy] = []   # policies reported through used_precision
+        self.precision_types = precision_types
 
     @property
     def prompt(self) -> dict:
@@ -62,13 +62,16 @@ class Context:
         return self._run.api_prompt()
 
     def policy_for(self, socket_type: str, *, pinned: Any = None,
-                   storage: "torch.dtype | None" = None) -> "Policy":
-        self.asked.add(socket_type)
-        base = F32 if self._precision is None else self._precision.for_type(socket_type)
-        return resolve(base, pinned=pinned, storage=storage, f32_compute=self.fallback_f32,
-                       warn=self.warn)
+                   storage: torch.dtype | None = None) -> Policy:
+        if socket_type not in self.precision_types:
+            raise LookupError(
+                f"node {self.node_id} ({self.class_type}) asks for the {socket_type} precision but "
+                f"declares only {', '.join(self.precision_types) or 'none'}; add {socket_type!r} "
+                f"to precision_types in its @node(...) so its cache key includes it")
+        return resolve(self._precision.for_type(socket_type), pinned=pinned, storage=storage,
+                       f32_compute=self.fallback_f32, warn=self.warn)
 
-    def used_precision(self, policy: "Policy") -> None:
+    def used_precision(self, policy: Policy) -> None:
         if policy not in self.used:
             self.used.append(policy)
 

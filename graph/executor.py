@@ -3,12 +3,15 @@
     report = Executor(registry, env).run(workflow, precision="bf16,VAE=f32", on_event=print)
 
 Planning is linear and recursion-free, so a 100,000-node chain runs: the order is the one
-validation already found (Kahn's algorithm; `plan_order` when a Validation does not carry one),
-and per node the rest is a digest, one batched cache lookup and the call itself. A fully cached
-re-run makes no Context and sends no per-node event (one `execution_cached` lists them all).
-Order is topological, ties broken by the prompt's node order (first ready, first run). Only ancestors of the valid output nodes run,
-and of those only the ones not cached and needed by something uncached (an evicted ancestor of a
-cached node is not re-run). ComfyUI stops a prompt at its first failing node; so does this, and
+validation found (`graph.plan`: topological, ties broken by the prompt's node order, first ready
+first run), and per node the rest is a digest, one batched cache lookup and the call itself. A
+fully cached re-run makes no Context and sends no per-node event (one `execution_cached` lists
+them all). Only ancestors of the valid output nodes run, and of those only the ones not cached
+and needed by something uncached (an evicted ancestor of a cached node is not re-run).
+
+A node's cache key depends on the graph and the declarations only, never on earlier runs: its
+precision part is the resolved policy of each socket type in the spec's `precision_types`, and
+`ctx.policy_for` refuses a type the node did not declare. ComfyUI stops a prompt at its first failing node; so does this, and
 everything computed before the failure stays cached.
 
 NaN guard: a node that ran under a half-precision compute policy (what it reported through
@@ -25,7 +28,6 @@ import threading
 import time
 import traceback
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -36,13 +38,16 @@ from mixgraph.graph import events as ev
 from mixgraph.graph.cache import OutputCache, key_header, node_key, walk_tensors
 from mixgraph.graph.context import Context, Interrupted
 from mixgraph.graph.env import Env
-from mixgraph.graph.node import MODEL_TYPES, NodeSpec, Result
+from mixgraph.graph.node import Result
+from mixgraph.graph.plan import links_of, walk
 from mixgraph.graph.precision import Resolver, parse_precision_arg, resolve
-from mixgraph.graph.validate import Validation, gc_paused, validate
-from mixgraph.graph.workflow import Link, Workflow, WorkflowError, load_workflow
+from mixgraph.graph.prompt import Link, Workflow, WorkflowError
+from mixgraph.graph.spec import NodeSpec
+from mixgraph.graph.validate import Validation, format_problems, gc_paused, validate
+from mixgraph.graph.workflow import dump_api, load_workflow
 
 __all__ = ["Executor", "RunReport", "NodeReport", "ExecutionFailed", "ValidationFailed",
-           "NodeError", "Interrupted", "plan_order"]
+           "NodeError", "Interrupted"]
 
 log = logging.getLogger("mixgraph")
 _MISSING = object()
@@ -58,7 +63,6 @@ class ValidationFailed(ExecutionFailed):
     def __init__(self, validation: Validation | None, message: str | None = None):
         self.validation = validation
         if message is None:
-            from mixgraph.graph.validate import format_problems
             message = format_problems(validation)
         super().__init__(message)
 
@@ -142,55 +146,13 @@ class _NodePlan:
         self.defaults = {n: (i.default if i.has_default else None) for n, i in spec.inputs}
         self.hidden = tuple((n, h.kind) for n, h in spec.hidden)
         self.unique_id = any(k == "UNIQUE_ID" for _, k in self.hidden)
-        self.model_types = tuple(sorted({i.type for _, i in spec.inputs if i.type in MODEL_TYPES}))
+        self.model_types = spec.precision_types   # sorted; the precision part of the cache key
         self.n_out = len(spec.outputs)
         self.wants_ctx = spec.wants_ctx
         self.deterministic = spec.deterministic
         self.fingerprint = spec.fingerprint
         self.version = spec.version
         self.key_header = key_header(spec.name, spec.version)
-
-
-def plan_order(outputs: Iterable[str], inputs: dict[str, dict[str, Any]],
-               node_order: Iterable[str] | None = None) -> list[str]:
-    """Topological order of the ancestors of `outputs` (Kahn's algorithm; no recursion).
-
-    Ties follow `node_order` (the prompt's order). Raises ValueError on a cycle.
-    """
-    seen: dict[str, None] = {}
-    stack = list(outputs)
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen[n] = None
-        for v in inputs[n].values():
-            if type(v) is Link:
-                stack.append(v.node_id)
-    nodes = [n for n in node_order if n in seen] if node_order is not None else list(seen)
-    if len(nodes) != len(seen):
-        listed = set(nodes)
-        nodes += [n for n in seen if n not in listed]
-    indeg = dict.fromkeys(nodes, 0)
-    consumers: dict[str, list[str]] = {n: [] for n in nodes}
-    for n in nodes:
-        for v in inputs[n].values():
-            if type(v) is Link:
-                indeg[n] += 1
-                consumers[v.node_id].append(n)
-    ready = deque(n for n in nodes if indeg[n] == 0)
-    order: list[str] = []
-    while ready:
-        n = ready.popleft()
-        order.append(n)
-        for c in consumers[n]:
-            indeg[c] -= 1
-            if indeg[c] == 0:
-                ready.append(c)
-    if len(order) != len(nodes):
-        stuck = sorted(n for n, d in indeg.items() if d > 0)
-        raise ValueError(f"dependency cycle among nodes {', '.join(stuck[:10])}")
-    return order
 
 
 class _Run:
@@ -221,7 +183,7 @@ class _Run:
 
     def api_prompt(self) -> dict:
         if self._api_prompt is _MISSING:
-            self._api_prompt = _api_prompt(self.workflow)
+            self._api_prompt = dump_api(self.workflow)
         return self._api_prompt
 
     def hidden(self, kind: str, node_id: str) -> Any:
@@ -232,21 +194,6 @@ class _Run:
         if kind == "EXTRA_PNGINFO":
             return self.extra_data.get("extra_pnginfo")
         return None
-
-
-def _api_prompt(wf: Workflow) -> dict:
-    """The prompt in ComfyUI's API format (for the PROMPT hidden input / PNG metadata)."""
-    try:
-        from mixgraph.graph.workflow import dump_api
-        return dump_api(wf)
-    except (ImportError, NotImplementedError):
-        out = {}
-        for nid, call in wf.prompt.items():
-            ins = {k: ([v.node_id, v.slot] if type(v) is Link
-                       else {"__value__": v} if isinstance(v, list) else v)
-                   for k, v in call.inputs.items()}
-            out[nid] = {"class_type": call.class_type, "inputs": ins}
-        return out
 
 
 def _nonfinite(values: Any) -> bool:
@@ -292,7 +239,6 @@ class Executor:
         self.cache = cache if cache is not None else OutputCache()
         self.interrupt_event = threading.Event()
         self._plans: dict[str, _NodePlan] = {}
-        self._learned: dict[str, tuple[str, ...]] = {}   # class -> socket types asked for at run
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -367,7 +313,7 @@ class Executor:
         values = report.values
         nodes = report.nodes
         with gc_paused():
-            order = v.order or plan_order(v.outputs, inputs, prompt)
+            order = v.order
             by_class: dict[str, _NodePlan] = {}
             plans = {}
             for nid in order:
@@ -445,23 +391,12 @@ class Executor:
         """Cache hits (one batched lookup), and the nodes needed: walk back from the outputs,
         stopping at hits."""
         hits = self.cache.get_many(keys)
-        needed: dict[str, None] = {}
-        stack = list(outputs)
-        while stack:
-            n = stack.pop()
-            if n in needed:
-                continue
-            needed[n] = None
-            if n not in hits:
-                stack.extend(x.node_id for x in inputs[n].values() if type(x) is Link)
-        return hits, needed
+        return hits, walk(outputs, lambda n: links_of(inputs[n]), hits)
 
     def _keys(self, order, inputs, plans, resolver, env, run) -> dict[str, bytes | None]:
         """Every node's structural key, in topological order (an upstream key is ready when its
         consumer needs it). O(inputs) per node: keys are fixed-size digests."""
         keys: dict[str, bytes | None] = {}
-        learned = self._learned
-        types_of: dict[str, tuple[str, ...]] = {}    # class -> model socket types, this run
         policy = resolver.policy
         for nid in order:
             plan = plans[nid]
@@ -479,14 +414,7 @@ class Executor:
                 else:
                     lits[name] = x
             else:
-                ct = plan.class_type
-                types = types_of.get(ct)
-                if types is None:
-                    types = plan.model_types
-                    extra = learned.get(ct)
-                    if extra:
-                        types = tuple(sorted({*types, *extra}))
-                    types_of[ct] = types
+                types = plan.model_types
                 prec = ";".join(f"{t}={policy(nid, t).spec}" for t in types) if types else ""
                 if plan.fingerprint is None and not plan.unique_id:
                     keys[nid] = node_key(plan.key_header, lits, links, prec)
@@ -521,7 +449,8 @@ class Executor:
         ctx = None
         if plan.wants_ctx:
             ctx = Context(nid, plan.class_type, env, resolver.resolve(nid), run,
-                          extra_data=run.extra_data, fallback_f32=fallback)
+                          extra_data=run.extra_data, fallback_f32=fallback,
+                          precision_types=plan.model_types)
             kwargs["ctx"] = ctx
         ret = plan.fn(**kwargs)
         ui = None
@@ -563,11 +492,6 @@ class Executor:
         except Exception as e:  # noqa: BLE001 - any node failure becomes a NodeError
             raise NodeError(nid, plan.class_type, e) from e
         seconds = time.perf_counter() - t0
-        if ctx is not None and ctx.asked:
-            extra = ctx.asked.difference(plan.model_types)
-            if extra and not extra.issubset(self._learned.get(plan.class_type, ())):
-                self._learned[plan.class_type] = tuple(
-                    sorted({*extra, *self._learned.get(plan.class_type, ())}))
         precision = ",".join(dict.fromkeys(p.spec for p in used)) or None
         values[nid] = out
         report = run.report

@@ -16,61 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from mixgraph.graph.registry import REGISTRY
+from mixgraph.graph.spec import MODEL_TYPES, REQUIRED, WIDGET_TYPES, Hidden, Input, NodeSpec, Output
+
 MAX_RESOLUTION = 16384
-
-#: Socket types that carry no widget: they can only be linked.
-LINK_TYPES = frozenset({
-    "MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK", "CONTROL_NET",
-    "CLIP_VISION", "CLIP_VISION_OUTPUT", "STYLE_MODEL", "UPSCALE_MODEL", "GLIGEN", "NOISE",
-    "SAMPLER", "SIGMAS", "GUIDER", "*",
-})
-#: Socket types that hold a model: a node consuming one gets a precision policy for it.
-MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL"})
-WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
-
-_REQUIRED = object()
-
-
-@dataclass(frozen=True)
-class Input:
-    """One declared input. `type` is a ComfyUI socket name; combos use type "COMBO" + options."""
-
-    type: str
-    default: Any = _REQUIRED
-    min: float | None = None
-    max: float | None = None
-    step: float | None = None
-    round: float | None = None
-    options: Sequence[str] | Callable[[Any], Sequence[str]] | None = None  # list, or fn(env)
-    multiline: bool = False
-    optional: bool = False
-    tooltip: str | None = None
-    extra: tuple[tuple[str, Any], ...] = ()  # other object_info options (control_after_generate...)
-    force_input: bool = False  # a widget type that must be linked (e.g. a STRING socket)
-
-    @property
-    def has_default(self) -> bool:
-        return self.default is not _REQUIRED
-
-    @property
-    def is_widget(self) -> bool:
-        return self.type in WIDGET_TYPES and not self.force_input
-
-    def option_list(self, env: Any = None) -> list[str]:
-        if self.options is None:
-            return []
-        opts = self.options(env) if callable(self.options) else self.options
-        return list(opts)
-
-
-@dataclass(frozen=True)
-class Hidden:
-    """A hidden input filled by the executor: PROMPT, EXTRA_PNGINFO, UNIQUE_ID."""
-
-    kind: str
 
 
 def _extra(**kw: Any) -> tuple[tuple[str, Any], ...]:
@@ -105,20 +57,13 @@ def Combo(options: Sequence[str] | Callable[[Any], Sequence[str]], default: str 
     """A choice among strings. `options` may be a callable of the environment (model file lists)."""
     if default is None and not callable(options) and options:
         default = options[0]
-    return Input("COMBO", _REQUIRED if default is None else default, options=options,
+    return Input("COMBO", REQUIRED if default is None else default, options=options,
                  optional=optional, tooltip=tooltip, extra=_extra(**extra))
 
 
 def Socket(type: str, *, optional: bool = False, tooltip: str | None = None) -> Input:
     """A linked-only input (MODEL, LATENT, ...; or a widget type forced to be a socket)."""
     return Input(type, optional=optional, tooltip=tooltip, force_input=type in WIDGET_TYPES)
-
-
-@dataclass(frozen=True)
-class Output:
-    type: str
-    name: str
-    is_list: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,53 +74,25 @@ class Result:
     ui: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class NodeSpec:
-    """The whole schema of a node type, derived once from its function."""
-
-    name: str
-    fn: Callable[..., Any]
-    inputs: tuple[tuple[str, Input], ...]
-    hidden: tuple[tuple[str, Hidden], ...]
-    outputs: tuple[Output, ...]
-    category: str = ""
-    display_name: str | None = None
-    description: str = ""
-    output_node: bool = False
-    deterministic: bool = True
-    version: int = 1
-    wants_ctx: bool = False
-    # fn(env, **literal_inputs) -> hashable: state outside the graph (files). None: no external state.
-    fingerprint: Callable[..., Any] | None = None
-    # fn(env, **literal_inputs) -> list[str] of problems (empty when valid).
-    validate: Callable[..., list[str]] | None = None
-    python_module: str = "nodes"
-
-    @property
-    def input_map(self) -> dict[str, Input]:
-        return dict(self.inputs)
-
-    @property
-    def uses_precision(self) -> bool:
-        return any(i.type in MODEL_TYPES for _, i in self.inputs)
-
-
 def node(_fn: Callable | None = None, *, name: str | None = None, category: str = "",
          outputs: Sequence[str | Output | tuple[str, str]] = (), output_names: Sequence[str] | None = None,
          display_name: str | None = None, description: str = "", output_node: bool = False,
          deterministic: bool = True, version: int = 1, fingerprint: Callable | None = None,
-         validate: Callable | None = None, register: bool = True):
-    """Declare a node from a function. Returns the function, with its `NodeSpec` at `fn.spec`."""
+         validate: Callable | None = None, precision_types: Sequence[str] = (),
+         register: bool = True):
+    """Declare a node from a function. Returns the function, with its `NodeSpec` at `fn.spec`.
+
+    `precision_types`: model socket types the body asks a policy for (`ctx.policy_for`) beyond
+    those of its own inputs; they join the node's cache key."""
 
     def wrap(fn: Callable) -> Callable:
         spec = spec_from_function(
             fn, name=name, category=category, outputs=outputs, output_names=output_names,
             display_name=display_name, description=description or (inspect.getdoc(fn) or ""),
             output_node=output_node, deterministic=deterministic, version=version,
-            fingerprint=fingerprint, validate=validate)
+            fingerprint=fingerprint, validate=validate, precision_types=precision_types)
         fn.spec = spec  # type: ignore[attr-defined]
         if register:
-            from mixgraph.graph.registry import REGISTRY
             REGISTRY.add(spec)
         return fn
 
@@ -183,7 +100,8 @@ def node(_fn: Callable | None = None, *, name: str | None = None, category: str 
 
 
 def spec_from_function(fn: Callable, *, name: str | None = None, outputs: Sequence = (),
-                       output_names: Sequence[str] | None = None, **kw: Any) -> NodeSpec:
+                       output_names: Sequence[str] | None = None,
+                       precision_types: Sequence[str] = (), **kw: Any) -> NodeSpec:
     inputs: list[tuple[str, Input]] = []
     hidden: list[tuple[str, Hidden]] = []
     wants_ctx = False
@@ -205,8 +123,13 @@ def spec_from_function(fn: Callable, *, name: str | None = None, outputs: Sequen
             outs.append(Output(o[0], o[1]))
         else:
             outs.append(Output(o, output_names[i] if output_names else o))
+    unknown = sorted(set(precision_types) - MODEL_TYPES)
+    if unknown:
+        raise TypeError(f"node {fn.__name__}: precision_types {unknown} are not model socket types "
+                        f"({', '.join(sorted(MODEL_TYPES))})")
+    types = sorted({*precision_types, *(i.type for _, i in inputs if i.type in MODEL_TYPES)})
     return NodeSpec(name=name or fn.__name__, fn=fn, inputs=tuple(inputs), hidden=tuple(hidden),
-                    outputs=tuple(outs), wants_ctx=wants_ctx, **kw)
+                    outputs=tuple(outs), wants_ctx=wants_ctx, precision_types=tuple(types), **kw)
 
 
 def replace_spec(spec: NodeSpec, **changes: Any) -> NodeSpec:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from mixgraph.graph.node import Input, NodeSpec
+from mixgraph.graph.spec import Input, NodeSpec
 
 
 class RegistryError(ValueError):

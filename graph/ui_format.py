@@ -27,8 +27,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mixgraph.graph.registry import widget_order
-from mixgraph.graph.workflow import (Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError,
-                            pydantic_message)
+from mixgraph.graph.prompt import (Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError,
+                                   pydantic_message)
 
 MODE_NEVER, MODE_BYPASS = 2, 4
 IGNORED = frozenset({"Note", "MarkdownNote"})

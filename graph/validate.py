@@ -9,8 +9,9 @@ report; the differences:
   `bad_linked_input` whose message names the node (ComfyUI raises a KeyError/IndexError that
   surfaces as `exception_during_validation`);
 * a literal given to a link-only input (MODEL, LATENT, ...) is an `invalid_input_type`;
-* a dependency cycle is a `dependency_cycle` problem on each node of it, found here rather than
-  at execution;
+* a dependency cycle is one `dependency_cycle` problem, on the cycle's node first in prompt
+  order, found here rather than at execution; it names at most `plan.CYCLE_LISTED` nodes of the
+  cycle (`extra_info`: `cycle`, `cycle_length`), so a 20,000-node cycle gives a small error body;
 * the upstream nodes of a mismatched link are still validated, so their problems show too;
 * unknown classes and nodes without `class_type` abort the prompt (`invalid_prompt`, as ComfyUI)
   but are listed in `node_errors` too, so an editor can highlight them.
@@ -22,9 +23,10 @@ A node's own `validate(env, ...)` function takes over some default checks of the
 (ComfyUI's VALIDATE_INPUTS rule, narrowed: a fixed option list always applies); the precise rule
 is `_NodeChecker.claims`'s.
 
-Linear time without recursion: ancestors are found with an explicit stack, order and validity
-with Kahn's algorithm, and only the nodes left over by Kahn (those on or behind a cycle) go to
-networkx for strongly connected components.
+Linear time without recursion: the ancestors of the outputs, their order and the cycles come from
+`graph.plan` (one walk that also checks each node once, Kahn's algorithm, and strongly connected
+components of only what Kahn leaves over); validity and `dependent_outputs` then flow along the
+order.
 """
 
 from __future__ import annotations
@@ -34,15 +36,13 @@ import gc
 import inspect
 import math
 import sys
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import networkx as nx
-
-from mixgraph.graph.node import WIDGET_TYPES, Input, NodeSpec
+from mixgraph.graph.plan import components, links_of, needed_in_order, topological, walk
+from mixgraph.graph.prompt import BadLink, Link, NodeCall
 from mixgraph.graph.registry import input_entry
-from mixgraph.graph.workflow import BadLink, Link, NodeCall
+from mixgraph.graph.spec import WIDGET_TYPES, Input, NodeSpec
 
 _MISSING = object()
 COERCE: dict[str, Callable[[Any], Any]] = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
@@ -131,28 +131,26 @@ def _validate(prompt, registry, env, targets, extra_checks) -> Validation:
     own: dict[str, list[Problem]] = {p.node_id: [p] for p in fatal}
     inputs: dict[str, dict[str, Any]] = {}
     ups: dict[str, list[str]] = {}
-    stack = list(outputs)
-    while stack:
-        nid = stack.pop()
-        if nid in ups:
-            continue
+
+    def upstream(nid: str) -> list[str]:
         spec = specs.get(nid)
         if spec is None:
-            ups[nid] = linked = [v.node_id for v in prompt[nid].inputs.values()
-                                 if type(v) is Link and v.node_id in prompt]
+            linked = [v.node_id for v in prompt[nid].inputs.values()
+                      if type(v) is Link and v.node_id in prompt]
         else:
             inputs[nid], problems, linked = check(nid, prompt[nid], spec)
-            ups[nid] = linked
             if problems:
                 own.setdefault(nid, []).extend(problems)
-        stack.extend(linked)
+        ups[nid] = linked
+        return linked
 
-    order, nodes = _kahn(ups, prompt)
-    if not own and outputs and len(order) == len(nodes):
+    walk(outputs, upstream)
+    order, stuck = topological(ups, prompt)
+    if not own and outputs and not stuck:
         # the common case: no problem, no cycle; nothing to report, nothing to propagate
         return Validation(outputs=tuple(outputs), inputs=inputs, errors=[], node_errors={},
                           error=None, order=tuple(order))
-    units, unit_of = _units(order, nodes, ups, own, prompt)
+    units, unit_of = _units(order, stuck, ups, own, prompt)
     bad, masks = _propagate(units, unit_of, ups, own, outputs)
     good = tuple(o for o in outputs if not bad[unit_of[o]])
     failed_bits = {i: o for i, o in enumerate(outputs)}
@@ -185,27 +183,14 @@ def _validate(prompt, registry, env, targets, extra_checks) -> Validation:
     if fatal:  # the abort reasons first, then the rest in prompt order
         first = {id(p) for p in fatal}
         errors = fatal + [p for p in errors if id(p) not in first]
+    runnable = needed_in_order(order, good, lambda n: links_of(inputs[n])) if good else ()
     return Validation(outputs=good, inputs=inputs, errors=errors, node_errors=node_errors,
-                      error=error, order=_runnable(order, good, inputs) if good else ())
+                      error=error, order=runnable)
 
 
 def _no_outputs() -> tuple[Problem, dict]:
     p = Problem(None, None, "prompt_no_outputs", "Prompt has no outputs")
     return p, p.to_json()
-
-
-def _runnable(order: list[str], outputs: tuple[str, ...],
-              inputs: dict[str, dict[str, Any]]) -> tuple[str, ...]:
-    """The part of `order` that the valid `outputs` need, following only the links that passed."""
-    need: set[str] = set()
-    stack = list(outputs)
-    while stack:
-        n = stack.pop()
-        if n in need:
-            continue
-        need.add(n)
-        stack.extend(v.node_id for v in inputs[n].values() if type(v) is Link)
-    return tuple(n for n in order if n in need)
 
 
 @contextlib.contextmanager
@@ -222,59 +207,21 @@ def gc_paused():
             gc.enable()
 
 
-def _kahn(ups: dict[str, list[str]], prompt: dict) -> tuple[list[str], list[str]]:
-    """Kahn's algorithm over the validated nodes, ties in prompt order (first ready, first out).
-    Returns the order and the nodes in it (in prompt order); what the order lacks is on or behind
-    a cycle. A node linked twice to one upstream node counts that edge twice on both sides."""
-    nodes = [n for n in prompt if n in ups] if len(ups) < len(prompt) else list(prompt)
-    indeg: dict[str, int] = {}
-    downs: dict[str, list[str]] = {}
-    for n in nodes:
-        linked = ups[n]
-        indeg[n] = len(linked)
-        for u in linked:
-            d = downs.get(u)
-            if d is None:
-                downs[u] = [n]
-            else:
-                d.append(n)
-    ready = deque(n for n in nodes if not indeg[n])
-    order: list[str] = []
-    while ready:
-        n = ready.popleft()
-        order.append(n)
-        for d in downs.get(n, ()):
-            k = indeg[d] - 1
-            indeg[d] = k
-            if not k:
-                ready.append(d)
-    return order, nodes
-
-
-def _units(order: list[str], nodes: list[str], ups: dict[str, list[str]],
+def _units(order: list[str], stuck: list[str], ups: dict[str, list[str]],
            own: dict[str, list[Problem]], prompt: dict) -> tuple[list[tuple[str, ...]], dict[str, int]]:
-    """Topological units: singletons from Kahn's order, then the strongly connected components of
-    what is left (cycles and what hangs behind them), in condensation order. Cycle members get a
-    `dependency_cycle` problem."""
+    """Topological units: singletons in Kahn's order, then the strongly connected components of
+    what is stuck (cycles and what hangs behind them). Each cycle is one `dependency_cycle`
+    problem, on its node first in prompt order, naming at most `CYCLE_LISTED` nodes."""
     units = [(n,) for n in order]
-    if len(order) < len(nodes):
-        placed = set(order)
-        g = nx.DiGraph()
-        rest = [n for n in ups if n not in placed]   # walk order: stable cycle messages
-        g.add_nodes_from(rest)
-        g.add_edges_from((u, n) for n in rest for u in ups[n] if u not in placed)
-        cond = nx.condensation(g)
-        for c in nx.topological_sort(cond):
-            members = tuple(cond.nodes[c]["members"])
-            units.append(members)
-            if len(members) > 1 or g.has_edge(members[0], members[0]):
-                cycle = [u for u, _ in nx.find_cycle(g.subgraph(members))]
-                text = " -> ".join(cycle + [cycle[0]])
-                for m in members:
-                    own.setdefault(m, []).append(Problem(
-                        m, prompt[m].class_type, "dependency_cycle",
-                        f"Dependency cycle: {text}", f"Node ID '#{m}' is on a cycle of links",
-                        extra_info={"cycle": cycle}))
+    more, cycles = components(stuck, ups, prompt)
+    units += more
+    for cycle in cycles:
+        first = cycle.nodes[0]
+        own.setdefault(first, []).append(Problem(
+            first, prompt[first].class_type, "dependency_cycle",
+            f"Dependency cycle: {cycle.describe()}",
+            f"Node ID '#{first}' is on a cycle of {len(cycle.nodes)} linked node(s)",
+            extra_info={"cycle": cycle.listed(), "cycle_length": len(cycle.nodes)}))
     unit_of = {m: i for i, u in enumerate(units) for m in u}
     return units, unit_of
 

@@ -1,19 +1,18 @@
-"""Workflow files: the three accepted formats (DESIGN §3) and the parsed, engine-facing types.
+"""Workflow files: the three accepted formats (DESIGN §3), read into `graph.prompt`'s types.
 
     wf = load_workflow("workflows/txt2img.json", REGISTRY)   # path, JSON text, bytes or dict
     wf.prompt["3"]            # NodeCall("KSampler", {"seed": 5, "model": Link("4", 0), ...})
     dump_api(wf)              # back to ComfyUI API JSON
 
 The file formats are pydantic models (shape checks with readable errors); what the engine sees is
-frozen dataclasses. The format is detected by shape: a `"format"` key → mixgraph envelope;
-`nodes` + `links` → ComfyUI UI (LiteGraph) format, converted in `graph.ui_format`; a dict of
-`{id: {"class_type", "inputs"}}` → ComfyUI API format.
+the frozen dataclasses of `graph.prompt`. The format is detected by shape: a `"format"` key →
+mixgraph envelope; `nodes` + `links` → ComfyUI UI (LiteGraph) format, converted in
+`graph.ui_format`; a dict of `{id: {"class_type", "inputs"}}` → ComfyUI API format.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,83 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from mixgraph.graph import safe_json
 from mixgraph.graph.precision import PrecisionError, parse_config
+from mixgraph.graph.prompt import (BadLink, InvalidPrecision, Link, NodeCall, PrecisionConfig, Region,
+                                   Workflow, WorkflowError, pydantic_message)
+from mixgraph.graph.ui_format import convert_ui
 
 ENVELOPE_FORMAT = "mixgraph/1"
-
-
-class WorkflowError(ValueError):
-    """A workflow file that cannot be read: bad JSON or an unrecognised shape. `error_type` is
-    the type string of ComfyUI's error body (DESIGN §5)."""
-
-    error_type = "invalid_prompt"
-
-
-class InvalidPrecision(WorkflowError):
-    """A workflow whose precision SPECs do not parse; `problems` names each one and where it is."""
-
-    error_type = "invalid_precision"
-
-    def __init__(self, message: str, problems: tuple[str, ...]):
-        super().__init__(message)
-        self.problems = problems
-
-
-# --- engine-facing types ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Link:
-    """An input fed by output `slot` of node `node_id`."""
-
-    node_id: str
-    slot: int
-
-
-@dataclass(frozen=True)
-class BadLink:
-    """A list-valued input that is not a well-formed `[node_id, slot]` link. ComfyUI treats every
-    list as a link, so validation reports it as `bad_linked_input`."""
-
-    raw: tuple
-
-
-@dataclass(frozen=True)
-class NodeCall:
-    """One node of a prompt. `inputs` values are literals, `Link`s or `BadLink`s; a literal list
-    is already unwrapped from `{"__value__": [...]}`. `class_type` is "" when the file gave none
-    (validation reports `invalid_prompt`)."""
-
-    class_type: str
-    inputs: dict[str, Any]
-    title: str | None = None
-
-
-@dataclass(frozen=True)
-class Region:
-    """A precision region: the nodes of a tagged group (UI format) or an envelope region.
-    `origin` ("region" | "group") only says where it came from, for error messages."""
-
-    name: str
-    nodes: frozenset[str]
-    precision: str
-    origin: str = field(default="region", compare=False)
-
-
-@dataclass(frozen=True)
-class PrecisionConfig:
-    """Precision SPEC strings, parsed by graph.precision. Regions are ordered outermost first
-    (from UI groups: by decreasing area), so of two regions holding a node the later is the
-    inner one."""
-
-    default: str | None = None
-    regions: tuple[Region, ...] = ()
-
-
-@dataclass(frozen=True)
-class Workflow:
-    prompt: dict[str, NodeCall]
-    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    ui: dict | None = None
-    source: str = "api"  # "api" | "ui" | "mixgraph"
 
 
 # --- file-format models ---------------------------------------------------------------------------
@@ -151,7 +78,6 @@ def load_workflow(obj_or_path: Any, registry: Any) -> Workflow:
     if "format" in obj:
         return checked_precision(_from_envelope(obj, name), name)
     if isinstance(obj.get("nodes"), list) and "links" in obj:
-        from mixgraph.graph.ui_format import convert_ui
         return checked_precision(convert_ui(obj, registry, name), name)
     if all(isinstance(v, dict) for v in obj.values()) and (
             not obj or any("class_type" in v or "inputs" in v for v in obj.values())):
@@ -202,15 +128,6 @@ def _parse_json(data: str | bytes, name: str) -> Any:
 def _keys(obj: dict) -> str:
     keys = list(obj)[:8]
     return ", ".join(repr(k) for k in keys) + (", ..." if len(obj) > 8 else "") if keys else "none"
-
-
-def pydantic_message(err: ValidationError, limit: int = 5) -> str:
-    parts = []
-    for e in err.errors()[:limit]:
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
-        parts.append(f"{loc}: {e['msg']}")
-    more = err.error_count() - limit
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 def _parse_api(obj: dict, name: str, what: str = "ComfyUI API prompt") -> dict[str, NodeCall]:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from mixgraph.graph.fingerprint import fingerprint_file
-from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Hidden, Int, Result, Socket, String, node
+from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Result, Socket, String, node
+from mixgraph.graph.spec import Hidden
 from mixgraph.nodes import folders, imaging, latent_ops
 
 IMAGE_UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Socket, node
 from mixgraph.nodes import latent_ops
+from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.precision import effective
-from mixgraph.nodes.sampling.cond import Latent
 
 LATENT_UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")
 CROP = ("disabled", "center")

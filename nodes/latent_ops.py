@@ -8,7 +8,8 @@ import torch
 
 from mixgraph.nodes.imaging import grow_mask, repeat_to_batch, scaled_size, upscale
 from mixgraph.nodes.mask_ops import paste
-from mixgraph.nodes.sampling.cond import Cond, Latent
+from mixgraph.nodes.payloads.conditioning import Cond
+from mixgraph.nodes.payloads.latent import Latent
 
 LATENT_CHANNELS = 4
 

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, node
 from mixgraph.nodes.precision import effective
 from mixgraph.nodes.sampling import ksampler
-from mixgraph.nodes.sampling.samplers import SAMPLER_NAMES, is_supported
+from mixgraph.nodes.sampling.samplers import SAMPLER_NAMES
 from mixgraph.nodes.sampling.schedules import SCHEDULER_NAMES
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
-
-
-def _sampler_supported(env: Any, sampler_name: str | None = None, **_: Any) -> list[str]:
-    if sampler_name is not None and sampler_name in SAMPLER_NAMES and not is_supported(sampler_name):
-        return [f"sampler {sampler_name!r}: not supported yet; choose another sampler_name"]
-    return []
 
 
 def _progress(ctx):
@@ -26,7 +18,7 @@ def _progress(ctx):
     return on_step
 
 
-@node(category="sampling", outputs=("LATENT",), validate=_sampler_supported)
+@node(category="sampling", outputs=("LATENT",))
 def KSampler(ctx, model=Socket("MODEL"),
              seed=Int(0, min=0, max=SEED_MAX, control_after_generate=True),
              steps=Int(20, min=1, max=10000),
@@ -41,8 +33,7 @@ def KSampler(ctx, model=Socket("MODEL"),
                             latent=latent_image, denoise=denoise, on_step=_progress(ctx)),)
 
 
-@node(category="sampling", outputs=("LATENT",), display_name="KSampler (Advanced)",
-      validate=_sampler_supported)
+@node(category="sampling", outputs=("LATENT",), display_name="KSampler (Advanced)")
 def KSamplerAdvanced(ctx, model=Socket("MODEL"), add_noise=Combo(("enable", "disable")),
                      noise_seed=Int(0, min=0, max=SEED_MAX, control_after_generate=True),
                      steps=Int(20, min=1, max=10000),

@@ -168,7 +168,7 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
                 assert "✓ f32" in menu[4] and "bf16" in menu[4]
                 sent = page.evaluate("() => window.app.graphToPrompt()")
                 from mixgraph.ui.api import default_registry
-                from mixgraph.graph.workflow import Region
+                from mixgraph.graph.prompt import Region
                 from mixgraph.ui.server import editor_regions
                 wf = editor_regions(load_workflow(sent["output"], default_registry()),
                                     {"extra_pnginfo": {"workflow": sent["workflow"]}},

@@ -184,8 +184,31 @@ def test_executor_resolved_precision_is_in_key_and_report(ex):
     assert r.executed == []
 
 
+def test_executor_cache_key_same_in_fresh_executor_and_after_runs(ex, env):
+    prompt = {"1": call("Const", value=2), "2": call("AddIfHalfVae", x=link(1)),
+              "3": call("Show", value=link(2))}
+    first = ex.run(prompt, precision="f32")
+    assert sorted(first.executed) == ["1", "2", "3"] and first.values["2"] == (2,)
+    assert ex.run(prompt, precision="f32").executed == []        # after a run: same keys
+    fresh = Executor(REG, env, ex.cache)
+    assert fresh.run(prompt, precision="f32").executed == []     # fresh executor: same keys
+    toy.CALLS.clear()
+    half = fresh.run(prompt, precision="f32,VAE=bf16")            # the declared type is in the key
+    assert sorted(half.executed) == ["2", "3"] and half.values["2"] == (3,)
+    assert ex.run(prompt, precision="f32,VAE=bf16").executed == []
+
+
+def test_executor_undeclared_precision_type_is_an_error(ex):
+    with pytest.raises(NodeError, match="asks for the VAE precision but declares only none") as e:
+        ex.run({"1": call("Const", value=2), "2": call("AsksUndeclared", x=link(1)),
+                "3": call("Show", value=link(2))})
+    assert isinstance(e.value.__cause__, LookupError)
+    assert e.value.node_id == "2"
+
+
 def test_executor_region_beats_run_default(ex):
-    from mixgraph.graph.workflow import PrecisionConfig, Region, Workflow, load_workflow
+    from mixgraph.graph.prompt import PrecisionConfig, Region, Workflow
+    from mixgraph.graph.workflow import load_workflow
     wf = load_workflow(nan_wf(), REG)
     wf = Workflow(wf.prompt, PrecisionConfig("bf16", (Region("vae", frozenset({"3"}), "f16:f32"),)))
     r = ex.run(wf, precision="bf16")

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from mixgraph.nodes.sampling.cond import Cond, Control, Latent, SizeCond
+from mixgraph.nodes.payloads.conditioning import Cond, Control, SizeCond
+from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling.ksampler import compute_sigmas, cut_sigmas, sample
 from mixgraph.nodes.sampling.noise import prepare_noise
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mixgraph.nodes import latent_ops
-from mixgraph.nodes.sampling.cond import Latent
+from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.ui import api
 
 INFO = api.default_registry().object_info()

@@ -10,7 +10,7 @@ from PIL import Image
 
 from mixgraph.graph.env import Env
 from mixgraph.nodes import folders, imaging, latent_ops
-from mixgraph.nodes.sampling.cond import Cond
+from mixgraph.nodes.payloads.conditioning import Cond
 
 
 def _env(tmp_path: Path) -> Env:

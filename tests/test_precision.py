@@ -6,7 +6,8 @@ import torch
 from mixgraph.graph.precision import (F32, Policy, PrecisionError, Resolver, auto_spec, emulation_warning,
                              format_spec, parse_config, parse_precision_arg, parse_spec, parse_type_defaults,
                              resolve)
-from mixgraph.graph.workflow import InvalidPrecision, PrecisionConfig, Region, WorkflowError, load_workflow
+from mixgraph.graph.prompt import InvalidPrecision, PrecisionConfig, Region, WorkflowError
+from mixgraph.graph.workflow import load_workflow
 from tests import toy_nodes as toy
 from tests.toy_nodes import call, link
 

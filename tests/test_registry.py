@@ -7,8 +7,9 @@ import json
 import pytest
 
 from mixgraph.graph.env import Env
-from mixgraph.graph.node import Boolean, Combo, Float, Hidden, Int, Socket, String, node
+from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, String, node
 from mixgraph.graph.registry import Registry, RegistryError
+from mixgraph.graph.spec import Hidden
 
 SAMPLERS = ["euler", "euler_ancestral", "heun"]
 SCHEDULERS = ["simple", "sgm_uniform", "karras"]

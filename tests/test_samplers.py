@@ -56,18 +56,19 @@ def test_sampler_names_are_comfyui_list():
     assert S.SAMPLER_NAMES[:6] == ("euler", "euler_cfg_pp", "euler_ancestral",
                                    "euler_ancestral_cfg_pp", "heun", "heunpp2")
     assert S.SAMPLER_NAMES[-3:] == ("ddim", "uni_pc", "uni_pc_bh2")
-    assert S.EXTRA_SAMPLER_NAMES < set(S.SAMPLER_NAMES)
 
 
-def test_sampler_registry_supports_every_own_algorithm():
-    own = set(S.SAMPLER_NAMES) - S.EXTRA_SAMPLER_NAMES
-    assert all(S.is_supported(n) for n in own)
-    assert S.UNSUPPORTED <= S.EXTRA_SAMPLER_NAMES
+def test_sampler_registry_maps_every_name_to_one_function():
+    assert tuple(S.SAMPLERS) == S.SAMPLER_NAMES
+    assert all(callable(fn) for fn in S.SAMPLERS.values())
+    assert len({id(fn) for fn in S.SAMPLERS.values()}) == 42       # no name shares a function
+    assert all(S.get_sampler(n) is S.SAMPLERS[n] for n in S.SAMPLER_NAMES)
     assert S.get_sampler("euler") is S.sample_euler
+    assert S.get_sampler("dpmpp_2m_sde_gpu") is S.sample_dpmpp_2m_sde_gpu
 
 
 def test_sampler_registry_rejects_unknown_names():
-    assert not S.is_supported("nope")
+    assert "nope" not in S.SAMPLERS
     with pytest.raises(ValueError, match="unknown sampler 'nope'"):
         S.get_sampler("nope")
 

@@ -15,8 +15,10 @@ import pytest
 import torch
 from scipy import integrate
 
-from mixgraph.nodes.sampling import samplers_extra as se
+from mixgraph.nodes.sampling import samplers as se
 from mixgraph.nodes.sampling.noise import default_noise_sampler
+from mixgraph.nodes.sampling.solvers_sa import sa_solver_b_coeffs, sa_solver_default_tau
+from mixgraph.nodes.sampling.solvers_sde import er_sde_default_noise_scaler
 
 MU, S = 0.3, 0.5
 SIGMA_MIN, SIGMA_MAX = 0.0292, 14.6146
@@ -257,7 +259,7 @@ def test_sa_solver_b_coeffs_integrate_polynomials_exactly(tau):
     nodes = torch.tensor([-1.3, -0.9, -0.6, -0.2], dtype=torch.float64)
     lam_s, lam_t = torch.tensor(-0.2, dtype=torch.float64), torch.tensor(0.35, dtype=torch.float64)
     sigma_t = torch.exp(-lam_t)
-    b = se.sa_solver_b_coeffs(nodes, lam_s, lam_t, tau, sigma_t)
+    b = sa_solver_b_coeffs(nodes, lam_s, lam_t, tau, sigma_t)
     k = 1 + tau**2
     for p in range(4):
         exact, _ = integrate.quad(lambda l: k * math.exp(k * (l - 0.35)) * l**p, -0.2, 0.35)
@@ -266,7 +268,7 @@ def test_sa_solver_b_coeffs_integrate_polynomials_exactly(tau):
 
 
 def test_sa_solver_default_tau_interval_matches_sd_schedule():
-    tau = se.sa_solver_default_tau()
+    tau = sa_solver_default_tau()
     assert tau(torch.tensor(5.0)) == 1.0 and tau(torch.tensor(0.6)) == 1.0
     assert tau(torch.tensor(5.2)) == 0.0 and tau(torch.tensor(0.55)) == 0.0
     assert tau(torch.tensor(14.6)) == 0.0 and tau(torch.tensor(0.03)) == 0.0
@@ -274,13 +276,13 @@ def test_sa_solver_default_tau_interval_matches_sd_schedule():
 
 def test_er_sde_default_noise_scaler_formula():
     lam = torch.tensor([0.5, 2.0, 10.0])
-    torch.testing.assert_close(er := se.er_sde_default_noise_scaler(lam),
+    torch.testing.assert_close(er := er_sde_default_noise_scaler(lam),
                                lam * (torch.exp(lam**0.3) + 10.0))
     assert bool((er[1:] > er[:-1]).all())
 
 
 def test_registry_dict_names_and_partial_schedules():
-    assert set(se.EXTRA_SAMPLERS) == {
+    newer = {
         "euler_cfg_pp", "euler_ancestral_cfg_pp", "dpmpp_2s_ancestral_cfg_pp", "dpmpp_2m_cfg_pp",
         "res_multistep", "res_multistep_cfg_pp", "res_multistep_ancestral",
         "res_multistep_ancestral_cfg_pp", "gradient_estimation", "gradient_estimation_cfg_pp",
@@ -288,7 +290,9 @@ def test_registry_dict_names_and_partial_schedules():
     # A schedule cut before 0 (KSamplerAdvanced's leftover noise) stays finite and noisy.
     x_t = start((1, 4, 4, 4), seed=10)
     partial = karras(10)[:6]
-    for name, fn in se.EXTRA_SAMPLERS.items():
+    assert newer < set(se.SAMPLERS)
+    for name in newer:
+        fn = se.SAMPLERS[name]
         out = fn(Gaussian(), x_t, partial, extra_args={"seed": 3})
         assert torch.isfinite(out).all(), name
         assert float(out.std()) > S, name
@@ -308,7 +312,7 @@ class PromptShiftedEps:
 
 
 def _cfg_denoiser(pos_value: float, neg_value: float, cfg: float):
-    from mixgraph.nodes.sampling.cond import Cond
+    from mixgraph.nodes.payloads.conditioning import Cond
     from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 
     pos = (Cond(cross_attn=torch.full((1, 3, 8), pos_value)),)
@@ -335,5 +339,5 @@ def test_sa_solver_default_tau_uses_cfg_denoiser_schedule():
     x_t = start((1, 4, 4, 4), seed=13)
     a = se.sample_sa_solver(den, x_t, karras(6), extra_args={"seed": 1})
     b = se.sample_sa_solver(den, x_t, karras(6), extra_args={"seed": 1},
-                            tau_func=se.sa_solver_default_tau(den.ms.schedule))
+                            tau_func=sa_solver_default_tau(den.ms.schedule))
     torch.testing.assert_close(a, b, rtol=0, atol=0)

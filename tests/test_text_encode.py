@@ -8,7 +8,7 @@ import torch
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
 from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt, text_encoders_from_checkpoint
 from mixgraph.nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer
-from mixgraph.nodes.sampling.cond import Cond
+from mixgraph.nodes.payloads.conditioning import Cond
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict, tiny_open_clip_state_dict
 
 

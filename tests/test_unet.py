@@ -16,7 +16,7 @@ from mixgraph.nodes.models.unet import (
     timestep_embedding,
     unet_config_from_state_dict,
 )
-from mixgraph.nodes.sampling.cond import Control
+from mixgraph.nodes.payloads.conditioning import Control
 from tests.fixtures.tiny_unet import KINDS, TINY_POOLED, tiny_unet, tiny_unet_config, tiny_unet_state_dict
 
 PREFIX = "model.diffusion_model."

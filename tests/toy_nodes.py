@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 from mixgraph.graph.fingerprint import fingerprint_file
-from mixgraph.graph.node import Float, Hidden, Int, Result, Socket, String, node
+from mixgraph.graph.node import Float, Int, Result, Socket, String, node
 from mixgraph.graph.registry import Registry
+from mixgraph.graph.spec import Hidden
 
 CALLS: Counter = Counter()
 _random = itertools.count(1000)
@@ -85,6 +86,20 @@ def AlwaysNan(model=Socket("MODEL"), ctx=None):
     return torch.full((2,), float("nan"))
 
 
+@node(outputs=["INT"], precision_types=("VAE",), register=False)
+def AddIfHalfVae(x=Socket("INT"), ctx=None):
+    """Reads the VAE policy with no VAE input (declared): x + 1 when VAE compute is half."""
+    CALLS["AddIfHalfVae"] += 1
+    return x + int(ctx.policy_for("VAE").is_half)
+
+
+@node(outputs=["INT"], register=False)
+def AsksUndeclared(x=Socket("INT"), ctx=None):
+    CALLS["AsksUndeclared"] += 1
+    ctx.policy_for("VAE")
+    return x
+
+
 @node(outputs=["INT"], register=False)
 def Slow(x=Socket("INT"), steps=Int(50, min=1, max=10**6), ctx=None):
     CALLS["Slow"] += 1
@@ -136,8 +151,8 @@ def SaveNumber(value=Socket("INT"), filename_prefix=String("num"), ctx=None,
     return Result((), {"images": [{"filename": name, "subfolder": "", "type": "output"}]})
 
 
-ALL = [Const, Add, Mul, ReadText, Fail, CtrlC, ToyModelLoader, NanIfHalf, AlwaysNan, Slow, Random, Show,
-       ShowText, ShowImage, SaveNumber]
+ALL = [Const, Add, Mul, ReadText, Fail, CtrlC, ToyModelLoader, NanIfHalf, AlwaysNan, AddIfHalfVae,
+       AsksUndeclared, Slow, Random, Show, ShowText, ShowImage, SaveNumber]
 
 
 def registry() -> Registry:

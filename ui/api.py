@@ -29,8 +29,9 @@ from typing import Any, Callable, Iterable, Mapping
 from mixgraph.graph import safe_json
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor, RunReport
+from mixgraph.graph.prompt import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError
 from mixgraph.graph.validate import Validation, validate
-from mixgraph.graph.workflow import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError, load_workflow
+from mixgraph.graph.workflow import load_workflow
 
 __all__ = ["load", "run", "RunResult", "Graph", "NodeRef", "set_inputs", "parse_set",
            "default_executor", "default_registry", "load_node_library"]

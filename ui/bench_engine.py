@@ -4,8 +4,8 @@
 
 Graphs of trivial integer nodes (declared here, registered into a private Registry, so nothing in
 the node library is involved): a 1,000-node chain and a 1,000-node fan-out, each timed for
-loading, validation, planning (order + cache keys), a cold run (empty cache, validation included)
-and a fully cached re-run (validation included). Times are the best of `repeat` runs. A
+loading, validation (which also orders the graph), planning (per-node plans + cache keys), a
+cold run (empty cache, validation included) and a fully cached re-run (validation included). Times are the best of `repeat` runs. A
 100,000-node chain is then validated and run once to show that nothing is recursive or quadratic.
 JSON keys `cold_us_per_node` and `cached_us_per_node` are the worst shape's numbers.
 `--sizes 1000,10000,100000` adds the same table per size (`scaling` in the JSON): per-node cost
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
-from mixgraph.graph.executor import Executor, plan_order
+from mixgraph.graph.executor import Executor
 from mixgraph.graph.node import Int, Result, Socket, node
 from mixgraph.graph.precision import Resolver
 from mixgraph.graph.registry import Registry
@@ -100,7 +100,7 @@ def _shape(name: str, prompt: dict, reg: Registry, repeat: int) -> dict[str, Any
     ex = Executor(reg, env, OutputCache(2**30))
 
     def plan():
-        order = getattr(v, "order", None) or plan_order(v.outputs, v.inputs, wf.prompt)
+        order = v.order
         plans = {nid: ex._plan_for(wf.prompt[nid].class_type) for nid in order}
         return ex._keys(order, v.inputs, plans, Resolver(wf.precision, device=env.device), env, None)
 

@@ -180,7 +180,7 @@ def parse_precision_list(text: str | None) -> list[str]:
 
 def output_images(workflow: Any, values: dict, registry: Any) -> list[torch.Tensor]:
     """The IMAGE tensors fed to the workflow's output nodes, in node order."""
-    from mixgraph.graph.workflow import Link
+    from mixgraph.graph.prompt import Link
 
     images = []
     for node_id, call in workflow.prompt.items():
@@ -203,7 +203,7 @@ def run_measured(workflow: Any, spec: str | None, *, executor: Any = None, env_k
     executed/cached node ids, nan_fallbacks, warnings and `images` (tensors, not JSON)."""
     from mixgraph.ui import api
     from mixgraph.graph import events as ev
-    from mixgraph.graph.workflow import PrecisionConfig
+    from mixgraph.graph.prompt import PrecisionConfig
 
     ex = executor or api.default_executor()
     wf = api.load(workflow, ex.registry)

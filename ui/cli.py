@@ -184,7 +184,7 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     from mixgraph.graph.executor import Executor, Interrupted, NodeError, ValidationFailed
     from mixgraph.graph.env import writable_folder
     from mixgraph.graph.precision import PrecisionError, parse_precision_arg
-    from mixgraph.graph.workflow import WorkflowError
+    from mixgraph.graph.prompt import WorkflowError
 
     problem = check_device(args.device)
     if problem:
@@ -239,8 +239,8 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
+    from mixgraph.graph.prompt import WorkflowError
     from mixgraph.graph.validate import format_problems
-    from mixgraph.graph.workflow import WorkflowError
     from mixgraph.ui.api import validate_file
 
     registry = _registry(registry)

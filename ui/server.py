@@ -30,9 +30,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from mixgraph.graph.env import Env, OutputFolderError, writable_folder
 from mixgraph.graph.executor import Executor
+from mixgraph.graph.prompt import InvalidPrecision, Workflow, WorkflowError
 from mixgraph.graph.safe_json import JsonError, loads as json_loads
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import InvalidPrecision, Workflow, WorkflowError, dump_api, load_workflow
+from mixgraph.graph.workflow import dump_api, load_workflow
 from mixgraph.ui.editor import EditorRoutes, LogBuffer, template_routes
 from mixgraph.ui.files import convert_image, header_safe, safetensors_metadata, store_upload
 from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_css

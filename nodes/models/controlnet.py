@@ -30,7 +30,7 @@ from mixgraph.nodes.models.diffusers_names import diffusers_to_ldm_table, diffus
 from mixgraph.nodes.models.resize import upscale
 from mixgraph.nodes.models.unet import (UNetConfig, build_input_blocks, build_middle_block,
                                encoder_config_from_shapes, timestep_embedding)
-from mixgraph.nodes.sampling.cond import Control
+from mixgraph.nodes.payloads.conditioning import Control
 
 __all__ = [
     "ControlNetConfig",

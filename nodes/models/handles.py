@@ -23,12 +23,17 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from mixgraph.nodes.models import store
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
-from mixgraph.nodes.models.safetensors_io import WeightSource
+from mixgraph.nodes.models.controlnet import ControlNetModel
+from mixgraph.nodes.models.layouts import reader_for_source
+from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
+from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt
+from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
-from mixgraph.nodes.sampling.cond import Cond
+from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
     "LatentFormat", "latent_format_for", "ModelHandle", "UNetRunner", "ClipHandle", "VaeHandle", "ControlNetHandle",
@@ -50,8 +55,6 @@ def latent_format_for(kind: str, channels: int = 4) -> LatentFormat:
 
 
 def _materialize(kind, source, config, storage, patches, build):
-    from mixgraph.nodes.models import store
-
     return store.materialize(kind, source, config, storage, patches, build)
 
 
@@ -143,8 +146,6 @@ class UNetRunner:
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
-    from mixgraph.nodes.models.tokenizer import CLIPTokenizer
-
     return CLIPTokenizer()
 
 
@@ -174,8 +175,6 @@ class ClipHandle:
     def encode(
         self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None
     ) -> tuple[Cond, ...]:
-        from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt
-
         models = {}
         for name in self.encoders:
             patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
@@ -294,8 +293,6 @@ class ControlNetHandle:
     precision: PolicyLike | None = None
 
     def runner(self, policy: PolicyLike) -> torch.nn.Module:
-        from mixgraph.nodes.models.controlnet import ControlNetModel
-
         module = _materialize("controlnet", self.source, self.config, policy.storage, self.patches, ControlNetModel)
         return apply_precision(module, policy)
 
@@ -304,9 +301,6 @@ class ControlNetHandle:
 
 
 def _module_shapes(source: WeightSource) -> dict[str, tuple[int, ...]]:
-    from mixgraph.nodes.models.loader import reader_for_source
-    from mixgraph.nodes.models.safetensors_io import inspect_file
-
     if source.path is None:
         items = {k: tuple(v.shape) for k, v in (source.tensors or {}).items()}
     else:

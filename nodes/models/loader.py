@@ -35,9 +35,11 @@ from pathlib import Path
 
 import torch
 
-from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip, open_clip_to_hf
-from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
+from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip
+from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
+from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
+from mixgraph.nodes.models.layouts import hf_clip_rename, reader_for_source
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
 from mixgraph.nodes.models.unet import UNetConfig, unet_config_from_state_dict
 from mixgraph.nodes.models.vae import VAEConfig
@@ -49,7 +51,6 @@ __all__ = [
     "load_clip",
     "load_controlnet",
     "detect_unet_kind",
-    "reader_for_source",
 ]
 
 UNET_PREFIX = "model.diffusion_model."
@@ -80,47 +81,6 @@ Info = Mapping[str, TensorInfo]
 
 def _sub(prefix: str, info: Info) -> dict[str, TensorInfo]:
     return {k[len(prefix):]: v for k, v in info.items() if k.startswith(prefix)}
-
-
-def _hf_clip_rename(key: str) -> str | None:
-    if key.endswith("position_ids"):
-        return None
-    if not key.startswith(("text_model.", "text_projection")):
-        return "text_model." + key
-    return key
-
-
-def reader_for_source(source: WeightSource):
-    """(rename, post) turning ``source``'s stored keys into our module's keys.
-
-    ``rename`` maps one key (prefix stripped) or returns None to skip it; ``post`` converts the
-    whole renamed dict (only for layouts that are not a renaming, i.e. OpenCLIP's fused q/k/v).
-    """
-    layout = source.layout
-    if layout == "ldm":
-        return None, None
-    if layout == "hf_clip":
-        return _hf_clip_rename, None
-    if layout == "open_clip":
-        return None, lambda sd: open_clip_to_hf(sd, "")
-    if layout == "controlnet":
-        from mixgraph.nodes.models.controlnet import convert_controlnet_state_dict
-
-        return None, convert_controlnet_state_dict
-    keys = _source_keys(source)
-    if layout == "diffusers_unet":
-        return diffusers_unet_rename(keys), None
-    if layout == "diffusers_vae":
-        return diffusers_vae_rename(keys), None
-    raise ValueError(f"unknown weight layout {layout!r}")
-
-
-def _source_keys(source: WeightSource) -> list[str]:
-    if source.path is None:
-        names = list(source.tensors or ())
-    else:
-        names = list(inspect_file(source.path))
-    return [k[len(source.prefix):] for k in names if k.startswith(source.prefix)]
 
 
 def _renamed_info(info: Info, rename) -> dict[str, TensorInfo]:
@@ -189,7 +149,7 @@ def _clip_handle(kind: str, sources: dict[str, WeightSource], configs: dict[str,
 def _clip_config(info: Info, source: WeightSource, role: str) -> CLIPTextConfig:
     sub = _sub(source.prefix, info)
     if source.layout == "hf_clip":
-        sub = _renamed_info(sub, _hf_clip_rename)
+        sub = _renamed_info(sub, hf_clip_rename)
     return CLIPTextConfig.from_state_dict(sub, activation=CLIP_ACTIVATION[role])
 
 
@@ -426,8 +386,6 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
 def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     """ControlNetLoader: LDM (``control_model.`` or bare) or diffusers ControlNet files; the key
     conversion and config derivation are ``nodes.models.controlnet``'s, run on the header here."""
-    from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
-
     p = Path(path)
     if p.is_dir():
         p = _find_weights(p, "diffusion_pytorch_model")

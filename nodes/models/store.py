@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mixgraph.nodes.models.layouts import reader_for_source
+from mixgraph.nodes.models.lora import apply_patches
 from mixgraph.nodes.models.safetensors_io import WeightSource, read_source, source_dtypes
 
 __all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule"]
@@ -225,8 +227,6 @@ class WeightStore:
                 return entry.tensors
             if patches:
                 base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename)
-                from mixgraph.nodes.models.lora import apply_patches
-
                 tensors = apply_patches(base, patches, target=kind)
                 self.stats.patched += 1
                 self._put(key, _Entry(tensors, _nbytes(tensors), exact=False))
@@ -292,8 +292,6 @@ class WeightStore:
     def _read(self, source, dtype, rule, rename):
         post = None
         if rename is None:
-            from mixgraph.nodes.models.loader import reader_for_source
-
             rename, post = reader_for_source(source)
         tensors = read_source(source, lambda k: rule(k, dtype), rename)
         if post is not None:

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from mixgraph.nodes.models.clip import CLIPTextModel
 from mixgraph.nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer, EmbeddingLookup, TokenWeights
-from mixgraph.nodes.sampling.cond import Cond
+from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
     "TextEncoders",

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mixgraph.nodes.models.attention import attention
-from mixgraph.nodes.sampling.cond import Control  # re-exported: the residuals type lives with the edge payloads
+from mixgraph.nodes.payloads.conditioning import Control
 
 GROUPS = 32  # GroupNorm groups everywhere in the LDM UNet
 

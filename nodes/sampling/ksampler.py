@@ -6,12 +6,14 @@ noise mask, the CFG denoiser, progress/cancel, and back to an unscaled LATENT.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .cond import Cond, Latent
+from mixgraph.nodes.payloads.conditioning import Cond
+from mixgraph.nodes.payloads.latent import Latent
 from .noise import prepare_inpaint_noise, prepare_noise
 from .parameterization import CFGDenoiser, ModelSampling
 from .samplers import DISCARD_PENULTIMATE_SIGMA_SAMPLERS, get_sampler
@@ -98,10 +100,6 @@ class InpaintDenoiser:
         return self._blend_out(denoised), uncond
 
 
-def _same(latent: Latent, samples: torch.Tensor) -> Latent:
-    return Latent(samples, noise_mask=latent.noise_mask, batch_index=latent.batch_index)
-
-
 @torch.no_grad()
 def sample(
     model,
@@ -137,10 +135,10 @@ def sample(
 
     sigmas = compute_sigmas(ms, scheduler, sampler_name, steps, denoise)
     if len(sigmas) == 0:
-        return _same(latent, latent.samples.float().clone())
+        return replace(latent, samples=latent.samples.float().clone())
     sigmas = cut_sigmas(sigmas, start_step, last_step, force_full_denoise)
     if sigmas is None:
-        return _same(latent, latent.samples.float().clone())
+        return replace(latent, samples=latent.samples.float().clone())
 
     device = torch.device(getattr(model, "device", "cpu"))
     scale = float(getattr(model, "latent_scale", 1.0))
@@ -171,4 +169,4 @@ def sample(
     out = sampler(denoiser, x, sigmas, extra_args={"seed": seed}, callback=callback)
     out = ms.inverse_noise_scaling(sigmas[-1], out)
     out = out / scale
-    return _same(latent, out.float().cpu())
+    return replace(latent, samples=out.float().cpu())

@@ -29,7 +29,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .cond import Cond, Control
+from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .schedules import DiscreteSchedule
 
 __all__ = ["ModelSampling", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]

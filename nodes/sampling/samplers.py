@@ -29,18 +29,25 @@ noise_sampler=None, **opts) -> Tensor``
   (``nodes.sampling.noise``).
 
 LAYOUT: the algorithms live in family modules, which import helpers from ``sampler_utils`` only
-(never from this module, so there is no import cycle):
+(never from this module, so there is no import cycle); each cites its papers:
 
 * ``solvers_euler``: euler, ddim, euler_ancestral, heun, heunpp2, dpm_2(_ancestral), lms, ddpm,
   lcm;
 * ``solvers_dpm``: dpm_fast, dpm_adaptive (DPM-Solver);
 * ``solvers_dpmpp``: the DPM-Solver++ family (2s_ancestral, sde, 2m, 2m_sde, 3m_sde, ``*_gpu``);
 * ``solvers_multistep``: ipndm, ipndm_v, deis, uni_pc, uni_pc_bh2;
-* ``samplers_extra`` gathers ``EXTRA_SAMPLERS`` (the names in ``EXTRA_SAMPLER_NAMES``) from
-  ``solvers_cfgpp``, ``solvers_res``, ``solvers_sde`` and ``solvers_sa``.
+* ``solvers_cfgpp``: CFG++ forms of euler, euler_ancestral, dpmpp_2s_ancestral, dpmpp_2m;
+* ``solvers_res``: res_multistep (+ ancestral, CFG++), gradient_estimation (+ CFG++);
+* ``solvers_sde``: er_sde, seeds_2, seeds_3;
+* ``solvers_sa``: sa_solver, sa_solver_pece.
 
-The registry below resolves a name to ``sample_<name>`` in the core families, or to
-``EXTRA_SAMPLERS[name]``. The core ``sample_*`` functions are re-exported here.
+The samplers of the newer families work in the variance-exploding parameterisation
+``x = x0 + sigma * eps`` (``alpha = 1``, ``lambda = -log(sigma)``); ComfyUI's flow ("CONST")
+branch is left out, as mixgraph has no such model. Defaults follow ComfyUI 0.3.64.
+
+``SAMPLERS`` below is the one registry: every name of ComfyUI's list, in its order, mapped to
+exactly one function. Importing this module fails, naming the names, if the two ever differ.
+Every ``sample_*`` function is importable from here as well as from its family.
 """
 
 from __future__ import annotations
@@ -49,10 +56,14 @@ from typing import Callable
 
 import torch
 
-from . import solvers_dpm, solvers_dpmpp, solvers_euler, solvers_multistep
 from .noise import BrownianTreeNoiseSampler, brownian_noise_sampler, default_noise_sampler
 from .sampler_utils import append_dims, denoise_with_uncond, get_ancestral_step, to_d
-from .samplers_extra import EXTRA_SAMPLERS
+from .solvers_cfgpp import (
+    sample_dpmpp_2m_cfg_pp,
+    sample_dpmpp_2s_ancestral_cfg_pp,
+    sample_euler_ancestral_cfg_pp,
+    sample_euler_cfg_pp,
+)
 from .solvers_dpm import sample_dpm_adaptive, sample_dpm_fast
 from .solvers_dpmpp import (
     sample_dpmpp_2m,
@@ -86,26 +97,18 @@ from .solvers_multistep import (
     sample_uni_pc,
     sample_uni_pc_bh2,
 )
+from .solvers_res import (
+    sample_gradient_estimation,
+    sample_gradient_estimation_cfg_pp,
+    sample_res_multistep,
+    sample_res_multistep_ancestral,
+    sample_res_multistep_ancestral_cfg_pp,
+    sample_res_multistep_cfg_pp,
+)
+from .solvers_sa import sample_sa_solver, sample_sa_solver_pece
+from .solvers_sde import sample_er_sde, sample_seeds_2, sample_seeds_3
 
-_CORE_FAMILIES = (solvers_euler, solvers_dpm, solvers_dpmpp, solvers_multistep)
-
-__all__ = [
-    "SAMPLER_NAMES",
-    "EXTRA_SAMPLER_NAMES",
-    "DISCARD_PENULTIMATE_SIGMA_SAMPLERS",
-    "UNSUPPORTED",
-    "get_sampler",
-    "is_supported",
-    "to_d",
-    "get_ancestral_step",
-    "append_dims",
-    "denoise_with_uncond",
-    "BrownianTreeNoiseSampler",
-    "brownian_noise_sampler",
-    "default_noise_sampler",
-    "deis_coefficients",
-    *(name for module in _CORE_FAMILIES for name in module.__all__ if name.startswith("sample_")),
-]
+Sampler = Callable[..., torch.Tensor]
 
 # ComfyUI's KSAMPLER_NAMES followed by ["ddim", "uni_pc", "uni_pc_bh2"], in its order.
 SAMPLER_NAMES: tuple[str, ...] = (
@@ -120,48 +123,90 @@ SAMPLER_NAMES: tuple[str, ...] = (
     "ddim", "uni_pc", "uni_pc_bh2",
 )
 
-# Provided by samplers_extra.EXTRA_SAMPLERS.
-EXTRA_SAMPLER_NAMES: frozenset[str] = frozenset({
-    "euler_cfg_pp", "euler_ancestral_cfg_pp", "dpmpp_2s_ancestral_cfg_pp", "dpmpp_2m_cfg_pp",
-    "res_multistep", "res_multistep_cfg_pp", "res_multistep_ancestral",
-    "res_multistep_ancestral_cfg_pp", "gradient_estimation", "gradient_estimation_cfg_pp",
-    "er_sde", "seeds_2", "seeds_3", "sa_solver", "sa_solver_pece",
-})
+SAMPLERS: dict[str, Sampler] = {
+    "euler": sample_euler,
+    "euler_cfg_pp": sample_euler_cfg_pp,
+    "euler_ancestral": sample_euler_ancestral,
+    "euler_ancestral_cfg_pp": sample_euler_ancestral_cfg_pp,
+    "heun": sample_heun,
+    "heunpp2": sample_heunpp2,
+    "dpm_2": sample_dpm_2,
+    "dpm_2_ancestral": sample_dpm_2_ancestral,
+    "lms": sample_lms,
+    "dpm_fast": sample_dpm_fast,
+    "dpm_adaptive": sample_dpm_adaptive,
+    "dpmpp_2s_ancestral": sample_dpmpp_2s_ancestral,
+    "dpmpp_2s_ancestral_cfg_pp": sample_dpmpp_2s_ancestral_cfg_pp,
+    "dpmpp_sde": sample_dpmpp_sde,
+    "dpmpp_sde_gpu": sample_dpmpp_sde_gpu,
+    "dpmpp_2m": sample_dpmpp_2m,
+    "dpmpp_2m_cfg_pp": sample_dpmpp_2m_cfg_pp,
+    "dpmpp_2m_sde": sample_dpmpp_2m_sde,
+    "dpmpp_2m_sde_gpu": sample_dpmpp_2m_sde_gpu,
+    "dpmpp_2m_sde_heun": sample_dpmpp_2m_sde_heun,
+    "dpmpp_2m_sde_heun_gpu": sample_dpmpp_2m_sde_heun_gpu,
+    "dpmpp_3m_sde": sample_dpmpp_3m_sde,
+    "dpmpp_3m_sde_gpu": sample_dpmpp_3m_sde_gpu,
+    "ddpm": sample_ddpm,
+    "lcm": sample_lcm,
+    "ipndm": sample_ipndm,
+    "ipndm_v": sample_ipndm_v,
+    "deis": sample_deis,
+    "res_multistep": sample_res_multistep,
+    "res_multistep_cfg_pp": sample_res_multistep_cfg_pp,
+    "res_multistep_ancestral": sample_res_multistep_ancestral,
+    "res_multistep_ancestral_cfg_pp": sample_res_multistep_ancestral_cfg_pp,
+    "gradient_estimation": sample_gradient_estimation,
+    "gradient_estimation_cfg_pp": sample_gradient_estimation_cfg_pp,
+    "er_sde": sample_er_sde,
+    "seeds_2": sample_seeds_2,
+    "seeds_3": sample_seeds_3,
+    "sa_solver": sample_sa_solver,
+    "sa_solver_pece": sample_sa_solver_pece,
+    "ddim": sample_ddim,
+    "uni_pc": sample_uni_pc,
+    "uni_pc_bh2": sample_uni_pc_bh2,
+}
+
+
+def _check_registry() -> None:
+    missing = [n for n in SAMPLER_NAMES if n not in SAMPLERS]
+    unknown = [n for n in SAMPLERS if n not in SAMPLER_NAMES]
+    if missing or unknown or tuple(SAMPLERS) != SAMPLER_NAMES:
+        raise ImportError(
+            f"nodes.sampling.samplers: SAMPLERS must map each of ComfyUI's sampler names, in its "
+            f"order, to one function; without a function: {missing or 'none'}; not ComfyUI "
+            f"names: {unknown or 'none'}")
+
+
+_check_registry()
 
 # KSampler computes one extra step and drops the penultimate sigma for these.
 DISCARD_PENULTIMATE_SIGMA_SAMPLERS: frozenset[str] = frozenset(
     {"dpm_2", "dpm_2_ancestral", "uni_pc", "uni_pc_bh2"}
 )
 
-Sampler = Callable[..., torch.Tensor]
-
-
-def _lookup(name: str) -> Sampler | None:
-    if name not in SAMPLER_NAMES:
-        return None
-    if name in EXTRA_SAMPLER_NAMES:
-        return EXTRA_SAMPLERS.get(name)
-    for module in _CORE_FAMILIES:
-        fn = getattr(module, f"sample_{name}", None)
-        if fn is not None:
-            return fn
-    return None
-
-
-def is_supported(name: str) -> bool:
-    """True if ``name`` is a ComfyUI sampler name that mixgraph implements."""
-    return _lookup(name) is not None
+__all__ = [
+    "SAMPLER_NAMES",
+    "SAMPLERS",
+    "DISCARD_PENULTIMATE_SIGMA_SAMPLERS",
+    "Sampler",
+    "get_sampler",
+    "to_d",
+    "get_ancestral_step",
+    "append_dims",
+    "denoise_with_uncond",
+    "BrownianTreeNoiseSampler",
+    "brownian_noise_sampler",
+    "default_noise_sampler",
+    "deis_coefficients",
+    *(f"sample_{name}" for name in SAMPLERS),
+]
 
 
 def get_sampler(name: str) -> Sampler:
-    """The ``sample_<name>`` function; a clear error for unknown or unimplemented names."""
-    if name not in SAMPLER_NAMES:
-        raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLER_NAMES)}")
-    fn = _lookup(name)
+    """The function registered for ComfyUI sampler ``name``; ValueError for any other name."""
+    fn = SAMPLERS.get(name)
     if fn is None:
-        raise NotImplementedError(f"sampler {name!r}: not supported yet")
+        raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLER_NAMES)}")
     return fn
-
-
-# ComfyUI names without an implementation (empty today; kept so callers can list the gaps).
-UNSUPPORTED: frozenset[str] = frozenset(n for n in SAMPLER_NAMES if not is_supported(n))

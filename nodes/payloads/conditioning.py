@@ -1,8 +1,9 @@
-"""Edge payloads that travel between sampling nodes: LATENT and CONDITIONING.
+"""CONDITIONING: ``tuple[Cond, ...]``, with the SDXL size conditioning and ControlNet residuals
+a ``Cond`` carries.
 
-Everything here is float32 on the CPU and immutable by convention: a consumer never modifies a
-payload in place; it derives a new one with ``dataclasses.replace``. These are ComfyUI's untyped
-``{"samples": ...}`` dicts and ``[[tensor, dict]]`` conditioning lists, given named fields.
+Float32 on the CPU and immutable by convention: a consumer never modifies a payload in place; it
+derives a new one with ``dataclasses.replace``. These are ComfyUI's untyped ``[[tensor, dict]]``
+conditioning lists, given named fields.
 """
 
 from __future__ import annotations
@@ -13,24 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Latent", "Cond", "SizeCond", "Control", "ControlLike", "Conditioning"]
-
-
-@dataclass(frozen=True)
-class Latent:
-    """LATENT socket.
-
-    samples:     [B, C, H, W] float32, **unscaled** VAE latent (ComfyUI's process_in is applied by
-                 the sampler, not stored here).
-    noise_mask:  [B or 1, 1, H', W'] float32 in 0..1, or None. 1 = resample, 0 = keep the input
-                 latent. Any spatial size; the sampler resizes it (bilinear) to [H, W].
-    batch_index: which images of a bigger batch these are (ComfyUI's "batch_index"), so the
-                 initial noise of image k equals slice k of the batched draw.
-    """
-
-    samples: torch.Tensor
-    noise_mask: torch.Tensor | None = None
-    batch_index: tuple[int, ...] | None = None
+__all__ = ["Cond", "SizeCond", "Control", "ControlLike", "Conditioning"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""The schema of a node type: its inputs, hidden inputs, outputs and flags (`NodeSpec`).
+
+What both the declaration decorator (`graph.node`) and the registry (`graph.registry`) read, kept
+apart from either so neither imports the other's module to see it: `node` builds specs and adds
+them to the registry, the registry stores and renders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+#: Socket types that carry no widget: they can only be linked.
+LINK_TYPES = frozenset({
+    "MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK", "CONTROL_NET",
+    "CLIP_VISION", "CLIP_VISION_OUTPUT", "STYLE_MODEL", "UPSCALE_MODEL", "GLIGEN", "NOISE",
+    "SAMPLER", "SIGMAS", "GUIDER", "*",
+})
+#: Socket types that hold a model: a node consuming one gets a precision policy for it.
+MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL"})
+WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
+
+REQUIRED = object()   # the default of an Input that has none
+
+
+@dataclass(frozen=True)
+class Input:
+    """One declared input. `type` is a ComfyUI socket name; combos use type "COMBO" + options."""
+
+    type: str
+    default: Any = REQUIRED
+    min: float | None = None
+    max: float | None = None
+    step: float | None = None
+    round: float | None = None
+    options: Sequence[str] | Callable[[Any], Sequence[str]] | None = None  # list, or fn(env)
+    multiline: bool = False
+    optional: bool = False
+    tooltip: str | None = None
+    extra: tuple[tuple[str, Any], ...] = ()  # other object_info options (control_after_generate...)
+    force_input: bool = False  # a widget type that must be linked (e.g. a STRING socket)
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not REQUIRED
+
+    @property
+    def is_widget(self) -> bool:
+        return self.type in WIDGET_TYPES and not self.force_input
+
+    def option_list(self, env: Any = None) -> list[str]:
+        if self.options is None:
+            return []
+        opts = self.options(env) if callable(self.options) else self.options
+        return list(opts)
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """A hidden input filled by the executor: PROMPT, EXTRA_PNGINFO, UNIQUE_ID."""
+
+    kind: str
+
+
+@dataclass(frozen=True)
+class Output:
+    type: str
+    name: str
+    is_list: bool = False
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """The whole schema of a node type, derived once from its function.
+
+    `precision_types`: the model socket types whose resolved precision policy the node may ask
+    for (`ctx.policy_for`), sorted. They are part of the node's cache key, so they come from the
+    declaration alone: the model-typed inputs plus whatever the declaration adds."""
+
+    name: str
+    fn: Callable[..., Any]
+    inputs: tuple[tuple[str, Input], ...]
+    hidden: tuple[tuple[str, Hidden], ...]
+    outputs: tuple[Output, ...]
+    category: str = ""
+    display_name: str | None = None
+    description: str = ""
+    output_node: bool = False
+    deterministic: bool = True
+    version: int = 1
+    wants_ctx: bool = False
+    # fn(env, **literal_inputs) -> hashable: state outside the graph (files). None: no external state.
+    fingerprint: Callable[..., Any] | None = None
+    # fn(env, **literal_inputs) -> list[str] of problems (empty when valid).
+    validate: Callable[..., list[str]] | None = None
+    python_module: str = "nodes"
+    precision_types: tuple[str, ...] = ()
+
+    @property
+    def input_map(self) -> dict[str, Input]:
+        return dict(self.inputs)
+
+    @property
+    def uses_precision(self) -> bool:
+        return bool(self.precision_types)

@@ -1,0 +1,57 @@
+"""Key layouts of weight sources: how a source's stored tensor names become our modules' names.
+
+A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``controlnet``,
+``diffusers_unet``, ``diffusers_vae``); ``reader_for_source`` turns that into the renaming the
+loader applies to headers (to derive configs), the handles apply to shapes, and the weight store
+applies when it reads tensors. Its own module, so those three need not import one another for it.
+"""
+
+from __future__ import annotations
+
+from mixgraph.nodes.models.clip import open_clip_to_hf
+from mixgraph.nodes.models.controlnet import convert_controlnet_state_dict
+from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
+from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
+
+__all__ = ["hf_clip_rename", "reader_for_source"]
+
+
+def hf_clip_rename(key: str) -> str | None:
+    """A Hugging Face CLIP text-model key (with or without ``text_model.``) → ours; None skips
+    the ``position_ids`` buffer."""
+    if key.endswith("position_ids"):
+        return None
+    if not key.startswith(("text_model.", "text_projection")):
+        return "text_model." + key
+    return key
+
+
+def reader_for_source(source: WeightSource):
+    """(rename, post) turning ``source``'s stored keys into our module's keys.
+
+    ``rename`` maps one key (prefix stripped) or returns None to skip it; ``post`` converts the
+    whole renamed dict (only for layouts that are not a renaming, i.e. OpenCLIP's fused q/k/v).
+    """
+    layout = source.layout
+    if layout == "ldm":
+        return None, None
+    if layout == "hf_clip":
+        return hf_clip_rename, None
+    if layout == "open_clip":
+        return None, lambda sd: open_clip_to_hf(sd, "")
+    if layout == "controlnet":
+        return None, convert_controlnet_state_dict
+    keys = _source_keys(source)
+    if layout == "diffusers_unet":
+        return diffusers_unet_rename(keys), None
+    if layout == "diffusers_vae":
+        return diffusers_vae_rename(keys), None
+    raise ValueError(f"unknown weight layout {layout!r}")
+
+
+def _source_keys(source: WeightSource) -> list[str]:
+    if source.path is None:
+        names = list(source.tensors or ())
+    else:
+        names = list(inspect_file(source.path))
+    return [k[len(source.prefix):] for k in names if k.startswith(source.prefix)]
