@@ -40,19 +40,20 @@ def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(name: str) -> list[tuple[str, int]]:
-    """(imported module, line) for every import in module `name`, relative ones resolved."""
+def _imports(name: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every import in module `name`, relative ones
+    resolved; "module level" counts imports under module-level if/try, which run at import."""
     tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
     package = name if _is_package(name) else name.rpartition(".")[0]
-    found: list[tuple[str, int]] = []
-    todo: list[ast.AST] = [tree]
+    found: list[tuple[str, int, bool]] = []
+    todo: list[tuple[ast.AST, bool]] = [(tree, True)]
     while todo:
-        node = todo.pop()
+        node, top = todo.pop()
         for child in ast.iter_child_nodes(node):
             if _type_checking_only(child):
                 continue
             if isinstance(child, ast.Import):
-                found += [(a.name, child.lineno) for a in child.names]
+                found += [(a.name, child.lineno, top) for a in child.names]
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
@@ -61,10 +62,10 @@ def _imports(name: str) -> list[tuple[str, int]]:
                 # `from pkg import submodule` needs the submodule; the package's __init__ runs
                 # for every import below it, so it is no edge of its own unless a name comes from it.
                 subs = [f"{base}.{a.name}" for a in child.names if f"{base}.{a.name}" in MODULES]
-                found += [(s, child.lineno) for s in subs]
+                found += [(s, child.lineno, top) for s in subs]
                 if len(subs) < len(child.names):
-                    found.append((base, child.lineno))
-            todo.append(child)
+                    found.append((base, child.lineno, top))
+            todo.append((child, top and isinstance(child, (ast.If, ast.Try, ast.ExceptHandler))))
     return found
 
 
@@ -91,7 +92,7 @@ ALLOWED = {
 def test_architecture_imports_point_down():
     wrong = []
     for name in MODULES:
-        for target, line in _imports(name):
+        for target, line, _ in _imports(name):
             if _layer(target) == "external":
                 continue
             if _layer(target) not in ALLOWED[_layer(name)]:
@@ -133,13 +134,32 @@ def test_architecture_no_import_cycles():
     g = nx.DiGraph()
     for name in MODULES:
         g.add_node(name)
-        for target, _ in _imports(name):
+        for target, _, _ in _imports(name):
             if target in MODULES and target != name:
                 g.add_edge(name, target)
     cycles = [c for c in nx.simple_cycles(g) if len(c) > 1]
-    # A package's __init__ and its own submodules may refer to each other only when the __init__
-    # is a pure re-export; none of ours does, so every cycle counts.
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in cycles[:10])
+    # The three circles that once were, now one way each.
+    for a, b in (("graph.node", "graph.registry"), ("graph.workflow", "graph.ui_format"),
+                 ("nodes.models.loader", "nodes.models.handles"),
+                 ("nodes.models.handles", "nodes.models.store")):
+        assert g.has_edge(f"mixgraph.{a}", f"mixgraph.{b}") and not g.has_edge(f"mixgraph.{b}",
+                                                                                 f"mixgraph.{a}")
+
+
+#: Where a late import once dodged an import circle: these import everything at module level.
+NO_LATE_IMPORTS = ("graph/", "nodes/sampling/", "nodes/payloads/", "nodes/models/handles.py",
+                   "nodes/models/loader.py", "nodes/models/store.py", "nodes/models/layouts.py")
+
+
+def test_architecture_no_late_imports_where_circles_were():
+    late = []
+    for name, path in MODULES.items():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(NO_LATE_IMPORTS):
+            late += [f"{rel}:{line}: {target}" for target, line, top in _imports(name)
+                     if not top and target.startswith("mixgraph")]
+    assert not late, "imports inside functions:\n" + "\n".join(late)
 
 
 @pytest.mark.parametrize("layer,example", [("engine", "mixgraph.graph.executor"),
