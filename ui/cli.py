@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mixgraph.graph.env import check_device
+from mixgraph.ui.comfy_flags import add_comfy_flags
 
 EXIT_OK, EXIT_NODE_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-history", type=_positive, metavar="N",
                    help="finished prompts kept in the history (default 10000, as ComfyUI)")
     _common(p)
+    add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py)
 
     p = sub.add_parser("demo", help="run the default workflow on the embedded model")
     p.add_argument("--prompt", metavar="TEXT")

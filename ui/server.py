@@ -40,9 +40,9 @@ from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_cs
 from mixgraph.ui.jobs import JobRoutes
 from mixgraph.ui.jobstore import DB_NAME, MAX_HISTORY, JobStore, JobStoreError
 from mixgraph.ui.queue import PromptQueue, QueueItem
-from mixgraph.ui.security import (BadFileName, SecurityError, check_bind, check_upload_name,
-                                  is_loopback, read_json, read_limited, safe_path,
-                                  security_middleware)
+from mixgraph.ui.security import (BadFileName, SecurityError, bind_is_loopback, check_bind,
+                                  check_cors, check_upload_name, read_json, read_limited,
+                                  safe_path, security_middleware)
 from mixgraph.ui.ws import Hub
 
 __all__ = ["create_app", "serve", "cli_main", "Server", "SERVER_KEY", "DEFAULT_MAX_UPLOAD"]
@@ -524,13 +524,15 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
                max_upload: int = DEFAULT_MAX_UPLOAD, user_dir: str | os.PathLike | None = None,
                unload_hooks: tuple[Callable[[], Any], ...] | None = None,
                jobs_db: str | os.PathLike | None = None,
-               max_history: int = MAX_HISTORY) -> web.Application:
+               max_history: int = MAX_HISTORY, cors_origin: str | None = None) -> web.Application:
     """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
     (unless `insecure`). `registry` defaults to the node library; `executor` to a new one.
     `user_dir` is the user's folder (settings), `./user/default` by default, inside the user
     directory that also holds the job store: `jobs_db` defaults to
-    `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup."""
+    `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup.
+    `cors_origin`: the origin `--enable-cors-header` trusts (`ui.security.check_cors`)."""
     check_bind(host, token, insecure)
+    check_cors(cors_origin, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
     if registry is None and executor is None:
         from mixgraph.ui.api import default_registry
@@ -547,8 +549,8 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
                     max_history)
 
     app = web.Application(client_max_size=max_upload + (1 << 20), middlewares=[
-        security_middleware(token=token, loopback_only=is_loopback(host) and token is None
-                            and not insecure)])
+        security_middleware(token=token, loopback_only=bind_is_loopback(host) and token is None
+                            and not insecure, cors_origin=cors_origin)])
     app[SERVER_KEY] = server
     for method, path, handler in server.routes():
         app.router.add_route(method, path, handler)
@@ -586,11 +588,15 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
 def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
           input: str | None = None, output: str | None = None, token: str | None = None,
           insecure: bool = False, device: str | None = None,
-          max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY) -> int:
+          max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY,
+          temp: str | None = None, user_dir: str | None = None, cors_origin: str | None = None,
+          extra_model_paths: dict[str, tuple] | None = None, settings: dict | None = None) -> int:
     """Run the server until Ctrl-C. Returns an exit code (2: refused configuration, or a job
-    store that cannot be used)."""
+    store that cannot be used). `host` may list several addresses, comma-separated; the other
+    keywords come from ComfyUI's flags (`ui.comfy_flags`)."""
     try:
         check_bind(host, token, insecure)
+        check_cors(cors_origin, token, insecure)
     except SecurityError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -599,7 +605,10 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    env = Env.from_args(models=models, input=input, output=output, device=device)
+    env = dataclasses.replace(Env.from_args(models=models, input=input, output=output, temp=temp,
+                                            device=device),
+                              extra_model_paths=tuple((extra_model_paths or {}).items()),
+                              settings=tuple((settings or {}).items()))
     try:
         for folder, what in ((env.input, "input folder"), (env.output, "output folder"),
                              (env.temp, "temp folder")):
@@ -610,25 +619,33 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     if not logging.getLogger().handlers:     # keep warnings on stderr once the log panel's
         logging.basicConfig(format="%(message)s")    # handler stops Python's last-resort one
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
-                     max_history=max_history)
+                     max_history=max_history, user_dir=user_dir, cors_origin=cors_origin)
     try:            # before listening: a damaged job store is a clear error, not a traceback
         app[SERVER_KEY].queue.open()
     except JobStoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    shown = f"[{host}]" if ":" in host else host
+    hosts = [h.strip() for h in host.split(",") if h.strip()]
+    shown = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
-    if token is None and not is_loopback(host):
+    if token is None and not bind_is_loopback(host):
         print("warning: listening beyond localhost without a token (--insecure)", file=sys.stderr)
-    web.run_app(app, host=host, port=port, print=lambda _: print(f"mixgraph serving on {url}",
-                                                                 file=sys.stderr))
+    web.run_app(app, host=hosts if len(hosts) > 1 else hosts[0], port=port,
+                print=lambda _: print(f"mixgraph serving on {url}", file=sys.stderr))
     return 0
 
 
 def cli_main(args: Any) -> int:
-    """`mixgraph serve` (ui/cli.py calls this with its parsed arguments)."""
-    return serve(host=args.host, port=args.port, models=args.models, input=args.input,
-                 output=getattr(args, "output", None), token=getattr(args, "token", None),
+    """`mixgraph serve` (ui/cli.py calls this with its parsed arguments, ComfyUI's flags
+    included: `ui.comfy_flags.serve_options` maps them)."""
+    from mixgraph.ui.comfy_flags import FlagError, serve_options
+    try:
+        options, notes = serve_options(args)
+    except FlagError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(note, file=sys.stderr)
+    return serve(**options, token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
-                 device=getattr(args, "device", None),
                  max_history=getattr(args, "max_history", None) or MAX_HISTORY)
