@@ -155,3 +155,19 @@ def test_ui_subgraph_bad_definition_names_it():
     del ui["definitions"]["subgraphs"][1]["id"]
     with pytest.raises(WorkflowError, match="subgraph definition 1 is not valid: id"):
         load_workflow(ui, TOY)
+
+
+def test_ui_subgraph_txt2img_runs_on_a_tiny_checkpoint(tmp_path):
+    from PIL import Image
+
+    from mixgraph.ui import api
+    from tests.fixtures.checkpoints import write_sd15
+    write_sd15(tmp_path / "models" / "checkpoints" / "v1-5-pruned-emaonly.safetensors", seed=1)
+    result = api.run(FIXTURES / "txt2img_sampler_subgraph.json", models=tmp_path / "models",
+                     input=tmp_path / "input", output=tmp_path / "output",
+                     set={"5.width": 32, "5.height": 32, "10:3.steps": 2})
+    report = result.report.to_json()
+    assert report["status"] == "success"
+    assert report["nodes"]["10:3"]["precision"] == "bf16"        # the "[bf16]" subgraph
+    assert report["nodes"]["8"]["precision"] == "f32"            # outside it: auto on CPU
+    assert [Image.open(p).size for p in result.files] == [(32, 32)]
