@@ -171,3 +171,15 @@ def test_ui_subgraph_txt2img_runs_on_a_tiny_checkpoint(tmp_path):
     assert report["nodes"]["10:3"]["precision"] == "bf16"        # the "[bf16]" subgraph
     assert report["nodes"]["8"]["precision"] == "f32"            # outside it: auto on CPU
     assert [Image.open(p).size for p in result.files] == [(32, 32)]
+
+
+def test_ui_subgraph_regions_reach_prompts_queued_by_the_editor():
+    """The editor queues the flat API prompt and sends the UI graph along; the subgraph's
+    precision region applies to the prompt's `"2:1"`-style ids."""
+    from mixgraph.ui.server import editor_regions
+    ui = _fixture("toy_precision_subgraphs.json")
+    ui["groups"] = []
+    api = dump_api(load_workflow(ui, TOY))
+    wf = editor_regions(load_workflow(api, TOY), {"extra_pnginfo": {"workflow": ui}}, TOY)
+    assert Resolver(wf.precision, device="cpu").policy("2:2", "MODEL").spec == "bf16"
+    assert Resolver(wf.precision, device="cpu").policy("5:3", "MODEL").spec == "f32"

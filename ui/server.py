@@ -427,12 +427,13 @@ def editor_regions(wf: Workflow, extra: dict, registry: Any) -> Workflow:
     """The editor queues an API prompt and sends its UI graph along in
     `extra_data.extra_pnginfo.workflow`; ComfyUI ignores groups, but here a precision-tagged group
     of that graph (DESIGN §3) is a region of the prompt: its node ids are the prompt's ids.
-    A UI graph that does not convert (subgraphs...) leaves the prompt without regions; one whose
+    Subgraph regions count too (the prompt's ids are the frontend's `"10:3"` execution ids).
+    A UI graph that does not convert (legacy group nodes...) leaves the prompt without regions; one whose
     precision tags do not parse is rejected (`InvalidPrecision`), as `mixgraph validate` would."""
     pnginfo = extra.get("extra_pnginfo")
     ui = pnginfo.get("workflow") if isinstance(pnginfo, dict) else None
     if wf.source != "api" or wf.precision.regions or not isinstance(ui, dict) \
-            or not ui.get("groups"):
+            or not (ui.get("groups") or (ui.get("definitions") or {}).get("subgraphs")):
         return wf
     try:
         regions = load_workflow(ui, registry).precision.regions
