@@ -133,7 +133,9 @@ class UNetRunner:
         if pooled is None:
             pooled = torch.zeros(1, adm_ch - n_numbers * 256)
         if self.kind == "sdxl_refiner":
-            score = size.aesthetic_score if size is not None else (2.5 if negative else 6.0)
+            score = size.aesthetic_score if size is not None else None
+            if score is None:
+                score = 2.5 if negative else 6.0
             return sdxl_refiner_adm(pooled, width, height, crop_w, crop_h, score)
         tw = float(size.target_width) if size and size.target_width is not None else width
         th = float(size.target_height) if size and size.target_height is not None else height
@@ -173,8 +175,11 @@ class ClipHandle:
         return tuple(n for n in ("clip_l", "clip_g", "clip_h") if getattr(self, n) is not None)
 
     def encode(
-        self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None
+        self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None,
+        texts: dict[str, str] | None = None,
     ) -> tuple[Cond, ...]:
+        """CONDITIONING for `text`; `texts` gives some encoders their own prompt (SDXL's
+        text_l / text_g, see ``text_encode.encode_prompt``)."""
         models = {}
         for name in self.encoders:
             patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
@@ -184,7 +189,8 @@ class ClipHandle:
             models[name] = apply_precision(module, policy)
         encoders = TextEncoders(self.kind, **models)
         return encode_prompt(
-            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn
+            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn,
+            texts=texts,
         )
 
     def with_layer(self, n: int | None) -> "ClipHandle":

@@ -42,6 +42,13 @@ PREDICTIONS = ("eps", "v_prediction", "x0", "lcm")
 _BLANK_INPAINT = (0.8223, -0.6876, 0.6364, 0.1380)
 
 
+def repeat_to_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """Tile or cut dim 0 to ``batch`` entries."""
+    if t.shape[0] < batch:
+        t = t.repeat(-(-batch // t.shape[0]), *([1] * (t.ndim - 1)))
+    return t[:batch]
+
+
 def _bcast(sigma: torch.Tensor, ndim: int) -> torch.Tensor:
     sigma = torch.as_tensor(sigma)
     return sigma.reshape(sigma.shape[:1] + (1,) * (ndim - 1)) if sigma.ndim else sigma
@@ -150,9 +157,45 @@ class _Entry:
     context: torch.Tensor  # [1, T, D]
     y: torch.Tensor | None  # [1, adm] or None
     area: tuple[int, int, int, int] | None  # (h, w, y, x) latent px
-    mask: torch.Tensor | None  # [Bm, H, W] resized to the latent
+    mask: torch.Tensor | None  # [Bm, H, W] resized to the latent, times mask_strength
     sigma_start: float | None  # active while sigma_end <= σ <= sigma_start
     sigma_end: float | None
+    concat: torch.Tensor | None = None  # [B, 1+C, H, W] inpaint-model channels, or None
+
+
+def _mask_bounds(mask: torch.Tensor) -> tuple[int, int, int, int]:
+    """(h, w, y, x) of the box holding every nonzero pixel of any mask in the batch, at least
+    8 x 8 latent px; (8, 8, 0, 0) for an empty mask (ComfyUI ``set_area_to_bounds``)."""
+    nz = torch.nonzero(mask.abs().amax(dim=0))  # [N, 2] (y, x) of [H, W]
+    if nz.shape[0] == 0:
+        return (8, 8, 0, 0)
+    y0, x0 = (int(v) for v in nz.min(dim=0).values)
+    y1, x1 = (int(v) for v in nz.max(dim=0).values)
+    return (max(8, y1 - y0 + 1), max(8, x1 - x0 + 1), y0, x0)
+
+
+def resolve_area_and_mask(c: Cond, hw: tuple[int, int], device=None) -> Cond:
+    """A cond's percentage area in latent px and its mask resized (bilinear) to the latent as
+    [Bm, H, W]; with ``set_area_to_bounds`` the area becomes the mask's bounding box (ComfyUI
+    ``resolve_areas_and_cond_masks_multidim``, run before conds are paired across CFG sides)."""
+    H, W = hw
+    changes: dict = {}
+    if c.area_fraction is not None:
+        fh, fw, fy, fx = c.area_fraction
+        changes.update(area_fraction=None, area=(max(1, round(fh * H)), max(1, round(fw * W)),
+                                                 round(fy * H), round(fx * W)))
+    if c.mask is not None:
+        m = c.mask.to(device=device, dtype=torch.float32)
+        if m.ndim == 2:
+            m = m.unsqueeze(0)  # [1, H, W]
+        if tuple(m.shape[-2:]) != (H, W):
+            m = F.interpolate(m.unsqueeze(1), size=(H, W), mode="bilinear",
+                              align_corners=False).squeeze(1)  # [Bm, H, W]
+        changes["mask"] = m
+        if c.set_area_to_bounds:
+            changes["area"] = _mask_bounds(m)
+            changes["area_fraction"] = None
+    return replace(c, **changes) if changes else c
 
 
 def _contains(outer: tuple, inner: tuple) -> bool:
@@ -191,7 +234,8 @@ def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
                     continue
                 dst.append(
                     replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
-                            size=smallest.size)
+                            size=smallest.size, concat_latent=smallest.concat_latent,
+                            concat_mask=smallest.concat_mask)
                 )
 
 
@@ -249,14 +293,15 @@ class CFGDenoiser:
         B, C, H, W = latent_image.shape
         self.latent_hw = (H, W)
 
-        pos, neg = list(positive), list(negative)
+        pos = [resolve_area_and_mask(c, (H, W), self.device) for c in positive]
+        neg = [resolve_area_and_mask(c, (H, W), self.device) for c in negative]
         lists = [pos, neg]
         _add_same_area_opposites(lists)
         _apply_control_to_uncond(pos, neg)
-        self.positive = [self._resolve(c) for c in pos]
-        self.negative = [self._resolve(c, negative=True) for c in neg]
-
         self.concat = None
+        self._latent_image = latent_image
+        self._denoise_mask = denoise_mask
+        self._inpaint = False
         extra = int(getattr(model, "in_channels", C)) - C
         if extra > 0:
             if extra != C + 1:
@@ -264,29 +309,40 @@ class CFGDenoiser:
                     f"a {C + extra}-channel model with a {C}-channel latent: only inpaint "
                     f"concat (mask + masked latent, {2 * C + 1} channels) is supported yet"
                 )
-            if denoise_mask is not None:
-                m = denoise_mask[:, :1]  # [B,1,H,W]
-                if m.shape[-2:] != (H, W):
-                    m = F.interpolate(m, size=(H, W), mode="bilinear")
-                mask = m.round()
-                masked = latent_image
-            else:
-                mask = torch.ones_like(latent_image[:, :1])
-                masked = blank_inpaint_latent(latent_image)
-            self.concat = torch.cat([mask, masked], dim=1)  # [B, 1+C, H, W]
+            self._inpaint = True
+            self.concat = self._inpaint_concat(None, None)
+        self.positive = [self._resolve(c) for c in pos]
+        self.negative = [self._resolve(c, negative=True) for c in neg]
+
+    def _inpaint_concat(self, concat_latent, concat_mask) -> torch.Tensor:
+        """[B, 1+C, H, W] = cat(mask, masked latent) for a 9-channel inpaint model (ComfyUI
+        ``BaseModel.concat_cond``): the cond's InpaintModelConditioning latent (scaled here) and
+        mask when set, else the sampled latent and its noise mask, else all-ones and grey."""
+        latent_image = self._latent_image
+        B, C, H, W = latent_image.shape
+        scale = float(getattr(self.model, "latent_scale", 1.0))
+        masked = latent_image
+        if concat_latent is not None:
+            masked = concat_latent.to(self.device, torch.float32) * scale
+            if tuple(masked.shape[-2:]) != (H, W):
+                masked = F.interpolate(masked, size=(H, W), mode="bilinear")
+            masked = repeat_to_batch(masked, B)
+        m = concat_mask if concat_mask is not None else self._denoise_mask
+        if m is None:
+            return torch.cat([torch.ones_like(latent_image[:, :1]),
+                              blank_inpaint_latent(latent_image) if concat_latent is None else masked], dim=1)
+        m = m.to(self.device, torch.float32)
+        m = m[:, :1] if m.ndim == 4 else m
+        m = m.reshape(-1, 1, m.shape[-2], m.shape[-1])  # [Bm, 1, h, w]
+        if tuple(m.shape[-2:]) != (H, W):
+            m = F.interpolate(m, size=(H, W), mode="bilinear")
+        return torch.cat([repeat_to_batch(m.round(), B), masked], dim=1)  # [B, 1+C, H, W]
 
     # -- preparation
     def _resolve(self, c: Cond, negative: bool = False) -> _Entry:
         H, W = self.latent_hw
-        mask = None
-        if c.mask is not None:
-            m = c.mask.to(self.device, torch.float32)
-            if m.ndim == 2:
-                m = m.unsqueeze(0)
-            if m.shape[-2:] != (H, W):
-                m = F.interpolate(m.unsqueeze(1), size=(H, W), mode="bilinear",
-                                  align_corners=False).squeeze(1)  # [Bm,H,W]
-            mask = m
+        c = resolve_area_and_mask(c, (H, W), self.device)
+        mask = None if c.mask is None else c.mask * c.mask_strength
         area = None
         if c.area is not None:
             h, w, y, x = (int(v) for v in c.area)
@@ -302,8 +358,11 @@ class CFGDenoiser:
         s_start = s_end = None
         if (start, end) != (0.0, 1.0):
             s_start, s_end = self.ms.percent_to_sigma(start), self.ms.percent_to_sigma(end)
+        concat = self.concat
+        if self._inpaint and (c.concat_latent is not None or c.concat_mask is not None):
+            concat = self._inpaint_concat(c.concat_latent, c.concat_mask)
         return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
-                      s_start, s_end)
+                      s_start, s_end, concat)
 
     # -- evaluation
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
@@ -382,6 +441,8 @@ class CFGDenoiser:
         eb, (ib, _, _), _ = b
         if ia.shape != ib.shape or ea.cond.control is not eb.cond.control:
             return False
+        if (ea.concat is None) != (eb.concat is None):
+            return False
         if (ea.y is None) != (eb.y is None) or (ea.y is not None and ea.y.shape != eb.y.shape):
             return False
         ta, tb = ea.context.shape, eb.context.shape
@@ -412,10 +473,10 @@ class CFGDenoiser:
             percent = self.ms.schedule.sigma_to_percent(float(sigma.reshape(-1)[0]))
             control = chain.residuals(xc, t, context, y, sig, percent)
         unet_in = xc
-        if self.concat is not None:
+        if batch[0][0].concat is not None:
             crops = []
-            for _, (_, _, area), _ in batch:
-                c = self.concat[:b] if self.concat.shape[0] >= b else self.concat.expand(b, -1, -1, -1)
+            for e, (_, _, area), _ in batch:
+                c = e.concat[:b] if e.concat.shape[0] >= b else e.concat.expand(b, -1, -1, -1)
                 if area is not None:
                     c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
