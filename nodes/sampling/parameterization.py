@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from mixgraph.nodes.payloads.conditioning import Cond, Control
+from .guidance import GuidanceArgs, guide
 from .schedules import DiscreteSchedule
 
 __all__ = ["ModelSampling", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
@@ -289,6 +290,7 @@ class CFGDenoiser:
         self.model = model
         self.ms = model_sampling or ModelSampling.for_model(model)
         self.cfg = float(cfg)
+        self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
         self.device = latent_image.device
         B, C, H, W = latent_image.shape
         self.latent_hw = (H, W)
@@ -368,14 +370,28 @@ class CFGDenoiser:
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
         if math.isclose(self.cfg, 1.0):
             (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            if self.sampler_patches:
+                return self._guide(x, sigma, cond, torch.zeros_like(cond))
             return cond
         cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        if self.sampler_patches:
+            return self._guide(x, sigma, cond, uncond)
         return uncond + (cond - uncond) * self.cfg
 
     def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
         """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
         cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        if self.sampler_patches:
+            return self._guide(x, sigma, cond, uncond), uncond
         return uncond + (cond - uncond) * self.cfg, uncond
+
+    def _guide(self, x, sigma, cond, uncond) -> torch.Tensor:
+        """The model's sampler patches (sampling/guidance.py) in place of the CFG formula."""
+        def evaluate(unet_patches):
+            return self.calc_cond_batch([self.positive], x, sigma, unet_patches)[0]
+
+        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate)
+        return guide(self.sampler_patches, args)
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -408,8 +424,9 @@ class CFGDenoiser:
                             mult.narrow(2 + dim, size - 1 - t, 1).mul_(f)
         return inp, mult, area
 
-    def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor):
-        """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch)."""
+    def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor, unet_patches=()):
+        """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch);
+        ``unet_patches``: forward-time UNet patches for these evaluations only."""
         outs = [torch.zeros_like(x) for _ in cond_lists]
         counts = [torch.ones_like(x) * 1e-37 for _ in cond_lists]
         to_run = []
@@ -423,7 +440,7 @@ class CFGDenoiser:
             group = [k for k in range(len(to_run)) if self._can_batch(to_run[k], first)]
             group.reverse()  # ComfyUI pops from the back: batch order is reversed
             batch = [to_run.pop(k) for k in group]
-            outputs = self._run(batch, sigma)
+            outputs = self._run(batch, sigma, unet_patches)
             for (e, (inp, mult, area), idx), out in zip(batch, outputs):
                 if area is None:
                     outs[idx] += out * mult
@@ -450,7 +467,7 @@ class CFGDenoiser:
             return False
         return math.lcm(ta[1], tb[1]) // min(ta[1], tb[1]) <= 4
 
-    def _run(self, batch, sigma: torch.Tensor) -> list[torch.Tensor]:
+    def _run(self, batch, sigma: torch.Tensor, unet_patches=()) -> list[torch.Tensor]:
         """One UNet call for a batch of compatible conds; returns each cond's x0 prediction."""
         n = len(batch)
         inputs = [p[0] for _, p, _ in batch]
@@ -481,5 +498,9 @@ class CFGDenoiser:
                     c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
             unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + 1 + C, h, w]
-        out = self.model.unet(unet_in, t, context, y=y, control=control).float()
+        if unet_patches:
+            out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
+        else:
+            out = self.model.unet(unet_in, t, context, y=y, control=control)
+        out = out.float()
         return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))
