@@ -199,3 +199,13 @@ def test_model_patch_nodes_run_in_a_workflow(ckpt, tmp_path):
     g.add("PreviewImage", images=dec)
     out = api.run(g, models=ckpt, output=tmp_path)
     assert torch.isfinite(out[dec.node_id][0]).all()
+
+
+def test_model_sampling_img_to_img_feeds_x_unscaled_and_predicts_x0():
+    from mixgraph.nodes.sampling.parameterization import ModelSampling
+    ms = ModelSampling("img_to_img")
+    x = torch.full((1, 4, 2, 2), 3.0)
+    sigma = torch.tensor([2.0])
+    assert torch.equal(ms.calculate_input(sigma, x), x)
+    assert torch.equal(ms.calculate_denoised(sigma, x * 0.5, x), x * 0.5)
+    assert torch.allclose(ModelSampling("x0").calculate_input(sigma, x), x / 5**0.5)

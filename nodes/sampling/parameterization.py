@@ -9,6 +9,7 @@ timestep, and
 * v_prediction (Salimans & Ho 2022, "Progressive Distillation"):
                                    D = x/(σ²+1) − v̂·σ/sqrt(σ²+1)
 * x0:                              D = x̂0
+* img_to_img (ComfyUI's IMG_TO_IMG): x0, with the UNet given x itself (no c_in scaling)
 * lcm (Luo et al. 2023, "Latent Consistency Models"; ComfyUI's ModelSamplingDiscrete "lcm"):
   the eps x0 estimate mixed with the input by the consistency-model boundary condition,
   c_skip = σ_d²/((10t)² + σ_d²), c_out = 10t/sqrt((10t)² + σ_d²), σ_d = 0.5, on the distilled
@@ -35,7 +36,7 @@ from .schedules import DiscreteSchedule
 
 __all__ = ["ModelSampling", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
 
-PREDICTIONS = ("eps", "v_prediction", "x0", "lcm")
+PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img")
 
 # What pixel value 0 (grey after the VAE's [-1, 1] mapping) encodes to in the SD1/SD2 latent,
 # already multiplied by the latent scale: the "masked image" a 9-channel inpaint model sees when
@@ -93,6 +94,8 @@ class ModelSampling:
 
     # parameterisation
     def calculate_input(self, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.prediction == "img_to_img":
+            return x
         sigma = _bcast(sigma, x.ndim)
         return x / (sigma**2 + self.sigma_data**2) ** 0.5
 
@@ -107,7 +110,7 @@ class ModelSampling:
             return model_input * sd2 / (s**2 + sd2) - model_output * s * self.sigma_data / (
                 s**2 + sd2
             ) ** 0.5
-        if self.prediction == "x0":
+        if self.prediction in ("x0", "img_to_img"):
             return model_output
         # lcm
         t = self.timestep(torch.as_tensor(sigma)).reshape(-1).to(model_output.dtype)
