@@ -69,6 +69,12 @@ class ModelHandle:
     kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner"; prediction: "eps" | "v_prediction" | "x0" |
     "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by UNETLoader
     (read by the resolver, not applied here).
+
+    Patches, three kinds (ARCHITECTURE.md, "Model patches"): ``patches`` change weights and are
+    merged at materialization (LoRA, attention multipliers); ``unet_patches`` act inside every
+    UNet call (``unet_patches.py``: FreeU); ``sampler_patches`` act in the CFG denoiser
+    (``sampling/guidance.py``: RescaleCFG, CFGZeroStar, PAG). The last two are passed per call,
+    never stored on the shared module.
     """
 
     source: WeightSource
@@ -80,6 +86,8 @@ class ModelHandle:
     patches: tuple = ()
     precision: PolicyLike | None = None
     weight_dtype: torch.dtype | None = None
+    unet_patches: tuple = ()
+    sampler_patches: tuple = ()
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
@@ -91,6 +99,12 @@ class ModelHandle:
 
     def with_precision(self, policy: PolicyLike | None) -> "ModelHandle":
         return dataclasses.replace(self, precision=policy)
+
+    def with_unet_patch(self, patch) -> "ModelHandle":
+        return dataclasses.replace(self, unet_patches=self.unet_patches + (patch,))
+
+    def with_sampler_patch(self, patch) -> "ModelHandle":
+        return dataclasses.replace(self, sampler_patches=self.sampler_patches + (patch,))
 
     def with_sampling(self, prediction: str, zsnr: bool = False) -> "ModelHandle":
         return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr))
@@ -111,8 +125,14 @@ class UNetRunner:
         self.latent_scale = handle.latent_format.scale_factor
         self.in_channels = handle.config.in_channels
         self.kind = handle.kind
+        self.sampler_patches = handle.sampler_patches
 
-    def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None) -> Tensor:
+    def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None,
+             patches: tuple = ()) -> Tensor:
+        """``patches``: forward-time patches for this call, after the handle's own."""
+        every = self.handle.unet_patches + tuple(patches)
+        if every:
+            return self.model(x, timesteps, context, y, control, every)
         return self.model(x, timesteps, context, y, control)
 
     def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False) -> Tensor | None:
@@ -133,7 +153,9 @@ class UNetRunner:
         if pooled is None:
             pooled = torch.zeros(1, adm_ch - n_numbers * 256)
         if self.kind == "sdxl_refiner":
-            score = size.aesthetic_score if size is not None else (2.5 if negative else 6.0)
+            score = size.aesthetic_score if size is not None else None
+            if score is None:
+                score = 2.5 if negative else 6.0
             return sdxl_refiner_adm(pooled, width, height, crop_w, crop_h, score)
         tw = float(size.target_width) if size and size.target_width is not None else width
         th = float(size.target_height) if size and size.target_height is not None else height
@@ -173,8 +195,11 @@ class ClipHandle:
         return tuple(n for n in ("clip_l", "clip_g", "clip_h") if getattr(self, n) is not None)
 
     def encode(
-        self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None
+        self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None,
+        texts: dict[str, str] | None = None,
     ) -> tuple[Cond, ...]:
+        """CONDITIONING for `text`; `texts` gives some encoders their own prompt (SDXL's
+        text_l / text_g, see ``text_encode.encode_prompt``)."""
         models = {}
         for name in self.encoders:
             patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
@@ -184,7 +209,8 @@ class ClipHandle:
             models[name] = apply_precision(module, policy)
         encoders = TextEncoders(self.kind, **models)
         return encode_prompt(
-            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn
+            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn,
+            texts=texts,
         )
 
     def with_layer(self, n: int | None) -> "ClipHandle":

@@ -266,6 +266,16 @@ class LoraPatch:
     target: str  # "unet" | "clip_l" | "clip_g" | "clip_h"
 
 
+@dataclass(frozen=True)
+class ScalePatch:
+    """Multiplies every weight whose key ends with a given suffix by its factor, in the patch
+    order (ComfyUI's ``add_patches({key: (None,)}, 0.0, factor)``: the attention-multiply nodes).
+    Hashable like ``LoraPatch``, so a scaled model is cached as its own weight-store entry."""
+
+    target: str  # "unet" | "clip_l" | "clip_g" | "clip_h"
+    factors: tuple[tuple[str, float], ...]  # (key suffix, factor)
+
+
 # --------------------------------------------------------------------------------------------
 # one module's tensors -> its adapter
 
@@ -466,9 +476,15 @@ def apply_patches(
     result is cast back to W's dtype once. A patched key missing from ``state_dict`` or with the
     wrong shape raises ValueError naming the LoRA.
     """
-    work: dict[str, list[tuple[float, Adapter, LoraPatch]]] = {}
+    work: dict[str, list[tuple[float, Adapter | None, LoraPatch | ScalePatch]]] = {}
     for p in patches:
         if target is not None and p.target != target:
+            continue
+        if isinstance(p, ScalePatch):
+            for key in state_dict:
+                for suffix, factor in p.factors:
+                    if factor != 1.0 and key.endswith(suffix):
+                        work.setdefault(key, []).append((factor, None, p))
             continue
         if p.strength == 0.0:
             continue
@@ -484,6 +500,9 @@ def apply_patches(
         w = state_dict[key]
         w32 = w.to(torch.float32, copy=True)
         for strength, ad, p in items:
+            if ad is None:  # ScalePatch
+                w32 *= strength
+                continue
             if not _fits(ad, tuple(w.shape)):
                 raise ValueError(
                     f"LoRA {p.lora.name!r}: {key} has shape {list(w.shape)}, the LoRA gives {_describe_shape(ad)}"

@@ -9,6 +9,7 @@ timestep, and
 * v_prediction (Salimans & Ho 2022, "Progressive Distillation"):
                                    D = x/(σ²+1) − v̂·σ/sqrt(σ²+1)
 * x0:                              D = x̂0
+* img_to_img (ComfyUI's IMG_TO_IMG): x0, with the UNet given x itself (no c_in scaling)
 * lcm (Luo et al. 2023, "Latent Consistency Models"; ComfyUI's ModelSamplingDiscrete "lcm"):
   the eps x0 estimate mixed with the input by the consistency-model boundary condition,
   c_skip = σ_d²/((10t)² + σ_d²), c_out = 10t/sqrt((10t)² + σ_d²), σ_d = 0.5, on the distilled
@@ -30,16 +31,24 @@ import torch
 import torch.nn.functional as F
 
 from mixgraph.nodes.payloads.conditioning import Cond, Control
+from .guidance import GuidanceArgs, guide
 from .schedules import DiscreteSchedule
 
 __all__ = ["ModelSampling", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
 
-PREDICTIONS = ("eps", "v_prediction", "x0", "lcm")
+PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img")
 
 # What pixel value 0 (grey after the VAE's [-1, 1] mapping) encodes to in the SD1/SD2 latent,
 # already multiplied by the latent scale: the "masked image" a 9-channel inpaint model sees when
 # no mask is given (ComfyUI blank_inpaint_image_like).
 _BLANK_INPAINT = (0.8223, -0.6876, 0.6364, 0.1380)
+
+
+def repeat_to_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """Tile or cut dim 0 to ``batch`` entries."""
+    if t.shape[0] < batch:
+        t = t.repeat(-(-batch // t.shape[0]), *([1] * (t.ndim - 1)))
+    return t[:batch]
 
 
 def _bcast(sigma: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -85,6 +94,8 @@ class ModelSampling:
 
     # parameterisation
     def calculate_input(self, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.prediction == "img_to_img":
+            return x
         sigma = _bcast(sigma, x.ndim)
         return x / (sigma**2 + self.sigma_data**2) ** 0.5
 
@@ -99,7 +110,7 @@ class ModelSampling:
             return model_input * sd2 / (s**2 + sd2) - model_output * s * self.sigma_data / (
                 s**2 + sd2
             ) ** 0.5
-        if self.prediction == "x0":
+        if self.prediction in ("x0", "img_to_img"):
             return model_output
         # lcm
         t = self.timestep(torch.as_tensor(sigma)).reshape(-1).to(model_output.dtype)
@@ -150,9 +161,45 @@ class _Entry:
     context: torch.Tensor  # [1, T, D]
     y: torch.Tensor | None  # [1, adm] or None
     area: tuple[int, int, int, int] | None  # (h, w, y, x) latent px
-    mask: torch.Tensor | None  # [Bm, H, W] resized to the latent
+    mask: torch.Tensor | None  # [Bm, H, W] resized to the latent, times mask_strength
     sigma_start: float | None  # active while sigma_end <= σ <= sigma_start
     sigma_end: float | None
+    concat: torch.Tensor | None = None  # [B, 1+C, H, W] inpaint-model channels, or None
+
+
+def _mask_bounds(mask: torch.Tensor) -> tuple[int, int, int, int]:
+    """(h, w, y, x) of the box holding every nonzero pixel of any mask in the batch, at least
+    8 x 8 latent px; (8, 8, 0, 0) for an empty mask (ComfyUI ``set_area_to_bounds``)."""
+    nz = torch.nonzero(mask.abs().amax(dim=0))  # [N, 2] (y, x) of [H, W]
+    if nz.shape[0] == 0:
+        return (8, 8, 0, 0)
+    y0, x0 = (int(v) for v in nz.min(dim=0).values)
+    y1, x1 = (int(v) for v in nz.max(dim=0).values)
+    return (max(8, y1 - y0 + 1), max(8, x1 - x0 + 1), y0, x0)
+
+
+def resolve_area_and_mask(c: Cond, hw: tuple[int, int], device=None) -> Cond:
+    """A cond's percentage area in latent px and its mask resized (bilinear) to the latent as
+    [Bm, H, W]; with ``set_area_to_bounds`` the area becomes the mask's bounding box (ComfyUI
+    ``resolve_areas_and_cond_masks_multidim``, run before conds are paired across CFG sides)."""
+    H, W = hw
+    changes: dict = {}
+    if c.area_fraction is not None:
+        fh, fw, fy, fx = c.area_fraction
+        changes.update(area_fraction=None, area=(max(1, round(fh * H)), max(1, round(fw * W)),
+                                                 round(fy * H), round(fx * W)))
+    if c.mask is not None:
+        m = c.mask.to(device=device, dtype=torch.float32)
+        if m.ndim == 2:
+            m = m.unsqueeze(0)  # [1, H, W]
+        if tuple(m.shape[-2:]) != (H, W):
+            m = F.interpolate(m.unsqueeze(1), size=(H, W), mode="bilinear",
+                              align_corners=False).squeeze(1)  # [Bm, H, W]
+        changes["mask"] = m
+        if c.set_area_to_bounds:
+            changes["area"] = _mask_bounds(m)
+            changes["area_fraction"] = None
+    return replace(c, **changes) if changes else c
 
 
 def _contains(outer: tuple, inner: tuple) -> bool:
@@ -191,7 +238,8 @@ def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
                     continue
                 dst.append(
                     replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
-                            size=smallest.size)
+                            size=smallest.size, concat_latent=smallest.concat_latent,
+                            concat_mask=smallest.concat_mask)
                 )
 
 
@@ -245,18 +293,20 @@ class CFGDenoiser:
         self.model = model
         self.ms = model_sampling or ModelSampling.for_model(model)
         self.cfg = float(cfg)
+        self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
         self.device = latent_image.device
         B, C, H, W = latent_image.shape
         self.latent_hw = (H, W)
 
-        pos, neg = list(positive), list(negative)
+        pos = [resolve_area_and_mask(c, (H, W), self.device) for c in positive]
+        neg = [resolve_area_and_mask(c, (H, W), self.device) for c in negative]
         lists = [pos, neg]
         _add_same_area_opposites(lists)
         _apply_control_to_uncond(pos, neg)
-        self.positive = [self._resolve(c) for c in pos]
-        self.negative = [self._resolve(c, negative=True) for c in neg]
-
         self.concat = None
+        self._latent_image = latent_image
+        self._denoise_mask = denoise_mask
+        self._inpaint = False
         extra = int(getattr(model, "in_channels", C)) - C
         if extra > 0:
             if extra != C + 1:
@@ -264,29 +314,40 @@ class CFGDenoiser:
                     f"a {C + extra}-channel model with a {C}-channel latent: only inpaint "
                     f"concat (mask + masked latent, {2 * C + 1} channels) is supported yet"
                 )
-            if denoise_mask is not None:
-                m = denoise_mask[:, :1]  # [B,1,H,W]
-                if m.shape[-2:] != (H, W):
-                    m = F.interpolate(m, size=(H, W), mode="bilinear")
-                mask = m.round()
-                masked = latent_image
-            else:
-                mask = torch.ones_like(latent_image[:, :1])
-                masked = blank_inpaint_latent(latent_image)
-            self.concat = torch.cat([mask, masked], dim=1)  # [B, 1+C, H, W]
+            self._inpaint = True
+            self.concat = self._inpaint_concat(None, None)
+        self.positive = [self._resolve(c) for c in pos]
+        self.negative = [self._resolve(c, negative=True) for c in neg]
+
+    def _inpaint_concat(self, concat_latent, concat_mask) -> torch.Tensor:
+        """[B, 1+C, H, W] = cat(mask, masked latent) for a 9-channel inpaint model (ComfyUI
+        ``BaseModel.concat_cond``): the cond's InpaintModelConditioning latent (scaled here) and
+        mask when set, else the sampled latent and its noise mask, else all-ones and grey."""
+        latent_image = self._latent_image
+        B, C, H, W = latent_image.shape
+        scale = float(getattr(self.model, "latent_scale", 1.0))
+        masked = latent_image
+        if concat_latent is not None:
+            masked = concat_latent.to(self.device, torch.float32) * scale
+            if tuple(masked.shape[-2:]) != (H, W):
+                masked = F.interpolate(masked, size=(H, W), mode="bilinear")
+            masked = repeat_to_batch(masked, B)
+        m = concat_mask if concat_mask is not None else self._denoise_mask
+        if m is None:
+            return torch.cat([torch.ones_like(latent_image[:, :1]),
+                              blank_inpaint_latent(latent_image) if concat_latent is None else masked], dim=1)
+        m = m.to(self.device, torch.float32)
+        m = m[:, :1] if m.ndim == 4 else m
+        m = m.reshape(-1, 1, m.shape[-2], m.shape[-1])  # [Bm, 1, h, w]
+        if tuple(m.shape[-2:]) != (H, W):
+            m = F.interpolate(m, size=(H, W), mode="bilinear")
+        return torch.cat([repeat_to_batch(m.round(), B), masked], dim=1)  # [B, 1+C, H, W]
 
     # -- preparation
     def _resolve(self, c: Cond, negative: bool = False) -> _Entry:
         H, W = self.latent_hw
-        mask = None
-        if c.mask is not None:
-            m = c.mask.to(self.device, torch.float32)
-            if m.ndim == 2:
-                m = m.unsqueeze(0)
-            if m.shape[-2:] != (H, W):
-                m = F.interpolate(m.unsqueeze(1), size=(H, W), mode="bilinear",
-                                  align_corners=False).squeeze(1)  # [Bm,H,W]
-            mask = m
+        c = resolve_area_and_mask(c, (H, W), self.device)
+        mask = None if c.mask is None else c.mask * c.mask_strength
         area = None
         if c.area is not None:
             h, w, y, x = (int(v) for v in c.area)
@@ -302,21 +363,38 @@ class CFGDenoiser:
         s_start = s_end = None
         if (start, end) != (0.0, 1.0):
             s_start, s_end = self.ms.percent_to_sigma(start), self.ms.percent_to_sigma(end)
+        concat = self.concat
+        if self._inpaint and (c.concat_latent is not None or c.concat_mask is not None):
+            concat = self._inpaint_concat(c.concat_latent, c.concat_mask)
         return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
-                      s_start, s_end)
+                      s_start, s_end, concat)
 
     # -- evaluation
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
         if math.isclose(self.cfg, 1.0):
             (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            if self.sampler_patches:
+                return self._guide(x, sigma, cond, torch.zeros_like(cond))
             return cond
         cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        if self.sampler_patches:
+            return self._guide(x, sigma, cond, uncond)
         return uncond + (cond - uncond) * self.cfg
 
     def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
         """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
         cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        if self.sampler_patches:
+            return self._guide(x, sigma, cond, uncond), uncond
         return uncond + (cond - uncond) * self.cfg, uncond
+
+    def _guide(self, x, sigma, cond, uncond) -> torch.Tensor:
+        """The model's sampler patches (sampling/guidance.py) in place of the CFG formula."""
+        def evaluate(unet_patches):
+            return self.calc_cond_batch([self.positive], x, sigma, unet_patches)[0]
+
+        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate)
+        return guide(self.sampler_patches, args)
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -349,8 +427,9 @@ class CFGDenoiser:
                             mult.narrow(2 + dim, size - 1 - t, 1).mul_(f)
         return inp, mult, area
 
-    def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor):
-        """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch)."""
+    def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor, unet_patches=()):
+        """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch);
+        ``unet_patches``: forward-time UNet patches for these evaluations only."""
         outs = [torch.zeros_like(x) for _ in cond_lists]
         counts = [torch.ones_like(x) * 1e-37 for _ in cond_lists]
         to_run = []
@@ -364,7 +443,7 @@ class CFGDenoiser:
             group = [k for k in range(len(to_run)) if self._can_batch(to_run[k], first)]
             group.reverse()  # ComfyUI pops from the back: batch order is reversed
             batch = [to_run.pop(k) for k in group]
-            outputs = self._run(batch, sigma)
+            outputs = self._run(batch, sigma, unet_patches)
             for (e, (inp, mult, area), idx), out in zip(batch, outputs):
                 if area is None:
                     outs[idx] += out * mult
@@ -382,6 +461,8 @@ class CFGDenoiser:
         eb, (ib, _, _), _ = b
         if ia.shape != ib.shape or ea.cond.control is not eb.cond.control:
             return False
+        if (ea.concat is None) != (eb.concat is None):
+            return False
         if (ea.y is None) != (eb.y is None) or (ea.y is not None and ea.y.shape != eb.y.shape):
             return False
         ta, tb = ea.context.shape, eb.context.shape
@@ -389,7 +470,7 @@ class CFGDenoiser:
             return False
         return math.lcm(ta[1], tb[1]) // min(ta[1], tb[1]) <= 4
 
-    def _run(self, batch, sigma: torch.Tensor) -> list[torch.Tensor]:
+    def _run(self, batch, sigma: torch.Tensor, unet_patches=()) -> list[torch.Tensor]:
         """One UNet call for a batch of compatible conds; returns each cond's x0 prediction."""
         n = len(batch)
         inputs = [p[0] for _, p, _ in batch]
@@ -412,13 +493,17 @@ class CFGDenoiser:
             percent = self.ms.schedule.sigma_to_percent(float(sigma.reshape(-1)[0]))
             control = chain.residuals(xc, t, context, y, sig, percent)
         unet_in = xc
-        if self.concat is not None:
+        if batch[0][0].concat is not None:
             crops = []
-            for _, (_, _, area), _ in batch:
-                c = self.concat[:b] if self.concat.shape[0] >= b else self.concat.expand(b, -1, -1, -1)
+            for e, (_, _, area), _ in batch:
+                c = e.concat[:b] if e.concat.shape[0] >= b else e.concat.expand(b, -1, -1, -1)
                 if area is not None:
                     c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
             unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + 1 + C, h, w]
-        out = self.model.unet(unet_in, t, context, y=y, control=control).float()
+        if unet_patches:
+            out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
+        else:
+            out = self.model.unet(unet_in, t, context, y=y, control=control)
+        out = out.float()
         return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))

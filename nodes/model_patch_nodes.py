@@ -1,0 +1,68 @@
+"""Model patches and guidance that act in the sampler (comfy_extras nodes_model_advanced.py,
+nodes_cfg.py, nodes_freelunch.py, nodes_pag.py, nodes_attention_multiply.py). Each returns a new
+handle; the shared weights are never changed (ARCHITECTURE.md, "Model patches")."""
+
+from __future__ import annotations
+
+from mixgraph.graph.node import Float, Socket, node
+from mixgraph.nodes.models.lora import ScalePatch
+from mixgraph.nodes.models.unet_patches import FreeU as FreeUPatch
+from mixgraph.nodes.sampling import guidance
+
+_FREEU = dict(min=0.0, max=10.0, step=0.01)
+_MULT = dict(min=0.0, max=10.0, step=0.01)
+
+
+@node(category="advanced/model", outputs=("MODEL",))
+def RescaleCFG(model=Socket("MODEL"), multiplier=Float(0.7, min=0.0, max=1.0, step=0.01)):
+    return (model.with_sampler_patch(guidance.RescaleCFG(multiplier)),)
+
+
+@node(category="advanced/guidance", outputs=(("MODEL", "patched_model"),))
+def CFGZeroStar(model=Socket("MODEL")):
+    return (model.with_sampler_patch(guidance.CFGZeroStar()),)
+
+
+@node(category="model_patches/unet", outputs=("MODEL",))
+def PerturbedAttentionGuidance(model=Socket("MODEL"),
+                               scale=Float(3.0, min=0.0, max=100.0, step=0.01, round=0.01)):
+    return (model.with_sampler_patch(guidance.PerturbedAttentionGuidance(scale)),)
+
+
+@node(category="model_patches/unet", outputs=("MODEL",))
+def FreeU(model=Socket("MODEL"), b1=Float(1.1, **_FREEU), b2=Float(1.2, **_FREEU),
+          s1=Float(0.9, **_FREEU), s2=Float(0.2, **_FREEU)):
+    return (model.with_unet_patch(FreeUPatch(model.config.model_channels, b1, b2, s1, s2)),)
+
+
+@node(category="model_patches/unet", outputs=("MODEL",))
+def FreeU_V2(model=Socket("MODEL"), b1=Float(1.3, **_FREEU), b2=Float(1.4, **_FREEU),
+             s1=Float(0.9, **_FREEU), s2=Float(0.2, **_FREEU)):
+    return (model.with_unet_patch(FreeUPatch(model.config.model_channels, b1, b2, s1, s2, v2=True)),)
+
+
+def _unet_attention(attn: str, q: float, k: float, v: float, out: float) -> ScalePatch:
+    return ScalePatch("unet", tuple(
+        (f"{attn}.{name}.{kind}", f) for name, f in (("to_q", q), ("to_k", k), ("to_v", v), ("to_out.0", out))
+        for kind in ("weight", "bias")))
+
+
+@node(category="_for_testing/attention_experiments", outputs=("MODEL",))
+def UNetSelfAttentionMultiply(model=Socket("MODEL"), q=Float(1.0, **_MULT), k=Float(1.0, **_MULT),
+                              v=Float(1.0, **_MULT), out=Float(1.0, **_MULT)):
+    return (model.with_patches((_unet_attention("attn1", q, k, v, out),)),)
+
+
+@node(category="_for_testing/attention_experiments", outputs=("MODEL",))
+def UNetCrossAttentionMultiply(model=Socket("MODEL"), q=Float(1.0, **_MULT), k=Float(1.0, **_MULT),
+                               v=Float(1.0, **_MULT), out=Float(1.0, **_MULT)):
+    return (model.with_patches((_unet_attention("attn2", q, k, v, out),)),)
+
+
+@node(category="_for_testing/attention_experiments", outputs=("CLIP",))
+def CLIPAttentionMultiply(clip=Socket("CLIP"), q=Float(1.0, **_MULT), k=Float(1.0, **_MULT),
+                          v=Float(1.0, **_MULT), out=Float(1.0, **_MULT)):
+    factors = tuple((f"self_attn.{name}.{kind}", f)
+                    for name, f in (("q_proj", q), ("k_proj", k), ("v_proj", v), ("out_proj", out))
+                    for kind in ("weight", "bias"))
+    return (clip.with_patches(tuple(ScalePatch(enc, factors) for enc in clip.encoders)),)
