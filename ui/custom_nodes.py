@@ -255,6 +255,9 @@ def _register(imported: _Imported, registry: Any) -> PackResult:
                         base.web_dir, base.version)
     for name, cls, display in imported.classes:
         if name in registry:
+            if getattr(registry.get(name).fn, "cls", None) is cls:   # this pack, loaded before
+                result.nodes.append(name)
+                continue
             result.skipped.append(f"{name}: the name is taken by "
                                   f"{registry.get(name).python_module}; skipped")
             continue

@@ -313,7 +313,37 @@ class MgBlockIf:
         return (ExecutionBlocker(None) if block else text,)
 
 
+class MgLatentStats:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",)}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "stats"
+    OUTPUT_NODE = True
+    CATEGORY = "mg/latent"
+
+    def stats(self, samples):
+        s = samples["samples"]
+        return {"ui": {"shape": [list(s.shape)], "mean": [float(s.mean())]}}
+
+
+class MgLazyInternal:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "x"})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "mg"
+
+    def run(self, text):
+        import comfy.model_patcher  # noqa: F401 - a ComfyUI internal
+        return (text,)
+
+
 NODE_CLASS_MAPPINGS = {c.__name__: c for c in (
+    MgLatentStats, MgLazyInternal,
     MgAppendText, MgShowText, MgHidden, MgScaleLatent, MgEmptyLatent, MgChanged, MgValidate,
     MgAnyCount, MgAsync, MgFolders, MgNeedsInternals, MgLazyPick, MgCountB, MgJoinList, MgSplit,
     MgExpandAppend, MgBlockIf)}
