@@ -21,7 +21,9 @@ Coercion is ComfyUI's: `int()`, `float()`, `str()`, `bool()` on the literal. So 
 booleans). `step` and `round` are not checked. A FLOAT must be finite (ComfyUI lets NaN through).
 A node's own `validate(env, ...)` function takes over some default checks of the inputs it names
 (ComfyUI's VALIDATE_INPUTS rule, narrowed: a fixed option list always applies); the precise rule
-is `_NodeChecker.claims`'s.
+is `_NodeChecker.claims`'s. A validator that takes `input_types` gets the received types of the
+linked inputs and judges them itself (no `return_type_mismatch` for that node), as ComfyUI's
+VALIDATE_INPUTS; a spec with `extra_inputs` keeps its undeclared links (checked to exist).
 
 Linear time without recursion: the ancestors of the outputs, their order and the cycles come from
 `graph.plan` (one walk that also checks each node once, Kahn's algorithm, and strongly connected

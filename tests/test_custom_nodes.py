@@ -106,6 +106,7 @@ def test_custom_nodes_object_info_v1_shape(loaded, env):
     assert info["MgLazyPick"]["input"]["required"]["a"] == ["STRING", {"lazy": True,
                                                                        "forceInput": True}]
     assert info["MgSplit"]["output_is_list"] == [True]
+    assert info["MgCountB"]["experimental"] is True and "deprecated" not in info["MgCountB"]
     assert info["MgFolders"]["input"]["required"]["ckpt"] == [["tiny.safetensors"]]
 
 
@@ -440,3 +441,14 @@ def test_custom_nodes_spec_fields_follow_the_engine():
     """The adapter fills the dynamic-engine fields exactly when the engine has them."""
     names = {f for f in NodeSpec.__dataclass_fields__}
     assert ENGINE_DYNAMIC == ({"input_is_list", "check_lazy_status"} <= names)
+
+
+def test_custom_nodes_explain_names_the_comfy_internal():
+    from mixgraph.nodes.payloads.latent import Latent
+    import torch
+    err = AttributeError("no clone", name="clone", obj=Latent(torch.zeros(1, 4, 2, 2)))
+    better = comfy_runtime.explain(err, "some_pack", "SomeNode")
+    assert isinstance(better, comfy_runtime.MissingHostAPI)
+    assert str(better) == ("custom node pack 'some_pack', node SomeNode: needs ComfyUI internal "
+                           "Latent.clone (a ComfyUI Latent attribute), not provided by mixgraph")
+    assert comfy_runtime.explain(ValueError("plain"), "p", "n") is None

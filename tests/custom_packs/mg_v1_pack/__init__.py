@@ -246,6 +246,7 @@ class MgCountB:
     RETURN_TYPES = ("STRING",)
     FUNCTION = "run"
     CATEGORY = "mg/flow"
+    EXPERIMENTAL = True
 
     def run(self, text):
         CALLS["lazy_b"] += 1
