@@ -71,6 +71,16 @@ class Context:
         return resolve(self._precision.for_type(socket_type), pinned=pinned, storage=storage,
                        f32_compute=self.fallback_f32, warn=self.warn)
 
+    def for_types(self, precision_types: tuple[str, ...]) -> "Context":
+        """This node's context for a call of another node's function inside its body (a ComfyUI
+        custom node calling a core node): that node's precision types, the same run, the same
+        record of used policies."""
+        inner = Context(self.node_id, self.class_type, self.env, self._precision, self._run,
+                        extra_data=self.extra_data, fallback_f32=self.fallback_f32,
+                        precision_types=tuple(precision_types))
+        inner.used = self.used
+        return inner
+
     def used_precision(self, policy: Policy) -> None:
         if policy not in self.used:
             self.used.append(policy)

@@ -444,6 +444,10 @@ class Executor:
                 kwargs[name] = values[x.node_id][x.slot]
             else:
                 kwargs[name] = x
+        if plan.spec.extra_inputs:   # undeclared links, validated, for a **kwargs function
+            for name, x in call.items():
+                if name not in kwargs and type(x) is Link:
+                    kwargs[name] = values[x.node_id][x.slot]
         for pname, kind in plan.hidden:
             kwargs[pname] = run.hidden(kind, nid)
         ctx = None

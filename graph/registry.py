@@ -122,6 +122,7 @@ def render_spec(spec: NodeSpec, env: Any = None) -> dict:
         "python_module": spec.python_module,
         "category": spec.category,
         "output_node": spec.output_node,
+        **dict(spec.info_extra),
     }
 
 

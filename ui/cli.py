@@ -28,6 +28,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", metavar="DIR", help="input folder for LoadImage (default ./input)")
 
 
+def _custom_nodes(p: argparse.ArgumentParser, base_directory: bool = True) -> None:
+    """ComfyUI's custom-node flags (ui/custom_nodes.py loads the packs). `serve` gets
+    `--base-directory` from ComfyUI's server flags (ui/comfy_flags.py), with its wider meaning."""
+    p.add_argument("--custom-nodes", action="append", default=[], metavar="DIR",
+                   help="also load ComfyUI custom node packs from DIR (repeatable)")
+    p.add_argument("--disable-all-custom-nodes", action="store_true",
+                   help="load no custom node packs")
+    if base_directory:
+        p.add_argument("--base-directory", metavar="DIR",
+                       help="the folder whose custom_nodes/ packs are loaded (default: the working one)")
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -57,15 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write the run report as JSON")
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N, mps (default cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _custom_nodes(p)
 
     p = sub.add_parser("validate", help="check a workflow without running it")
     p.add_argument("workflow", metavar="WF.json")
     p.add_argument("--json", action="store_true", help="ComfyUI's error body")
     _common(p)
+    _custom_nodes(p)
 
     p = sub.add_parser("nodes", help="the node catalogue (as GET /object_info)")
     p.add_argument("--json", action="store_true")
     _common(p)
+    _custom_nodes(p)
 
     p = sub.add_parser("serve", help="HTTP/WebSocket server and the browser editor")
     p.add_argument("--host", default="127.0.0.1")
@@ -77,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-history", type=_positive, metavar="N",
                    help="finished prompts kept in the history (default 10000, as ComfyUI)")
     _common(p)
-    add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py)
+    add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py), --base-directory too
+    _custom_nodes(p, base_directory=False)
 
     p = sub.add_parser("demo", help="run the default workflow on the embedded model")
     p.add_argument("--prompt", metavar="TEXT")
@@ -151,14 +167,20 @@ class CliError(Exception):
         self.code = code
 
 
-def _registry(registry: Any) -> Any:
-    if registry is not None:
-        return registry
-    from mixgraph.ui.api import default_registry
-    try:
-        return default_registry()
-    except Exception as e:  # noqa: BLE001 - a broken install: say so, run nothing
-        raise CliError(f"the node library failed to load ({type(e).__name__}: {e})") from e
+def _registry(registry: Any, args: argparse.Namespace | None = None) -> Any:
+    """The registry (the node library unless given), with the custom node packs the arguments
+    name; a pack that fails to import is reported on stderr and skipped."""
+    if registry is None:
+        from mixgraph.ui.api import default_registry
+        try:
+            registry = default_registry()
+        except Exception as e:  # noqa: BLE001 - a broken install: say so, run nothing
+            raise CliError(f"the node library failed to load ({type(e).__name__}: {e})") from e
+    if args is not None:
+        from mixgraph.ui.custom_nodes import load_from_args
+        for line in load_from_args(args, registry, _env(args)).messages():
+            print(f"warning: {line}", file=sys.stderr)
+    return registry
 
 
 def _env(args: argparse.Namespace):
@@ -192,7 +214,7 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_INVALID
-    registry = _registry(registry)
+    registry = _registry(registry, args)
     env = _env(args)
     try:
         parse_precision_arg(args.precision, env.device)
@@ -245,7 +267,7 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     from mixgraph.graph.validate import format_problems
     from mixgraph.ui.api import validate_file
 
-    registry = _registry(registry)
+    registry = _registry(registry, args)
     env = _env(args)
     try:
         wf, v = validate_file(args.workflow, registry, env)
@@ -270,7 +292,7 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
 
 
 def _cmd_nodes(args: argparse.Namespace, registry: Any) -> int:
-    registry = _registry(registry)
+    registry = _registry(registry, args)
     env = _env(args)
     info = registry.object_info(env)
     if args.json:

@@ -44,6 +44,8 @@ from mixgraph.ui.security import (BadFileName, SecurityError, bind_is_loopback, 
                                   check_cors, check_upload_name, read_json, read_limited,
                                   safe_path, security_middleware)
 from mixgraph.ui.ws import Hub
+from mixgraph.ui import custom_nodes as custom_node_packs
+from mixgraph.ui.custom_nodes import LoadReport
 
 __all__ = ["create_app", "serve", "cli_main", "Server", "SERVER_KEY", "DEFAULT_MAX_UPLOAD"]
 
@@ -68,8 +70,10 @@ class Server:
 
     def __init__(self, env: Env, registry: Any, executor: Executor, max_upload: int,
                  user_dir: Path, unload_hooks: tuple[Callable[[], Any], ...] = (),
-                 jobs_db: Path | None = None, max_history: int = MAX_HISTORY):
+                 jobs_db: Path | None = None, max_history: int = MAX_HISTORY,
+                 custom_nodes: LoadReport | None = None):
         self.env = env
+        self.custom_nodes = custom_nodes
         self.registry = registry
         self.executor = executor
         self.max_upload = max_upload
@@ -123,6 +127,8 @@ class Server:
             body = await read_json(request)
         except JsonError as e:
             return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
+        if isinstance(body, dict) and self.custom_nodes is not None:
+            body = custom_node_packs.on_prompt(body)     # the packs' on-prompt handlers
         if not isinstance(body, dict) or "prompt" not in body:
             return _error("no_prompt", "No prompt provided", "No prompt provided")
         prompt = body["prompt"]
@@ -418,7 +424,8 @@ class Server:
         return web.json_response(self.hub.features)
 
     async def extensions(self, request: web.Request) -> web.Response:
-        return web.json_response(extension_urls(frontend_root()))
+        packs = self.custom_nodes.extension_urls() if self.custom_nodes is not None else []
+        return web.json_response(extension_urls(frontend_root()) + packs)
 
 
 # --- helpers used by the handlers ---------------------------------------------------------------
@@ -525,13 +532,16 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
                max_upload: int = DEFAULT_MAX_UPLOAD, user_dir: str | os.PathLike | None = None,
                unload_hooks: tuple[Callable[[], Any], ...] | None = None,
                jobs_db: str | os.PathLike | None = None,
-               max_history: int = MAX_HISTORY, cors_origin: str | None = None) -> web.Application:
+               max_history: int = MAX_HISTORY, cors_origin: str | None = None,
+               custom_nodes: LoadReport | None = None) -> web.Application:
     """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
     (unless `insecure`). `registry` defaults to the node library; `executor` to a new one.
     `user_dir` is the user's folder (settings), `./user/default` by default, inside the user
     directory that also holds the job store: `jobs_db` defaults to
     `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup.
-    `cors_origin`: the origin `--enable-cors-header` trusts (`ui.security.check_cors`)."""
+    `cors_origin`: the origin `--enable-cors-header` trusts (`ui.security.check_cors`).
+    `custom_nodes`: the loaded custom node packs (ui.custom_nodes.load_packs), whose routes,
+    WEB_DIRECTORY files and WebSocket messages the app serves."""
     check_bind(host, token, insecure)
     check_cors(cors_origin, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
@@ -547,7 +557,7 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     user = Path(user_dir) if user_dir is not None else Path("user") / "default"
     server = Server(env, registry, executor, max_upload, user, hooks,
                     Path(jobs_db) if jobs_db is not None else user.parent / "mixgraph" / DB_NAME,
-                    max_history)
+                    max_history, custom_nodes)
 
     app = web.Application(client_max_size=max_upload + (1 << 20), middlewares=[
         security_middleware(token=token, loopback_only=bind_is_loopback(host) and token is None
@@ -556,6 +566,8 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     for method, path, handler in server.routes():
         app.router.add_route(method, path, handler)
         app.router.add_route(method, "/api" + path, handler)
+    if custom_nodes is not None:
+        custom_node_packs.attach_to_app(app, custom_nodes, server.hub.send)
     ours = Path(__file__).with_name("web")
     if ours.is_dir():
         app.router.add_static("/extensions/mixgraph", ours)
@@ -591,7 +603,8 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
           insecure: bool = False, device: str | None = None,
           max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY,
           temp: str | None = None, user_dir: str | None = None, cors_origin: str | None = None,
-          extra_model_paths: dict[str, tuple] | None = None, settings: dict | None = None) -> int:
+          extra_model_paths: dict[str, tuple] | None = None, settings: dict | None = None,
+          custom_nodes_args: Any = None) -> int:
     """Run the server until Ctrl-C. Returns an exit code (2: refused configuration, or a job
     store that cannot be used). `host` may list several addresses, comma-separated; the other
     keywords come from ComfyUI's flags (`ui.comfy_flags`)."""
@@ -619,8 +632,13 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
         return 2
     if not logging.getLogger().handlers:     # keep warnings on stderr once the log panel's
         logging.basicConfig(format="%(message)s")    # handler stops Python's last-resort one
+    from mixgraph.ui.api import default_registry
+    packs = custom_node_packs.load_from_args(custom_nodes_args, default_registry(), env)
+    for line in packs.messages():                        # each failed pack, with its error
+        print(f"warning: {line}", file=sys.stderr)
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
-                     max_history=max_history, user_dir=user_dir, cors_origin=cors_origin)
+                     max_history=max_history, user_dir=user_dir, cors_origin=cors_origin,
+                     custom_nodes=packs)
     try:            # before listening: a damaged job store is a clear error, not a traceback
         app[SERVER_KEY].queue.open()
     except JobStoreError as e:
@@ -649,4 +667,5 @@ def cli_main(args: Any) -> int:
         print(note, file=sys.stderr)
     return serve(**options, token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
-                 max_history=getattr(args, "max_history", None) or MAX_HISTORY)
+                 max_history=getattr(args, "max_history", None) or MAX_HISTORY,
+                 custom_nodes_args=args)

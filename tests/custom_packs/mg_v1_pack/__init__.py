@@ -1,0 +1,351 @@
+"""A ComfyUI V1 custom node pack written against ComfyUI's host API only (tests of mixgraph's
+custom node support). It must run unchanged in ComfyUI."""
+
+import asyncio
+import json
+import os
+
+import torch
+from aiohttp import web
+
+import comfy.model_management
+import comfy.utils
+import folder_paths
+import nodes
+from comfy.comfy_types import IO, ComfyNodeABC, InputTypeDict
+from comfy_execution.graph import ExecutionBlocker
+from comfy_execution.graph_utils import GraphBuilder
+from server import PromptServer
+
+WEB_DIRECTORY = "./web"
+CALLS = {"changed": 0, "lazy_b": 0}
+
+
+@PromptServer.instance.routes.get("/mg_pack/hello")
+async def hello(request):
+    return web.json_response({"hello": "from mg_v1_pack", "max": nodes.MAX_RESOLUTION})
+
+
+class MgAppendText(ComfyNodeABC):
+    @classmethod
+    def INPUT_TYPES(cls) -> InputTypeDict:
+        return {"required": {"text": (IO.STRING, {"multiline": True, "default": "hi",
+                                                  "tooltip": "the text"})},
+                "optional": {"suffix": ("STRING", {"default": "!"})}}
+
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("joined",)
+    OUTPUT_TOOLTIPS = ("text + suffix",)
+    FUNCTION = "run"
+    CATEGORY = "mg/text"
+    DESCRIPTION = "Appends a suffix."
+
+    def run(self, text, suffix="?"):
+        return (text + suffix,)
+
+
+class MgShowText:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"forceInput": True})},
+                "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "show"
+    OUTPUT_NODE = True
+    CATEGORY = "mg/text"
+
+    def show(self, text, unique_id=None):
+        PromptServer.instance.send_sync("mg.shown", {"node": unique_id, "text": text},
+                                        PromptServer.instance.client_id)
+        return {"ui": {"text": [text]}, "result": (text,)}
+
+
+class MgHidden:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"tag": ("STRING", {"default": "x"})},
+                "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT",
+                           "extra_pnginfo": "EXTRA_PNGINFO"}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "mg"
+
+    def run(self, tag, unique_id, prompt, extra_pnginfo):
+        return (json.dumps({"unique_id": unique_id, "classes": sorted(
+            n["class_type"] for n in prompt.values()), "pnginfo": extra_pnginfo}),)
+
+
+class MgScaleLatent:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",),
+                             "factor": ("FLOAT", {"default": 2.0, "min": 0.0, "max": 10.0,
+                                                  "step": 0.5})}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "scale"
+    CATEGORY = "mg/latent"
+
+    def scale(self, samples, factor):
+        bar = comfy.utils.ProgressBar(3)
+        for _ in range(3):
+            comfy.model_management.throw_exception_if_processing_interrupted()
+            bar.update(1)
+        out = samples.copy()
+        out["samples"] = samples["samples"] * factor
+        return (out,)
+
+
+class MgEmptyLatent:
+    """Calls a core node as ComfyUI packs do."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"size": ("INT", {"default": 64, "min": 16,
+                                              "max": nodes.MAX_RESOLUTION, "step": 8})}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "make"
+    CATEGORY = "mg/latent"
+
+    def make(self, size):
+        (latent,) = nodes.NODE_CLASS_MAPPINGS["EmptyLatentImage"]().generate(size, size, 1)
+        assert isinstance(latent, dict) and latent["samples"].shape == (1, 4, size // 8, size // 8)
+        latent = dict(latent, samples=latent["samples"] + 1.0)
+        return (latent,)
+
+
+class MgChanged:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"name": ("STRING", {"default": "a.txt"})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "read"
+    CATEGORY = "mg"
+
+    @classmethod
+    def IS_CHANGED(cls, name):
+        path = os.path.join(folder_paths.get_input_directory(), name)
+        return os.path.getmtime(path) if os.path.exists(path) else float("nan")
+
+    def read(self, name):
+        CALLS["changed"] += 1
+        with open(os.path.join(folder_paths.get_input_directory(), name)) as f:
+            return (f.read(),)
+
+
+class MgValidate:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"mode": (["a", "b"],), "value": ("INT", {"default": 1, "min": 0,
+                                                                      "max": 10}),
+                             "other": ("INT", {"default": 1, "min": 0, "max": 10}),
+                             "thing": ("*",)}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "mg"
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, mode, value, input_types):
+        if mode not in ("a", "b", "c"):
+            return f"mode {mode} is not a, b or c"
+        if value == 7:
+            return "seven is not allowed"
+        if input_types.get("thing") not in ("INT", "STRING"):
+            return f"thing must be INT or STRING, not {input_types.get('thing')}"
+        return True
+
+    def run(self, mode, value, other, thing):
+        return (f"{mode}:{value}:{other}:{thing}",)
+
+
+class MgAnyCount:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"first": (IO.ANY, {})}, "optional": {"num": (IO.NUMBER,)}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "count"
+    CATEGORY = "mg"
+
+    def count(self, first, num=None, **kwargs):
+        return (1 + (num is not None) + len(kwargs),)
+
+
+class MgAsync:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 3})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "mg"
+
+    async def run(self, value):
+        await asyncio.sleep(0)
+        return (value * 10,)
+
+
+class MgFolders:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"ckpt": (folder_paths.get_filename_list("checkpoints"),)}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "mg"
+
+    def run(self, ckpt):
+        return (json.dumps({"path": folder_paths.get_full_path("checkpoints", ckpt),
+                            "out": folder_paths.get_output_directory(),
+                            "save": folder_paths.get_save_image_path(
+                                "mg/img", folder_paths.get_output_directory())[1:4]}),)
+
+
+class MgNeedsInternals:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "mg"
+
+    def patch(self, model):
+        m = model.clone()
+        return (m,)
+
+
+class MgLazyPick:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"use_a": ("BOOLEAN", {"default": True}),
+                             "a": ("STRING", {"lazy": True, "forceInput": True}),
+                             "b": ("STRING", {"lazy": True, "forceInput": True})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "pick"
+    CATEGORY = "mg/flow"
+
+    def check_lazy_status(self, use_a, a=None, b=None):
+        return ["a"] if use_a else ["b"]
+
+    def pick(self, use_a, a=None, b=None):
+        return (a if use_a else b,)
+
+
+class MgCountB:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "b"})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "mg/flow"
+    EXPERIMENTAL = True
+
+    def run(self, text):
+        CALLS["lazy_b"] += 1
+        return (text,)
+
+
+class MgJoinList:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"texts": ("STRING", {"forceInput": True}),
+                             "sep": ("STRING", {"default": ","})}}
+
+    INPUT_IS_LIST = True
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "join"
+    CATEGORY = "mg/flow"
+
+    def join(self, texts, sep):
+        return (sep[0].join(texts),)
+
+
+class MgSplit:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "x y z"})}}
+
+    RETURN_TYPES = ("STRING",)
+    OUTPUT_IS_LIST = (True,)
+    FUNCTION = "split"
+    CATEGORY = "mg/flow"
+
+    def split(self, text):
+        return (text.split(),)
+
+
+class MgExpandAppend:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "e"}), "times": ("INT", {"default": 2})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "expand"
+    CATEGORY = "mg/flow"
+
+    def expand(self, text, times):
+        graph = GraphBuilder()
+        current = text
+        for _ in range(times):
+            node = graph.node("MgAppendText", text=current, suffix="+")
+            current = node.out(0)
+        return {"result": (current,), "expand": graph.finalize()}
+
+
+class MgBlockIf:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"forceInput": True}),
+                             "block": ("BOOLEAN", {"default": False})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "mg/flow"
+
+    def run(self, text, block):
+        return (ExecutionBlocker(None) if block else text,)
+
+
+class MgLatentStats:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",)}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "stats"
+    OUTPUT_NODE = True
+    CATEGORY = "mg/latent"
+
+    def stats(self, samples):
+        s = samples["samples"]
+        return {"ui": {"shape": [list(s.shape)], "mean": [float(s.mean())]}}
+
+
+class MgLazyInternal:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "x"})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "mg"
+
+    def run(self, text):
+        import comfy.model_patcher  # noqa: F401 - a ComfyUI internal
+        return (text,)
+
+
+NODE_CLASS_MAPPINGS = {c.__name__: c for c in (
+    MgLatentStats, MgLazyInternal,
+    MgAppendText, MgShowText, MgHidden, MgScaleLatent, MgEmptyLatent, MgChanged, MgValidate,
+    MgAnyCount, MgAsync, MgFolders, MgNeedsInternals, MgLazyPick, MgCountB, MgJoinList, MgSplit,
+    MgExpandAppend, MgBlockIf)}
+NODE_DISPLAY_NAME_MAPPINGS = {"MgAppendText": "Append Text (mg)"}
