@@ -37,6 +37,7 @@ __all__ = [
     "BrownianTreeNoiseSampler",
     "brownian_noise_sampler",
     "prepare_inpaint_noise",
+    "initial_noise",
 ]
 
 NoiseSampler = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -167,3 +168,12 @@ def prepare_inpaint_noise(shape: Sequence[int], seed: int) -> torch.Tensor:
     CPU. Touches the global RNG for the same parity reason as ``prepare_noise``."""
     generator = torch.manual_seed(seed + 1)
     return torch.randn(tuple(shape), generator=generator, device="cpu")
+
+
+def initial_noise(latent, seed: int, add: bool = True) -> torch.Tensor:
+    """A LATENT's initial noise: ``prepare_noise`` from ``seed`` (honouring ``batch_index``), or
+    zeros of the same shape when ``add`` is False (ComfyUI ``Noise_EmptyNoise``)."""
+    samples = latent.samples.float()
+    if not add:
+        return torch.zeros_like(samples, device="cpu")
+    return prepare_noise(samples, seed, latent.batch_index)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .schedules import DiscreteSchedule
 
-__all__ = ["ModelSampling", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
+__all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
 
 PREDICTIONS = ("eps", "v_prediction", "x0", "lcm")
 
@@ -214,16 +214,21 @@ def _apply_control_to_uncond(positive: list[Cond], negative: list[Cond]) -> None
             negative.append(replace(o, control=cnet))
 
 
-class CFGDenoiser:
-    """x0 denoiser with classifier-free guidance over ComfyUI-style conditioning lists.
+class CondDenoiser:
+    """Resolves several conditioning lists against a latent and evaluates them
+    (``calc_cond_batch``); subclasses combine the per-list x0 predictions into one (the guidance
+    rule: ``CFGDenoiser`` here, DualCFG and Perp-Neg in ``guidance.py``). ComfyUI's
+    ``CFGGuider.inner_set_conds`` + ``process_conds`` with named lists, in its order.
 
     Args:
         model: a ``SamplerModel`` (see ARCHITECTURE.md): ``unet``, ``adm``, ``in_channels``.
-        positive, negative: CONDITIONING tuples.
-        cfg: guidance scale; at cfg == 1 (isclose) the negative is not evaluated.
+        cond_lists: one CONDITIONING tuple per list (e.g. positive, negative).
+        negatives: per list, whether it is a "negative" prompt (SDXL ADM defaults).
         latent_image: [B, C, H, W] the process_in-scaled input latent (for the inpaint concat).
         denoise_mask: [B, C, H, W] noise mask at latent size (1 = resample), or None.
         model_sampling: parameterisation + schedule; default from ``model.prediction/zsnr``.
+        control_to_uncond: (positive index, negative index) for ControlNetApply's
+            ``control_apply_to_uncond``; None to skip.
 
     9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
     ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
@@ -235,26 +240,25 @@ class CFGDenoiser:
     def __init__(
         self,
         model,
-        positive: Sequence[Cond],
-        negative: Sequence[Cond],
-        cfg: float,
+        cond_lists: Sequence[Sequence[Cond]],
+        negatives: Sequence[bool],
         latent_image: torch.Tensor,
         denoise_mask: torch.Tensor | None = None,
         model_sampling: ModelSampling | None = None,
+        control_to_uncond: tuple[int, int] | None = (0, 1),
     ):
         self.model = model
         self.ms = model_sampling or ModelSampling.for_model(model)
-        self.cfg = float(cfg)
         self.device = latent_image.device
         B, C, H, W = latent_image.shape
         self.latent_hw = (H, W)
 
-        pos, neg = list(positive), list(negative)
-        lists = [pos, neg]
+        lists = [list(c) for c in cond_lists]
         _add_same_area_opposites(lists)
-        _apply_control_to_uncond(pos, neg)
-        self.positive = [self._resolve(c) for c in pos]
-        self.negative = [self._resolve(c, negative=True) for c in neg]
+        if control_to_uncond is not None:
+            _apply_control_to_uncond(lists[control_to_uncond[0]], lists[control_to_uncond[1]])
+        self.lists = [[self._resolve(c, negative=neg) for c in conds]
+                      for conds, neg in zip(lists, negatives)]
 
         self.concat = None
         extra = int(getattr(model, "in_channels", C)) - C
@@ -304,19 +308,6 @@ class CFGDenoiser:
             s_start, s_end = self.ms.percent_to_sigma(start), self.ms.percent_to_sigma(end)
         return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
                       s_start, s_end)
-
-    # -- evaluation
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
-        if math.isclose(self.cfg, 1.0):
-            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
-            return cond
-        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
-        return uncond + (cond - uncond) * self.cfg
-
-    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
-        """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
-        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
-        return uncond + (cond - uncond) * self.cfg, uncond
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -422,3 +413,36 @@ class CFGDenoiser:
             unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + 1 + C, h, w]
         out = self.model.unet(unet_in, t, context, y=y, control=control).float()
         return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))
+
+
+class CFGDenoiser(CondDenoiser):
+    """x0 denoiser with classifier-free guidance (Ho & Salimans 2022) on x0 predictions,
+    ``uncond + (cond − uncond)·cfg``; at cfg == 1 (isclose) the negative is not evaluated
+    (ComfyUI's cfg1 optimisation). KSampler's and CFGGuider's rule."""
+
+    def __init__(
+        self,
+        model,
+        positive: Sequence[Cond],
+        negative: Sequence[Cond],
+        cfg: float,
+        latent_image: torch.Tensor,
+        denoise_mask: torch.Tensor | None = None,
+        model_sampling: ModelSampling | None = None,
+    ):
+        super().__init__(model, (positive, negative), (False, True), latent_image, denoise_mask,
+                         model_sampling)
+        self.positive, self.negative = self.lists
+        self.cfg = float(cfg)
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
+        if math.isclose(self.cfg, 1.0):
+            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            return cond
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        return uncond + (cond - uncond) * self.cfg
+
+    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
+        """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        return uncond + (cond - uncond) * self.cfg, uncond
