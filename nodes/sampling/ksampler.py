@@ -24,7 +24,7 @@ from .parameterization import ModelSampling
 from .samplers import DISCARD_PENULTIMATE_SIGMA_SAMPLERS, get_sampler
 from .schedules import calculate_sigmas
 
-__all__ = ["sample", "sample_custom", "compute_sigmas", "cut_sigmas", "InpaintDenoiser", "prepare_mask"]
+__all__ = ["sample", "sample_custom", "add_noise", "compute_sigmas", "cut_sigmas", "InpaintDenoiser", "prepare_mask"]
 
 
 def compute_sigmas(
@@ -215,3 +215,32 @@ def sample_custom(
     if not last_x0:
         return result, result
     return result, replace(latent, samples=(last_x0[0] / scale).float().cpu())
+
+
+@torch.no_grad()
+def add_noise(model, noise: torch.Tensor, sigmas: torch.Tensor, latent: Latent) -> Latent:
+    """ComfyUI's AddNoise: noise the latent to the level of a sigma span without sampling.
+
+    The noise level is |σ_first − σ_last| (σ_first for a single sigma); the latent is scaled by
+    the model's latent scale unless it is all zero, noised as ``latent + noise·level`` (the
+    model's ``noise_scaling``), scaled back, and NaN/±inf replaced by 0. Empty ``sigmas`` returns
+    the latent unchanged. ``model`` is anything with ``prediction``/``zsnr`` and a latent scale
+    (a MODEL handle or a SamplerModel).
+    """
+    if len(sigmas) == 0:
+        return latent
+    ms = ModelSampling.for_model(model)
+    scale = _latent_scale(model)
+    level = (sigmas[0] - sigmas[-1]).abs() if len(sigmas) > 1 else sigmas[0]
+    latent_image = latent.samples.float()
+    if torch.count_nonzero(latent_image) > 0:
+        latent_image = latent_image * scale
+    noisy = ms.noise_scaling(level.float(), noise.float(), latent_image) / scale
+    return replace(latent, samples=torch.nan_to_num(noisy, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def _latent_scale(model) -> float:
+    if hasattr(model, "latent_scale"):
+        return float(model.latent_scale)
+    fmt = getattr(model, "latent_format", None)
+    return float(fmt.scale_factor) if fmt is not None else 1.0

@@ -33,6 +33,7 @@ __all__ = [
     "set_first_sigma",
     "extend_intermediate_sigmas",
     "EXTEND_SPACINGS",
+    "percent_to_sigma",
 ]
 
 
@@ -190,3 +191,14 @@ def extend_intermediate_sigmas(sigmas: torch.Tensor, steps: int, start_at_sigma:
     if len(sigmas) > 0:
         out.append(float(sigmas[-1]))
     return torch.FloatTensor(out)
+
+
+def percent_to_sigma(schedule: DiscreteSchedule, percent: float, actual: bool = False) -> float:
+    """SamplingPercentToSigma: the schedule's σ at sampling progress ``percent``. ComfyUI's
+    interval-check values at the ends (0 → 999999999.9, 1 → 0) unless ``actual``, which gives
+    σmax and σmin there."""
+    if actual and percent == 0.0:
+        return float(schedule.sigma_max)
+    if actual and percent == 1.0:
+        return float(schedule.sigma_min)
+    return schedule.percent_to_sigma(percent)
