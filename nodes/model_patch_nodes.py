@@ -7,7 +7,7 @@ from __future__ import annotations
 from mixgraph.graph.node import Float, Socket, node
 from mixgraph.nodes.models.lora import ScalePatch
 from mixgraph.nodes.models.unet_patches import FreeU as FreeUPatch
-from mixgraph.nodes.sampling import guidance
+from mixgraph.nodes.sampling import cfg_patches
 
 _FREEU = dict(min=0.0, max=10.0, step=0.01)
 _MULT = dict(min=0.0, max=10.0, step=0.01)
@@ -15,18 +15,18 @@ _MULT = dict(min=0.0, max=10.0, step=0.01)
 
 @node(category="advanced/model", outputs=("MODEL",))
 def RescaleCFG(model=Socket("MODEL"), multiplier=Float(0.7, min=0.0, max=1.0, step=0.01)):
-    return (model.with_sampler_patch(guidance.RescaleCFG(multiplier)),)
+    return (model.with_sampler_patch(cfg_patches.RescaleCFG(multiplier)),)
 
 
 @node(category="advanced/guidance", outputs=(("MODEL", "patched_model"),))
 def CFGZeroStar(model=Socket("MODEL")):
-    return (model.with_sampler_patch(guidance.CFGZeroStar()),)
+    return (model.with_sampler_patch(cfg_patches.CFGZeroStar()),)
 
 
 @node(category="model_patches/unet", outputs=("MODEL",))
 def PerturbedAttentionGuidance(model=Socket("MODEL"),
                                scale=Float(3.0, min=0.0, max=100.0, step=0.01, round=0.01)):
-    return (model.with_sampler_patch(guidance.PerturbedAttentionGuidance(scale)),)
+    return (model.with_sampler_patch(cfg_patches.PerturbedAttentionGuidance(scale)),)
 
 
 @node(category="model_patches/unet", outputs=("MODEL",))

@@ -12,8 +12,8 @@ from mixgraph.nodes.models.unet import CrossAttention
 from mixgraph.nodes.models.unet_patches import FreeU, IdentityAttention, fourier_filter
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
-from mixgraph.nodes.sampling import guidance
-from mixgraph.nodes.sampling.guidance import GuidanceArgs
+from mixgraph.nodes.sampling import cfg_patches
+from mixgraph.nodes.sampling.cfg_patches import GuidanceArgs
 from mixgraph.nodes.sampling.ksampler import sample
 from mixgraph.ui import api
 
@@ -49,10 +49,10 @@ def test_rescale_cfg_zero_is_plain_cfg_and_one_matches_cond_std_in_v_space():
     g = torch.Generator().manual_seed(0)
     x, c, u = (torch.randn(2, 4, 3, 3, generator=g) for _ in range(3))
     plain = u + (c - u) * 5.0
-    assert torch.allclose(guidance.guide((guidance.RescaleCFG(0.0),), _args(x, c, u, 5.0)), plain, atol=1e-5)
+    assert torch.allclose(cfg_patches.guide((cfg_patches.RescaleCFG(0.0),), _args(x, c, u, 5.0)), plain, atol=1e-5)
     # multiplier 1: the guided v prediction has the conditional v prediction's std, per sample
     s = 2.0
-    out = guidance.guide((guidance.RescaleCFG(1.0),), _args(x, c, u, 5.0, s))
+    out = cfg_patches.guide((cfg_patches.RescaleCFG(1.0),), _args(x, c, u, 5.0, s))
     xs = x / (s * s + 1)
     to_v = lambda d: (xs - d) * (s * s + 1) ** 0.5 / s  # noqa: E731
     assert torch.allclose(to_v(out).flatten(1).std(1), to_v(c).flatten(1).std(1), rtol=1e-5)
@@ -62,12 +62,12 @@ def test_cfg_zero_star_hand_values():
     one = lambda v: torch.full((1, 1, 1, 1), float(v))  # noqa: E731
     # x=0, cond=2, uncond=1: alpha = <-2,-1>/|-1|² = 2; cfg 3 -> 1 + 3·1 = 4;
     # 4 + 1·(2 − 1) + 3·1·(1 − 2) = 2
-    out = guidance.guide((guidance.CFGZeroStar(),), _args(one(0), one(2), one(1), 3.0))
+    out = cfg_patches.guide((cfg_patches.CFGZeroStar(),), _args(one(0), one(2), one(1), 3.0))
     assert float(out) == pytest.approx(2.0, rel=1e-6)
     # cond == uncond: alpha = 1, no change
     x = torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(1))
     same = torch.full_like(x, 0.5)
-    assert torch.allclose(guidance.guide((guidance.CFGZeroStar(),), _args(x, same, same, 7.0)), same)
+    assert torch.allclose(cfg_patches.guide((cfg_patches.CFGZeroStar(),), _args(x, same, same, 7.0)), same)
 
 
 def test_pag_adds_cond_minus_perturbed_times_scale():
@@ -78,10 +78,10 @@ def test_pag_adds_cond_minus_perturbed_times_scale():
         seen.append(patches)
         return p
 
-    out = guidance.guide((guidance.PerturbedAttentionGuidance(2.0),), _args(c, c, u, 1.0, evaluate=evaluate))
+    out = cfg_patches.guide((cfg_patches.PerturbedAttentionGuidance(2.0),), _args(c, c, u, 1.0, evaluate=evaluate))
     assert torch.allclose(out, torch.full_like(c, 2.0 + 0.5 * 2.0))
     assert seen == [(IdentityAttention("attn1", ("middle", 0)),)]
-    none = guidance.guide((guidance.PerturbedAttentionGuidance(0.0),), _args(c, c, u, 1.0, evaluate=evaluate))
+    none = cfg_patches.guide((cfg_patches.PerturbedAttentionGuidance(0.0),), _args(c, c, u, 1.0, evaluate=evaluate))
     assert torch.equal(none, c) and len(seen) == 1
 
 

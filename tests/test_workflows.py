@@ -47,6 +47,7 @@ OVERRIDES = {
     "precision_f32_text_bf16_unet.json": {**SMALL_TXT2IMG, "5.width": 32, "5.height": 32,
                                           "3.steps": 2},
     "ui_txt2img_bf16_group.json": {**SMALL_TXT2IMG, "5.width": 32, "5.height": 32, "3.steps": 2},
+    "custom_sampling_sd15.json": {"5.width": SIZE, "5.height": SIZE, "11.steps": 4, "15.step": 2},
 }
 EXPECTED_SIZE = {"hires_fix_sd15.json": 96, "precision_bf16_unet_f32_vae.json": 32,
                  "precision_f16_vae_fallback.json": 32, "precision_phase.json": 32,

@@ -73,7 +73,7 @@ class ModelHandle:
     Patches, three kinds (ARCHITECTURE.md, "Model patches"): ``patches`` change weights and are
     merged at materialization (LoRA, attention multipliers); ``unet_patches`` act inside every
     UNet call (``unet_patches.py``: FreeU); ``sampler_patches`` act in the CFG denoiser
-    (``sampling/guidance.py``: RescaleCFG, CFGZeroStar, PAG). The last two are passed per call,
+    (``sampling/cfg_patches.py``: RescaleCFG, CFGZeroStar, PAG). The last two are passed per call,
     never stored on the shared module.
     """
 

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from mixgraph.nodes.payloads.conditioning import Cond, Control
-from .guidance import GuidanceArgs, guide
+from .cfg_patches import GuidanceArgs, guide
 from .schedules import DiscreteSchedule
 
-__all__ = ["ModelSampling", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
+__all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
 
 PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img")
 
@@ -262,16 +262,21 @@ def _apply_control_to_uncond(positive: list[Cond], negative: list[Cond]) -> None
             negative.append(replace(o, control=cnet))
 
 
-class CFGDenoiser:
-    """x0 denoiser with classifier-free guidance over ComfyUI-style conditioning lists.
+class CondDenoiser:
+    """Resolves several conditioning lists against a latent and evaluates them
+    (``calc_cond_batch``); subclasses combine the per-list x0 predictions into one (the guidance
+    rule: ``CFGDenoiser`` here, DualCFG and Perp-Neg in ``guidance.py``). ComfyUI's
+    ``CFGGuider.inner_set_conds`` + ``process_conds`` with named lists, in its order.
 
     Args:
         model: a ``SamplerModel`` (see ARCHITECTURE.md): ``unet``, ``adm``, ``in_channels``.
-        positive, negative: CONDITIONING tuples.
-        cfg: guidance scale; at cfg == 1 (isclose) the negative is not evaluated.
+        cond_lists: one CONDITIONING tuple per list (e.g. positive, negative).
+        negatives: per list, whether it is a "negative" prompt (SDXL ADM defaults).
         latent_image: [B, C, H, W] the process_in-scaled input latent (for the inpaint concat).
         denoise_mask: [B, C, H, W] noise mask at latent size (1 = resample), or None.
         model_sampling: parameterisation + schedule; default from ``model.prediction/zsnr``.
+        control_to_uncond: (positive index, negative index) for ControlNetApply's
+            ``control_apply_to_uncond``; None to skip.
 
     9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
     ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
@@ -283,26 +288,25 @@ class CFGDenoiser:
     def __init__(
         self,
         model,
-        positive: Sequence[Cond],
-        negative: Sequence[Cond],
-        cfg: float,
+        cond_lists: Sequence[Sequence[Cond]],
+        negatives: Sequence[bool],
         latent_image: torch.Tensor,
         denoise_mask: torch.Tensor | None = None,
         model_sampling: ModelSampling | None = None,
+        control_to_uncond: tuple[int, int] | None = (0, 1),
     ):
         self.model = model
         self.ms = model_sampling or ModelSampling.for_model(model)
-        self.cfg = float(cfg)
-        self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
         self.device = latent_image.device
         B, C, H, W = latent_image.shape
         self.latent_hw = (H, W)
 
-        pos = [resolve_area_and_mask(c, (H, W), self.device) for c in positive]
-        neg = [resolve_area_and_mask(c, (H, W), self.device) for c in negative]
-        lists = [pos, neg]
+        # Areas and masks are resolved before conds are paired across the lists (ComfyUI's order).
+        lists = [[resolve_area_and_mask(c, (H, W), self.device) for c in conds]
+                 for conds in cond_lists]
         _add_same_area_opposites(lists)
-        _apply_control_to_uncond(pos, neg)
+        if control_to_uncond is not None:
+            _apply_control_to_uncond(lists[control_to_uncond[0]], lists[control_to_uncond[1]])
         self.concat = None
         self._latent_image = latent_image
         self._denoise_mask = denoise_mask
@@ -316,8 +320,8 @@ class CFGDenoiser:
                 )
             self._inpaint = True
             self.concat = self._inpaint_concat(None, None)
-        self.positive = [self._resolve(c) for c in pos]
-        self.negative = [self._resolve(c, negative=True) for c in neg]
+        self.lists = [[self._resolve(c, negative=neg) for c in conds]
+                      for conds, neg in zip(lists, negatives)]
 
     def _inpaint_concat(self, concat_latent, concat_mask) -> torch.Tensor:
         """[B, 1+C, H, W] = cat(mask, masked latent) for a 9-channel inpaint model (ComfyUI
@@ -345,8 +349,8 @@ class CFGDenoiser:
 
     # -- preparation
     def _resolve(self, c: Cond, negative: bool = False) -> _Entry:
+        """`c` (areas and masks already resolved) as an evaluation entry."""
         H, W = self.latent_hw
-        c = resolve_area_and_mask(c, (H, W), self.device)
         mask = None if c.mask is None else c.mask * c.mask_strength
         area = None
         if c.area is not None:
@@ -368,33 +372,6 @@ class CFGDenoiser:
             concat = self._inpaint_concat(c.concat_latent, c.concat_mask)
         return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
                       s_start, s_end, concat)
-
-    # -- evaluation
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
-        if math.isclose(self.cfg, 1.0):
-            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
-            if self.sampler_patches:
-                return self._guide(x, sigma, cond, torch.zeros_like(cond))
-            return cond
-        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
-        if self.sampler_patches:
-            return self._guide(x, sigma, cond, uncond)
-        return uncond + (cond - uncond) * self.cfg
-
-    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
-        """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
-        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
-        if self.sampler_patches:
-            return self._guide(x, sigma, cond, uncond), uncond
-        return uncond + (cond - uncond) * self.cfg, uncond
-
-    def _guide(self, x, sigma, cond, uncond) -> torch.Tensor:
-        """The model's sampler patches (sampling/guidance.py) in place of the CFG formula."""
-        def evaluate(unet_patches):
-            return self.calc_cond_batch([self.positive], x, sigma, unet_patches)[0]
-
-        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate)
-        return guide(self.sampler_patches, args)
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -507,3 +484,51 @@ class CFGDenoiser:
             out = self.model.unet(unet_in, t, context, y=y, control=control)
         out = out.float()
         return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))
+
+
+class CFGDenoiser(CondDenoiser):
+    """x0 denoiser with classifier-free guidance (Ho & Salimans 2022) on x0 predictions,
+    ``uncond + (cond − uncond)·cfg``; at cfg == 1 (isclose) the negative is not evaluated
+    (ComfyUI's cfg1 optimisation). KSampler's and CFGGuider's rule."""
+
+    def __init__(
+        self,
+        model,
+        positive: Sequence[Cond],
+        negative: Sequence[Cond],
+        cfg: float,
+        latent_image: torch.Tensor,
+        denoise_mask: torch.Tensor | None = None,
+        model_sampling: ModelSampling | None = None,
+    ):
+        super().__init__(model, (positive, negative), (False, True), latent_image, denoise_mask,
+                         model_sampling)
+        self.positive, self.negative = self.lists
+        self.cfg = float(cfg)
+        self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
+        if math.isclose(self.cfg, 1.0):
+            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            if self.sampler_patches:
+                return self._guide(x, sigma, cond, torch.zeros_like(cond))
+            return cond
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        if self.sampler_patches:
+            return self._guide(x, sigma, cond, uncond)
+        return uncond + (cond - uncond) * self.cfg
+
+    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
+        """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        if self.sampler_patches:
+            return self._guide(x, sigma, cond, uncond), uncond
+        return uncond + (cond - uncond) * self.cfg, uncond
+
+    def _guide(self, x, sigma, cond, uncond) -> torch.Tensor:
+        """The model's sampler patches (sampling/cfg_patches.py) in place of the CFG formula."""
+        def evaluate(unet_patches):
+            return self.calc_cond_batch([self.positive], x, sigma, unet_patches)[0]
+
+        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate)
+        return guide(self.sampler_patches, args)
