@@ -38,6 +38,8 @@ def call_kwargs(kwargs: dict[str, Any], listed: Sequence[str], input_is_list: bo
     elements (from list-valued nodes); the other values are single."""
     if input_is_list:
         return [{k: (v if k in listed else [v]) for k, v in kwargs.items()}]
+    if not listed:
+        return [kwargs]
     count = min((len(kwargs[k]) for k in listed), default=1)
     if count == 0:
         return []

@@ -287,8 +287,10 @@ class Scheduler:
         if listed is None and not plan.input_is_list:
             self._execute(nid, plan, [kwargs], plan.any_list_out, blocker)
         else:
+            # an input_is_list node is called once: list-valued only through its list outputs
+            listy = plan.any_list_out or (listed is not None and not plan.input_is_list)
             self._execute(nid, plan, call_kwargs(kwargs, listed or (), plan.input_is_list),
-                          listed is not None or plan.any_list_out, _MISSING)
+                          listy, _MISSING)
 
     def _lazy_needs(self, nid, plan, kwargs, listed, unevaluated) -> list[str]:
         if not unevaluated:
