@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -376,26 +377,25 @@ class RamPressureCache(OutputCache):
         self.available = available or available_ram
         self.poll_seconds = poll_seconds
         self._polled = float("-inf")
-        self._low = False
+        self._ask = False
 
     def put(self, key: bytes, outputs: tuple, ui: dict | None = None,
             meta: dict[str, Any] | None = None) -> bool:
-        import time
         now = time.monotonic()
         if self.poll_seconds <= 0 or now - self._polled >= self.poll_seconds or \
                 estimate_nbytes(outputs) >= 16 * 2**20:
             self._polled = now
-            self._low = True      # ask again after each eviction, under the lock
+            self._ask = True      # ask again after each eviction, under the lock
         return super().put(key, outputs, ui, meta)
 
     def _over(self) -> bool:
         if self.nbytes > self.max_bytes:
             return True
-        if not self._low:
+        if not self._ask:
             return False
         if self.available() < self.headroom:
             return True
-        self._low = False
+        self._ask = False
         return False
 
     def stats(self) -> dict[str, int]:

@@ -27,6 +27,21 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", metavar="DIR", help="input folder for LoadImage (default ./input)")
 
 
+def _cache_flags(p: argparse.ArgumentParser) -> None:
+    """ComfyUI's cache modes (graph.cache.make_cache); without one, the LRU by bytes."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cache-lru", type=int, metavar="N", help="keep at most N node results")
+    g.add_argument("--cache-none", action="store_true", help="keep nothing between prompts")
+    g.add_argument("--cache-ram", type=float, nargs="?", const=4.0, metavar="GB",
+                   help="keep results while GB of RAM stay available (default 4)")
+
+
+def cache_from_args(args: argparse.Namespace) -> Any:
+    from mixgraph.graph.cache import make_cache
+    return make_cache(lru=getattr(args, "cache_lru", None), none=getattr(args, "cache_none", False),
+                      ram=getattr(args, "cache_ram", None))
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -56,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write the run report as JSON")
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N, mps (default cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _cache_flags(p)
 
     p = sub.add_parser("validate", help="check a workflow without running it")
     p.add_argument("workflow", metavar="WF.json")
@@ -75,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="D")
     p.add_argument("--max-history", type=_positive, metavar="N",
                    help="finished prompts kept in the history (default 10000, as ComfyUI)")
+    _cache_flags(p)
     _common(p)
 
     p = sub.add_parser("demo", help="run the default workflow on the embedded model")
@@ -203,11 +220,16 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     except (WorkflowError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
+    try:
+        cache = cache_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
     bar = _ProgressBar(disable=args.quiet)
     report = None
     code = EXIT_OK
     try:
-        report = Executor(registry, env).run(wf, precision=args.precision, on_event=bar)
+        report = Executor(registry, env, cache).run(wf, precision=args.precision, on_event=bar)
     except ValidationFailed as e:
         print(f"invalid workflow {args.workflow}:\n{e}", file=sys.stderr)
         report, code = e.report, EXIT_INVALID

@@ -524,12 +524,13 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
                max_upload: int = DEFAULT_MAX_UPLOAD, user_dir: str | os.PathLike | None = None,
                unload_hooks: tuple[Callable[[], Any], ...] | None = None,
                jobs_db: str | os.PathLike | None = None,
-               max_history: int = MAX_HISTORY) -> web.Application:
+               max_history: int = MAX_HISTORY, cache: Any = None) -> web.Application:
     """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
     (unless `insecure`). `registry` defaults to the node library; `executor` to a new one.
     `user_dir` is the user's folder (settings), `./user/default` by default, inside the user
     directory that also holds the job store: `jobs_db` defaults to
-    `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup."""
+    `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup.
+    `cache`: the new executor's output cache (`graph.cache.make_cache`; default mode if None)."""
     check_bind(host, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
     if registry is None and executor is None:
@@ -539,7 +540,7 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
             from mixgraph.nodes.models import store
             hooks = (store.clear,)
     if executor is None:
-        executor = Executor(registry, env)
+        executor = Executor(registry, env, cache)
     registry = executor.registry if registry is None else registry
     user = Path(user_dir) if user_dir is not None else Path("user") / "default"
     server = Server(env, registry, executor, max_upload, user, hooks,
@@ -586,7 +587,8 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
 def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
           input: str | None = None, output: str | None = None, token: str | None = None,
           insecure: bool = False, device: str | None = None,
-          max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY) -> int:
+          max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY,
+          cache: Any = None) -> int:
     """Run the server until Ctrl-C. Returns an exit code (2: refused configuration, or a job
     store that cannot be used)."""
     try:
@@ -610,7 +612,7 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     if not logging.getLogger().handlers:     # keep warnings on stderr once the log panel's
         logging.basicConfig(format="%(message)s")    # handler stops Python's last-resort one
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
-                     max_history=max_history)
+                     max_history=max_history, cache=cache)
     try:            # before listening: a damaged job store is a clear error, not a traceback
         app[SERVER_KEY].queue.open()
     except JobStoreError as e:
@@ -627,7 +629,15 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
 
 def cli_main(args: Any) -> int:
     """`mixgraph serve` (ui/cli.py calls this with its parsed arguments)."""
-    return serve(host=args.host, port=args.port, models=args.models, input=args.input,
+    from mixgraph.graph.cache import make_cache
+    try:
+        cache = make_cache(lru=getattr(args, "cache_lru", None),
+                           none=bool(getattr(args, "cache_none", False)),
+                           ram=getattr(args, "cache_ram", None))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return serve(cache=cache, host=args.host, port=args.port, models=args.models, input=args.input,
                  output=getattr(args, "output", None), token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
                  device=getattr(args, "device", None),
