@@ -398,6 +398,21 @@ class Scheduler:
     def _finish(self, nid, plan, kw_list, listy, raws, ctx, t0, fell_back) -> None:
         """A node's calls returned `raws`: results, UI, expansion, NaN guard, store."""
         n_out = plan.n_out
+        if not listy and len(raws) == 1 and not fell_back and ctx is None:
+            # the common case: one call, a plain result, no model policy to guard
+            ret = raws[0]
+            t = type(ret)
+            ui = None
+            if t is Result and ret.expand is None:
+                ui, ret = ret.ui or None, ret.values
+                t = type(ret)
+            if t is not tuple and t is not Result and not isinstance(ret, ExecutionBlocker) and \
+                    not (ret is None and n_out == 0):
+                ret, t = (ret,), tuple
+            if t is tuple and len(ret) == n_out:
+                self.complete(nid, plan, ret, False, ui, None, False,
+                              time.perf_counter() - t0, True)
+                return
         results: list = []
         uis: list = []
         expands: list = []
