@@ -38,6 +38,8 @@ def option_keys(inp: Input) -> dict[str, Any]:
         opts["forceInput"] = True
     if inp.tooltip:
         opts["tooltip"] = inp.tooltip
+    if inp.lazy:
+        opts["lazy"] = True
     return opts
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mixgraph.graph.env import check_device
-from mixgraph.ui.comfy_flags import add_comfy_flags
+from mixgraph.ui.comfy_flags import add_cache_flags, add_comfy_flags, cache_from_args
 
 EXIT_OK, EXIT_NODE_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N, mps (default cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _custom_nodes(p)
+    add_cache_flags(p)
 
     p = sub.add_parser("validate", help="check a workflow without running it")
     p.add_argument("workflow", metavar="WF.json")
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="D")
     p.add_argument("--max-history", type=_positive, metavar="N",
                    help="finished prompts kept in the history (default 10000, as ComfyUI)")
+    add_cache_flags(p)
     _common(p)
     add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py), --base-directory too
     _custom_nodes(p, base_directory=False)
@@ -227,11 +229,16 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     except (WorkflowError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
+    try:
+        cache = cache_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
     bar = _ProgressBar(disable=args.quiet)
     report = None
     code = EXIT_OK
     try:
-        report = Executor(registry, env).run(wf, precision=args.precision, on_event=bar)
+        report = Executor(registry, env, cache).run(wf, precision=args.precision, on_event=bar)
     except ValidationFailed as e:
         print(f"invalid workflow {args.workflow}:\n{e}", file=sys.stderr)
         report, code = e.report, EXIT_INVALID

@@ -33,6 +33,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from mixgraph.graph.cache import make_cache
+
 PREVIEW_METHODS = ("none", "auto", "latent2rgb", "taesd")
 LISTEN_ALL = "0.0.0.0,::"
 MB = 1024 * 1024
@@ -205,3 +207,18 @@ def serve_options(args: argparse.Namespace, cuda_available: bool | None = None
     if upload is not None:
         options["max_upload"] = round(upload * MB)
     return options, notes
+
+
+def add_cache_flags(p: argparse.ArgumentParser) -> None:
+    """ComfyUI's cache modes (graph.cache.make_cache); without one, the LRU by bytes."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cache-lru", type=int, metavar="N", help="keep at most N node results")
+    g.add_argument("--cache-none", action="store_true", help="keep nothing between prompts")
+    g.add_argument("--cache-ram", type=float, nargs="?", const=4.0, metavar="GB",
+                   help="keep results while GB of RAM stay available (default 4)")
+
+
+def cache_from_args(args: argparse.Namespace) -> Any:
+    """The executor's output cache for the cache flags (ValueError for an unusable value)."""
+    return make_cache(lru=getattr(args, "cache_lru", None), none=getattr(args, "cache_none", False),
+                      ram=getattr(args, "cache_ram", None))

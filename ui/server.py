@@ -533,7 +533,7 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
                unload_hooks: tuple[Callable[[], Any], ...] | None = None,
                jobs_db: str | os.PathLike | None = None,
                max_history: int = MAX_HISTORY, cors_origin: str | None = None,
-               custom_nodes: LoadReport | None = None) -> web.Application:
+               custom_nodes: LoadReport | None = None, cache: Any = None) -> web.Application:
     """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
     (unless `insecure`). `registry` defaults to the node library; `executor` to a new one.
     `user_dir` is the user's folder (settings), `./user/default` by default, inside the user
@@ -541,7 +541,9 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup.
     `cors_origin`: the origin `--enable-cors-header` trusts (`ui.security.check_cors`).
     `custom_nodes`: the loaded custom node packs (ui.custom_nodes.load_packs), whose routes,
-    WEB_DIRECTORY files and WebSocket messages the app serves."""
+    WEB_DIRECTORY files and WebSocket messages the app serves.
+
+    `cache`: the new executor's output cache (`graph.cache.make_cache`; default mode if None)."""
     check_bind(host, token, insecure)
     check_cors(cors_origin, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
@@ -552,7 +554,7 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
             from mixgraph.nodes.models import store
             hooks = (store.clear,)
     if executor is None:
-        executor = Executor(registry, env)
+        executor = Executor(registry, env, cache)
     registry = executor.registry if registry is None else registry
     user = Path(user_dir) if user_dir is not None else Path("user") / "default"
     server = Server(env, registry, executor, max_upload, user, hooks,
@@ -604,7 +606,7 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
           max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY,
           temp: str | None = None, user_dir: str | None = None, cors_origin: str | None = None,
           extra_model_paths: dict[str, tuple] | None = None, settings: dict | None = None,
-          custom_nodes_args: Any = None) -> int:
+          custom_nodes_args: Any = None, cache: Any = None) -> int:
     """Run the server until Ctrl-C. Returns an exit code (2: refused configuration, or a job
     store that cannot be used). `host` may list several addresses, comma-separated; the other
     keywords come from ComfyUI's flags (`ui.comfy_flags`)."""
@@ -638,7 +640,7 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
         print(f"warning: {line}", file=sys.stderr)
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
                      max_history=max_history, user_dir=user_dir, cors_origin=cors_origin,
-                     custom_nodes=packs)
+                     custom_nodes=packs, cache=cache)
     try:            # before listening: a damaged job store is a clear error, not a traceback
         app[SERVER_KEY].queue.open()
     except JobStoreError as e:
@@ -656,16 +658,17 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
 
 def cli_main(args: Any) -> int:
     """`mixgraph serve` (ui/cli.py calls this with its parsed arguments, ComfyUI's flags
-    included: `ui.comfy_flags.serve_options` maps them)."""
-    from mixgraph.ui.comfy_flags import FlagError, serve_options
+    included: `ui.comfy_flags.serve_options` maps them; the cache flags pick the cache mode)."""
+    from mixgraph.ui.comfy_flags import FlagError, cache_from_args, serve_options
     try:
         options, notes = serve_options(args)
-    except FlagError as e:
+        cache = cache_from_args(args)
+    except (FlagError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for note in notes:
         print(note, file=sys.stderr)
-    return serve(**options, token=getattr(args, "token", None),
+    return serve(**options, cache=cache, token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
                  max_history=getattr(args, "max_history", None) or MAX_HISTORY,
                  custom_nodes_args=args)
