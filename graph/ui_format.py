@@ -36,9 +36,11 @@ REROUTE, PRIMITIVE = "Reroute", "PrimitiveNode"
 CONTROL_NAMES = frozenset({"seed", "noise_seed"})
 UPLOAD_KEYS = ("image_upload", "video_upload", "audio_upload", "animated_image_upload")
 
-#: A precision tag in a group title: `[bf16]`, `[f16+upcast]`, `[fp8_e4m3fn:bf16]`, `[auto]`.
+#: A precision tag in a group title: `[bf16]`, `[f16+upcast]`, `[fp8_e4m3fn:bf16]`, `[auto]`, or a
+#: preset: `[quality]`, `[balanced]`, `[memory]`, `[fast]`.
 PRECISION_TAG = re.compile(
-    r"\[\s*((?:auto|f32|fp32|bf16|f16|fp16|fp8_?\w*|int8)(?:[:+][\w.:+]*)?)\s*\]", re.IGNORECASE)
+    r"\[\s*((?:auto|quality|balanced|memory|fast|f32|fp32|bf16|f16|fp16|fp8_?\w*|int8)"
+    r"(?:[:+][\w.:+]*)?)\s*\]", re.IGNORECASE)
 
 
 class UiInput(BaseModel):

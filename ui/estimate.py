@@ -42,10 +42,11 @@ import torch
 
 from mixgraph.graph.precision import (PRESETS, DeviceCaps, Policy, PrecisionError, Resolver,
                                       device_caps, parse_precision_arg, resolve)
-from mixgraph.graph.prompt import Link, Workflow
+from mixgraph.graph.prompt import Link, Workflow, WorkflowError
 
 __all__ = ["estimate", "estimate_presets", "trace_peak", "available_bytes", "BASE_BYTES",
-           "ACTIVATION_FACTOR", "refusal", "format_estimate"]
+           "ACTIVATION_FACTOR", "refusal", "format_estimate", "memory_section", "system_section",
+           "InsufficientMemory", "cli_main"]
 
 #: RSS of a process that has imported torch and the node library and run nothing (measured:
 #: 0.40-0.45 GiB on x86-64 Linux with torch 2.13 CPU).
@@ -54,6 +55,8 @@ BASE_BYTES = 430 * 2**20
 #: scratch and weight reorders, the tensors the trace cannot see): calibrated on SD1.5 full size.
 ACTIVATION_FACTOR = 1.5
 DEFAULT_SIDE = 512
+#: `MIXGRAPH_MEMORY_CHECK=0` turns the refusal of runs that would not fit off.
+MEMORY_CHECK_ENV = "MIXGRAPH_MEMORY_CHECK"
 
 _LOADERS = {   # class -> (folder, file inputs, {output slot: socket type})
     "CheckpointLoaderSimple": ("checkpoints", ("ckpt_name",), {0: "MODEL", 1: "CLIP", 2: "VAE"}),
@@ -467,10 +470,15 @@ def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
     """A message when the run cannot fit in the memory there is, naming the estimate and the
     preset that would fit; None when it fits (or memory cannot be read). `held_bytes`: memory
     this process already holds that the run can reuse (the weight store, the process itself)."""
-    available = available_bytes(env.device or "cpu") if available is None else available
+    device = env.device or "cpu"
+    if os.environ.get(MEMORY_CHECK_ENV, "1") == "0" or torch.device(device).type != "cpu":
+        return None     # the model is of a CPU run's resident memory
+    available = available_bytes(device) if available is None else available
     if available is None:
         return None
-    room = available + held_bytes
+    room = available + held_bytes + BASE_BYTES    # this process already holds its base
+    if _upper_bound(wf, registry, env) <= room:
+        return None     # fits even by a coarse bound: no tracing needed
     try:
         est = estimate(wf, registry, env, precision, order=order)
     except (PrecisionError, ValueError, OSError):
@@ -486,6 +494,32 @@ def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
     where = f" at node {node} ({wf.prompt[node].class_type})" if node else ""
     return (f"not enough memory: this run needs about {_gib(est['peak_bytes'])}{where}, "
             f"{_gib(room)} is available; {hint}")
+
+
+def _upper_bound(wf: Workflow, registry: Any, env: Any) -> float:
+    """A quick bound above the estimate, from file sizes and pixel counts only: every model file
+    held 4 times over (an fp8 file computing in f32) and 16 KiB per pixel of the largest
+    latent or image (the traced peaks are below 4 KiB per pixel for SD1.5/SDXL VAEs and UNets)."""
+    from mixgraph.nodes import folders
+
+    graph = _Graph(wf, registry, env)
+    files = 0
+    pixels = DEFAULT_SIDE * DEFAULT_SIDE
+    for nid, call in wf.prompt.items():
+        if call.class_type in _LOADERS:
+            folder, names, _ = _LOADERS[call.class_type]
+            for n in names:
+                try:
+                    path = folders.resolve(env, folder, call.inputs[n])
+                    files += sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) \
+                        if path.is_dir() else path.stat().st_size
+                except (KeyError, ValueError, OSError, TypeError):
+                    return float("inf")
+        for name, value in call.inputs.items():
+            if isinstance(value, Link) and graph.input_type(nid, name) in ("LATENT", "IMAGE"):
+                b, h, w, _ = graph.size(value)
+                pixels = max(pixels, b * h * w)
+    return BASE_BYTES + 4 * files + 16384 * 2 * pixels
 
 
 def _gib(n: float) -> str:
@@ -509,3 +543,75 @@ def format_estimate(est: dict, presets: dict[str, int] | None, available: int | 
     if available is not None:
         lines.append(f"available: {_gib(available)}")
     return "\n".join(lines)
+
+
+class InsufficientMemory(WorkflowError):
+    """A prompt refused at validation because its estimated peak memory exceeds what is
+    available; the message names the estimate and a preset that would fit."""
+
+    error_type = "insufficient_memory"
+
+
+def memory_section(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
+                   order: Sequence[str] | None = None) -> dict:
+    """The estimate as `validate --json` and `POST /mixgraph/estimate` give it: `peak_bytes`
+    at the top, per-node figures, each preset's peak and the available memory; an estimate that
+    cannot be made is `{"error": ...}`."""
+    try:
+        est = estimate(wf, registry, env, precision, order=order)
+        presets = estimate_presets(wf, registry, env, order=order)
+    except (PrecisionError, ValueError, OSError) as e:
+        return {"error": str(e)}
+    available = available_bytes(env.device or "cpu")
+    return {**est, "presets": presets, "available_bytes": available,
+            "fits": None if available is None else est["peak_bytes"] <= available + BASE_BYTES}
+
+
+def system_section(device: str = "cpu") -> dict:
+    """`mixgraph nodes --system`: memory and what the device computes natively (the same
+    `precision` section `/system_stats` gives each device)."""
+    from mixgraph.graph.precision import hardware_section
+
+    import sys
+    return {"system": {"python_version": sys.version, "pytorch_version": torch.__version__,
+                       "available_bytes": available_bytes(device)},
+            "devices": [{"name": device, "mixgraph_precision": hardware_section(device)}]}
+
+
+def cli_main(args: Any, registry: Any) -> int:
+    """`mixgraph estimate WF.json [--precision SPEC] [--set ...] [--json]`: exit 0 when the run
+    fits, 1 when it does not, 2 for a workflow or argument that is not valid."""
+    import json
+    import sys
+
+    from mixgraph.graph.env import Env, check_device
+    from mixgraph.graph.validate import format_problems
+    from mixgraph.ui.api import set_inputs, validate_file
+
+    problem = check_device(args.device)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    env = Env.from_args(models=args.models, input=args.input, device=args.device)
+    try:
+        parse_precision_arg(args.precision, env.device or "cpu")
+        wf, v = validate_file(args.workflow, registry, env)
+        if args.set:
+            from mixgraph.graph.validate import validate
+            wf = set_inputs(wf, args.set)
+            v = validate(wf.prompt, registry, env)
+    except (WorkflowError, PrecisionError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not v.clean:
+        print(f"invalid workflow {args.workflow}:\n{format_problems(v)}", file=sys.stderr)
+        return 2
+    section = memory_section(wf, registry, env, args.precision, order=v.order)
+    if "error" in section:
+        print(f"error: {section['error']}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(section, indent=1, default=str))
+    else:
+        print(format_estimate(section, section["presets"], section["available_bytes"]))
+    return 0 if section["fits"] is not False else 1
