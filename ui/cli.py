@@ -282,9 +282,11 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     if args.json:
         body = {"outputs": list(v.outputs), "node_errors": {}} if ok else \
             {"error": v.error, "node_errors": v.node_errors}
-        if ok:
+        if ok:      # the memory estimate, for workflows that load models
             from mixgraph.ui.estimate import memory_section
-            body["memory"] = memory_section(wf, registry, env, order=v.order)
+            memory = memory_section(wf, registry, env, order=v.order)
+            if memory.get("weights_bytes"):
+                body["memory"] = memory
         print(json.dumps(body, indent=2))
     elif ok:
         print(f"{args.workflow}: valid ({len(wf.prompt)} nodes; outputs {', '.join(v.outputs)})")
