@@ -29,9 +29,11 @@ UPLOAD_KEYS = ("image_upload", "video_upload", "audio_upload", "animated_image_u
 GROUP_NODE_PREFIXES = ("workflow>", "workflow/")
 SUBGRAPH_INPUT_ID, SUBGRAPH_OUTPUT_ID = -10, -20
 
-#: A precision tag in a group title or subgraph name: `[bf16]`, `[f16+upcast]`, `[auto]`, ...
+#: A precision tag in a group title or subgraph name: `[bf16]`, `[f16+upcast]`, `[auto]`, or a
+#: preset: `[quality]`, `[balanced]`, `[memory]`, `[fast]`.
 PRECISION_TAG = re.compile(
-    r"\[\s*((?:auto|f32|fp32|bf16|f16|fp16|fp8_?\w*|int8)(?:[:+][\w.:+]*)?)\s*\]", re.IGNORECASE)
+    r"\[\s*((?:auto|quality|balanced|memory|fast|f32|fp32|bf16|f16|fp16|fp8_?\w*|int8)"
+    r"(?:[:+][\w.:+]*)?)\s*\]", re.IGNORECASE)
 
 
 class UiInput(BaseModel):

@@ -80,6 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("nodes", help="the node catalogue (as GET /object_info)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--system", action="store_true", help="instead: the system section (memory, "
+                   "native bf16/f16/int8 per device, what auto and each preset resolve to)")
+    p.add_argument("--device", metavar="D", help="device for --system (default cpu)")
+    _common(p)
+
+    p = sub.add_parser("estimate", help="predicted peak memory of a workflow, per node and preset")
+    p.add_argument("workflow", metavar="WF.json")
+    p.add_argument("--precision", metavar="SPEC|TYPE=SPEC,...")
+    p.add_argument("--set", action="append", default=[], metavar="ID.INPUT=VALUE")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", metavar="D")
     _common(p)
     _custom_nodes(p)
 
@@ -135,8 +146,15 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
             return _cmd_run(args, registry)
         if args.command == "validate":
             return _cmd_validate(args, registry)
+        if args.command == "nodes" and args.system:
+            from mixgraph.ui.estimate import system_section
+            print(json.dumps(system_section(args.device or "cpu"), indent=1))
+            return EXIT_OK
         if args.command == "nodes":
             return _cmd_nodes(args, registry)
+        if args.command == "estimate":
+            from mixgraph.ui.estimate import cli_main
+            return int(cli_main(args, _registry(registry)) or 0)
         if args.command == "bench" and args.bench == "engine":
             from mixgraph.ui.bench_engine import cli_main
             return int(cli_main(args) or 0)
@@ -234,6 +252,11 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
+    from mixgraph.ui.estimate import refusal
+    problem = refusal(wf, registry, env, args.precision)
+    if problem:     # refused before it runs, rather than killed by the OOM killer mid-run
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_INVALID
     bar = _ProgressBar(disable=args.quiet)
     report = None
     code = EXIT_OK
@@ -290,6 +313,11 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     if args.json:
         body = {"outputs": list(v.outputs), "node_errors": {}} if ok else \
             {"error": v.error, "node_errors": v.node_errors}
+        if ok:      # the memory estimate, for workflows that load models
+            from mixgraph.ui.estimate import memory_section
+            memory = memory_section(wf, registry, env, order=v.order)
+            if memory.get("weights_bytes"):
+                body["memory"] = memory
         print(json.dumps(body, indent=2))
     elif ok:
         print(f"{args.workflow}: valid ({len(wf.prompt)} nodes; outputs {', '.join(v.outputs)})")

@@ -116,6 +116,7 @@ class Server:
             ("GET", "/models", self.models), ("GET", "/models/{folder}", self.models_in),
             ("GET", "/view_metadata/{folder}", self.view_metadata),
             ("GET", "/features", self.features), ("GET", "/extensions", self.extensions),
+            ("POST", "/mixgraph/estimate", self.estimate),
             ("GET", "/ws", self.hub.handle),
             *self.user.routes(), *self.jobs.routes(), *self.editor.routes(),
         ]
@@ -174,7 +175,42 @@ class Server:
 
     def _check(self, prompt: dict, targets: list[str] | None, extra: dict | None = None):
         wf = editor_regions(load_workflow(prompt, self.registry), extra or {}, self.registry)
-        return wf, validate(wf.prompt, self.registry, self.env, targets)
+        v = validate(wf.prompt, self.registry, self.env, targets)
+        if v.ok:        # refuse, with the estimate and a preset that fits, what cannot fit
+            from mixgraph.nodes.models import store
+            from mixgraph.ui.estimate import InsufficientMemory, refusal
+            problem = refusal(wf, self.registry, self.env, order=v.order,
+                              held_bytes=store.stats().bytes)
+            if problem:
+                raise InsufficientMemory(problem)
+        return wf, v
+
+    async def estimate(self, request: web.Request) -> web.Response:
+        """`POST /mixgraph/estimate` {"prompt": workflow, "precision": SPEC?}: the predicted peak
+        memory (`ui.estimate.memory_section`), or ComfyUI's error body for an invalid prompt."""
+        from mixgraph.ui.estimate import memory_section
+        try:
+            body = await read_json(request)
+        except JsonError as e:
+            return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), dict):
+            return _error("no_prompt", "No prompt provided: send {\"prompt\": {...}}")
+        spec = body.get("precision")
+
+        def run() -> Any:
+            wf = load_workflow(body["prompt"], self.registry)
+            v = validate(wf.prompt, self.registry, self.env)
+            return v, (memory_section(wf, self.registry, self.env, spec, v.order) if v.ok else None)
+        try:
+            v, section = await asyncio.get_running_loop().run_in_executor(None, run)
+        except WorkflowError as e:
+            return _error(e.error_type, f"Invalid prompt: {e}", str(e))
+        if section is None:
+            return web.json_response({"error": v.error, "node_errors": v.node_errors}, status=400,
+                                     dumps=_dumps)
+        if "error" in section:
+            return _error("invalid_prompt", section["error"])
+        return web.json_response(section, dumps=_dumps)
 
     def _prepare(self, item: QueueItem) -> Workflow:
         """The workflow of a prompt taken over from the job store after a restart (the executor
@@ -509,6 +545,8 @@ def system_stats(env: Env) -> dict:
         devices.append({"name": str(device), "type": device.type, "index": device.index,
                         "vram_total": ram_total, "vram_free": ram_free,
                         "torch_vram_total": ram_total, "torch_vram_free": ram_free})
+    from mixgraph.graph.precision import hardware_section
+    devices[0]["mixgraph_precision"] = hardware_section(str(device))  # native bf16/f16/int8
     return {"system": {"os": os.name, "ram_total": ram_total, "ram_free": ram_free,
                        "comfyui_version": COMFYUI_API_VERSION, "mixgraph_version": ours,
                        "required_frontend_version": frontend,
