@@ -118,6 +118,9 @@ def test_custom_pack_dynamic_server_websocket_every_cache_mode(loaded, env, mode
         assert {"8.0.0.1", "8.0.0.2", "8.0.0.2.0.0.1", "14.0.0.1"} <= set(executing)
         s1, s2 = spans(sleeps, "s1"), spans(sleeps, "s2")
         assert s1[0] < s2[1] and s2[0] < s1[1]                           # the sleeps overlapped
+        progress = sorted((m["data"]["node"], m["data"]["value"]) for m in msgs
+                          if m["type"] == "progress")
+        assert progress == [("12", 1), ("12", 2), ("13", 1), ("13", 2)]  # each its own node
 
         msgs2, entry2 = await one_run(c, ws)
         cached = set(msgs2[1]["data"]["nodes"])

@@ -360,9 +360,12 @@ class MgSleep:
     CATEGORY = "mg/flow"
 
     async def sleep(self, tag, seconds):
+        bar = comfy.utils.ProgressBar(2)     # reports for this node while the other one sleeps
         SLEEPS.append((tag, "start", time.monotonic()))
+        bar.update(1)
         await asyncio.sleep(seconds)
         SLEEPS.append((tag, "end", time.monotonic()))
+        bar.update(1)
         return {"ui": {"slept": [tag]}, "result": (tag,)}
 
 
