@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import pytest
@@ -138,12 +139,61 @@ def test_custom_pack_dynamic_server_websocket_every_cache_mode(loaded, env, mode
             assert {"1", "2", "3", "4", "7", "8", "9", "12", "13", "14", "15", "17", "18"} <= cached
             ran2 = {m["data"]["node"] for m in msgs2 if m["type"] == "executing"}
             assert ran2 == {"16", None}                                   # only the NaN node ran
+
+        (env.input / "a.txt").write_text("file2")       # IS_CHANGED: the mtime changes
+        os.utime(env.input / "a.txt", (1, 1))
+        msgs3, entry3 = await one_run(c, ws)
+        assert entry3["outputs"]["18"] == {"text": ["file2"]}
+        assert "17" not in set(msgs3[1]["data"]["nodes"])
         await ws.close()
 
     async def main():
         ex = Executor(reg, env, make_cache(**CACHE_MODES[mode]))
         app = create_app(env, registry=reg, executor=ex, user_dir=env.output.parent / "user",
                          custom_nodes=report)
+        async with TestServer(app) as server, TestClient(server) as c:
+            await body(c)
+    asyncio.run(main())
+
+
+def test_custom_pack_server_validation_hidden_inputs_and_failed_pack(loaded, env):
+    """Custom validation with input_types and hidden inputs through POST /prompt and the
+    WebSocket; the pack that failed to import is absent, the others serve their nodes."""
+    reg, report = loaded
+    bad = {"5": {"class_type": "MgEmptyLatent", "inputs": {"size": 64}},
+           "1": {"class_type": "MgValidate", "inputs": {"mode": "a", "value": 1, "other": 1,
+                                                        "thing": ["5", 0]}},
+           "2": {"class_type": "MgShowText", "inputs": {"text": ["1", 0]}}}
+    good = {"1": {"class_type": "MgHidden", "inputs": {"tag": "t"}},
+            "2": {"class_type": "MgShowText", "inputs": {"text": ["1", 0]}},
+            "3": {"class_type": "MgV3Multiply", "inputs": {"value": 2, "factor": 2.0,
+                                                           "mode": "float"}}}
+
+    async def body(c):
+        ws = await c.ws_connect("/ws?clientId=val")
+        await ws.receive_json()
+        status, r = await post_prompt(c, bad, client_id="val")
+        assert status == 400
+        errors = r["node_errors"]["1"]["errors"]
+        assert errors[0]["type"] == "custom_validation_failed"
+        assert "thing must be INT or STRING, not LATENT" in errors[0]["details"]
+        status, r = await post_prompt(c, good, client_id="val",
+                                      extra_data={"extra_pnginfo": {"workflow": {"id": "w9"}}})
+        assert status == 200, r
+        msgs = await ws_until_done(ws, r["prompt_id"], timeout=60.0)
+        executed = {m["data"]["node"]: m["data"]["output"] for m in msgs if m["type"] == "executed"}
+        hidden = json.loads(executed["2"]["text"][0])
+        assert hidden["unique_id"] == "1" and hidden["pnginfo"] == {"workflow": {"id": "w9"}}
+        assert hidden["classes"] == ["MgHidden", "MgShowText", "MgV3Multiply"]
+        assert list(executed["3"]["text"]) == ["3:4.0"]            # V3 hidden unique_id, ui
+        info = await (await c.get("/object_info")).json()
+        modules = {e["python_module"] for e in info.values()}
+        assert "custom_nodes.mg_v1_pack" in modules and "custom_nodes.mg_broken_pack" not in modules
+        await ws.close()
+
+    async def main():
+        app = create_app(env, registry=reg, executor=Executor(reg, env, make_cache()),
+                         user_dir=env.output.parent / "user", custom_nodes=report)
         async with TestServer(app) as server, TestClient(server) as c:
             await body(c)
     asyncio.run(main())
