@@ -47,7 +47,8 @@ class DependencyCycleError(RuntimeError):
 @dataclass(slots=True)
 class NodeReport:
     class_type: str
-    status: str                  # "executed" | "cached"
+    status: str                  # "executed" | "cached" | "blocked" (an ExecutionBlocker stopped
+    #                              every call: the node did not run; DESIGN §2 + dynamic execution)
     seconds: float = 0.0
     precision: str | None = None
     nan_fallback: bool = False

@@ -134,6 +134,7 @@ class Scheduler:
         self.running: dict[str, tuple] = {}  # async node -> (future, what finishing needs)
         self.current: str | None = None
         self.expanded = 0
+        self.blocked: set[str] = set()       # nodes every call of which an ExecutionBlocker stopped
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -346,16 +347,20 @@ class Scheduler:
         single = blocker is not _MISSING     # one call, its blocker (or None) already found
         fn = plan.fn
         raws = []
+        n_blocked = 0
         for kw in kw_list:
             b = blocker if single else find_blocker(kw, plan.input_is_list)
             if b is not None:
                 raws.append(self._blocked(nid, plan, b))
+                n_blocked += 1
                 continue
             for p, value in hidden:
                 kw[p] = [value] if plan.input_is_list else value
             if ctx is not None:
                 kw["ctx"] = ctx
             raws.append(fn(**kw))
+        if n_blocked and n_blocked == len(kw_list):
+            self.blocked.add(nid)
         return raws, ctx
 
     def _blocked(self, nid: str, plan: NodePlan, b: ExecutionBlocker) -> ExecutionBlocker:
@@ -491,7 +496,8 @@ class Scheduler:
         if listy:
             self.lists.add(nid)
         report = run.report
-        report.nodes[nid] = NodeReport(plan.class_type, "executed", seconds, precision, fell_back)
+        status = "blocked" if self.blocked and nid in self.blocked else "executed"
+        report.nodes[nid] = NodeReport(plan.class_type, status, seconds, precision, fell_back)
         if ui:
             report.ui[nid] = ui
             files = ui_files(ui, self.env)

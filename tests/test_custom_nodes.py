@@ -294,6 +294,21 @@ def test_custom_nodes_graph_builder_builds_api_prompts():
     assert is_link(b.out(0)) and not is_link(["a", True]) and not is_link("a")
 
 
+def test_custom_nodes_graph_builder_default_prefix():
+    """ComfyUI's `ROOT.CALL.GRAPH.` prefix; while a pack node runs the root is "" and the engine
+    adds `PARENT.CALL.`, so the builder's prefix is its index in the call."""
+    with comfy_runtime.host_path():
+        from comfy_execution.graph_utils import GraphBuilder
+    try:
+        GraphBuilder.set_default_prefix("5", 2, 0)
+        assert GraphBuilder().prefix == "5.2.0." and GraphBuilder().prefix == "5.2.1."
+        assert GraphBuilder.alloc_prefix("7", 1, 4) == "7.1.4."
+        GraphBuilder.set_default_prefix("", 0, 0)
+        assert [GraphBuilder().prefix for _ in range(3)] == ["0.", "1.", "2."]
+    finally:
+        GraphBuilder.set_default_prefix("", 0, 0)
+
+
 # --- the dynamic engine (branch dyn) -------------------------------------------------------------
 
 @DYNAMIC

@@ -38,6 +38,7 @@ import dataclasses
 import enum
 import inspect
 import math
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
@@ -334,11 +335,31 @@ class _Node:
                 v = payloads.to_comfy(info.type if info else "*", v)
             args[n] = [v] if self.list_fallback else v
         with host_path(), running_node(Running(ctx, self.pack, self.name)):
+            builder = sys.modules.get("comfy_execution.graph_utils")
+            if builder is not None:      # ComfyUI's pre_execute_cb; the engine adds PARENT.CALL.
+                builder.GraphBuilder.set_default_prefix("", 0, 0)
             try:
                 target = self._target(ctx, hidden)
                 if not self.v3:
                     args.update(hidden)
-                return self._result(_maybe_await(getattr(target, self.func_name)(**args)))
+                ret = getattr(target, self.func_name)(**args)
+                if ENGINE_DYNAMIC and inspect.isawaitable(ret):
+                    # the engine awaits it on its loop; other nodes run meanwhile
+                    return self._finish_async(ret, ctx)
+                return self._result(_maybe_await(ret))
+            except (Interrupted, KeyboardInterrupt):
+                raise
+            except Exception as e:  # noqa: BLE001 - restated when a host API is missing
+                better = explain(e, self.pack, self.name)
+                if better is not None:
+                    raise better from e
+                raise
+
+    async def _finish_async(self, pending: Any, ctx: Any) -> Result:
+        """An async FUNCTION's body runs here, with the host modules and its running node."""
+        with host_path(), running_node(Running(ctx, self.pack, self.name)):
+            try:
+                return self._result(await pending)
             except (Interrupted, KeyboardInterrupt):
                 raise
             except Exception as e:  # noqa: BLE001 - restated when a host API is missing

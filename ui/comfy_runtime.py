@@ -18,6 +18,7 @@ modules of `ui/comfy_host` (`folder_paths`, `comfy.*`, `server`, `nodes`, ...) a
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -72,24 +73,24 @@ class Running:
         return self.ctx.node_id
 
 
-_local = threading.local()
+# The running pack node: a context variable, so each thread and each asyncio task (an async
+# pack node awaited on the engine's loop while others run) sees its own.
+_running: contextvars.ContextVar[tuple[Running, ...]] = contextvars.ContextVar(
+    "mixgraph_comfy_running", default=())
 
 
 def running() -> Running | None:
-    stack = getattr(_local, "stack", None)
+    stack = _running.get()
     return stack[-1] if stack else None
 
 
 @contextlib.contextmanager
 def running_node(info: Running) -> Iterator[Running]:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    stack.append(info)
+    token = _running.set(_running.get() + (info,))
     try:
         yield info
     finally:
-        stack.pop()
+        _running.reset(token)
 
 
 @dataclass

@@ -4,6 +4,7 @@ custom node support). It must run unchanged in ComfyUI."""
 import asyncio
 import json
 import os
+import time
 
 import torch
 from aiohttp import web
@@ -19,6 +20,7 @@ from server import PromptServer
 
 WEB_DIRECTORY = "./web"
 CALLS = {"changed": 0, "lazy_b": 0}
+SLEEPS = []      # (tag, "start" | "end", time.monotonic()) of MgSleep calls
 
 
 @PromptServer.instance.routes.get("/mg_pack/hello")
@@ -304,14 +306,15 @@ class MgBlockIf:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"text": ("STRING", {"forceInput": True}),
-                             "block": ("BOOLEAN", {"default": False})}}
+                             "block": ("BOOLEAN", {"default": False})},
+                "optional": {"message": ("STRING", {"default": ""})}}
 
     RETURN_TYPES = ("STRING",)
     FUNCTION = "run"
     CATEGORY = "mg/flow"
 
-    def run(self, text, block):
-        return (ExecutionBlocker(None) if block else text,)
+    def run(self, text, block, message=""):
+        return (ExecutionBlocker(message or None) if block else text,)
 
 
 class MgLatentStats:
@@ -343,7 +346,163 @@ class MgLazyInternal:
         return (text,)
 
 
+class MgSleep:
+    """An async node: two of them run concurrently (their recorded spans overlap)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"tag": ("STRING", {"default": "s"}),
+                             "seconds": ("FLOAT", {"default": 0.2, "min": 0.0, "max": 5.0})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "sleep"
+    OUTPUT_NODE = True
+    CATEGORY = "mg/flow"
+
+    async def sleep(self, tag, seconds):
+        bar = comfy.utils.ProgressBar(2)     # reports for this node while the other one sleeps
+        SLEEPS.append((tag, "start", time.monotonic()))
+        bar.update(1)
+        await asyncio.sleep(seconds)
+        SLEEPS.append((tag, "end", time.monotonic()))
+        bar.update(1)
+        return {"ui": {"slept": [tag]}, "result": (tag,)}
+
+
+class MgNumber:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("FLOAT", {"default": 1.0}),
+                             "tag": ("STRING", {"default": "n"})}}
+
+    RETURN_TYPES = ("FLOAT",)
+    FUNCTION = "run"
+    CATEGORY = "mg/flow"
+
+    def run(self, value, tag):
+        CALLS[tag] = CALLS.get(tag, 0) + 1
+        return (value,)
+
+
+class MgLazyMix:
+    """A lazy mix: ratio 0 needs only a, ratio 1 only b, anything between both."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"ratio": ("FLOAT", {"default": 0.5, "min": 0.0, "max": 1.0}),
+                             "a": ("FLOAT", {"lazy": True, "forceInput": True}),
+                             "b": ("FLOAT", {"lazy": True, "forceInput": True})}}
+
+    RETURN_TYPES = ("FLOAT",)
+    FUNCTION = "mix"
+    OUTPUT_NODE = True
+    CATEGORY = "mg/flow"
+
+    def check_lazy_status(self, ratio, a=None, b=None):
+        need = []
+        if ratio < 1.0 and a is None:
+            need.append("a")
+        if ratio > 0.0 and b is None:
+            need.append("b")
+        return need
+
+    def mix(self, ratio, a=None, b=None):
+        value = (a if ratio < 1.0 else 0.0) * (1.0 - ratio) + (b if ratio > 0.0 else 0.0) * ratio
+        return {"ui": {"mix": [value]}, "result": (value,)}
+
+
+class MgWhileAppend:
+    """A while loop built by expansion: while n > 0, append "+" and go round again."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "w"}),
+                             "n": ("INT", {"default": 2, "min": 0, "max": 1000})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "loop"
+    CATEGORY = "mg/flow"
+
+    def loop(self, text, n):
+        if n <= 0:
+            return (text,)
+        graph = GraphBuilder()
+        step = graph.node("MgAppendText", text=text, suffix="+")
+        again = graph.node("MgWhileAppend", text=step.out(0), n=n - 1)
+        return {"result": (again.out(0),), "expand": graph.finalize()}
+
+
+class MgNestedLoop:
+    """A loop whose body is a loop: each outer round runs MgWhileAppend(inner), then adds "|"."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "o"}),
+                             "outer": ("INT", {"default": 2, "min": 0, "max": 100}),
+                             "inner": ("INT", {"default": 2, "min": 0, "max": 100})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "loop"
+    CATEGORY = "mg/flow"
+
+    def loop(self, text, outer, inner):
+        if outer <= 0:
+            return (text,)
+        graph = GraphBuilder()
+        body = graph.node("MgWhileAppend", text=text, n=inner)
+        bar = graph.node("MgAppendText", text=body.out(0), suffix="|")
+        again = graph.node("MgNestedLoop", text=bar.out(0), outer=outer - 1, inner=inner)
+        return {"result": (again.out(0),), "expand": graph.finalize()}
+
+
+class MgSampleLoop:
+    """Expands into `times` chained core KSamplers (the links arrive raw, as ComfyUI packs that
+    expand take them)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        link = {"rawLink": True}
+        return {"required": {"model": ("MODEL", link), "positive": ("CONDITIONING", link),
+                             "negative": ("CONDITIONING", link), "latent": ("LATENT", link),
+                             "seed": ("INT", {"default": 0}),
+                             "steps": ("INT", {"default": 2, "min": 1, "max": 100}),
+                             "times": ("INT", {"default": 2, "min": 1, "max": 10})}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "loop"
+    CATEGORY = "mg/sampling"
+
+    def loop(self, model, positive, negative, latent, seed, steps, times):
+        graph = GraphBuilder()
+        current = latent
+        for i in range(times):
+            k = graph.node("KSampler", model=model, positive=positive, negative=negative,
+                           latent_image=current, seed=seed + i, steps=steps, cfg=2.0,
+                           sampler_name="euler", scheduler="normal",
+                           denoise=1.0 if i == 0 else 0.5)
+            current = k.out(0)
+        return {"result": (current,), "expand": graph.finalize()}
+
+
+class MgDecode:
+    """Decodes through the core VAEDecode node, under the precision this node is given."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"vae": ("VAE",), "samples": ("LATENT",)}}
+
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "decode"
+    CATEGORY = "mg/latent"
+
+    def decode(self, vae, samples):
+        core = nodes.NODE_CLASS_MAPPINGS["VAEDecode"]
+        (image,) = getattr(core(), core.FUNCTION)(vae=vae, samples=samples)
+        return (image,)
+
+
 NODE_CLASS_MAPPINGS = {c.__name__: c for c in (
+    MgSleep, MgNumber, MgLazyMix, MgWhileAppend, MgNestedLoop, MgSampleLoop, MgDecode,
     MgLatentStats, MgLazyInternal,
     MgAppendText, MgShowText, MgHidden, MgScaleLatent, MgEmptyLatent, MgChanged, MgValidate,
     MgAnyCount, MgAsync, MgFolders, MgNeedsInternals, MgLazyPick, MgCountB, MgJoinList, MgSplit,

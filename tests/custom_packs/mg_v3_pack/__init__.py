@@ -1,6 +1,9 @@
 """A ComfyUI V3 custom node pack (comfy_api.latest)."""
 
 from comfy_api.latest import ComfyExtension, io, ui
+from comfy_execution.graph_utils import GraphBuilder
+
+CALLS = {"always": 0}
 
 
 class MgV3Multiply(io.ComfyNode):
@@ -44,9 +47,48 @@ class MgV3Latent(io.ComfyNode):
         return io.NodeOutput({"samples": latent["samples"] * 0.5})
 
 
+class MgV3Loop(io.ComfyNode):
+    """A V3 while loop built by expansion: while n > 0, append "+" (MgAppendText, V1 pack)."""
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="MgV3Loop", category="mg/v3", enable_expand=True,
+                         inputs=[io.String.Input("text", default="v"),
+                                 io.Int.Input("n", default=2, min=0, max=1000)],
+                         outputs=[io.String.Output()])
+
+    @classmethod
+    def execute(cls, text, n):
+        if n <= 0:
+            return io.NodeOutput(text)
+        graph = GraphBuilder()
+        step = graph.node("MgAppendText", text=text, suffix="+")
+        again = graph.node("MgV3Loop", text=step.out(0), n=n - 1)
+        return io.NodeOutput(again.out(0), expand=graph.finalize())
+
+
+class MgV3Always(io.ComfyNode):
+    """fingerprint_inputs gives NaN: never a cache hit, it runs in every prompt."""
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="MgV3Always", category="mg/v3", is_output_node=True,
+                         inputs=[io.Int.Input("value", default=1)],
+                         outputs=[io.Int.Output()])
+
+    @classmethod
+    def fingerprint_inputs(cls, value):
+        return float("nan")
+
+    @classmethod
+    def execute(cls, value):
+        CALLS["always"] += 1
+        return io.NodeOutput(value + 1, ui={"value": [value + 1]})
+
+
 class MgExtension(ComfyExtension):
     async def get_node_list(self):
-        return [MgV3Multiply, MgV3Latent]
+        return [MgV3Multiply, MgV3Latent, MgV3Loop, MgV3Always]
 
 
 async def comfy_entrypoint():

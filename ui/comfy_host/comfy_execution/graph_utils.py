@@ -26,7 +26,9 @@ def is_link(obj: Any) -> bool:
 
 class GraphBuilder:
     """Nodes added with `node(class_type, id=None, **inputs)`; `finalize()` is the API prompt.
-    Ids are `prefix + id`, the prefix unique per builder (ComfyUI's `alloc_prefix`)."""
+    Ids are `prefix + id`, the prefix unique per builder (ComfyUI's `alloc_prefix`). While a pack
+    node runs, the default prefix is `G.` (G: the builder's index within the call, from 0); the
+    engine makes it `PARENT.CALL.G.N`, unique and the same in every run, nested loops included."""
 
     _default_prefix_root = ""
     _default_prefix_call_index = 0
@@ -51,6 +53,11 @@ class GraphBuilder:
         if graph_index is None:
             graph_index = cls._default_prefix_graph_index
             cls._default_prefix_graph_index += 1
+        if root == "":
+            # inside a running node the adapter sets root "": mixgraph's engine prefixes the
+            # expanded ids with `PARENT.CALL.` itself, so the builder adds only its own index
+            # (ComfyUI's root is the node id; repeating it here would double every loop level)
+            return f"{graph_index}."
         return f"{root}.{call_index}.{graph_index}."
 
     def node(self, class_type: str, id: str | None = None, **kwargs: Any) -> "Node":
