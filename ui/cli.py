@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "native bf16/f16/int8 per device, what auto and each preset resolve to)")
     p.add_argument("--device", metavar="D", help="device for --system (default cpu)")
     _common(p)
+    _custom_nodes(p)
 
     p = sub.add_parser("estimate", help="predicted peak memory of a workflow, per node and preset")
     p.add_argument("workflow", metavar="WF.json")
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
             return _cmd_nodes(args, registry)
         if args.command == "estimate":
             from mixgraph.ui.estimate import cli_main
-            return int(cli_main(args, _registry(registry)) or 0)
+            return int(cli_main(args, _registry(registry, args)) or 0)
         if args.command == "bench" and args.bench == "engine":
             from mixgraph.ui.bench_engine import cli_main
             return int(cli_main(args) or 0)
