@@ -1,4 +1,5 @@
-"""Saving nodes (comfy_extras nodes_model_merging.py: CheckpointSave, CLIPSave, VAESave, ModelSave).
+"""Saving nodes (comfy_extras nodes_model_merging.py: CheckpointSave, CLIPSave, VAESave, ModelSave;
+nodes_lora_extract.py: LoraSave).
 
 Files go under the output folder as ``<prefix>_<counter:05>_.safetensors`` (ComfyUI's counter
 rule, shared with SaveImage), in ComfyUI's key layouts, holding the weights after every patch
@@ -12,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from mixgraph.graph.env import writable_folder
-from mixgraph.graph.node import Hidden, Result, Socket, String, node
+from mixgraph.graph.node import Boolean, Combo, Hidden, Int, Result, Socket, String, node
 from mixgraph.nodes.folders import safe_join
 from mixgraph.nodes.imaging import _next_counter
-from mixgraph.nodes.models import save
+from mixgraph.nodes.models import lora_extract, save
 from mixgraph.nodes.precision import effective
 
 _CATEGORY = "advanced/model_merging"
@@ -80,4 +81,27 @@ def VAESave(ctx, vae=Socket("VAE"), filename_prefix=String("vae/ComfyUI_vae"), p
     path = folder / f"{stem}_{counter:05}_.safetensors"
     save.write_safetensors(path, save.vae_state_dict(vae, effective(ctx, vae, "VAE").storage),
                            save.prompt_metadata(prompt, extra_pnginfo))
+    return Result()
+
+
+@node(category="_for_testing", outputs=(), output_node=True)
+def LoraSave(ctx, filename_prefix=String("loras/ComfyUI_extracted_lora"),
+             rank=Int(8, min=1, max=4096, step=1), lora_type=Combo(lora_extract.LORA_TYPES),
+             bias_diff=Boolean(True), model_diff=Socket("MODEL", optional=True),
+             text_encoder_diff=Socket("CLIP", optional=True)):
+    """Extracts a LoRA from a weight difference (ModelMergeSubtract / CLIPMergeSubtract output)
+    and writes it as ``<prefix>_<counter:05>_.safetensors``; with neither input it does nothing."""
+    if model_diff is None and text_encoder_diff is None:
+        return Result()
+    lora: dict = {}
+    if model_diff is not None:
+        sd = save.unet_state_dict(model_diff, effective(ctx, model_diff, "MODEL").storage)
+        lora.update(lora_extract.lora_from_diff(sd, rank, lora_type, bias_diff, "diffusion_model."))
+    if text_encoder_diff is not None:
+        storage = effective(ctx, text_encoder_diff, "CLIP").storage
+        for name, sd in save.clip_state_dicts(text_encoder_diff, storage).items():
+            lora.update(lora_extract.lora_from_diff(sd, rank, lora_type, bias_diff,
+                                                    f"text_encoders.{name}.transformer."))
+    folder, stem, counter = _target(ctx, filename_prefix)
+    save.write_safetensors(folder / f"{stem}_{counter:05}_.safetensors", lora)
     return Result()

@@ -270,3 +270,81 @@ def test_merge_of_lora_patched_model_uses_its_patched_weights(models):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         merge_model(m1, m2, SIMPLE, 0.5)  # building the handle reads nothing
+
+
+# --- LoRA extraction -----------------------------------------------------------------------------
+
+def test_lora_save_spec_matches_comfyui():
+    spec = INFO["LoraSave"]
+    assert spec["input_order"]["required"] == ["filename_prefix", "rank", "lora_type", "bias_diff"]
+    assert spec["input_order"]["optional"] == ["model_diff", "text_encoder_diff"]
+    req = spec["input"]["required"]
+    assert req["filename_prefix"] == ["STRING", {"default": "loras/ComfyUI_extracted_lora"}]
+    assert req["rank"] == ["INT", {"default": 8, "min": 1, "max": 4096, "step": 1}]
+    assert req["lora_type"][0] == ["standard", "full_diff"]
+    assert req["bias_diff"] == ["BOOLEAN", {"default": True}]
+    assert spec["input"]["optional"] == {"model_diff": ["MODEL"], "text_encoder_diff": ["CLIP"]}
+    assert spec["output"] == [] and spec["output_node"] is True and spec["category"] == "_for_testing"
+
+
+def test_extract_lora_quantile_shapes_and_low_rank_exactness():
+    from mixgraph.nodes.models.lora_extract import _quantile, extract_lora, lora_from_diff
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, generator=g)
+    assert torch.allclose(_quantile(x, 0.99), torch.quantile(x, 0.99))
+    # a rank-2 difference: the rank-2 SVD is exact; clamping only trims the top 1% of factor values
+    diff = torch.randn(16, 2, generator=g) @ torch.randn(2, 12, generator=g)
+    up, down = extract_lora(diff, 8)
+    assert up.shape == (16, 8) and down.shape == (8, 12)  # rank kept at min(rank, out, in)
+    # ComfyUI's formula: factors U_r·diag(S_r) and Vh_r, both clamped to ±quantile_0.99(joined)
+    u, sv, vh = torch.linalg.svd(diff)
+    ref_up, ref_down = u[:, :8] * sv[:8], vh[:8]
+    hi = torch.quantile(torch.cat([ref_up.flatten(), ref_down.flatten()]), 0.99)
+    assert torch.allclose(up, ref_up.clamp(-hi, hi), atol=1e-5)
+    assert torch.allclose(down, ref_down.clamp(-hi, hi), atol=1e-5)
+    assert float((up @ down - diff).norm() / diff.norm()) < 0.2
+    up4, down4 = extract_lora(torch.randn(6, 3, 3, 3, generator=g), 4)  # ComfyUI: r = min(4, in 3, out 6)
+    assert up4.shape == (6, 3, 1, 1) and down4.shape == (3, 3, 3, 3)
+    sd = {"a.weight": diff, "a.bias": torch.ones(16), "n.weight": torch.ones(3)}
+    std = lora_from_diff(sd, 4, "standard", True, "diffusion_model.")
+    assert set(std) == {"diffusion_model.a.lora_up.weight", "diffusion_model.a.lora_down.weight",
+                        "diffusion_model.a.diff_b", "diffusion_model.n.diff"}
+    assert all(t.dtype == torch.float16 for t in std.values())
+    assert set(lora_from_diff(sd, 4, "standard", False, "")) == {"a.lora_up.weight", "a.lora_down.weight"}
+    assert set(lora_from_diff(sd, 4, "full_diff", False, "")) == {"a.diff", "n.diff"}
+
+
+def test_lora_save_full_diff_round_trip_restores_the_finetune(models, tmp_path):
+    g = api.Graph(precision="f32")
+    a = g.add("CheckpointLoaderSimple", ckpt_name="a.safetensors")
+    b = g.add("CheckpointLoaderSimple", ckpt_name="b.safetensors")
+    dm = g.add("ModelMergeSubtract", model1=b[0], model2=a[0], multiplier=1.0)
+    dc = g.add("CLIPMergeSubtract", clip1=b[1], clip2=a[1], multiplier=1.0)
+    g.add("LoraSave", filename_prefix="loras/full", rank=8, lora_type="full_diff", bias_diff=True,
+          model_diff=dm, text_encoder_diff=dc)
+    g.add("LoraSave", filename_prefix="loras/std", rank=4, lora_type="standard", bias_diff=True, model_diff=dm)
+    api.run(g, models=models, output=tmp_path)
+    full = tmp_path / "loras" / "full_00001_.safetensors"
+    std = tmp_path / "loras" / "std_00001_.safetensors"
+    with safe_open(str(std), "pt") as f:
+        keys = list(f.keys())
+    assert "diffusion_model.input_blocks.1.1.proj_in.lora_up.weight" in keys
+    assert all(k.startswith("diffusion_model.") for k in keys)
+
+    from mixgraph.nodes.models.lora import load_lora_patches
+    m_a, c_a, _ = loader.load_checkpoint(models / "checkpoints" / "a.safetensors")
+    m_b, c_b, _ = loader.load_checkpoint(models / "checkpoints" / "b.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every key of the extracted LoRA matches the model
+        m, c = load_lora_patches(full, m_a, c_a, 1.0, 1.0)
+    got, want = _unet(m), _unet(m_b)
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=2e-3, rtol=2e-3), k
+    got_c = save.clip_state_dicts(c, torch.float32)["clip_l"]
+    want_c = save.clip_state_dicts(c_b, torch.float32)["clip_l"]
+    for k in want_c:
+        assert torch.allclose(got_c[k], want_c[k], atol=2e-3, rtol=2e-3), k
+    m_std, _ = load_lora_patches(std, m_a, None, 1.0, 0.0)
+    k = "input_blocks.1.1.proj_in.weight"
+    base = _unet(m_a)[k]
+    assert not torch.equal(_unet(m_std)[k], base)  # the standard LoRA moves the weight
