@@ -1,4 +1,4 @@
-"""More loaders from ComfyUI's nodes.py: DiffusersLoader, and the CLIP-vision checkpoint loaders
+"""More loaders from ComfyUI's nodes.py: DiffusersLoader, DiffControlNetLoader, and the CLIP-vision checkpoint loaders
 (unCLIPCheckpointLoader, ImageOnlyCheckpointLoader), which refuse clearly until CLIP vision
 models exist here."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mixgraph.graph.fingerprint import fingerprint_file
-from mixgraph.graph.node import Combo, node
+from mixgraph.graph.node import Combo, Socket, node
 from mixgraph.nodes import folders
 from mixgraph.nodes.models import loader
 
@@ -42,6 +42,19 @@ def _diffusers_fingerprint(env: Any, model_path: str = "", **_: Any):
 def DiffusersLoader(ctx, model_path=Combo(list_diffusers)):
     """A diffusers model folder (unet/, text_encoder[_2]/, vae/, scheduler/)."""
     return loader.load_checkpoint(folders.resolve(ctx.env, "diffusers", model_path))
+
+
+def _controlnet_fingerprint(env: Any, control_net_name: str = "", **_: Any):
+    try:
+        return fingerprint_file(folders.resolve(env, "controlnet", control_net_name))
+    except (folders.FolderError, OSError):
+        return None
+
+
+@node(category="loaders", outputs=("CONTROL_NET",), fingerprint=_controlnet_fingerprint)
+def DiffControlNetLoader(ctx, model=Socket("MODEL"), control_net_name=Combo(folders.options("controlnet"))):
+    """A ControlNet stored as a difference to its base UNet: the model's weights are added back."""
+    return (loader.load_diff_controlnet(folders.resolve(ctx.env, "controlnet", control_net_name), model),)
 
 
 def _clip_vision_refusal(node_name: str):

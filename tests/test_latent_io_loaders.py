@@ -140,3 +140,50 @@ def test_clip_vision_checkpoint_loaders_refuse_at_validation(models, tmp_path):
         g.add("PreviewImage", images=dec)
         with pytest.raises(ValidationFailed, match="CLIP vision models are not supported yet"):
             api.run(g, models=models, output=tmp_path)
+
+
+def test_diff_controlnet_loader_adds_the_model_weights_back(models, tmp_path):
+    from safetensors.torch import load_file
+
+    from mixgraph.nodes.models import store
+    from mixgraph.nodes.models.controlnet import ControlNetModel
+    from tests.fixtures.tiny_lora import tiny_controlnet_state_dict
+    spec = INFO["DiffControlNetLoader"]
+    assert spec["input_order"]["required"] == ["model", "control_net_name"]
+    assert spec["output"] == ["CONTROL_NET"] and spec["category"] == "loaders"
+
+    ckpt = load_file(str(models / "checkpoints" / "sd15.safetensors"))
+    unet = {k[len("model.diffusion_model."):]: v for k, v in ckpt.items() if k.startswith("model.diffusion_model.")}
+    cn = {k[len("control_model."):]: v for k, v in tiny_controlnet_state_dict("sd15", seed=9).items()}
+    shared = [k for k in cn if k in unet and unet[k].shape == cn[k].shape]
+    assert any(k.startswith("input_blocks.") for k in shared) and "time_embed.0.weight" in shared
+    diff = {"control_model." + k: (v - unet[k] if k in shared else v).contiguous() for k, v in cn.items()}
+    (models / "controlnet").mkdir(exist_ok=True)
+    save_file({**diff, "difference": torch.tensor([])}, str(models / "controlnet" / "diff.safetensors"))
+    save_file({"control_model." + k: v for k, v in cn.items()}, str(models / "controlnet" / "plain.safetensors"))
+
+    g = api.Graph(precision="f32")
+    ck = g.add("CheckpointLoaderSimple", ckpt_name="sd15.safetensors")
+    d = g.add("DiffControlNetLoader", model=ck[0], control_net_name="diff.safetensors")
+    p = g.add("DiffControlNetLoader", model=ck[0], control_net_name="plain.safetensors")
+    pos = g.add("CLIPTextEncode", text="a cube", clip=ck[1])
+    img = g.add("EmptyImage", width=32, height=32, batch_size=1, color=0xFFFFFF)
+    c1 = g.add("ControlNetApply", conditioning=pos, control_net=d, image=img, strength=1.0)
+    lat = g.add("EmptyLatentImage", width=32, height=32, batch_size=1)
+    ks = g.add("KSampler", model=ck[0], seed=1, steps=1, cfg=1.0, sampler_name="euler", scheduler="normal",
+               positive=c1, negative=pos, latent_image=lat, denoise=1.0)
+    g.add("SaveLatent", samples=ks, filename_prefix="cn")
+    c2 = g.add("ControlNetApply", conditioning=pos, control_net=p, image=img, strength=1.0)
+    ks2 = g.add("KSampler", model=ck[0], seed=1, steps=1, cfg=1.0, sampler_name="euler", scheduler="normal",
+                positive=c2, negative=pos, latent_image=lat, denoise=1.0)
+    g.add("SaveLatent", samples=ks2, filename_prefix="cn2")
+    out = api.run(g, models=models, output=tmp_path)
+    with torch.inference_mode():
+        for node, want in ((d, cn), (p, cn)):
+            h = out[node.node_id][0]
+            m = store.materialize("controlnet", h.source, h.config, torch.float32, h.patches, ControlNetModel)
+            got = m.state_dict()
+            for k in want:
+                assert torch.allclose(got[k], want[k], atol=1e-6), k
+    # the diff ControlNet on its base model steers sampling exactly as the full ControlNet
+    assert torch.allclose(out[ks.node_id][0].samples, out[ks2.node_id][0].samples, rtol=1e-5, atol=1e-3)

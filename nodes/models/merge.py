@@ -68,6 +68,9 @@ class MergePatch:
     default:  (strength_model, strength_patch) for keys no prefix matches.
     prefixed: ((key prefix, strength_model, strength_patch), ...); the longest matching prefix wins.
     skip:     key suffixes never merged.
+    kind:     the weight-store kind of the other model when it differs from ``target`` (a diff
+              ControlNet adds the "unet" weights of its base model).
+    build:    the other model's module class, so its per-key storage dtypes are its own.
     """
 
     target: str
@@ -77,6 +80,8 @@ class MergePatch:
     default: tuple[float, float]
     prefixed: tuple[tuple[str, float, float], ...] = ()
     skip: tuple[str, ...] = ()
+    kind: str = ""
+    build: Hashable = None
 
     def strengths_for(self, key: str) -> tuple[float, float] | None:
         """(strength_model, strength_patch) for ``key``; None when the key is skipped."""

@@ -230,7 +230,8 @@ class WeightStore:
             if patches:
                 base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename)
                 others = {  # merges: the other model, materialized (and cached) in the same dtype
-                    p: self.state_dict(kind, p.source, p.config, storage_dtype, tuple(p.patches), rule)
+                    p: self.state_dict(p.kind or kind, p.source, p.config, storage_dtype, tuple(p.patches),
+                                       rule if p.build is None else dtype_rule(_build_meta(p.build, p.config)))
                     for p in patches if isinstance(p, MergePatch) and p.target == kind
                 }
                 tensors = apply_patches(base, patches, target=kind, others=others)
