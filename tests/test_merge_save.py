@@ -348,3 +348,23 @@ def test_lora_save_full_diff_round_trip_restores_the_finetune(models, tmp_path):
     k = "input_blocks.1.1.proj_in.weight"
     base = _unet(m_a)[k]
     assert not torch.equal(_unet(m_std)[k], base)  # the standard LoRA moves the weight
+
+
+@pytest.mark.parametrize("kind", ["sd2", "sdxl_refiner"])
+def test_openclip_checkpoints_save_in_openclip_layout_and_reload(kind, tmp_path):
+    from tests.fixtures.checkpoints import write_sd2, write_sdxl_refiner
+    src = tmp_path / "src.safetensors"
+    (write_sd2(src, v_prediction=True, seed=1) if kind == "sd2" else write_sdxl_refiner(src, seed=1))
+    m, c, v = loader.load_checkpoint(src)
+    sd = save.checkpoint_state_dict(m, c, v)
+    prefix = "cond_stage_model.model." if kind == "sd2" else "conditioner.embedders.0.model."
+    assert prefix + "transformer.resblocks.0.attn.in_proj_weight" in sd
+    assert prefix + "positional_embedding" in sd and prefix + "ln_final.weight" in sd
+    assert ("v_pred" in sd) == (kind == "sd2")
+    out = tmp_path / "out.safetensors"
+    save.write_safetensors(out, sd, save.checkpoint_metadata(m, "t"))
+    m2, c2, v2 = loader.load_checkpoint(out)
+    assert (m2.kind, m2.prediction) == (m.kind, m.prediction)
+    for enc in c.encoders:
+        a, b = (save.clip_state_dicts(x, torch.float32)[enc] for x in (c, c2))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), enc
