@@ -7,7 +7,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from mixgraph.graph.report import ValidationFailed
-from mixgraph.nodes.models import loader
 from mixgraph.nodes.models.latent_file import load_latent
 from mixgraph.ui import api
 
@@ -79,7 +78,6 @@ def test_save_latent_then_load_latent_round_trip(models, tmp_path):
     g2.add("SaveLatent", samples=back, filename_prefix="latents/again")
     out2 = api.run(g2, models=models, input=inp, output=tmp_path / "out")
     assert torch.equal(out2[back.node_id][0].samples, out[lat.node_id][0].samples)
-    assert INFO is not None
     with pytest.raises(ValidationFailed, match="Invalid latent file"):
         g3 = api.Graph()
         g3.add("SaveLatent", samples=g3.add("LoadLatent", latent="missing.latent"), filename_prefix="x")
