@@ -39,9 +39,10 @@ from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip
 from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
-from mixgraph.nodes.models.layouts import hf_clip_rename, reader_for_source
+from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
+from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
-from mixgraph.nodes.models.unet import UNetConfig, unet_config_from_state_dict
+from mixgraph.nodes.models.unet import UNetConfig, UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.models.vae import VAEConfig
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "load_vae",
     "load_clip",
     "load_controlnet",
+    "load_diff_controlnet",
     "detect_unet_kind",
 ]
 
@@ -392,3 +394,24 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     info = inspect_file(p)
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
+
+
+def load_diff_controlnet(path: str | os.PathLike, model: ModelHandle) -> ControlNetHandle:
+    """DiffControlNetLoader: a file with the ``difference`` marker stores ControlNet − UNet for the
+    weights they share; ComfyUI adds the model's UNet weights to every ``control_model.*`` key whose
+    ``diffusion_model.*`` counterpart exists. Here that addition is a merge patch (strengths 1, 1)
+    on the handle, so the model's shared weights are never touched. Other files load as
+    ControlNetLoader does (the model is unused)."""
+    p = Path(path)
+    if p.is_dir():
+        p = _find_weights(p, "diffusion_pytorch_model")
+    info = inspect_file(p)
+    if not any(k in info for k in DIFF_MARKERS):
+        return load_controlnet(p)
+    if not any(k.startswith("control_model.") for k in info):
+        raise ValueError(f"{p}: a diff ControlNet without control_model.* keys is not supported yet")
+    cfg = controlnet_config_from_state_dict(convert_diff_controlnet(info))
+    add_model = MergePatch("controlnet", model.source, model.config, tuple(model.patches), (1.0, 1.0),
+                           kind="unet", build=UNetModel)
+    return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet_diff"), config=cfg,
+                            patches=(add_model,))
