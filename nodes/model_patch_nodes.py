@@ -66,3 +66,33 @@ def CLIPAttentionMultiply(clip=Socket("CLIP"), q=Float(1.0, **_MULT), k=Float(1.
                     for name, f in (("q_proj", q), ("k_proj", k), ("v_proj", v), ("out_proj", out))
                     for kind in ("weight", "bias"))
     return (clip.with_patches(tuple(ScalePatch(enc, factors) for enc in clip.encoders)),)
+
+
+@node(category="sampling/custom_sampling", outputs=("MODEL",), display_name="Adaptive Projected Guidance")
+def APG(model=Socket("MODEL"),
+        eta=Float(1.0, min=-10.0, max=10.0, step=0.01,
+                  tooltip="Controls the scale of the parallel guidance vector. Default CFG behavior at a setting of 1."),
+        norm_threshold=Float(5.0, min=0.0, max=50.0, step=0.1,
+                             tooltip="Normalize guidance vector to this value, normalization disable at a setting of 0."),
+        momentum=Float(0.0, min=0.0, max=1.0, step=0.01,
+                       tooltip="Controls a running average of guidance during diffusion, disabled at a setting of 0.")):
+    return (model.with_sampler_patch(cfg_patches.APG(eta, norm_threshold, momentum)),)
+
+
+@node(category="advanced/guidance", outputs=(("MODEL", "patched_model"),), display_name="Tangential Damping CFG",
+      description="TCFG – Tangential Damping CFG (2503.18137)\n\nRefine the uncond (negative) to align with the "
+                  "cond (positive) for improving quality.")
+def TCFG(model=Socket("MODEL")):
+    return (model.with_sampler_patch(cfg_patches.TangentialDampingCFG()),)
+
+
+@node(category="_for_testing", outputs=("MODEL",), display_name="Self-Attention Guidance")
+def SelfAttentionGuidance(model=Socket("MODEL"), scale=Float(0.5, min=-2.0, max=5.0, step=0.01),
+                          blur_sigma=Float(2.0, min=0.0, max=10.0, step=0.1)):
+    return (model.with_sampler_patch(cfg_patches.SelfAttentionGuidance(scale, blur_sigma)),)
+
+
+@node(category="_for_testing", outputs=("MODEL",), display_name="Differential Diffusion")
+def DifferentialDiffusion(model=Socket("MODEL"),
+                          strength=Float(1.0, min=0.0, max=1.0, step=0.01, optional=True)):
+    return (model.with_sampler_patch(cfg_patches.DifferentialDiffusion(float(strength))),)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from mixgraph.nodes.payloads.conditioning import Cond, Control
-from .cfg_patches import GuidanceArgs, guide
+from .cfg_patches import GuidanceArgs, guide, needs_uncond
 from .schedules import DiscreteSchedule
 
 __all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
@@ -506,12 +506,14 @@ class CFGDenoiser(CondDenoiser):
         self.positive, self.negative = self.lists
         self.cfg = float(cfg)
         self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
+        self.patch_state: dict = {}  # per-run state of sampler patches (APG momentum)
+        self._skip_cfg1 = not needs_uncond(self.sampler_patches)
 
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
-        if math.isclose(self.cfg, 1.0):
+        if self._skip_cfg1 and math.isclose(self.cfg, 1.0):
             (cond,) = self.calc_cond_batch([self.positive], x, sigma)
             if self.sampler_patches:
-                return self._guide(x, sigma, cond, torch.zeros_like(cond))
+                return self._guide(x, sigma, cond, torch.zeros_like(cond), has_uncond=False)
             return cond
         cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
         if self.sampler_patches:
@@ -525,10 +527,14 @@ class CFGDenoiser(CondDenoiser):
             return self._guide(x, sigma, cond, uncond), uncond
         return uncond + (cond - uncond) * self.cfg, uncond
 
-    def _guide(self, x, sigma, cond, uncond) -> torch.Tensor:
+    def _guide(self, x, sigma, cond, uncond, has_uncond: bool = True) -> torch.Tensor:
         """The model's sampler patches (sampling/cfg_patches.py) in place of the CFG formula."""
         def evaluate(unet_patches):
             return self.calc_cond_batch([self.positive], x, sigma, unet_patches)[0]
 
-        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate)
+        def evaluate_negative(x_in, unet_patches):
+            return self.calc_cond_batch([self.negative], x_in, sigma, unet_patches)[0]
+
+        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate, evaluate_negative,
+                            self.patch_state, has_uncond)
         return guide(self.sampler_patches, args)
