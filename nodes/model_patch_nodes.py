@@ -4,7 +4,7 @@ handle; the shared weights are never changed (ARCHITECTURE.md, "Model patches").
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Float, Socket, node
+from mixgraph.graph.node import Combo, Float, Socket, node
 from mixgraph.nodes.models.lora import ScalePatch
 from mixgraph.nodes.models.unet_patches import FreeU as FreeUPatch
 from mixgraph.nodes.sampling import cfg_patches
@@ -96,3 +96,35 @@ def SelfAttentionGuidance(model=Socket("MODEL"), scale=Float(0.5, min=-2.0, max=
 def DifferentialDiffusion(model=Socket("MODEL"),
                           strength=Float(1.0, min=0.0, max=1.0, step=0.01, optional=True)):
     return (model.with_sampler_patch(cfg_patches.DifferentialDiffusion(float(strength))),)
+
+
+_SIGMA = dict(min=0.0, max=1000.0, step=0.001, round=False)
+_EDM_SAMPLING = ("v_prediction", "edm", "edm_playground_v2.5", "eps", "cosmos_rflow")
+_EDM_UNSUPPORTED = {
+    "edm_playground_v2.5": "it needs Playground v2.5's per-channel latent format",
+    "cosmos_rflow": "Cosmos is a model family mixgraph does not run",
+}
+
+
+def _continuous(model, prediction: str, kind: str, sigma_max: float, sigma_min: float, node_name: str):
+    if not (0 < sigma_min < sigma_max):
+        raise ValueError(f"{node_name}: sigma_min ({sigma_min}) must be > 0 and below sigma_max ({sigma_max})")
+    return model.with_sampling(prediction, False, (kind, float(sigma_min), float(sigma_max)))
+
+
+@node(category="advanced/model", outputs=("MODEL",))
+def ModelSamplingContinuousEDM(model=Socket("MODEL"), sampling=Combo(_EDM_SAMPLING),
+                               sigma_max=Float(120.0, **_SIGMA), sigma_min=Float(0.002, **_SIGMA)):
+    """A continuous EDM schedule (timestep ¼·ln σ, log-spaced sigmas from sigma_min to sigma_max)
+    with the chosen prediction; "edm" uses Karras et al.'s preconditioning with σ_data = 0.5."""
+    if sampling in _EDM_UNSUPPORTED:
+        raise NotImplementedError(f"ModelSamplingContinuousEDM sampling {sampling!r}: not supported yet "
+                                  f"({_EDM_UNSUPPORTED[sampling]})")
+    return (_continuous(model, sampling, "edm", sigma_max, sigma_min, "ModelSamplingContinuousEDM"),)
+
+
+@node(category="advanced/model", outputs=("MODEL",))
+def ModelSamplingContinuousV(model=Socket("MODEL"), sampling=Combo(("v_prediction",)),
+                             sigma_max=Float(500.0, **_SIGMA), sigma_min=Float(0.03, **_SIGMA)):
+    """A continuous v schedule (timestep (2/π)·atan σ) with v prediction."""
+    return (_continuous(model, sampling, "v", sigma_max, sigma_min, "ModelSamplingContinuousV"),)

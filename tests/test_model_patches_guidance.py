@@ -2,6 +2,8 @@
 values, identities (neutral settings equal a known plain result), per-run state, and end-to-end
 runs on a tiny SD1.5 checkpoint."""
 
+import math
+
 import pytest
 import torch
 
@@ -209,3 +211,59 @@ def test_differential_diffusion_full_mask_equals_plain_inpaint(model):
     soft = _sample(model, mask=ramp, denoise=0.8, latent=lat)
     diff = _sample(dd, mask=ramp, denoise=0.8, latent=lat)
     assert torch.isfinite(diff).all() and not torch.allclose(diff, soft, atol=1e-3)
+
+
+# --- continuous model sampling -------------------------------------------------------------------
+
+def test_model_sampling_continuous_specs_match_comfyui():
+    edm = INFO["ModelSamplingContinuousEDM"]["input"]["required"]
+    assert edm["sampling"] == [["v_prediction", "edm", "edm_playground_v2.5", "eps", "cosmos_rflow"]]
+    assert edm["sigma_max"] == ["FLOAT", {"default": 120.0, "min": 0.0, "max": 1000.0, "step": 0.001, "round": False}]
+    assert edm["sigma_min"] == ["FLOAT", {"default": 0.002, "min": 0.0, "max": 1000.0, "step": 0.001, "round": False}]
+    v = INFO["ModelSamplingContinuousV"]["input"]["required"]
+    assert v["sampling"] == [["v_prediction"]]
+    assert v["sigma_max"][1]["default"] == 500.0 and v["sigma_min"][1]["default"] == 0.03
+    for n in ("ModelSamplingContinuousEDM", "ModelSamplingContinuousV"):
+        assert INFO[n]["category"] == "advanced/model" and INFO[n]["output"] == ["MODEL"]
+        assert INFO[n]["input_order"]["required"] == ["model", "sampling", "sigma_max", "sigma_min"]
+
+
+def test_continuous_schedules_hand_values():
+    from mixgraph.nodes.sampling.schedules import calculate_sigmas
+    ms = ModelSampling("eps", continuous=("edm", 0.002, 120.0))
+    assert float(ms.sigma_max) == pytest.approx(120.0, rel=1e-5) and float(ms.sigma_min) == pytest.approx(0.002, rel=1e-5)
+    assert float(ms.timestep(torch.tensor(1.0))) == 0.0
+    assert float(ms.timestep(torch.tensor(math.e ** 4))) == pytest.approx(1.0, rel=1e-6)
+    # normal: linear in t = ¼·ln σ, i.e. geometric in σ: 120, sqrt(120·0.002), 0.002, then 0
+    sig = calculate_sigmas(ms.schedule, "normal", 3)
+    assert torch.allclose(sig, torch.tensor([120.0, (120 * 0.002) ** 0.5, 0.002, 0.0]), rtol=1e-4)
+    assert ms.percent_to_sigma(0.5) == pytest.approx((120 * 0.002) ** 0.5, rel=1e-5)
+    assert ms.schedule.sigma_to_percent(ms.percent_to_sigma(0.3)) == pytest.approx(0.3, abs=1e-6)
+    v = ModelSampling("v_prediction", continuous=("v", 0.03, 500.0))
+    assert float(v.timestep(torch.tensor(1.0))) == pytest.approx(0.5, rel=1e-6)
+    assert float(v.schedule.sigma(torch.tensor(0.5))) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_edm_preconditioning_hand_value():
+    ms = ModelSampling("edm", continuous=("edm", 0.002, 80.0))
+    # σ = 1, σ_data = 0.5: c_skip = 0.25/1.25 = 0.2, c_out = 0.5/sqrt(1.25), c_in = 1/sqrt(1.25)
+    x, out, s = torch.full((1, 1, 1, 1), 2.0), torch.ones(1, 1, 1, 1), torch.tensor([1.0])
+    assert float(ms.calculate_denoised(s, out, x)) == pytest.approx(0.4 + 0.5 / 1.25**0.5, rel=1e-6)
+    assert float(ms.calculate_input(s, x)) == pytest.approx(2.0 / 1.25**0.5, rel=1e-6)
+    with pytest.raises(ValueError, match="continuous schedule"):
+        ModelSampling("edm")
+
+
+def test_model_sampling_continuous_end_to_end(model):
+    from mixgraph.nodes import model_patch_nodes as N
+    base = _sample(model)
+    for patched in (N.ModelSamplingContinuousEDM(model, "eps", 14.6, 0.03)[0],
+                    N.ModelSamplingContinuousEDM(model, "edm", 80.0, 0.002)[0],
+                    N.ModelSamplingContinuousV(model, "v_prediction", 500.0, 0.03)[0]):
+        out = _sample(patched)
+        assert torch.isfinite(out).all() and not torch.allclose(out, base, atol=1e-3)
+    assert torch.equal(_sample(model), base)
+    with pytest.raises(NotImplementedError, match="edm_playground_v2.5"):
+        N.ModelSamplingContinuousEDM(model, "edm_playground_v2.5", 80.0, 0.002)
+    with pytest.raises(ValueError, match="sigma_min"):
+        N.ModelSamplingContinuousV(model, "v_prediction", 1.0, 0.0)

@@ -32,11 +32,12 @@ import torch.nn.functional as F
 
 from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .cfg_patches import GuidanceArgs, guide, needs_uncond
+from .schedule_continuous import ContinuousSchedule
 from .schedules import DiscreteSchedule
 
 __all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
 
-PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img")
+PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img", "edm")
 
 # What pixel value 0 (grey after the VAE's [-1, 1] mapping) encodes to in the SD1/SD2 latent,
 # already multiplied by the latent scale: the "masked image" a 9-channel inpaint model sees when
@@ -61,21 +62,33 @@ class ModelSampling:
 
     sigma_data = 1.0
 
-    def __init__(self, prediction: str = "eps", zsnr: bool = False):
+    def __init__(self, prediction: str = "eps", zsnr: bool = False, continuous: tuple | None = None):
+        """``continuous``: (kind "edm" | "v", sigma_min, sigma_max) for a continuous-time schedule
+        (``schedule_continuous.py``, the ModelSamplingContinuous* nodes); "edm" prediction
+        (Karras et al. 2022, D = c_skip·x + c_out·F with σ_data = 0.5) only with one."""
         if prediction not in PREDICTIONS:
             raise NotImplementedError(
                 f"prediction type {prediction!r}: not supported yet (supported: "
                 f"{', '.join(PREDICTIONS)})"
             )
         self.prediction = prediction
-        self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
+        if continuous:
+            kind, sigma_min, sigma_max = continuous
+            self.schedule = ContinuousSchedule(kind, float(sigma_min), float(sigma_max))
+        else:
+            if prediction == "edm":
+                raise ValueError("the edm prediction needs a continuous schedule (ModelSamplingContinuousEDM)")
+            self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
+        if prediction == "edm":
+            self.sigma_data = 0.5
 
     @classmethod
     def for_model(cls, model) -> "ModelSampling":
         existing = getattr(model, "model_sampling", None)
         if isinstance(existing, ModelSampling):
             return existing
-        return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)))
+        return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)),
+                   getattr(model, "continuous_sampling", None))
 
     # schedule pass-throughs
     @property
@@ -110,6 +123,9 @@ class ModelSampling:
             return model_input * sd2 / (s**2 + sd2) - model_output * s * self.sigma_data / (
                 s**2 + sd2
             ) ** 0.5
+        if self.prediction == "edm":
+            sd = self.sigma_data
+            return model_input * sd**2 / (s**2 + sd**2) + model_output * s * sd / (s**2 + sd**2) ** 0.5
         if self.prediction in ("x0", "img_to_img"):
             return model_output
         # lcm
