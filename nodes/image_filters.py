@@ -1,0 +1,129 @@
+"""Plain functions on IMAGE [B,H,W,C] (float32, 0..1) behind ComfyUI's filter nodes that use
+kornia (comfy_extras nodes_morphology.py, nodes_canny.py) and ImageAddNoise, written in torch.
+
+* Morphology with a flat k×k square (kornia.morphology, "geodesic" border: pixels outside the
+  image take no part): dilation = window max, erosion = window min, the window spanning
+  k//2 pixels before and k − 1 − k//2 after each pixel on both axes; open = dilate(erode),
+  close = erode(dilate), gradient = dilate − erode, top_hat = x − open, bottom_hat = close − x.
+* Canny (Canny 1986, "A Computational Approach to Edge Detection"; kornia.filters.canny):
+  RGB → grey (0.299, 0.587, 0.114), 5×5 Gaussian blur σ = 1 (reflect border), Sobel gradients
+  (unnormalised, replicate border), magnitude sqrt(gx² + gy² + 1e-6), direction rounded to 45°,
+  non-maximum suppression (a pixel survives only when strictly above both neighbours along the
+  gradient), thresholds (> low: weak 0.5, > high: strong 1) and hysteresis (weak pixels
+  8-connected to strong ones become strong, repeated until nothing changes; the rest drop).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["MORPHOLOGY_OPERATIONS", "morphology", "canny", "add_noise", "hysteresis"]
+
+MORPHOLOGY_OPERATIONS = ("erode", "dilate", "open", "close", "gradient", "bottom_hat", "top_hat")
+
+
+def _window_max(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x [B, C, H, W] → max over the k×k window, outside pixels ignored."""
+    before = k // 2
+    after = k - 1 - before
+    padded = F.pad(x, (before, after, before, after), value=float("-inf"))
+    return F.max_pool2d(padded, kernel_size=k, stride=1)
+
+
+def _dilate(x, k):
+    return _window_max(x, k)
+
+
+def _erode(x, k):
+    return -_window_max(-x, k)
+
+
+def morphology(image: torch.Tensor, operation: str, kernel_size: int) -> torch.Tensor:
+    if operation not in MORPHOLOGY_OPERATIONS:
+        raise ValueError(f"morphology operation {operation!r}: expected one of {MORPHOLOGY_OPERATIONS}")
+    k = int(kernel_size)
+    x = image.float().movedim(-1, 1)  # [B, C, H, W]
+    if operation == "erode":
+        out = _erode(x, k)
+    elif operation == "dilate":
+        out = _dilate(x, k)
+    elif operation == "open":
+        out = _dilate(_erode(x, k), k)
+    elif operation == "close":
+        out = _erode(_dilate(x, k), k)
+    elif operation == "gradient":
+        out = _dilate(x, k) - _erode(x, k)
+    elif operation == "top_hat":
+        out = x - _dilate(_erode(x, k), k)
+    else:  # bottom_hat
+        out = _erode(_dilate(x, k), k) - x
+    return out.movedim(1, -1)
+
+
+def add_noise(image: torch.Tensor, seed: int, strength: float) -> torch.Tensor:
+    """ImageAddNoise: image + strength·N(0, 1) drawn on the CPU from ``torch.manual_seed(seed)``
+    in the image's shape, clipped to [0, 1]."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    noise = torch.randn(image.size(), generator=gen, device="cpu").to(image)
+    return torch.clip(image + strength * noise, min=0.0, max=1.0)
+
+
+def _gaussian_1d(size: int, sigma: float) -> torch.Tensor:
+    x = torch.arange(size, dtype=torch.float32) - size // 2
+    g = torch.exp(-(x**2) / (2.0 * sigma**2))
+    return g / g.sum()
+
+
+# neighbour offsets (dy, dx) of directions 0°, 45°, ..., 315° in image coordinates (y down)
+_DIRS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))
+
+
+def _neighbour_kernels(center: float, neighbour: float) -> torch.Tensor:
+    k = torch.zeros(8, 1, 3, 3)
+    for i, (dy, dx) in enumerate(_DIRS):
+        k[i, 0, 1, 1] = center
+        k[i, 0, 1 + dy, 1 + dx] = neighbour
+    return k
+
+
+def hysteresis(edges: torch.Tensor) -> torch.Tensor:
+    """edges [B, 1, H, W] with 0 / 0.5 (weak) / 1 (strong) → 0 / 1: weak pixels 8-connected
+    (through other weak pixels) to a strong one become 1, the others 0."""
+    kernels = _neighbour_kernels(0.0, 1.0).to(edges)
+    weak = (edges == 0.5).to(edges.dtype)
+    strong = (edges == 1).to(edges.dtype)
+    while True:
+        touches = (F.conv2d(strong, kernels, padding=1) == 1).any(1, keepdim=True).to(edges.dtype)
+        grown = torch.clamp(strong + touches * weak, max=1.0)
+        if torch.equal(grown, strong):
+            return strong
+        strong = grown
+
+
+def canny(image: torch.Tensor, low_threshold: float, high_threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """IMAGE [B,H,W,C] → (magnitude after suppression, edges) as [B, 1, H, W] (module docstring)."""
+    x = image.float().movedim(-1, 1)  # [B, C, H, W]
+    if x.shape[1] == 3:
+        w = torch.tensor([0.299, 0.587, 0.114]).reshape(1, 3, 1, 1)
+        x = (x * w).sum(1, keepdim=True)
+    elif x.shape[1] != 1:
+        raise ValueError(f"Canny: expected a 1- or 3-channel image, got {x.shape[1]} channels")
+    g = _gaussian_1d(5, 1.0)
+    c = x.shape[1]
+    x = F.pad(x, (2, 2, 2, 2), mode="reflect")
+    x = F.conv2d(x, g.reshape(1, 1, 1, 5).expand(c, 1, 1, 5), groups=c)
+    x = F.conv2d(x, g.reshape(1, 1, 5, 1).expand(c, 1, 5, 1), groups=c)
+    sobel_x = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]])
+    kernels = torch.stack([sobel_x, sobel_x.T]).unsqueeze(1)  # [2, 1, 3, 3]
+    grads = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), kernels)  # [B, 2, H, W]
+    gx, gy = grads[:, :1], grads[:, 1:]
+    magnitude = torch.sqrt(gx * gx + gy * gy + 1e-6)
+    angle = torch.round(torch.rad2deg(torch.atan2(gy, gx)) / 45.0) * 45.0
+    diffs = F.conv2d(magnitude, _neighbour_kernels(1.0, -1.0), padding=1)  # [B, 8, H, W]
+    pos = ((angle / 45.0) % 8).long()
+    neg = ((angle / 45.0 + 4) % 8).long()
+    is_max = torch.minimum(diffs.gather(1, pos), diffs.gather(1, neg)) > 0.0
+    magnitude = magnitude * is_max
+    edges = (magnitude > low_threshold) * 0.5 + (magnitude > high_threshold) * 0.5
+    return magnitude, hysteresis(edges.float())

@@ -1,0 +1,104 @@
+"""Morphology, Canny and ImageAddNoise: specs as ComfyUI's and values derived by hand on small
+images (kornia's definitions, module docstring of nodes/image_filters.py)."""
+
+import torch
+
+from mixgraph.nodes import image_filters as F
+from mixgraph.ui import api
+
+INFO = api.default_registry().object_info()
+
+
+def test_image_filter_specs_match_comfyui():
+    m = INFO["Morphology"]
+    assert m["display_name"] == "ImageMorphology" and m["category"] == "image/postprocessing"
+    assert m["input"]["required"]["operation"] == [["erode", "dilate", "open", "close", "gradient", "bottom_hat",
+                                                    "top_hat"]]
+    assert m["input"]["required"]["kernel_size"] == ["INT", {"default": 3, "min": 3, "max": 999, "step": 1}]
+    c = INFO["Canny"]
+    assert c["category"] == "image/preprocessors" and c["input_order"]["required"] == ["image", "low_threshold",
+                                                                                        "high_threshold"]
+    assert c["input"]["required"]["low_threshold"] == ["FLOAT", {"default": 0.4, "min": 0.01, "max": 0.99, "step": 0.01}]
+    assert c["input"]["required"]["high_threshold"][1]["default"] == 0.8
+    n = INFO["ImageAddNoise"]
+    assert n["category"] == "image" and n["output"] == ["IMAGE"]
+    seed = n["input"]["required"]["seed"][1]
+    assert seed["default"] == 0 and seed["max"] == 0xFFFFFFFFFFFFFFFF and seed["control_after_generate"] is True
+    assert n["input"]["required"]["strength"] == ["FLOAT", {"default": 0.5, "min": 0.0, "max": 1.0, "step": 0.01}]
+
+
+def _img(rows):
+    return torch.tensor(rows, dtype=torch.float32)[None, :, :, None]  # [1, H, W, 1]
+
+
+def test_morphology_hand_values():
+    dot = _img([[0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    dil = F.morphology(dot, "dilate", 3)[0, :, :, 0]
+    expect = torch.zeros(5, 5)
+    expect[1:4, 1:4] = 1
+    assert torch.equal(dil, expect)
+    assert torch.equal(F.morphology(dot, "erode", 3), torch.zeros_like(dot))
+    assert torch.equal(F.morphology(dot, "open", 3), torch.zeros_like(dot))  # a lone dot is removed
+    assert torch.equal(F.morphology(dot, "top_hat", 3), dot)
+    assert torch.equal(F.morphology(dot, "gradient", 3)[0, :, :, 0], expect)
+    # close fills a one-pixel hole; bottom_hat is exactly that hole
+    hole = 1 - dot
+    assert torch.equal(F.morphology(hole, "close", 3), torch.ones_like(hole))
+    assert torch.equal(F.morphology(hole, "bottom_hat", 3), dot)
+    # the border does not count: a full image stays full under erosion
+    assert torch.equal(F.morphology(torch.ones(1, 4, 4, 3), "erode", 3), torch.ones(1, 4, 4, 3))
+    # even kernel: kornia's origin is k//2, so the window spans 2 before and 1 after; the output
+    # at p is the max over p−2..p+1 and the dot at 2 reaches outputs 1..4
+    d4 = F.morphology(dot, "dilate", 4)[0, :, :, 0]
+    e4 = torch.zeros(5, 5)
+    e4[1:5, 1:5] = 1
+    assert torch.equal(d4, e4)
+
+
+def test_hysteresis_keeps_weak_chains_touching_strong_pixels():
+    e = torch.tensor([[1.0, 0.5, 0.5, 0.0, 0.0, 0.5],
+                      [0.0, 0.0, 0.0, 0.5, 0.0, 0.0],
+                      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])[None, None]
+    out = F.hysteresis(e)[0, 0]
+    expect = torch.tensor([[1.0, 1, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
+    assert torch.equal(out, expect)  # the diagonal link counts; the isolated weak pixel drops
+
+
+def test_canny_finds_both_sides_of_a_bright_line_and_nothing_in_flat_areas():
+    img = torch.zeros(1, 12, 12, 3)
+    img[:, :, 6, :] = 1.0  # a vertical white line at column 6
+    mag, edges = F.canny(img, 0.1, 0.2)
+    edges = edges[0, 0]
+    assert edges.shape == (12, 12)
+    cols = edges.sum(0)
+    assert cols[5] == 12 and cols[7] == 12  # the steepest gradient is beside the line, every row
+    assert cols[6] == 0  # on the line itself the gradient vanishes
+    assert cols[:4].sum() == 0 and cols[9:].sum() == 0
+    # hand value of the magnitude at column 5: grey = 1 on the line; after the 5-tap Gaussian
+    # (σ = 1) the row is g(c − 6); Sobel x at column 5 is 4·(b(6) − b(4)) (rows are constant)
+    g = torch.exp(-torch.arange(-2, 3, dtype=torch.float32) ** 2 / 2)
+    g = g / g.sum()
+    b6, b4 = g[2], g[0]
+    assert torch.allclose(mag[0, 0, 6, 5], torch.sqrt((4 * (b6 - b4)) ** 2 + 1e-6), rtol=1e-5)
+    # a dim line (0.2: magnitude ≈ 0.28) is below both thresholds: nothing; with only the low
+    # threshold passed and no strong pixel, hysteresis drops every weak pixel too
+    assert F.canny(img * 0.2, 0.5, 0.6)[1].sum() == 0
+    assert F.canny(img * 0.2, 0.1, 0.9)[1].sum() == 0
+
+
+def test_canny_node_output_is_three_channel_image():
+    from mixgraph.nodes.image_filter_nodes import Canny
+    img = torch.zeros(2, 8, 8, 3)
+    img[:, 2:6, 2:6] = 1.0
+    (out,) = Canny(img, 0.2, 0.5)
+    assert out.shape == (2, 8, 8, 3) and torch.equal(out[..., 0], out[..., 2])
+    assert set(out.unique().tolist()) <= {0.0, 1.0} and out.sum() > 0
+
+
+def test_image_add_noise_matches_cpu_seeded_randn():
+    img = torch.full((1, 3, 4, 3), 0.5)
+    out = F.add_noise(img, 7, 0.1)
+    ref = torch.clip(img + 0.1 * torch.randn(img.size(), generator=torch.Generator().manual_seed(7)), 0, 1)
+    assert torch.equal(out, ref)
+    assert torch.equal(F.add_noise(img, 7, 0.0), img)
+    assert float(F.add_noise(img, 1, 1.0).min()) >= 0.0 and float(F.add_noise(img, 1, 1.0).max()) <= 1.0
