@@ -26,3 +26,10 @@ def ImageAddNoise(image=Socket("IMAGE"),
                            tooltip="The random seed used for creating the noise."),
                   strength=Float(0.5, min=0.0, max=1.0, step=0.01)):
     return (image_filters.add_noise(image, seed, strength),)
+
+
+@node(category="mask/compositing", outputs=("IMAGE", "MASK"), display_name="Porter-Duff Image Composite")
+def PorterDuffImageComposite(source=Socket("IMAGE"), source_alpha=Socket("MASK"), destination=Socket("IMAGE"),
+                             destination_alpha=Socket("MASK"),
+                             mode=Combo(image_filters.PORTER_DUFF_MODES, default="DST")):
+    return image_filters.porter_duff_batch(source, source_alpha, destination, destination_alpha, mode)

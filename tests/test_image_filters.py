@@ -102,3 +102,35 @@ def test_image_add_noise_matches_cpu_seeded_randn():
     assert torch.equal(out, ref)
     assert torch.equal(F.add_noise(img, 7, 0.0), img)
     assert float(F.add_noise(img, 1, 1.0).min()) >= 0.0 and float(F.add_noise(img, 1, 1.0).max()) <= 1.0
+
+
+def test_porter_duff_spec_and_hand_values():
+    p = INFO["PorterDuffImageComposite"]
+    assert p["input_order"]["required"] == ["source", "source_alpha", "destination", "destination_alpha", "mode"]
+    assert p["input"]["required"]["mode"][0] == list(F.PORTER_DUFF_MODES) and len(F.PORTER_DUFF_MODES) == 18
+    assert p["input"]["required"]["mode"][1]["default"] == "DST"
+    assert p["output"] == ["IMAGE", "MASK"] and p["category"] == "mask/compositing"
+    one = lambda v: torch.full((1, 1, 1), float(v))  # noqa: E731  [H, W, 1]
+    # source colour 0.8 with alpha 0.5 (mask 0.5) over destination 0.2 with alpha 1 (mask 0):
+    # premultiplied 0.4 + (1 − 0.5)·0.2 = 0.5, alpha 1 -> colour 0.5, mask 0
+    c, m = F.porter_duff(one(0.8), one(0.5), one(0.2), one(0.0), "SRC_OVER")
+    assert float(c) == 0.5 and float(m) == 0.0
+    # SRC_IN: alpha 0.5·1, colour 0.4·1 / 0.5 = 0.8
+    c, m = F.porter_duff(one(0.8), one(0.5), one(0.2), one(0.0), "SRC_IN")
+    assert abs(float(c) - 0.8) < 1e-6 and float(m) == 0.5
+    c, m = F.porter_duff(one(0.8), one(0.5), one(0.2), one(0.0), "CLEAR")
+    assert float(c) == 0.0 and float(m) == 1.0
+    # XOR of two opaque layers is fully transparent
+    c, m = F.porter_duff(one(0.8), one(0.0), one(0.2), one(0.0), "XOR")
+    assert float(c) == 0.0 and float(m) == 1.0
+
+
+def test_porter_duff_node_resizes_source_to_destination():
+    from mixgraph.nodes.image_filter_nodes import PorterDuffImageComposite
+    src = torch.full((2, 4, 4, 3), 0.6)
+    dst = torch.full((1, 8, 8, 3), 0.3)
+    img, mask = PorterDuffImageComposite(src, torch.zeros(2, 4, 4), dst, torch.zeros(1, 8, 8), "SRC")
+    assert img.shape == (1, 8, 8, 3) and mask.shape == (1, 8, 8)
+    assert torch.allclose(img, torch.full_like(img, 0.6), atol=1e-5)
+    img, _ = PorterDuffImageComposite(src, torch.zeros(2, 4, 4), dst, torch.zeros(1, 8, 8), "DST")
+    assert torch.allclose(img, dst)
