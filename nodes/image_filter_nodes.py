@@ -3,7 +3,7 @@ ImageAddNoise (nodes_images.py), on the torch functions of ``image_filters.py``.
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Combo, Float, Int, Socket, node
+from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Combo, Float, Int, Socket, node
 from mixgraph.nodes import image_filters
 
 
@@ -33,3 +33,21 @@ def PorterDuffImageComposite(source=Socket("IMAGE"), source_alpha=Socket("MASK")
                              destination_alpha=Socket("MASK"),
                              mode=Combo(image_filters.PORTER_DUFF_MODES, default="DST")):
     return image_filters.porter_duff_batch(source, source_alpha, destination, destination_alpha, mode)
+
+
+@node(category="image/transform", outputs=("IMAGE",), display_name="Image Stitch",
+      description="Stitches image2 to image1 in the specified direction.\nIf image2 is not provided, returns image1 "
+                  "unchanged.\nOptional spacing can be added between images.")
+def ImageStitch(image1=Socket("IMAGE"), direction=Combo(image_filters.STITCH_DIRECTIONS, default="right"),
+                match_image_size=Boolean(True), spacing_width=Int(0, min=0, max=1024, step=2),
+                spacing_color=Combo(tuple(image_filters.STITCH_COLORS), default="white"),
+                image2=Socket("IMAGE", optional=True)):
+    return (image_filters.stitch(image1, direction, match_image_size, spacing_width, spacing_color, image2),)
+
+
+@node(category="image/transform", outputs=("IMAGE",))
+def ResizeAndPadImage(image=Socket("IMAGE"), target_width=Int(512, min=1, max=MAX_RESOLUTION, step=1),
+                      target_height=Int(512, min=1, max=MAX_RESOLUTION, step=1),
+                      padding_color=Combo(("white", "black")),
+                      interpolation=Combo(image_filters.RESIZE_PAD_INTERPOLATIONS)):
+    return (image_filters.resize_and_pad(image, target_width, target_height, padding_color, interpolation),)

@@ -213,3 +213,88 @@ def porter_duff_batch(source, source_alpha, destination, destination_alpha, mode
         images.append(img)
         masks.append(mask.squeeze(2))
     return torch.stack(images), torch.stack(masks)
+
+
+STITCH_DIRECTIONS = ("right", "down", "left", "up")
+STITCH_COLORS = {"white": 1.0, "black": 0.0, "red": (1.0, 0.0, 0.0), "green": (0.0, 1.0, 0.0),
+                 "blue": (0.0, 0.0, 1.0)}
+
+
+def _pad_axis(img: torch.Tensor, axis: int, target: int, value: float) -> torch.Tensor:
+    """Centre ``img`` [B, H, W, C] along axis 1 (H) or 2 (W) in ``target`` pixels of ``value``
+    (the odd pixel after)."""
+    extra = target - img.shape[axis]
+    if extra <= 0:
+        return img
+    before, after = extra // 2, extra - extra // 2
+    pad = (0, 0, before, after) if axis == 2 else (0, 0, 0, 0, before, after)
+    return F.pad(img, pad, mode="constant", value=value)
+
+
+def stitch(image1: torch.Tensor, direction: str, match_image_size: bool, spacing_width: int,
+           spacing_color: str, image2: torch.Tensor | None = None) -> torch.Tensor:
+    """ImageStitch: image2 placed right of / below / left of / above image1.
+
+    Batches are evened by repeating the shorter one's last image; with ``match_image_size``
+    image2 is resized (lanczos) to image1's height (horizontal) or width (vertical), keeping its
+    aspect ratio (the other side truncated to int); otherwise the smaller one is centred in
+    padding (the spacing colour when it is grey-level, else black). A missing alpha channel is
+    filled with ones; the spacing strip (widened to an even number) is the colour with alpha 1."""
+    if image2 is None:
+        return image1
+    if direction not in STITCH_DIRECTIONS:
+        raise ValueError(f"ImageStitch direction {direction!r}: expected one of {STITCH_DIRECTIONS}")
+    horizontal = direction in ("left", "right")
+    n = max(image1.shape[0], image2.shape[0])
+    image1 = torch.cat([image1, image1[-1:].repeat(n - image1.shape[0], 1, 1, 1)])
+    image2 = torch.cat([image2, image2[-1:].repeat(n - image2.shape[0], 1, 1, 1)])
+    color = STITCH_COLORS[spacing_color]
+    if match_image_size:
+        h1, w1 = image1.shape[1:3]
+        h2, w2 = image2.shape[1:3]
+        aspect = w2 / h2
+        tw, th = (int(h1 * aspect), h1) if horizontal else (w1, int(w1 / aspect))
+        image2 = upscale(image2.movedim(-1, 1), tw, th, "lanczos", "disabled").movedim(1, -1)
+    else:
+        value = 0.0 if isinstance(color, tuple) else color
+        axis = 1 if horizontal else 2
+        target = max(image1.shape[axis], image2.shape[axis])
+        image1, image2 = _pad_axis(image1, axis, target, value), _pad_axis(image2, axis, target, value)
+    channels = max(image1.shape[-1], image2.shape[-1])
+    image1, image2 = (torch.cat([t, torch.ones(*t.shape[:-1], channels - t.shape[-1], dtype=t.dtype)], dim=-1)
+                      for t in (image1, image2))
+    parts = [image2, image1] if direction in ("left", "up") else [image1, image2]
+    if spacing_width > 0:
+        spacing_width += spacing_width % 2
+        if horizontal:
+            shape = (n, max(image1.shape[1], image2.shape[1]), spacing_width, channels)
+        else:
+            shape = (n, spacing_width, max(image1.shape[2], image2.shape[2]), channels)
+        strip = torch.zeros(shape, dtype=image1.dtype)
+        if isinstance(color, tuple):
+            for i, c in enumerate(color[:channels]):
+                strip[..., i] = c
+        else:
+            strip[..., :min(3, channels)] = color
+        if channels == 4:
+            strip[..., 3] = 1.0
+        parts.insert(1, strip)
+    return torch.cat(parts, dim=2 if horizontal else 1)
+
+
+RESIZE_PAD_INTERPOLATIONS = ("area", "bicubic", "nearest-exact", "bilinear", "lanczos")
+
+
+def resize_and_pad(image: torch.Tensor, target_width: int, target_height: int, padding_color: str,
+                   interpolation: str) -> torch.Tensor:
+    """ResizeAndPadImage: scale by min(tw/w, th/h) (sides truncated to int), centre in a
+    target-size canvas of white (1) or black (0), offsets floor((target − new)/2)."""
+    b, h, w, c = image.shape
+    scale = min(target_width / w, target_height / h)
+    nw, nh = int(w * scale), int(h * scale)
+    resized = upscale(image.movedim(-1, 1), nw, nh, interpolation, "disabled")
+    out = torch.full((b, c, target_height, target_width), 0.0 if padding_color == "black" else 1.0,
+                     dtype=image.dtype)
+    y, x = (target_height - nh) // 2, (target_width - nw) // 2
+    out[:, :, y:y + nh, x:x + nw] = resized
+    return out.movedim(1, -1)

@@ -134,3 +134,51 @@ def test_porter_duff_node_resizes_source_to_destination():
     assert torch.allclose(img, torch.full_like(img, 0.6), atol=1e-5)
     img, _ = PorterDuffImageComposite(src, torch.zeros(2, 4, 4), dst, torch.zeros(1, 8, 8), "DST")
     assert torch.allclose(img, dst)
+
+
+def test_stitch_and_resize_pad_specs():
+    s = INFO["ImageStitch"]
+    assert s["input_order"] == {"required": ["image1", "direction", "match_image_size", "spacing_width",
+                                             "spacing_color"], "optional": ["image2"]}
+    r = s["input"]["required"]
+    assert r["direction"][0] == ["right", "down", "left", "up"]  # default: the first option
+    assert r["match_image_size"] == ["BOOLEAN", {"default": True}]
+    assert r["spacing_width"] == ["INT", {"default": 0, "min": 0, "max": 1024, "step": 2}]
+    assert r["spacing_color"][0] == ["white", "black", "red", "green", "blue"]
+    assert s["category"] == "image/transform" and s["display_name"] == "Image Stitch"
+    p = INFO["ResizeAndPadImage"]
+    assert p["input_order"]["required"] == ["image", "target_width", "target_height", "padding_color",
+                                            "interpolation"]
+    assert p["input"]["required"]["interpolation"][0] == ["area", "bicubic", "nearest-exact", "bilinear", "lanczos"]
+    assert p["input"]["required"]["target_width"][1]["default"] == 512 and p["category"] == "image/transform"
+
+
+def test_stitch_layouts_spacing_and_padding():
+    a = torch.full((1, 2, 3, 3), 0.2)
+    b = torch.full((2, 4, 2, 3), 0.7)
+    assert torch.equal(F.stitch(a, "right", True, 0, "white"), a)  # no image2
+    # no size matching, right: heights 2 and 4 -> a centred in white (1.0) padding; batch 2
+    out = F.stitch(a, "right", False, 0, "white", b)
+    assert out.shape == (2, 4, 5, 3)
+    assert torch.equal(out[:, 1:3, :3], torch.full((2, 2, 3, 3), 0.2))
+    assert torch.equal(out[:, 0, :3], torch.ones(2, 3, 3)) and torch.equal(out[:, :, 3:], torch.full((2, 4, 2, 3), 0.7))
+    # left with a red spacer of 3 -> widened to 4; image2 first; padding black for a colour
+    out = F.stitch(a, "left", False, 3, "red", b)
+    assert out.shape == (2, 4, 2 + 4 + 3, 3)
+    assert torch.equal(out[0, 0, 2:6], torch.tensor([[1.0, 0.0, 0.0]] * 4))
+    assert torch.equal(out[:, 0, 6:], torch.zeros(2, 3, 3))
+    # up with size matching: image2 resized to image1's width 3, height int(3 / (2/4)) = 6
+    out = F.stitch(a, "up", True, 0, "white", b)
+    assert out.shape == (2, 6 + 2, 3, 3) and torch.allclose(out[:, 6:], torch.full((2, 2, 3, 3), 0.2))
+    # RGB + RGBA: the RGB image gets alpha 1
+    out = F.stitch(a, "down", False, 0, "black", torch.zeros(1, 1, 3, 4))
+    assert out.shape == (1, 3, 3, 4) and torch.equal(out[0, :2, :, 3], torch.ones(2, 3))
+
+
+def test_resize_and_pad_centres_the_scaled_image():
+    img = torch.full((1, 2, 4, 3), 0.5)  # 4 wide, 2 high -> 8×4 inside 8×8: rows 2..5
+    out = F.resize_and_pad(img, 8, 8, "black", "nearest-exact")
+    assert out.shape == (1, 8, 8, 3)
+    assert torch.equal(out[0, 2:6], torch.full((4, 8, 3), 0.5))
+    assert torch.equal(out[0, :2], torch.zeros(2, 8, 3)) and torch.equal(out[0, 6:], torch.zeros(2, 8, 3))
+    assert float(F.resize_and_pad(img, 8, 8, "white", "area")[0, 0, 0, 0]) == 1.0
