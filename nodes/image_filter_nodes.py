@@ -1,10 +1,15 @@
-"""ComfyUI's kornia-based image filters (comfy_extras nodes_morphology.py, nodes_canny.py) and
-ImageAddNoise (nodes_images.py), on the torch functions of ``image_filters.py``."""
+"""ComfyUI's kornia-based image filters (comfy_extras nodes_morphology.py, nodes_canny.py), the
+Porter-Duff composite (nodes_compositing.py) and nodes_images.py's ImageAddNoise, ImageStitch,
+ResizeAndPadImage, SaveAnimatedWEBP and SaveAnimatedPNG, on ``image_filters.py`` /
+``image_animation.py``."""
 
 from __future__ import annotations
 
-from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Combo, Float, Int, Socket, node
-from mixgraph.nodes import image_filters
+from pathlib import Path
+
+from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Combo, Float, Int, Result, Socket, String, node
+from mixgraph.graph.spec import Hidden
+from mixgraph.nodes import image_animation, image_filters
 
 
 @node(category="image/postprocessing", outputs=("IMAGE",), display_name="ImageMorphology")
@@ -51,3 +56,22 @@ def ResizeAndPadImage(image=Socket("IMAGE"), target_width=Int(512, min=1, max=MA
                       padding_color=Combo(("white", "black")),
                       interpolation=Combo(image_filters.RESIZE_PAD_INTERPOLATIONS)):
     return (image_filters.resize_and_pad(image, target_width, target_height, padding_color, interpolation),)
+
+
+@node(category="image/animation", outputs=(), output_node=True)
+def SaveAnimatedWEBP(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"),
+                     fps=Float(6.0, min=0.01, max=1000.0, step=0.01), lossless=Boolean(True),
+                     quality=Int(80, min=0, max=100), method=Combo(tuple(image_animation.WEBP_METHODS)),
+                     prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
+    saved = image_animation.save_animated_webp(images, Path(ctx.env.output), filename_prefix, fps, lossless,
+                                               quality, method, prompt=prompt, extra_pnginfo=extra_pnginfo)
+    return Result(ui={"images": saved, "animated": (len(images) != 1,)})
+
+
+@node(category="image/animation", outputs=(), output_node=True)
+def SaveAnimatedPNG(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"),
+                    fps=Float(6.0, min=0.01, max=1000.0, step=0.01), compress_level=Int(4, min=0, max=9),
+                    prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
+    saved = image_animation.save_animated_png(images, Path(ctx.env.output), filename_prefix, fps, compress_level,
+                                              prompt=prompt, extra_pnginfo=extra_pnginfo)
+    return Result(ui={"images": saved, "animated": (True,)})

@@ -182,3 +182,45 @@ def test_resize_and_pad_centres_the_scaled_image():
     assert torch.equal(out[0, 2:6], torch.full((4, 8, 3), 0.5))
     assert torch.equal(out[0, :2], torch.zeros(2, 8, 3)) and torch.equal(out[0, 6:], torch.zeros(2, 8, 3))
     assert float(F.resize_and_pad(img, 8, 8, "white", "area")[0, 0, 0, 0]) == 1.0
+
+
+def test_save_animated_webp_and_png_frames_and_metadata(tmp_path):
+    import json
+
+    from PIL import Image
+
+    from mixgraph.nodes import image_animation as A
+    frames = torch.stack([torch.full((4, 6, 3), v) for v in (0.0, 0.5, 1.0)])
+    (w,) = A.save_animated_webp(frames, tmp_path, "anim/x", 4.0, True, 80, "default", prompt={"1": {}},
+                                extra_pnginfo={"workflow": {"a": 1}})
+    assert w == {"filename": "x_00001_.webp", "subfolder": "anim", "type": "output"}
+    with Image.open(tmp_path / "anim" / w["filename"]) as im:
+        assert im.n_frames == 3 and im.size == (6, 4)
+        exif = im.getexif()
+        assert exif[0x0110] == 'prompt:{"1": {}}' and exif[0x010F] == 'workflow:{"a": 1}'
+        im.seek(1)
+        assert im.convert("RGB").getpixel((0, 0)) == (127, 127, 127)  # lossless, 0.5·255 truncated
+    (p,) = A.save_animated_png(frames, tmp_path, "anim/x", 4.0, 4, prompt={"1": {}})
+    assert p["filename"] == "x_00002_.png"  # the counter runs over every extension, as ComfyUI
+    raw = (tmp_path / "anim" / p["filename"]).read_bytes()
+    assert b"comf" + b"prompt\0" + json.dumps({"1": {}}).encode() in raw
+    with Image.open(tmp_path / "anim" / p["filename"]) as im:
+        assert im.n_frames == 3 and im.info.get("duration") == 250
+    (again,) = A.save_animated_png(frames, tmp_path, "anim/x", 4.0, 4)
+    assert again["filename"] == "x_00003_.png"
+
+
+def test_image_filter_nodes_in_a_workflow(tmp_path):
+    g = api.Graph()
+    a = g.add("EmptyImage", width=16, height=8, batch_size=2, color=0x808080)
+    b = g.add("EmptyImage", width=8, height=8, batch_size=1, color=0xFFFFFF)
+    s = g.add("ImageStitch", image1=a, direction="right", match_image_size=True, spacing_width=2,
+              spacing_color="black", image2=b)
+    s = g.add("Morphology", image=s, operation="dilate", kernel_size=3)
+    s = g.add("ImageAddNoise", image=s, seed=3, strength=0.1)
+    c = g.add("Canny", image=s, low_threshold=0.4, high_threshold=0.8)
+    g.add("SaveAnimatedWEBP", images=c, filename_prefix="w", fps=6.0, lossless=True, quality=80, method="default")
+    g.add("SaveAnimatedPNG", images=s, filename_prefix="p", fps=6.0, compress_level=4)
+    out = api.run(g, output=tmp_path)
+    assert out[s.node_id][0].shape == (2, 8, 26, 3)
+    assert (tmp_path / "w_00001_.webp").is_file() and (tmp_path / "p_00001_.png").is_file()
