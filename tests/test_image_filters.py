@@ -1,6 +1,7 @@
 """Morphology, Canny and ImageAddNoise: specs as ComfyUI's and values derived by hand on small
 images (kornia's definitions, module docstring of nodes/image_filters.py)."""
 
+import pytest
 import torch
 
 from mixgraph.nodes import image_filters as F
@@ -224,3 +225,27 @@ def test_image_filter_nodes_in_a_workflow(tmp_path):
     out = api.run(g, output=tmp_path)
     assert out[s.node_id][0].shape == (2, 8, 26, 3)
     assert (tmp_path / "w_00001_.webp").is_file() and (tmp_path / "p_00001_.png").is_file()
+
+
+def test_load_image_output_reads_plain_and_annotated_names(tmp_path):
+    from PIL import Image
+    out_dir = tmp_path / "out"
+    (out_dir / "sub").mkdir(parents=True)
+    Image.new("RGB", (5, 3), (255, 0, 0)).save(out_dir / "sub" / "r.png")
+    spec = INFO["LoadImageOutput"]
+    opts = spec["input"]["required"]["image"][1]
+    assert opts["image_upload"] is True and opts["image_folder"] == "output"
+    assert opts["remote"] == {"route": "/internal/files/output", "refresh_button": True,
+                              "control_after_refresh": "first"}
+    assert spec["display_name"] == "Load Image (from Outputs)" and spec["output"] == ["IMAGE", "MASK"]
+    for name in ("sub/r.png [output]", "sub/r.png"):
+        g = api.Graph()
+        img = g.add("LoadImageOutput", image=name)
+        g.add("PreviewImage", images=img[0])
+        res = api.run(g, output=out_dir)
+        assert res[img.node_id][0].shape == (1, 3, 5, 3) and float(res[img.node_id][0][0, 0, 0, 0]) == 1.0
+    g = api.Graph()
+    g.add("PreviewImage", images=g.add("LoadImageOutput", image="missing.png [output]")[0])
+    from mixgraph.graph.executor import ValidationFailed
+    with pytest.raises(ValidationFailed, match="Invalid image file: missing.png"):
+        api.run(g, output=out_dir)
