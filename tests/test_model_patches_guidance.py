@@ -267,3 +267,27 @@ def test_model_sampling_continuous_end_to_end(model):
         N.ModelSamplingContinuousEDM(model, "edm_playground_v2.5", 80.0, 0.002)
     with pytest.raises(ValueError, match="sigma_min"):
         N.ModelSamplingContinuousV(model, "v_prediction", 1.0, 0.0)
+
+
+def test_guidance_patch_nodes_run_in_a_workflow(tmp_path):
+    from tests.fixtures.checkpoints import write_sd15
+    (tmp_path / "checkpoints").mkdir()
+    write_sd15(tmp_path / "checkpoints" / "sd15.safetensors", seed=4)
+    g = api.Graph(precision="f32")
+    ck = g.add("CheckpointLoaderSimple", ckpt_name="sd15.safetensors")
+    m = g.add("ModelSamplingContinuousEDM", model=ck[0], sampling="eps", sigma_max=14.6, sigma_min=0.03)
+    m = g.add("APG", model=m, eta=0.5, norm_threshold=5.0, momentum=0.5)
+    m = g.add("TCFG", model=m)
+    m = g.add("SelfAttentionGuidance", model=m, scale=0.5, blur_sigma=2.0)
+    m = g.add("DifferentialDiffusion", model=m, strength=1.0)
+    pos = g.add("CLIPTextEncode", text="a cube", clip=ck[1])
+    neg = g.add("CLIPTextEncode", text="", clip=ck[1])
+    lat = g.add("EmptyLatentImage", width=128, height=128, batch_size=1)
+    mask = g.add("SolidMask", value=0.5, width=128, height=128)
+    lat = g.add("SetLatentNoiseMask", samples=lat, mask=mask)
+    ks = g.add("KSampler", model=m, seed=1, steps=2, cfg=5.0, sampler_name="euler", scheduler="karras",
+               positive=pos, negative=neg, latent_image=lat, denoise=1.0)
+    dec = g.add("VAEDecode", samples=ks, vae=ck[2])
+    g.add("PreviewImage", images=dec)
+    out = api.run(g, models=tmp_path, output=tmp_path / "out")
+    assert torch.isfinite(out[dec.node_id][0]).all()
