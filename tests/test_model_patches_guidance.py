@@ -250,7 +250,7 @@ def test_edm_preconditioning_hand_value():
     x, out, s = torch.full((1, 1, 1, 1), 2.0), torch.ones(1, 1, 1, 1), torch.tensor([1.0])
     assert float(ms.calculate_denoised(s, out, x)) == pytest.approx(0.4 + 0.5 / 1.25**0.5, rel=1e-6)
     assert float(ms.calculate_input(s, x)) == pytest.approx(2.0 / 1.25**0.5, rel=1e-6)
-    with pytest.raises(ValueError, match="continuous schedule"):
+    with pytest.raises(NotImplementedError, match="continuous schedule"):
         ModelSampling("edm")
 
 

@@ -77,7 +77,8 @@ class ModelSampling:
             self.schedule = ContinuousSchedule(kind, float(sigma_min), float(sigma_max))
         else:
             if prediction == "edm":
-                raise ValueError("the edm prediction needs a continuous schedule (ModelSamplingContinuousEDM)")
+                raise NotImplementedError("prediction type 'edm' on the discrete schedule: not supported yet "
+                                          "(it needs a continuous schedule: ModelSamplingContinuousEDM)")
             self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
         if prediction == "edm":
             self.sigma_data = 0.5
