@@ -4,7 +4,7 @@ handle; the shared weights are never changed (ARCHITECTURE.md, "Model patches").
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Float, Socket, node
+from mixgraph.graph.node import Combo, Float, Socket, node
 from mixgraph.nodes.models.lora import ScalePatch
 from mixgraph.nodes.models.unet_patches import FreeU as FreeUPatch
 from mixgraph.nodes.sampling import cfg_patches
@@ -66,3 +66,65 @@ def CLIPAttentionMultiply(clip=Socket("CLIP"), q=Float(1.0, **_MULT), k=Float(1.
                     for name, f in (("q_proj", q), ("k_proj", k), ("v_proj", v), ("out_proj", out))
                     for kind in ("weight", "bias"))
     return (clip.with_patches(tuple(ScalePatch(enc, factors) for enc in clip.encoders)),)
+
+
+@node(category="sampling/custom_sampling", outputs=("MODEL",), display_name="Adaptive Projected Guidance")
+def APG(model=Socket("MODEL"),
+        eta=Float(1.0, min=-10.0, max=10.0, step=0.01,
+                  tooltip="Controls the scale of the parallel guidance vector. Default CFG behavior at a setting of 1."),
+        norm_threshold=Float(5.0, min=0.0, max=50.0, step=0.1,
+                             tooltip="Normalize guidance vector to this value, normalization disable at a setting of 0."),
+        momentum=Float(0.0, min=0.0, max=1.0, step=0.01,
+                       tooltip="Controls a running average of guidance during diffusion, disabled at a setting of 0.")):
+    return (model.with_sampler_patch(cfg_patches.APG(eta, norm_threshold, momentum)),)
+
+
+@node(category="advanced/guidance", outputs=(("MODEL", "patched_model"),), display_name="Tangential Damping CFG",
+      description="TCFG – Tangential Damping CFG (2503.18137)\n\nRefine the uncond (negative) to align with the "
+                  "cond (positive) for improving quality.")
+def TCFG(model=Socket("MODEL")):
+    return (model.with_sampler_patch(cfg_patches.TangentialDampingCFG()),)
+
+
+@node(category="_for_testing", outputs=("MODEL",), display_name="Self-Attention Guidance")
+def SelfAttentionGuidance(model=Socket("MODEL"), scale=Float(0.5, min=-2.0, max=5.0, step=0.01),
+                          blur_sigma=Float(2.0, min=0.0, max=10.0, step=0.1)):
+    return (model.with_sampler_patch(cfg_patches.SelfAttentionGuidance(scale, blur_sigma)),)
+
+
+@node(category="_for_testing", outputs=("MODEL",), display_name="Differential Diffusion")
+def DifferentialDiffusion(model=Socket("MODEL"),
+                          strength=Float(1.0, min=0.0, max=1.0, step=0.01, optional=True)):
+    return (model.with_sampler_patch(cfg_patches.DifferentialDiffusion(float(strength))),)
+
+
+_SIGMA = dict(min=0.0, max=1000.0, step=0.001, round=False)
+_EDM_SAMPLING = ("v_prediction", "edm", "edm_playground_v2.5", "eps", "cosmos_rflow")
+_EDM_UNSUPPORTED = {
+    "edm_playground_v2.5": "it needs Playground v2.5's per-channel latent format",
+    "cosmos_rflow": "Cosmos is a model family mixgraph does not run",
+}
+
+
+def _continuous(model, prediction: str, kind: str, sigma_max: float, sigma_min: float, node_name: str):
+    if not (0 < sigma_min < sigma_max):
+        raise ValueError(f"{node_name}: sigma_min ({sigma_min}) must be > 0 and below sigma_max ({sigma_max})")
+    return model.with_sampling(prediction, False, (kind, float(sigma_min), float(sigma_max)))
+
+
+@node(category="advanced/model", outputs=("MODEL",))
+def ModelSamplingContinuousEDM(model=Socket("MODEL"), sampling=Combo(_EDM_SAMPLING),
+                               sigma_max=Float(120.0, **_SIGMA), sigma_min=Float(0.002, **_SIGMA)):
+    """A continuous EDM schedule (timestep ¼·ln σ, log-spaced sigmas from sigma_min to sigma_max)
+    with the chosen prediction; "edm" uses Karras et al.'s preconditioning with σ_data = 0.5."""
+    if sampling in _EDM_UNSUPPORTED:
+        raise NotImplementedError(f"ModelSamplingContinuousEDM sampling {sampling!r}: not supported yet "
+                                  f"({_EDM_UNSUPPORTED[sampling]})")
+    return (_continuous(model, sampling, "edm", sigma_max, sigma_min, "ModelSamplingContinuousEDM"),)
+
+
+@node(category="advanced/model", outputs=("MODEL",))
+def ModelSamplingContinuousV(model=Socket("MODEL"), sampling=Combo(("v_prediction",)),
+                             sigma_max=Float(500.0, **_SIGMA), sigma_min=Float(0.03, **_SIGMA)):
+    """A continuous v schedule (timestep (2/π)·atan σ) with v prediction."""
+    return (_continuous(model, sampling, "v", sigma_max, sigma_min, "ModelSamplingContinuousV"),)

@@ -88,6 +88,8 @@ class ModelHandle:
     weight_dtype: torch.dtype | None = None
     unet_patches: tuple = ()
     sampler_patches: tuple = ()
+    # (kind "edm" | "v", sigma_min, sigma_max): a continuous-time schedule (ModelSamplingContinuous*)
+    continuous_sampling: tuple | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
@@ -106,8 +108,8 @@ class ModelHandle:
     def with_sampler_patch(self, patch) -> "ModelHandle":
         return dataclasses.replace(self, sampler_patches=self.sampler_patches + (patch,))
 
-    def with_sampling(self, prediction: str, zsnr: bool = False) -> "ModelHandle":
-        return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr))
+    def with_sampling(self, prediction: str, zsnr: bool = False, continuous: tuple | None = None) -> "ModelHandle":
+        return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr), continuous_sampling=continuous)
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Our module's weight keys → shapes (header only), e.g. for mapping a LoRA."""
@@ -126,6 +128,7 @@ class UNetRunner:
         self.in_channels = handle.config.in_channels
         self.kind = handle.kind
         self.sampler_patches = handle.sampler_patches
+        self.continuous_sampling = handle.continuous_sampling
 
     def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None,
              patches: tuple = ()) -> Tensor:

@@ -17,12 +17,13 @@ is a frozen dataclass (hashable, compared by value) with one or both of these me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-__all__ = ["FreeU", "IdentityAttention", "fourier_filter", "attention_replacements"]
+__all__ = ["FreeU", "IdentityAttention", "AttentionRecorder", "attention_with_probs", "fourier_filter",
+           "attention_replacements"]
 
 
 def fourier_filter(x: Tensor, threshold: int, scale: float) -> Tensor:
@@ -79,6 +80,38 @@ class IdentityAttention:
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
         return v
+
+
+def attention_with_probs(q: Tensor, k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """Plain multi-head attention in float32, also returning the softmax probabilities.
+    q [B, T, inner], k/v [B, S, inner] -> (out [B, T, inner], probs [B·heads, T, S]), the batch
+    outermost (rows b·heads .. b·heads + heads − 1 belong to sample b)."""
+    b, _, inner = q.shape
+    d = inner // heads
+
+    def split(t: Tensor) -> Tensor:  # [B, N, inner] -> [B·heads, N, d]
+        return t.float().reshape(b, -1, heads, d).permute(0, 2, 1, 3).reshape(b * heads, -1, d)
+
+    qh, kh, vh = split(q), split(k), split(v)
+    probs = (qh @ kh.transpose(1, 2) * d**-0.5).softmax(dim=-1)  # [B·heads, T, S]
+    out = (probs @ vh).reshape(b, heads, -1, d).permute(0, 2, 1, 3).reshape(b, -1, inner)
+    return out.to(q.dtype), probs
+
+
+@dataclass(frozen=True)
+class AttentionRecorder:
+    """Ordinary attention that appends its softmax probabilities [B·heads, T, S] to ``sink``
+    (self-attention guidance reads the middle block's map). Made per evaluation, never stored on
+    a handle: the sink is excluded from equality and hashing."""
+
+    attn: str
+    block: tuple[str, int]
+    sink: list = field(default_factory=list, compare=False, hash=False, repr=False)
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
+        out, probs = attention_with_probs(q, k, v, heads)
+        self.sink.append(probs)
+        return out
 
 
 def attention_replacements(patches, block: tuple[str, int]) -> dict | None:

@@ -18,6 +18,7 @@ from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.sampling import Guidance
 from mixgraph.nodes.payloads.sampling import Sampler as SamplerSpec
+from .cfg_patches import denoise_mask_patches
 from .guidance import build_denoiser
 from .noise import initial_noise, prepare_inpaint_noise
 from .parameterization import ModelSampling
@@ -80,29 +81,43 @@ class InpaintDenoiser:
     """Keeps the unmasked region on the input latent (ComfyUI ``KSamplerX0Inpaint``): before each
     model call the region where mask = 0 is replaced by latent + σ·noise (the input re-noised to
     the current level with the sampling noise, or ddim's separate seed+1 noise), and the
-    prediction there is replaced by the input latent."""
+    prediction there is replaced by the input latent.
+
+    ``mask_patches`` (sampler patches of stage "denoise_mask", e.g. DifferentialDiffusion)
+    rewrite the mask before each call, given the current sigma and the run's ``sigmas``."""
 
     def __init__(self, inner, latent_image: torch.Tensor, noise: torch.Tensor,
-                 denoise_mask: torch.Tensor, model_sampling: ModelSampling):
+                 denoise_mask: torch.Tensor, model_sampling: ModelSampling,
+                 mask_patches: Sequence = (), sigmas: torch.Tensor | None = None):
         self.inner = inner
         self.latent_image = latent_image
         self.noise = noise
         self.mask = denoise_mask
         self.ms = model_sampling
+        self.mask_patches = tuple(mask_patches)
+        self.sigmas = sigmas
 
-    def _blend_in(self, x, sigma):
+    def _mask_at(self, sigma):
+        mask = self.mask
+        for p in self.mask_patches:
+            mask = p.mask(sigma, mask, self.sigmas, self.ms)
+        return mask
+
+    def _blend_in(self, x, sigma, mask):
         renoised = self.ms.noise_scaling(sigma, self.noise, self.latent_image)
-        return x * self.mask + renoised * (1.0 - self.mask)
+        return x * mask + renoised * (1.0 - mask)
 
-    def _blend_out(self, out):
-        return out * self.mask + self.latent_image * (1.0 - self.mask)
+    def _blend_out(self, out, mask):
+        return out * mask + self.latent_image * (1.0 - mask)
 
     def __call__(self, x, sigma, **extra):
-        return self._blend_out(self.inner(self._blend_in(x, sigma), sigma, **extra))
+        mask = self._mask_at(sigma)
+        return self._blend_out(self.inner(self._blend_in(x, sigma, mask), sigma, **extra), mask)
 
     def with_uncond(self, x, sigma, **extra):
-        denoised, uncond = self.inner.with_uncond(self._blend_in(x, sigma), sigma, **extra)
-        return self._blend_out(denoised), uncond
+        mask = self._mask_at(sigma)
+        denoised, uncond = self.inner.with_uncond(self._blend_in(x, sigma, mask), sigma, **extra)
+        return self._blend_out(denoised, mask), uncond
 
 
 @torch.no_grad()
@@ -197,7 +212,8 @@ def sample_custom(
         inpaint_noise = noise
         if sampler.name == "ddim":
             inpaint_noise = prepare_inpaint_noise(noise.shape, seed).to(device)
-        denoiser = InpaintDenoiser(denoiser, latent_image, inpaint_noise, denoise_mask, ms)
+        denoiser = InpaintDenoiser(denoiser, latent_image, inpaint_noise, denoise_mask, ms,
+                                   denoise_mask_patches(getattr(model, "sampler_patches", ())), sigmas)
 
     x = ms.noise_scaling(sigmas[0], noise, latent_image, ms.is_max_denoise(sigmas))
     total = len(sigmas) - 1

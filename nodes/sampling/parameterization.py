@@ -31,12 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from mixgraph.nodes.payloads.conditioning import Cond, Control
-from .cfg_patches import GuidanceArgs, guide
+from .cfg_patches import GuidanceArgs, guide, needs_uncond
+from .schedule_continuous import ContinuousSchedule
 from .schedules import DiscreteSchedule
 
 __all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
 
-PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img")
+PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img", "edm")
 
 # What pixel value 0 (grey after the VAE's [-1, 1] mapping) encodes to in the SD1/SD2 latent,
 # already multiplied by the latent scale: the "masked image" a 9-channel inpaint model sees when
@@ -61,21 +62,34 @@ class ModelSampling:
 
     sigma_data = 1.0
 
-    def __init__(self, prediction: str = "eps", zsnr: bool = False):
+    def __init__(self, prediction: str = "eps", zsnr: bool = False, continuous: tuple | None = None):
+        """``continuous``: (kind "edm" | "v", sigma_min, sigma_max) for a continuous-time schedule
+        (``schedule_continuous.py``, the ModelSamplingContinuous* nodes); "edm" prediction
+        (Karras et al. 2022, D = c_skip·x + c_out·F with σ_data = 0.5) only with one."""
         if prediction not in PREDICTIONS:
             raise NotImplementedError(
                 f"prediction type {prediction!r}: not supported yet (supported: "
                 f"{', '.join(PREDICTIONS)})"
             )
         self.prediction = prediction
-        self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
+        if continuous:
+            kind, sigma_min, sigma_max = continuous
+            self.schedule = ContinuousSchedule(kind, float(sigma_min), float(sigma_max))
+        else:
+            if prediction == "edm":
+                raise NotImplementedError("prediction type 'edm' on the discrete schedule: not supported yet "
+                                          "(it needs a continuous schedule: ModelSamplingContinuousEDM)")
+            self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
+        if prediction == "edm":
+            self.sigma_data = 0.5
 
     @classmethod
     def for_model(cls, model) -> "ModelSampling":
         existing = getattr(model, "model_sampling", None)
         if isinstance(existing, ModelSampling):
             return existing
-        return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)))
+        return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)),
+                   getattr(model, "continuous_sampling", None))
 
     # schedule pass-throughs
     @property
@@ -110,6 +124,9 @@ class ModelSampling:
             return model_input * sd2 / (s**2 + sd2) - model_output * s * self.sigma_data / (
                 s**2 + sd2
             ) ** 0.5
+        if self.prediction == "edm":
+            sd = self.sigma_data
+            return model_input * sd**2 / (s**2 + sd**2) + model_output * s * sd / (s**2 + sd**2) ** 0.5
         if self.prediction in ("x0", "img_to_img"):
             return model_output
         # lcm
@@ -506,12 +523,14 @@ class CFGDenoiser(CondDenoiser):
         self.positive, self.negative = self.lists
         self.cfg = float(cfg)
         self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
+        self.patch_state: dict = {}  # per-run state of sampler patches (APG momentum)
+        self._skip_cfg1 = not needs_uncond(self.sampler_patches)
 
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
-        if math.isclose(self.cfg, 1.0):
+        if self._skip_cfg1 and math.isclose(self.cfg, 1.0):
             (cond,) = self.calc_cond_batch([self.positive], x, sigma)
             if self.sampler_patches:
-                return self._guide(x, sigma, cond, torch.zeros_like(cond))
+                return self._guide(x, sigma, cond, torch.zeros_like(cond), has_uncond=False)
             return cond
         cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
         if self.sampler_patches:
@@ -525,10 +544,14 @@ class CFGDenoiser(CondDenoiser):
             return self._guide(x, sigma, cond, uncond), uncond
         return uncond + (cond - uncond) * self.cfg, uncond
 
-    def _guide(self, x, sigma, cond, uncond) -> torch.Tensor:
+    def _guide(self, x, sigma, cond, uncond, has_uncond: bool = True) -> torch.Tensor:
         """The model's sampler patches (sampling/cfg_patches.py) in place of the CFG formula."""
         def evaluate(unet_patches):
             return self.calc_cond_batch([self.positive], x, sigma, unet_patches)[0]
 
-        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate)
+        def evaluate_negative(x_in, unet_patches):
+            return self.calc_cond_batch([self.negative], x_in, sigma, unet_patches)[0]
+
+        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate, evaluate_negative,
+                            self.patch_state, has_uncond)
         return guide(self.sampler_patches, args)
