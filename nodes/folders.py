@@ -23,6 +23,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "diffusion_models": ("diffusion_models", "unet"),
     "text_encoders": ("text_encoders", "clip"),
     "upscale_models": ("upscale_models", "ESRGAN", "RealESRGAN"),
+    "vae_approx": ("vae_approx",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 
