@@ -128,6 +128,15 @@ def OptimalStepsScheduler(model_type=Combo(tuple(OPTIMAL_STEPS_NOISE_LEVELS)),
     return (sigma_tools.optimal_steps_sigmas(model_type, steps, denoise),)
 
 
+@node(category=SCHED, outputs=("SIGMAS",))
+def GITSScheduler(coeff=Float(1.20, min=0.80, max=1.50, step=0.05),
+                  steps=Int(10, min=2, max=1000),
+                  denoise=Float(1.0, min=0.0, max=1.0, step=0.01)):
+    """Geometry-Inspired Time Scheduling (GITS) tables for SD's sigmas; above 20 steps the
+    20-step schedule log-linearly resampled."""
+    return (sigma_tools.gits_sigmas(coeff, steps, denoise),)
+
+
 # ---------------------------------------------------------------------------- sigma tools
 
 
