@@ -18,6 +18,7 @@ from mixgraph.nodes.sampling.parameterization import ModelSampling
 from mixgraph.nodes.sampling.samplers import SAMPLER_NAMES
 from mixgraph.nodes.sampling.schedule_tables import AYS_NOISE_LEVELS, OPTIMAL_STEPS_NOISE_LEVELS
 from mixgraph.nodes.sampling.schedules import SCHEDULER_NAMES, beta_scheduler
+from mixgraph.nodes.previews import previewer_for
 from mixgraph.nodes.sampling_nodes import SEED_MAX, _progress
 
 SCHED = "sampling/custom_sampling/schedulers"
@@ -125,6 +126,15 @@ def OptimalStepsScheduler(model_type=Combo(tuple(OPTIMAL_STEPS_NOISE_LEVELS)),
                           denoise=Float(1.0, min=0.0, max=1.0, step=0.01)):
     """Optimal Stepsize schedules (flow models), log-linearly resampled to the step count."""
     return (sigma_tools.optimal_steps_sigmas(model_type, steps, denoise),)
+
+
+@node(category=SCHED, outputs=("SIGMAS",))
+def GITSScheduler(coeff=Float(1.20, min=0.80, max=1.50, step=0.05),
+                  steps=Int(10, min=2, max=1000),
+                  denoise=Float(1.0, min=0.0, max=1.0, step=0.01)):
+    """Geometry-Inspired Time Scheduling (GITS) tables for SD's sigmas; above 20 steps the
+    20-step schedule log-linearly resampled."""
+    return (sigma_tools.gits_sigmas(coeff, steps, denoise),)
 
 
 # ---------------------------------------------------------------------------- sigma tools
@@ -324,7 +334,8 @@ def SamplerCustom(ctx, model=Socket("MODEL"), add_noise=Boolean(True),
     guidance = Guidance("cfg", (tuple(positive), tuple(negative)), (cfg,))
     return ksampler.sample_custom(runner, guidance=guidance, sampler=sampler, sigmas=sigmas,
                                   noise=initial_noise(latent_image, noise_seed, add_noise),
-                                  seed=noise_seed, latent=latent_image, on_step=_progress(ctx))
+                                  seed=noise_seed, latent=latent_image, on_step=_progress(ctx),
+                                  preview=previewer_for(ctx, runner))
 
 
 @node(category="sampling/custom_sampling", outputs=("LATENT", "LATENT"),
@@ -338,4 +349,5 @@ def SamplerCustomAdvanced(ctx, noise=Socket("NOISE"), guider=Socket("GUIDER"),
     return ksampler.sample_custom(runner, guidance=guider.guidance, sampler=sampler,
                                   sigmas=sigmas,
                                   noise=initial_noise(latent_image, noise.seed, noise.add),
-                                  seed=noise.seed, latent=latent_image, on_step=_progress(ctx))
+                                  seed=noise.seed, latent=latent_image, on_step=_progress(ctx),
+                                  preview=previewer_for(ctx, runner))

@@ -24,6 +24,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "text_encoders": ("text_encoders", "clip"),
     "upscale_models": ("upscale_models", "ESRGAN", "RealESRGAN"),
     "diffusers": ("diffusers",),
+    "vae_approx": ("vae_approx",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 

@@ -4,4 +4,4 @@ from mixgraph.nodes import (conditioning, conditioning_extra_nodes, custom_sampl
                             extra_loader_nodes, image_extra_nodes, image_filter_nodes, image_nodes,
                             latent_extra_nodes, latent_io_nodes, latent_nodes, loading, mask_nodes,
                             merge_nodes, model_patch_nodes, precision_nodes, primitive_nodes,
-                            sampling_nodes, save_nodes)
+                            sampling_nodes, save_nodes, upscale_nodes)

@@ -9,7 +9,7 @@ denoiser (``guidance.build_denoiser``), progress/cancel and the way back to an u
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -137,14 +137,17 @@ def sample(
     start_step: int | None = None,
     last_step: int | None = None,
     force_full_denoise: bool = False,
-    on_step: Callable[[int, int], None] | None = None,
+    on_step: Callable[..., None] | None = None,
+    preview: Callable[[torch.Tensor], Any] | None = None,
 ) -> Latent:
     """Run one KSampler (ComfyUI ``common_ksampler``); returns a new float32 CPU Latent (mask and
     batch_index kept): steps → sigmas (scheduler, denoise, penultimate drop, advanced cuts),
     then ``sample_custom`` with CFG guidance.
 
     ``on_step(i, total)`` is called once per sampler step with i = 1..total (ComfyUI's progress
-    value); an exception raised there cancels sampling and propagates.
+    value); an exception raised there cancels sampling and propagates. With ``preview`` (x0 →
+    image, ``sampling/preview.py``) it is called as ``on_step(i, total, image)`` with the step's
+    preview of its x0 prediction.
     """
     get_sampler(sampler_name)  # fails before any work for unknown names
     ms = ModelSampling.for_model(model)
@@ -157,7 +160,8 @@ def sample(
         return replace(latent, samples=latent.samples.float().clone())
     guidance = Guidance("cfg", (tuple(positive), tuple(negative)), (float(cfg),))
     out, _ = sample_custom(model, guidance=guidance, sampler=SamplerSpec(sampler_name),
-                           sigmas=sigmas, noise=noise, seed=seed, latent=latent, on_step=on_step)
+                           sigmas=sigmas, noise=noise, seed=seed, latent=latent, on_step=on_step,
+                           preview=preview)
     return out
 
 
@@ -171,7 +175,8 @@ def sample_custom(
     noise: torch.Tensor,
     seed: int,
     latent: Latent,
-    on_step: Callable[[int, int], None] | None = None,
+    on_step: Callable[..., None] | None = None,
+    preview: Callable[[torch.Tensor], Any] | None = None,
 ) -> tuple[Latent, Latent]:
     """The one sampling core (ComfyUI ``CFGGuider.sample`` + ``KSAMPLER.sample``), shared by
     KSampler, SamplerCustom and SamplerCustomAdvanced.
@@ -182,6 +187,9 @@ def sample_custom(
     denoise), wrap the guidance denoiser in the inpaint blend when the latent has a noise mask
     (``ddim``: separate seed + 1 noise), run the sampler with ``sampler.options``, undo the
     scaling.
+
+    ``on_step``/``preview``: as in ``sample``; the preview sees the x0 prediction in the
+    sampler's (scaled) latent space, as ComfyUI's previewers do.
 
     Returns (output, denoised_output): the sampled Latent and the last step's x0 prediction
     (ComfyUI's ``denoised_output``; the output itself when no step ran). Empty ``sigmas``
@@ -221,8 +229,13 @@ def sample_custom(
 
     def callback(info):
         last_x0[:] = [info["denoised"]]
-        if on_step is not None:
-            on_step(min(int(info["i"]) + 1, total), total)
+        if on_step is None:
+            return
+        step = min(int(info["i"]) + 1, total)
+        if preview is None:
+            on_step(step, total)
+        else:
+            on_step(step, total, preview(info["denoised"]))
 
     out = fn(denoiser, x, sigmas, extra_args={"seed": seed}, callback=callback,
              **sampler.kwargs())

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from .schedule_tables import AYS_NOISE_LEVELS, OPTIMAL_STEPS_NOISE_LEVELS
+from .schedule_tables import AYS_NOISE_LEVELS, GITS_NOISE_LEVELS, OPTIMAL_STEPS_NOISE_LEVELS
 from .schedules import DiscreteSchedule, calculate_sigmas, karras_scheduler
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "sd_turbo_sigmas",
     "ays_sigmas",
     "optimal_steps_sigmas",
+    "gits_sigmas",
     "loglinear_interp",
     "split_sigmas",
     "split_sigmas_denoise",
@@ -133,6 +134,21 @@ def ays_sigmas(model_type: str, steps: int, denoise: float) -> torch.Tensor:
 def optimal_steps_sigmas(model_type: str, steps: int, denoise: float) -> torch.Tensor:
     """OptimalStepsScheduler: the published table of ``model_type``, resampled like AYS."""
     return _table_sigmas(OPTIMAL_STEPS_NOISE_LEVELS[model_type], steps, denoise)
+
+
+def gits_sigmas(coeff: float, steps: int, denoise: float) -> torch.Tensor:
+    """GITSScheduler: the table row of ``coeff`` for ``steps`` ≤ 20, else its 20-step row
+    log-linearly resampled to ``steps`` (schedule_tables.GITS_NOISE_LEVELS); tail and final 0
+    as AYS. ``coeff`` must be one of the table's coefficients (0.80, 0.85, ... 1.50)."""
+    key = round(float(coeff), 2)
+    if key not in GITS_NOISE_LEVELS:
+        raise ValueError(f"coeff {coeff}: GITS has tables for "
+                         f"{', '.join(f'{c:.2f}' for c in GITS_NOISE_LEVELS)} only")
+    rows = GITS_NOISE_LEVELS[key]
+    if steps < 2:
+        raise ValueError(f"steps {steps}: GITS needs at least 2 steps")
+    levels = rows[steps - 2] if steps <= len(rows) + 1 else rows[-1]
+    return _table_sigmas(levels, steps, denoise)
 
 
 def split_sigmas(sigmas: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:

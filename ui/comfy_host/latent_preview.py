@@ -1,6 +1,8 @@
 """ComfyUI's `latent_preview` for custom node packs: the sampler step callback that reports
-progress for the running node (and honours interrupts). Latent-to-image previewers are not
-provided: `get_previewer` gives None, as ComfyUI does with previews off."""
+progress for the running node (and honours interrupts) and, when `--preview-method` asks for
+previews and the model is one of ours (a MODEL handle with a `kind`), a preview image of each
+step's x0 (latent2rgb or TAESD, `nodes/sampling/preview.py`). `get_previewer(device,
+latent_format)` gives None: ComfyUI's latent_format objects are not provided here."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from mixgraph.nodes.previews import previewer_for
 from mixgraph.ui import comfy_runtime as _rt
 
 MAX_PREVIEW_RESOLUTION = 512
@@ -40,11 +43,13 @@ def prepare_callback(model: Any, steps: int, x0_output_dict: dict | None = None)
     """callback(step, x0, x, total_steps): progress `step + 1` of `total_steps` for the running
     node; `x0_output_dict["x0"]` gets the latest x0 prediction."""
     now = _rt.running()
+    previewer = previewer_for(now.ctx, model) if now is not None else None
 
     def callback(step: int, x0: torch.Tensor, x: torch.Tensor, total_steps: int) -> None:
         if x0_output_dict is not None:
             x0_output_dict["x0"] = x0
         if now is not None:
-            now.ctx.progress(step + 1, total_steps)
+            image = previewer(x0) if previewer is not None and x0 is not None else None
+            now.ctx.progress(step + 1, total_steps, preview=image)
 
     return callback
