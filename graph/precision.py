@@ -137,7 +137,8 @@ def _as_policy(p: Any) -> Policy:
 
 
 def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None,
-            f32_compute: bool = False, warn: Callable[[str], None] | None = None) -> Policy:
+            f32_compute: bool = False, warn: Callable[[str], None] | None = None,
+            compute: torch.dtype | None = None) -> Policy:
     """The policy one model runs under in one node: the one home of the per-use rules.
 
     base:        what the `Resolver` gave the node for the model's socket type.
@@ -148,6 +149,9 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
                  pinned dtype, so the pin wins: the model stores `storage` and computes in f32,
                  int8's compute dtype (`int8` + fp8_e4m3fn -> `fp8_e4m3fn:f32`), and `warn` is
                  told. What the report names is then what is stored and computed.
+    compute:     a compute dtype pinned on the handle (ComfyUI's ModelComputeDtype); it replaces
+                 the compute dtype of whichever policy won, keeping storage and flags. int8 layers
+                 compute in f32 and keep doing so (`warn` is told the pin does not apply).
     f32_compute: a NaN-guard re-run: same storage and flags, f32 compute; beats everything.
     """
     policy = _as_policy(pinned if pinned is not None else base)
@@ -160,6 +164,15 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
             warn(f"int8 does not combine with the loader's weight_dtype {name}: the model is "
                  f"stored {name} and computes in f32 ({name}:f32), without int8 layers")
         policy = _make(storage, policy.compute, policy.upcast_attention, policy.f32_norms)
+    if compute is not None and compute != policy.compute:
+        if compute not in _COMPUTE.values():
+            raise PrecisionError(f"pinned compute dtype {compute} is not one of f32, bf16, f16")
+        if policy.int8:
+            if warn is not None:
+                warn(f"int8 layers compute in f32: the pinned compute dtype {_NAMES[compute]} "
+                     f"does not apply")
+        else:
+            policy = _make(policy.storage, compute, policy.upcast_attention, policy.f32_norms)
     if f32_compute and policy.compute != torch.float32:
         policy = _make(policy.storage, torch.float32, policy.upcast_attention, policy.f32_norms,
                        policy.int8)

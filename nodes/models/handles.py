@@ -90,6 +90,8 @@ class ModelHandle:
     sampler_patches: tuple = ()
     # (kind "edm" | "v", sigma_min, sigma_max): a continuous-time schedule (ModelSamplingContinuous*)
     continuous_sampling: tuple | None = None
+    # compute dtype pinned by ModelComputeDtype (read by the resolver, not applied here)
+    compute_dtype: torch.dtype | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
@@ -100,7 +102,12 @@ class ModelHandle:
         return dataclasses.replace(self, patches=self.patches + tuple(patches))
 
     def with_precision(self, policy: PolicyLike | None) -> "ModelHandle":
-        return dataclasses.replace(self, precision=policy)
+        """Pin the whole policy; it replaces an earlier compute-dtype pin (the later node wins)."""
+        return dataclasses.replace(self, precision=policy, compute_dtype=None)
+
+    def with_compute_dtype(self, dtype: torch.dtype | None) -> "ModelHandle":
+        """Pin only the compute dtype (None: no pin); storage and flags stay as resolved."""
+        return dataclasses.replace(self, compute_dtype=dtype)
 
     def with_unet_patch(self, patch) -> "ModelHandle":
         return dataclasses.replace(self, unet_patches=self.unet_patches + (patch,))
