@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from mixgraph.nodes.models.resize import center_crop
 from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .cfg_patches import GuidanceArgs, guide, needs_uncond
 from .schedule_continuous import ContinuousSchedule
@@ -299,7 +300,8 @@ class CondDenoiser:
     ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
     and masked latent = ``latent_image`` (already scaled; VAEEncodeForInpaint greys the masked
     pixels before encoding); without a noise mask: mask = 1 and the masked latent is the blank
-    grey latent. The concat is cropped with the cond's area like the input.
+    grey latent. The concat is cropped with the cond's area like the input. 8-channel
+    instruct-pix2pix models get ``cat([c_in·x (4), image latent (4)])`` (``_ip2p_concat``).
     """
 
     def __init__(
@@ -328,12 +330,17 @@ class CondDenoiser:
         self._latent_image = latent_image
         self._denoise_mask = denoise_mask
         self._inpaint = False
+        self._ip2p = False
         extra = int(getattr(model, "in_channels", C)) - C
-        if extra > 0:
+        if extra == C:
+            self._ip2p = True
+            self.concat = self._ip2p_concat(None)
+        elif extra > 0:
             if extra != C + 1:
                 raise NotImplementedError(
                     f"a {C + extra}-channel model with a {C}-channel latent: only inpaint "
-                    f"concat (mask + masked latent, {2 * C + 1} channels) is supported yet"
+                    f"concat (mask + masked latent, {2 * C + 1} channels) and instruct-pix2pix "
+                    f"concat (image latent, {2 * C} channels) are supported yet"
                 )
             self._inpaint = True
             self.concat = self._inpaint_concat(None, None)
@@ -364,6 +371,21 @@ class CondDenoiser:
             m = F.interpolate(m, size=(H, W), mode="bilinear")
         return torch.cat([repeat_to_batch(m.round(), B), masked], dim=1)  # [B, 1+C, H, W]
 
+    def _ip2p_concat(self, concat_latent) -> torch.Tensor:
+        """[B, C, H, W] for an 8-channel instruct-pix2pix model (ComfyUI ``IP2P.concat_cond``):
+        the cond's InstructPixToPixConditioning latent as encoded (unscaled: SD1.x and diffusers
+        SDXL ip2p models take it raw), cropped to the sampled latent's aspect ratio around its
+        centre and resized bilinearly when its size differs, repeated to the batch; zeros when
+        no cond carries one."""
+        latent_image = self._latent_image
+        B, C, H, W = latent_image.shape
+        if concat_latent is None:
+            return torch.zeros_like(latent_image)
+        image = concat_latent.to(self.device, torch.float32)
+        if tuple(image.shape[1:]) != (C, H, W):
+            image = F.interpolate(center_crop(image, W, H), size=(H, W), mode="bilinear")
+        return repeat_to_batch(image, B)
+
     # -- preparation
     def _resolve(self, c: Cond, negative: bool = False) -> _Entry:
         """`c` (areas and masks already resolved) as an evaluation entry."""
@@ -387,6 +409,8 @@ class CondDenoiser:
         concat = self.concat
         if self._inpaint and (c.concat_latent is not None or c.concat_mask is not None):
             concat = self._inpaint_concat(c.concat_latent, c.concat_mask)
+        elif self._ip2p and c.concat_latent is not None:
+            concat = self._ip2p_concat(c.concat_latent)
         return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
                       s_start, s_end, concat)
 
