@@ -7,3 +7,4 @@ from mixgraph.nodes import (conditioning, conditioning_extra_nodes, custom_sampl
                             sampling_nodes, save_nodes, upscale_nodes)
 from mixgraph.nodes import ip2p_nodes  # noqa: F401,E402  (smallnodes)
 from mixgraph.nodes import rebatch_nodes  # noqa: F401,E402  (smallnodes)
+from mixgraph.nodes import preview_any_nodes  # noqa: F401,E402  (smallnodes)
