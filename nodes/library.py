@@ -8,3 +8,4 @@ from mixgraph.nodes import (conditioning, conditioning_extra_nodes, custom_sampl
 from mixgraph.nodes import ip2p_nodes  # noqa: F401,E402  (smallnodes)
 from mixgraph.nodes import rebatch_nodes  # noqa: F401,E402  (smallnodes)
 from mixgraph.nodes import preview_any_nodes  # noqa: F401,E402  (smallnodes)
+from mixgraph.nodes import deep_shrink_nodes  # noqa: F401,E402  (smallnodes)

@@ -137,10 +137,18 @@ class UNetRunner:
         self.sampler_patches = handle.sampler_patches
         self.continuous_sampling = handle.continuous_sampling
 
+    @property
+    def wants_sigma(self) -> bool:
+        """Whether a UNet patch of the handle depends on the noise level (``at_sigma``)."""
+        return any(hasattr(p, "at_sigma") for p in self.handle.unet_patches)
+
     def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None,
-             patches: tuple = ()) -> Tensor:
-        """``patches``: forward-time patches for this call, after the handle's own."""
+             patches: tuple = (), sigma: float | None = None) -> Tensor:
+        """``patches``: forward-time patches for this call, after the handle's own. ``sigma``: the
+        evaluated noise level, bound into patches that depend on it (``at_sigma``)."""
         every = self.handle.unet_patches + tuple(patches)
+        if sigma is not None:
+            every = tuple(p.at_sigma(sigma) if hasattr(p, "at_sigma") else p for p in every)
         if every:
             return self.model(x, timesteps, context, y, control, every)
         return self.model(x, timesteps, context, y, control)

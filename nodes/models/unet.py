@@ -372,9 +372,16 @@ class UNetModel(nn.Module):
 
         hs: list[Tensor] = []
         h = x
+        in_patches = [p for p in patches if hasattr(p, "input_block")]
         for i, block in enumerate(self.input_blocks):
             h = block(h, emb, context, attn=attention_replacements(patches, ("input", i)))
+            for p in in_patches:
+                if not p.after_skip:
+                    h = p.input_block(h, i)
             hs.append(h)
+            for p in in_patches:
+                if p.after_skip:
+                    h = p.input_block(h, i)
         h = self.middle_block(h, emb, context, attn=attention_replacements(patches, ("middle", 0)))
         if control is not None:
             # residuals go to the skips only; the main path into the middle block is unchanged

@@ -13,16 +13,26 @@ is a frozen dataclass (hashable, compared by value) with one or both of these me
   block numbering): replaces softmax(qkᵀ/√d)v inside every transformer block of that UNet block;
   q [B, T, inner], k/v [B, S, inner], result [B, T, inner] (``to_out`` still follows),
   ComfyUI's ``attn1``/``attn2`` replace patches.
+* ``input_block(h, index) -> h`` with ``after_skip``: called after input block ``index``, before
+  (``after_skip`` False) or after (True) ``h`` is kept as that block's skip connection, ComfyUI's
+  ``input_block_patch`` / ``input_block_patch_after_skip``.
+
+A patch that depends on the noise level has ``at_sigma(sigma) -> patch``: the runner binds the
+evaluated sigma (the batch's first, as ComfyUI's ``transformer_options["sigmas"][0]``) before
+the UNet call (``UNetRunner.unet(..., sigma=)``); unbound, it does nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-__all__ = ["FreeU", "IdentityAttention", "AttentionRecorder", "attention_with_probs", "fourier_filter",
+from .resize import upscale
+
+__all__ = ["FreeU", "DeepShrink", "IdentityAttention", "AttentionRecorder", "attention_with_probs", "fourier_filter",
            "attention_replacements"]
 
 
@@ -118,3 +128,37 @@ def attention_replacements(patches, block: tuple[str, int]) -> dict | None:
     """{"attn1"/"attn2": patch.attention} of the patches aimed at ``block``, or None."""
     found = {p.attn: p.attention for p in patches if hasattr(p, "attention") and tuple(p.block) == block}
     return found or None
+
+
+@dataclass(frozen=True)
+class DeepShrink:
+    """Kohya's Deep Shrink (ComfyUI's PatchModelAddDownscale): while sigma_end <= σ <= sigma_start,
+    the main path after input block ``block_number`` is resized by 1/``downscale_factor``
+    (``downscale_method``, no crop), before or after it is kept as the skip; an output block whose
+    main path and skip differ in size gets the main path resized to the skip (``upscale_method``)."""
+
+    block_number: int
+    downscale_factor: float
+    sigma_start: float
+    sigma_end: float
+    after_skip: bool
+    downscale_method: str
+    upscale_method: str
+    sigma: float | None = None
+
+    def at_sigma(self, sigma: float) -> "DeepShrink":
+        return dataclasses.replace(self, sigma=float(sigma))
+
+    def input_block(self, h: Tensor, index: int) -> Tensor:
+        if index != self.block_number or self.sigma is None:
+            return h
+        if not (self.sigma_end <= self.sigma <= self.sigma_start):
+            return h
+        width = round(int(h.shape[-1]) * (1.0 / self.downscale_factor))
+        height = round(int(h.shape[-2]) * (1.0 / self.downscale_factor))
+        return upscale(h, width, height, self.downscale_method, "disabled")
+
+    def output_block(self, h: Tensor, skip: Tensor, index: int) -> tuple[Tensor, Tensor]:
+        if tuple(h.shape[-2:]) != tuple(skip.shape[-2:]):
+            h = upscale(h, int(skip.shape[-1]), int(skip.shape[-2]), self.upscale_method, "disabled")
+        return h, skip

@@ -519,7 +519,10 @@ class CondDenoiser:
                     c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
             unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + 1 + C, h, w]
-        if unet_patches:
+        if getattr(self.model, "wants_sigma", False):
+            out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches),
+                                  sigma=float(sig.reshape(-1)[0]))
+        elif unet_patches:
             out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
         else:
             out = self.model.unet(unet_in, t, context, y=y, control=control)
