@@ -5,7 +5,4 @@ from mixgraph.nodes import (conditioning, conditioning_extra_nodes, custom_sampl
                             latent_extra_nodes, latent_io_nodes, latent_nodes, loading, mask_nodes,
                             merge_nodes, model_patch_nodes, precision_nodes, primitive_nodes,
                             sampling_nodes, save_nodes, upscale_nodes)
-from mixgraph.nodes import ip2p_nodes  # noqa: F401,E402  (smallnodes)
-from mixgraph.nodes import rebatch_nodes  # noqa: F401,E402  (smallnodes)
-from mixgraph.nodes import preview_any_nodes  # noqa: F401,E402  (smallnodes)
-from mixgraph.nodes import deep_shrink_nodes  # noqa: F401,E402  (smallnodes)
+from mixgraph.nodes import deep_shrink_nodes, ip2p_nodes, preview_any_nodes, rebatch_nodes  # noqa: F401

@@ -43,7 +43,8 @@ def test_deep_shrink_acts_only_in_its_block_and_sigma_window():
     assert torch.equal(up[0, 0, :2, :2], small[0, 0, :1, :1].expand(2, 2))  # nearest-exact
     assert p.output_block(h, skip, 0)[0] is h
     # factor 3 on 8x8: round(8 / 3) = 3
-    assert DeepShrink(0, 3.0, 1.0, 0.0, False, "area", "area").at_sigma(0.5).input_block(h, 0).shape == (1, 1, 3, 3)
+    thirds = DeepShrink(0, 3.0, 1.0, 0.0, False, "area", "area").at_sigma(0.5)
+    assert thirds.input_block(h, 0).shape == (1, 1, 3, 3)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,8 @@ def _graph(block: int, end: float, method: str = "bicubic", patched: bool = True
                    downscale_method=method, upscale_method="bicubic")
     pos = g.add("CLIPTextEncode", text="a hill", clip=ckpt[1])
     neg = g.add("CLIPTextEncode", text="", clip=ckpt[1])
-    ks = g.add("KSampler", model=shrink if patched else ckpt[0], seed=2, steps=3, cfg=2.0, sampler_name="euler",
+    ks = g.add("KSampler", model=shrink if patched else ckpt[0], seed=2, steps=3, cfg=2.0,
+               sampler_name="euler",
                scheduler="normal", positive=pos, negative=neg,
                latent_image=g.add("EmptyLatentImage", width=64, height=64, batch_size=1), denoise=1.0)
     g.add("PreviewImage", images=g.add("VAEDecode", samples=ks, vae=ckpt[2]))
