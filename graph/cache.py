@@ -28,9 +28,11 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
+
+from mixgraph.graph.plan import walk
 
 __all__ = ["structural_key", "key_header", "node_key", "canonical_literals", "walk_tensors",
            "estimate_nbytes", "CacheEntry", "OutputCache", "LruCountCache", "NoCache",
@@ -276,6 +278,14 @@ class OutputCache:
             self.hits += len(found)
             self.misses += sum(1 for k in keys.values() if k is not None) - len(found)
         return found
+
+    def lookup(self, keys: dict[Any, bytes | None], roots: Iterable[str],
+               upstream: Callable[[str], Iterable[str]]) -> tuple[dict, dict]:
+        """The hits among `keys` ({name: entry}) and the nodes `roots` need: walked back along
+        `upstream`, stopping at hits. A second level (`graph.persist.TieredCache`) overrides
+        it to load only the stored results the run reaches."""
+        hits = self.get_many(keys)
+        return hits, walk(roots, upstream, hits)
 
     def peek(self, key: bytes | None) -> CacheEntry | None:
         return None if key is None else self._entries.get(key)

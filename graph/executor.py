@@ -43,7 +43,6 @@ from mixgraph.graph.cache import OutputCache, key_header, node_key
 from mixgraph.graph.context import Interrupted
 from mixgraph.graph.dynprompt import DynamicPrompt
 from mixgraph.graph.env import Env
-from mixgraph.graph.plan import walk
 from mixgraph.graph.precision import Resolver, parse_precision_arg
 from mixgraph.graph.prompt import Link, Workflow, WorkflowError
 from mixgraph.graph.report import (DependencyCycleError, ExecutionFailed, NodeError, NodeReport,
@@ -293,8 +292,8 @@ class Executor:
 
     def _lookup(self, keys, outputs, inputs, plans) -> tuple[dict, dict]:
         """Cache hits (one batched lookup), and the nodes needed: walk back from the outputs
-        along the links of non-lazy inputs, stopping at hits."""
-        hits = self.cache.get_many(keys)
+        along the links of non-lazy inputs, stopping at hits (`OutputCache.lookup`; with a
+        persistent second level, only the stored hits the walk reaches are loaded)."""
 
         def upstream(n: str) -> list[str]:
             lazy = plans[n].lazy
@@ -303,7 +302,7 @@ class Executor:
                         if type(x) is Link and name not in lazy]
             return [x.node_id for x in inputs[n].values() if type(x) is Link]
 
-        return hits, walk(outputs, upstream, hits)
+        return self.cache.lookup(keys, outputs, upstream)
 
     def _keys(self, order, inputs, plans, resolver, env, run) -> dict[str, bytes | None]:
         """Every node's structural key, in topological order (an upstream key is ready when its

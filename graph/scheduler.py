@@ -60,7 +60,7 @@ class NodePlan:
     __slots__ = ("spec", "fn", "names", "defaults", "hidden", "model_types", "n_out", "unique_id",
                  "wants_ctx", "deterministic", "fingerprint", "version", "class_type",
                  "key_header", "lazy", "check_lazy", "input_is_list", "list_out", "any_list_out",
-                 "output_node", "required")
+                 "output_node", "required", "out_types")
 
     def __init__(self, spec: NodeSpec, key_header: str):
         self.spec = spec
@@ -74,6 +74,7 @@ class NodePlan:
         self.unique_id = any(k == "UNIQUE_ID" for _, k in self.hidden)
         self.model_types = spec.precision_types   # sorted; the precision part of the cache key
         self.n_out = len(spec.outputs)
+        self.out_types = tuple(o.type for o in spec.outputs)   # a persistent cache asks
         self.wants_ctx = spec.wants_ctx
         self.deterministic = spec.deterministic
         self.fingerprint = spec.fingerprint
@@ -508,7 +509,7 @@ class Scheduler:
         key = self.keys.get(nid)
         if key is not None:
             self.ex.cache.put(key, outs, ui, {"precision": precision, "nan_fallback": fell_back,
-                                              "list": listy})
+                                              "list": listy, "types": plan.out_types})
         if self.waiters:
             self._wake(nid)
 

@@ -14,8 +14,10 @@
     result = api.run(g.build())
 
 One default `Executor` per process (one output cache), created on first use with the node
-library registered; pass `executor=` to use another. This is the top layer (ui/): it may import
-both the engine (mixgraph.graph) and the node library (mixgraph.nodes).
+library registered; pass `executor=` to use another. `enable_output_cache(DIR)` adds the
+persistent output cache behind it (off by default, as `--output-cache DIR` on the CLI). This is
+the top layer (ui/): it may import both the engine (mixgraph.graph) and the node library
+(mixgraph.nodes).
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from typing import Any, Callable, Iterable, Mapping
 from mixgraph.graph import safe_json
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor, RunReport
+from mixgraph.graph.persist import DEFAULT_BYTES, DiskCache, TieredCache
 from mixgraph.graph.prompt import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError
 from mixgraph.graph.validate import Validation, validate
 from mixgraph.graph.workflow import load_workflow
 
 __all__ = ["load", "run", "RunResult", "Graph", "NodeRef", "set_inputs", "parse_set",
-           "default_executor", "default_registry", "load_node_library"]
+           "default_executor", "default_registry", "load_node_library", "enable_output_cache"]
 
 _lock = threading.Lock()
 _default: Executor | None = None
@@ -63,6 +66,18 @@ def default_executor(registry: Any = None) -> Executor:
         if _default is None:
             _default = Executor(registry if registry is not None else default_registry(), Env.from_args())
         return _default
+
+
+def enable_output_cache(directory: str | os.PathLike, gb: float = DEFAULT_BYTES / 2**30,
+                        executor: Executor | None = None) -> TieredCache:
+    """Put the persistent output cache (graph.persist) behind an executor's in-memory cache
+    (the default executor's unless given): what it computes is kept in `directory`, up to `gb`
+    GB, and reused after a restart or by other processes using the same directory. Returns the
+    executor's new cache; `cache.disk.stats()` says what it holds."""
+    ex = executor or default_executor()
+    memory = ex.cache.memory if isinstance(ex.cache, TieredCache) else ex.cache
+    ex.cache = TieredCache(memory, DiskCache(directory, int(gb * 2**30)))
+    return ex.cache
 
 
 def load(src: Any, registry: Any = None) -> Workflow:

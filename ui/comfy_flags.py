@@ -24,7 +24,9 @@ What they do here:
 * Flags about CUDA, VRAM management, attention kernels, global precision and other ComfyUI
   internals are accepted and each prints one `note:` line to stderr saying why it has no effect.
 
-The cache flags (`--cache-*`) and custom-node flags are added elsewhere.
+The cache flags (`add_cache_flags`, `cache_from_args`: ComfyUI's `--cache-*` modes, and the
+persistent output cache `--output-cache DIR [--output-cache-gb N]` behind them) are added to
+`run` and `serve` by ui/cli.py; custom-node flags are added elsewhere.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from mixgraph.graph.cache import make_cache
+from mixgraph.graph.persist import DEFAULT_BYTES, DiskCache, TieredCache
 
 PREVIEW_METHODS = ("none", "auto", "latent2rgb", "taesd")
 LISTEN_ALL = "0.0.0.0,::"
 MB = 1024 * 1024
+DISK_DEFAULT_GB = DEFAULT_BYTES / 2**30
 
 _MEMORY = "mixgraph manages model memory itself"
 _PRECISION = ("precision is per workflow here: precision tags on groups and subgraphs, "
@@ -216,9 +220,24 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-none", action="store_true", help="keep nothing between prompts")
     g.add_argument("--cache-ram", type=float, nargs="?", const=4.0, metavar="GB",
                    help="keep results while GB of RAM stay available (default 4)")
+    p.add_argument("--output-cache", metavar="DIR", help="also keep node outputs (CONDITIONING, "
+                   "LATENT, IMAGE, MASK) in DIR across restarts, shared by processes (off unless "
+                   "given)")
+    p.add_argument("--output-cache-gb", type=float, metavar="N", help="byte budget of "
+                   f"--output-cache, least recently used out first (default {DISK_DEFAULT_GB:g})")
 
 
 def cache_from_args(args: argparse.Namespace) -> Any:
-    """The executor's output cache for the cache flags (ValueError for an unusable value)."""
-    return make_cache(lru=getattr(args, "cache_lru", None), none=getattr(args, "cache_none", False),
-                      ram=getattr(args, "cache_ram", None))
+    """The executor's output cache for the cache flags (ValueError for an unusable value): the
+    in-memory mode, behind which `--output-cache DIR` puts the persistent level."""
+    memory = make_cache(lru=getattr(args, "cache_lru", None),
+                        none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None))
+    directory, gb = getattr(args, "output_cache", None), getattr(args, "output_cache_gb", None)
+    if directory is None:
+        if gb is not None:
+            raise ValueError("--output-cache-gb needs --output-cache DIR")
+        return memory
+    gb = DISK_DEFAULT_GB if gb is None else gb
+    if not gb > 0:
+        raise ValueError(f"--output-cache-gb needs a number of GB above 0, not {gb}")
+    return TieredCache(memory, DiskCache(directory, int(gb * 2**30)))
