@@ -4,6 +4,7 @@ and restarts of the executor on a tiny SD1.5 checkpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import multiprocessing
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
 
 from mixgraph.graph import events as ev
@@ -30,6 +32,7 @@ from mixgraph.nodes.payloads.conditioning import Cond, SizeCond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.ui import api
 from mixgraph.ui.cli import main
+from mixgraph.ui.server import create_app
 from tests.fixtures.checkpoints import write_sd15
 
 WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / "txt2img_sd15.json"
@@ -348,8 +351,12 @@ def test_restart_recomputes_a_damaged_blob(models, tmp_path):
             decode_key = k
             (tmp_path / "c" / "blobs" / f).write_bytes(b"\0" * 100)
     assert decode_key is not None
+    store.clear()
+    loads = store.stats().reads_by_source.copy()
     again, planned, cached = run(ex)
     assert planned == ["4", "8", "9"] and cached == ["3"]   # VAEDecode again, from the stored latent
+    read = {k: v - loads.get(k, 0) for k, v in store.stats().reads_by_source.items()}
+    assert sum(read.values()) == 1                           # the VAE's weights only
     assert torch.equal(again["8"][0], first["8"][0])
     assert ex.cache.disk.counts["corrupt"] == 1
 
@@ -368,6 +375,8 @@ def test_cli_run_output_cache_flag_reuses_results_across_runs(models, tmp_path):
     nodes = json.loads((tmp_path / "r2.json").read_text())["nodes"]
     assert {n: v["status"] for n, v in nodes.items()} == {"8": "cached", "9": "executed"}
     assert main(["run", str(wf), "--output-cache-gb", "1", "--quiet"]) == 2
+    (tmp_path / "file").write_text("x")
+    assert main(["run", str(wf), "--output-cache", str(tmp_path / "file"), "--quiet"]) == 2
 
 
 def test_api_enable_output_cache_keeps_the_memory_level(models, tmp_path):
@@ -376,3 +385,32 @@ def test_api_enable_output_cache_keeps_the_memory_level(models, tmp_path):
     cache = api.enable_output_cache(tmp_path / "b", gb=0.25, executor=ex)
     assert ex.cache is cache and cache.memory is memory
     assert cache.disk.directory == tmp_path / "b" and cache.disk.max_bytes == 2**28
+
+
+def test_server_restart_reports_stored_nodes_as_cached(models, tmp_path):
+    prompt = json.loads(WORKFLOW.read_text())
+    for target, value in SMALL.items():
+        nid, name = target.split(".")
+        prompt[nid]["inputs"][name] = value
+    env = Env.from_args(models=models / "models", input=tmp_path / "in", output=tmp_path / "out",
+                        temp=tmp_path / "temp")
+
+    async def serve_once(user: str) -> dict:
+        cache = TieredCache(OutputCache(2**30), DiskCache(tmp_path / "c"))
+        app = create_app(env, cache=cache, user_dir=tmp_path / user / "default")
+        async with TestServer(app) as server, TestClient(server) as c:
+            r = await c.post("/prompt", json={"prompt": prompt})
+            pid = (await r.json())["prompt_id"]
+            for _ in range(6000):
+                body = await (await c.get(f"/history/{pid}")).json()
+                if body:
+                    return body[pid]
+                await asyncio.sleep(0.02)
+        raise AssertionError("the prompt did not finish")
+
+    first = asyncio.run(serve_once("u1"))
+    second = asyncio.run(serve_once("u2"))       # a restarted server on the same cache directory
+    for entry in (first, second):
+        assert entry["status"]["status_str"] == "success" and entry["outputs"]["9"]["images"]
+    messages = {name: body for name, body in second["status"]["messages"]}
+    assert messages["execution_cached"]["nodes"] == ["8"]
