@@ -114,7 +114,8 @@ class DiskCache:
         self.codec = codec
         self._lock = threading.Lock()
         self.counts = dict.fromkeys(("hits", "misses", "writes", "refused", "too_big", "corrupt",
-                                     "evictions", "errors", "bytes_read", "bytes_written"), 0)
+                                     "evictions", "errors", "bytes_read", "bytes_written",
+                                     "read_seconds", "write_seconds"), 0)
         self._warned: set[str] = set()
         try:
             (self.directory / "blobs").mkdir(parents=True, exist_ok=True)
@@ -157,6 +158,13 @@ class DiskCache:
         missing or damaged (then the row is dropped)."""
         if key is None:
             return None
+        t0 = time.perf_counter()
+        try:
+            return self._get(key)
+        finally:
+            self.counts["read_seconds"] += time.perf_counter() - t0
+
+    def _get(self, key: bytes) -> CacheEntry | None:
         try:
             with self._lock:
                 row = self._db.execute("SELECT file, digest, meta FROM entries WHERE key = ?",
@@ -222,6 +230,13 @@ class DiskCache:
         codec can encode them; evicts least recently used entries beyond the budget."""
         if key is None or not self.codec.storable(types):
             return False
+        t0 = time.perf_counter()
+        try:
+            return self._put(key, outputs, meta)
+        finally:
+            self.counts["write_seconds"] += time.perf_counter() - t0
+
+    def _put(self, key: bytes, outputs: tuple, meta: dict | None) -> bool:
         try:
             tensors, tree = self.codec.encode(tuple(outputs))
         except Unencodable as e:

@@ -74,7 +74,7 @@ class NodePlan:
         self.unique_id = any(k == "UNIQUE_ID" for _, k in self.hidden)
         self.model_types = spec.precision_types   # sorted; the precision part of the cache key
         self.n_out = len(spec.outputs)
-        self.out_types = tuple(o.type for o in spec.outputs)   # a persistent cache asks
+        self.out_types = tuple(o.type for o in spec.outputs)   # what a persistent cache may keep
         self.wants_ctx = spec.wants_ctx
         self.deterministic = spec.deterministic
         self.fingerprint = spec.fingerprint

@@ -238,6 +238,6 @@ def cache_from_args(args: argparse.Namespace) -> Any:
             raise ValueError("--output-cache-gb needs --output-cache DIR")
         return memory
     gb = DISK_DEFAULT_GB if gb is None else gb
-    if not gb > 0:
+    if not 0 < gb < 2**40:
         raise ValueError(f"--output-cache-gb needs a number of GB above 0, not {gb}")
     return TieredCache(memory, DiskCache(directory, int(gb * 2**30)))
