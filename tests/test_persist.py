@@ -33,6 +33,7 @@ from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.ui import api
 from mixgraph.ui.cli import main
 from mixgraph.ui.server import create_app
+from tests import toy_nodes as toy
 from tests.fixtures.checkpoints import write_sd15
 
 WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / "txt2img_sd15.json"
@@ -414,3 +415,27 @@ def test_server_restart_reports_stored_nodes_as_cached(models, tmp_path):
         assert entry["status"]["status_str"] == "success" and entry["outputs"]["9"]["images"]
     messages = {name: body for name, body in second["status"]["messages"]}
     assert messages["execution_cached"]["nodes"] == ["8"]
+
+
+def test_tiered_cache_serves_expanded_nodes_after_a_restart(tmp_path):
+    reg = toy.registry()
+    c = TreeCodec()
+    c.declare("INT")                       # toy nodes pass INTs: a payload for this test
+    env = Env(models=(tmp_path,), input=tmp_path, output=tmp_path, temp=tmp_path)
+
+    def wf(label):
+        return {"1": toy.call("Const", value=1),
+                "2": toy.call("NestedLoops", value=toy.link(1), outer=2, inner=3, label=label),
+                "3": toy.call("Show", value=toy.link(2))}
+
+    def fresh() -> Executor:               # a restart: nothing in memory, one directory
+        return Executor(reg, env, TieredCache(NoCache(), DiskCache(tmp_path / "c", codec=c)))
+
+    fresh().run(wf("a"))
+    toy.CALLS.clear()
+    r = fresh().run(wf("a"))
+    assert r.executed == ["3"] and r.nodes["2"].status == "cached" and toy.CALLS == {"Show": 1}
+    toy.CALLS.clear()
+    r = fresh().run(wf("b"))               # a new parent key: its expanded nodes come from disk
+    assert r.values["2"] == (7,) and r.nodes["2.0.loop1"].status == "cached"
+    assert toy.CALLS["NestedLoops"] == 1 and toy.CALLS["CountLoop"] == 0
