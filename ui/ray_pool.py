@@ -1,0 +1,691 @@
+"""Prompts on Ray workers: `mixgraph serve --ray [ADDRESS] [--workers N]` (DESIGN §10, issue 12).
+
+The front server keeps everything a client talks to (ComfyUI's HTTP/WebSocket API, the queue and
+history in the job store, the editor); only execution moves. `RayPromptQueue` is a `PromptQueue`
+whose prompts run through its `_run_item` seam on Ray actors instead of the local executor:
+
+- **Workers.** Each is an `ExecutorWorker` actor: a full mixgraph executor with its own output
+  cache and its own (process-wide) weight store, built by `build_executor(WorkerOptions)` from
+  the server's environment (models folders...), node library or registry factory, custom-node
+  flags and cache options: the one factory every worker goes through, so a server option that
+  changes executors (a persistent output cache, say) is added in one place.
+- **Events.** `ExecutorWorker.run` is a Ray streaming generator: it yields the run's events
+  (`graph.events`, previews as tensors) in chunks as they happen, then one `WorkerResult`; the
+  front hands each event to the same `on_event` the local path uses, so WebSocket clients and
+  the history see what a local run would send.
+- **Interrupt.** Actors run with `max_concurrency > 1`: `interrupt(prompt_id)` sets the running
+  prompt's event while `run` is busy, so a sampler stops at its next step.
+- **Model affinity.** Each worker reports what its weight store holds, as (file fingerprint,
+  storage dtype); a prompt needs what `ui.estimate.weights_needed` finds. A prompt goes to a free
+  worker that holds (or is about to hold) everything it needs, else to the holder with the
+  shortest wait (at most `AFFINITY_WAIT` prompts ahead), else to the least loaded worker. The
+  decision and its reason are the history entry's `status["mixgraph"]`.
+- **Failover.** A worker that dies (process killed, node lost) is replaced by a new actor; the
+  prompt it ran goes on on another worker (or the replacement), with one `execution_start` and a
+  `mixgraph.warning` noting the retry, so the client sees one story; its queued prompts are
+  placed again. Finished outputs stay: they are files.
+- **Not supported yet:** splitting one prompt's batch or seed list over several workers
+  (fan-out). Each prompt runs whole on one worker.
+
+Models and output folders are paths: on a cluster every machine must see the same paths (a shared
+mount), as the front server validates against its own folders.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import queue as queue_mod
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from mixgraph.graph import events as ev
+from mixgraph.graph.cache import make_cache
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor
+from mixgraph.ui.queue import PromptQueue, QueueItem, execute
+
+__all__ = ["WorkerOptions", "RayConfig", "build_executor", "ExecutorWorker", "WorkerResult",
+           "RayPromptQueue", "RayUnavailable", "AFFINITY_WAIT", "MAX_RETRIES", "ray_module"]
+
+log = logging.getLogger("mixgraph.ui")
+
+#: A holder of a prompt's weights takes it while it has fewer than this many prompts ahead;
+#: beyond that a less busy worker loads the weights instead.
+AFFINITY_WAIT = 4
+#: How often one prompt is re-run after the worker running it died.
+MAX_RETRIES = 2
+#: Events per chunk a worker sends at most (chunks go as soon as an event is waiting).
+_CHUNK = 64
+
+
+class RayUnavailable(RuntimeError):
+    """`--ray` without the ray package, or a Ray cluster that cannot be reached."""
+
+
+def ray_module() -> Any:
+    """The `ray` package, or RayUnavailable saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("mixgraph serve --ray needs the ray package: "
+                             "pip install 'mixgraph[ray]'") from None
+    return ray
+
+
+# --- what a worker is built from ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Everything a worker needs to build its executor; pickled to each actor.
+
+    env: the server's folders, device and settings. cache: keywords of `graph.cache.make_cache`
+    (the server's `--cache-*` flags). registry: a picklable factory returning the node registry
+    (tests pass their toy registry's); None: the node library plus the custom node packs the
+    flags in `custom_nodes` name (`ui.custom_nodes.load_from_args`'s attributes)."""
+
+    env: Env
+    cache: dict = field(default_factory=dict)
+    registry: Callable[[], Any] | None = None
+    custom_nodes: dict | None = None
+
+
+def build_executor(options: WorkerOptions) -> Executor:
+    """The executor of one worker: the single place worker executors are made."""
+    if options.registry is not None:
+        registry = options.registry()
+    else:
+        from mixgraph.ui.api import default_registry
+        registry = default_registry()
+        if options.custom_nodes is not None:
+            from mixgraph.ui.custom_nodes import load_from_args
+            load_from_args(SimpleNamespace(**options.custom_nodes), registry, options.env)
+    return Executor(registry, options.env, make_cache(**options.cache))
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """`--ray [ADDRESS]`, `--workers N`: address None or "" starts a local Ray instance; workers
+    None: one per GPU of the cluster, else one per machine. `cache`, `registry`, `custom_nodes`
+    as in WorkerOptions (the env comes from the server)."""
+
+    address: str | None = None
+    workers: int | None = None
+    cache: dict = field(default_factory=dict)
+    registry: Callable[[], Any] | None = None
+    custom_nodes: dict | None = None
+
+    def worker_options(self, env: Env) -> WorkerOptions:
+        return WorkerOptions(env, dict(self.cache), self.registry, self.custom_nodes)
+
+
+def config_from_args(args: Any) -> RayConfig:
+    """The RayConfig of `mixgraph serve`'s flags (RayUnavailable without the ray package)."""
+    ray_module()
+    keys = ("custom_nodes", "disable_all_custom_nodes", "base_directory",
+            "extra_model_paths_config")
+    workers = getattr(args, "workers", None)
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers needs 1 or more, not {workers}")
+    return RayConfig(address=getattr(args, "ray", None) or None, workers=workers,
+                     cache={"lru": getattr(args, "cache_lru", None),
+                            "none": bool(getattr(args, "cache_none", False)),
+                            "ram": getattr(args, "cache_ram", None)},
+                     custom_nodes={k: getattr(args, k, None) for k in keys})
+
+
+# --- the actor ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """The last item a worker's `run` yields: how the prompt ended, its UI outputs (what the
+    history entry records, as `RunReport.ui`), and the worker's state after it."""
+
+    status: str
+    ui: dict
+    held: tuple
+    reads: dict
+
+
+def _held() -> tuple:
+    """(fingerprint digest, storage dtype name, file name) of each file in the weight store."""
+    from mixgraph.graph.fingerprint import fingerprint_file
+    from mixgraph.nodes.models import store
+    out = []
+    for path, dtype in store.held():
+        try:
+            digest = fingerprint_file(path).digest
+        except OSError:
+            continue
+        out.append((digest, str(dtype).replace("torch.", ""), os.path.basename(path)))
+    return tuple(out)
+
+
+def _reads() -> dict:
+    """{file name: times it was loaded}: reads of its most-read part (UNet, VAE, encoders)."""
+    from mixgraph.nodes.models import store
+    out: dict[str, int] = {}
+    for ident, n in store.stats().reads_by_source.items():
+        name = os.path.basename(ident[1]) if ident[0] == "file" else str(ident[1])
+        out[name] = max(out.get(name, 0), n)
+    return out
+
+
+class ExecutorWorker:
+    """One Ray worker (wrapped by `ray.remote` when the pool starts): an executor and its
+    caches. `run` runs one prompt at a time; `interrupt`, `info` and `free` answer meanwhile."""
+
+    def __init__(self, name: str, options: WorkerOptions):
+        self.name = name
+        self.executor = build_executor(options)
+        self._interrupts: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()          # one prompt (or /free) at a time
+        self._guard = threading.Lock()         # the interrupt table
+        self.current: str | None = None
+        self.prompts = 0
+
+    def info(self) -> dict:
+        return {"name": self.name, "pid": os.getpid(), "host": os.uname().nodename,
+                "held": _held(), "reads": _reads(), "running": self.current,
+                "prompts": self.prompts}
+
+    def _event_for(self, prompt_id: str) -> threading.Event:
+        with self._guard:
+            return self._interrupts.setdefault(prompt_id, threading.Event())
+
+    def interrupt(self, prompt_id: str) -> bool:
+        """Stop `prompt_id` at its next node or sampler step (also when it has not started)."""
+        self._event_for(prompt_id).set()
+        return True
+
+    def run(self, prompt_id: str, workflow: Any, outputs: list, extra_data: dict):
+        """Run a prompt; yields lists of events as they happen, then [WorkerResult]."""
+        interrupt = self._event_for(prompt_id)
+        events: queue_mod.Queue = queue_mod.Queue()
+        done = object()
+
+        def work() -> None:
+            with self._lock:
+                self.current = prompt_id
+                try:
+                    report, status = execute(lambda emit: self.executor.run(
+                        workflow, targets=outputs or None, on_event=emit, interrupt=interrupt,
+                        prompt_id=prompt_id, extra_data=extra_data, strict=False),
+                        prompt_id, events.put)
+                    ui = dict(getattr(report, "ui", None) or {})
+                    self.prompts += 1
+                    events.put(WorkerResult(status, ui, _held(), _reads()))
+                except BaseException as e:  # noqa: BLE001 - the front must hear of it
+                    events.put(WorkerResult("error", {}, (), {}))
+                    log.exception("worker %s: %s", self.name, e)
+                finally:
+                    self.current = None
+                    with self._guard:
+                        self._interrupts.pop(prompt_id, None)
+                    events.put(done)
+
+        threading.Thread(target=work, name=f"mixgraph-{self.name}", daemon=True).start()
+        while True:
+            chunk = [events.get()]
+            while len(chunk) < _CHUNK:
+                try:
+                    chunk.append(events.get_nowait())
+                except queue_mod.Empty:
+                    break
+            finished = chunk[-1] is done
+            if finished:
+                chunk.pop()
+            if chunk:
+                yield chunk
+            if finished:
+                return
+
+    def free(self, unload_models: bool, free_memory: bool) -> bool:
+        """`/free` on this worker, between prompts."""
+        with self._lock:
+            if free_memory:
+                self.executor.cache.clear()
+            if unload_models or free_memory:
+                from mixgraph.nodes.models import store
+                store.clear()
+                import gc
+                gc.collect()
+        return True
+
+
+# --- the front server's side -------------------------------------------------------------------
+
+@dataclass
+class _Worker:
+    name: str
+    handle: Any = None
+    state: str = "starting"            # starting | ready | dead
+    held: frozenset = frozenset()      # {(digest, dtype)} reported after its last prompt
+    held_names: tuple = ()             # [(digest, dtype, file name)] as reported
+    reads: dict = field(default_factory=dict)
+    running: QueueItem | None = None
+    node: str | None = None
+    pid: int | None = None
+    host: str = ""
+    prompts: int = 0
+    restarts: int = 0
+
+
+class RayPromptQueue(PromptQueue):
+    """A PromptQueue whose prompts run on Ray workers (module docstring). Same queue, history,
+    events and job store as the local queue; `workers()` describes the workers for
+    `/system_stats` and `/queue`."""
+
+    def __init__(self, executor: Any, *, config: RayConfig, env: Env, **kw: Any):
+        super().__init__(executor, **kw)
+        self.config = config
+        self.options = config.worker_options(env)
+        self._workers: list[_Worker] = []
+        self._place: dict[str, tuple[str, str]] = {}      # prompt id -> (worker name, reason)
+        self._needs: dict[str, frozenset] = {}
+        self._notes: dict[str, dict] = {}
+        self._runs: dict[str, tuple[QueueItem, _Worker]] = {}
+        self._claims = 0                                   # retries waiting for a worker
+        self._names: dict[str, str] = {}                   # digest -> file name
+        self._owns_ray = False
+        self._actor_class: Any = None
+
+    # --- starting and stopping -----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        ray = ray_module()
+        if not ray.is_initialized():
+            count = self.config.workers
+            kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
+                                  "log_to_driver": False}
+            if self.config.address:
+                ray.init(address=self.config.address, **kw)
+            else:
+                ray.init(num_cpus=count or os.cpu_count() or 1, **kw)
+            self._owns_ray = True
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0))
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        count = self.config.workers or gpus or max(nodes, 1)
+        per_cpu = max(1, int(resources.get("CPU", 1)) // count) if not gpus else 0
+        self._actor_class = ray.remote(ExecutorWorker).options(
+            max_concurrency=4, num_gpus=1 if gpus else 0, num_cpus=per_cpu)
+        self._workers = [_Worker(f"w{i}") for i in range(count)]
+        for w in self._workers:
+            self._spawn(w)
+        for w in self._workers:
+            self._await_ready(w)
+        super().start()
+
+    def _spawn(self, w: _Worker) -> None:
+        w.handle = self._actor_class.remote(w.name, self.options)
+        w.state = "starting"
+
+    def _await_ready(self, w: _Worker) -> None:
+        ray = ray_module()
+        info = ray.get(w.handle.info.remote())
+        with self._cv:
+            w.pid, w.host, w.state = info["pid"], info["host"], "ready"
+            self._update(w, info["held"], info["reads"])
+            self._assign()
+            self._cv.notify_all()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            runs = list(self._runs.values())
+        for item, w in runs:
+            item.interrupt.set()
+            self._interrupt_on(w, item)
+        deadline = time.monotonic() + timeout
+        with self._cv:                   # let the interrupted prompts record their history
+            while self._runs and time.monotonic() < deadline:
+                self._cv.wait(0.05)
+        super().stop(timeout)
+        ray = ray_module()
+        for w in self._workers:
+            try:
+                ray.kill(w.handle)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._workers = []
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    # --- placement ------------------------------------------------------------------------------
+
+    def _needs_of(self, item: QueueItem) -> frozenset:
+        """{(fingerprint digest, storage dtype)} the prompt's models are held as."""
+        from mixgraph.graph.fingerprint import fingerprint_file
+        from mixgraph.ui.estimate import weights_needed
+        try:
+            if item.workflow is None:
+                item.workflow = self.prepare(item)
+            order = getattr(item.validation, "order", None)
+            pairs = weights_needed(item.workflow, self.executor.registry, self.executor.env,
+                                   order)
+            needs = set()
+            for path, dtype in pairs:
+                digest = fingerprint_file(path).digest
+                self._names[digest] = os.path.basename(path)
+                needs.add((digest, str(dtype).replace("torch.", "")))
+            return frozenset(needs)
+        except Exception:  # noqa: BLE001 - the worker's validation reports a broken prompt
+            return frozenset()
+
+    def put(self, item: QueueItem) -> None:
+        needs = self._needs_of(item)
+        with self._cv:
+            self._needs[item.prompt_id] = needs
+        super().put(item)
+        with self._cv:
+            self._assign()
+            self._cv.notify_all()
+
+    def _load(self, w: _Worker) -> int:
+        queued = sum(1 for pid, (name, _) in self._place.items()
+                     if name == w.name and pid not in self._runs)
+        return queued + (w.running is not None)
+
+    def _expected(self, w: _Worker) -> frozenset:
+        """What `w` will hold once the prompts placed on it have run."""
+        held = set(w.held)
+        for pid, (name, _) in self._place.items():
+            if name == w.name:
+                held |= self._needs.get(pid, frozenset())
+        return frozenset(held)
+
+    def _choose(self, needs: frozenset) -> tuple[_Worker | None, str]:
+        ready = [w for w in self._workers if w.state == "ready"]
+        if not ready:
+            return None, "no worker is ready"
+        names = ", ".join(sorted(n for _d, _p, n in self._described(needs))) or "nothing"
+        if not needs:
+            w = min(ready, key=self._load)
+            return w, f"least loaded ({self._load(w)} ahead); its models are not known before it runs"
+        holders = [w for w in ready if needs <= self._expected(w)]
+        free = [w for w in holders if self._load(w) == 0]
+        if free:
+            return free[0], f"free and holds {names}"
+        near = [w for w in holders if self._load(w) < AFFINITY_WAIT]
+        if near:
+            w = min(near, key=self._load)
+            return w, f"holds {names}; shortest wait among holders ({self._load(w)} ahead)"
+        w = min(ready, key=lambda w: (self._load(w), -len(needs & self._expected(w))))
+        why = "holders busy" if holders else "no worker holds them"
+        return w, f"least loaded ({self._load(w)} ahead); {why}, so it loads {names}"
+
+    def _described(self, needs: frozenset) -> list[tuple[str, str, str]]:
+        """(digest, dtype, "file (dtype)") of each need, named by the file when it is known."""
+        return [(d, p, f"{self._names.get(d, d[:12])} ({p})") for d, p in needs]
+
+    def _assign(self) -> None:
+        """Place every queued prompt that has no worker yet, in run order (under the lock)."""
+        queued = {e[2].prompt_id for e in self._heap}
+        for pid in [p for p in self._place if p not in queued and p not in self._runs]:
+            del self._place[pid]
+        for _, _, item in sorted(self._heap):
+            if item.prompt_id in self._place:
+                continue
+            needs = self._needs.get(item.prompt_id)
+            if needs is None:
+                needs = self._needs[item.prompt_id] = self._needs_of(item)
+            w, reason = self._choose(needs)
+            if w is None:
+                return
+            self._place[item.prompt_id] = (w.name, reason)
+
+    def _update(self, w: _Worker, held: tuple, reads: dict) -> None:
+        w.held = frozenset((d, p) for d, p, _n in held)
+        w.held_names = tuple(held)
+        w.reads = dict(reads)
+        self._names.update((d, n) for d, _p, n in held)
+
+    # --- the dispatcher (replaces the local worker thread) -------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                self._assign()
+                start = self._dispatch()
+                if not start and not self._stop and not any(self._free.values()):
+                    self._cv.wait(0.5)
+                if self._stop:
+                    return
+            for item, w in start:
+                threading.Thread(target=self._run_thread, args=(item, w), daemon=True,
+                                 name=f"mixgraph-prompt-{w.name}").start()
+            if any(self._free.values()):
+                self._handle_free()
+
+    def _dispatch(self) -> list[tuple[QueueItem, _Worker]]:
+        """Pop, for each idle ready worker, the first prompt placed on it (under the lock)."""
+        started = []
+        if self._claims:                 # a retried prompt gets the next idle worker first
+            return started
+        for w in self._workers:
+            if w.state != "ready" or w.running is not None:
+                continue
+            for i, (_, _, item) in enumerate(sorted(self._heap)):
+                if self._place.get(item.prompt_id, ("",))[0] == w.name:
+                    self._heap.remove(next(e for e in self._heap if e[2] is item))
+                    heapq.heapify(self._heap)
+                    self._start_run(item, w)
+                    started.append((item, w))
+                    break
+        return started
+
+    def _start_run(self, item: QueueItem, w: _Worker) -> None:
+        w.running, w.node = item, None
+        self._runs[item.prompt_id] = (item, w)
+        name, reason = self._place.get(item.prompt_id, (w.name, "the only choice"))
+        self._notes.setdefault(item.prompt_id, {"worker": w.name, "reason": reason,
+                                                "retries": []})
+        try:
+            self.store.set_running(item.prompt_id, ev.now_ms())
+        except Exception:  # noqa: BLE001 - JobStoreError: the run goes on
+            log.exception("prompt %s: could not mark it running", item.prompt_id)
+
+    def _run_thread(self, item: QueueItem, w: _Worker) -> None:
+        self.on_change()
+        try:
+            self._execute(item)
+        except Exception:  # noqa: BLE001 - last line of defence: the queue lives on
+            log.exception("prompt %s: unexpected failure in the dispatcher", item.prompt_id)
+        with self._cv:
+            _, w = self._runs.pop(item.prompt_id, (None, w))
+            if w.running is item:
+                w.running, w.node = None, None
+            self._place.pop(item.prompt_id, None)
+            self._needs.pop(item.prompt_id, None)
+            self._notes.pop(item.prompt_id, None)
+            self._cv.notify_all()
+        self.on_change()
+
+    def _note(self, item: QueueItem) -> dict | None:
+        return self._notes.get(item.prompt_id)
+
+    def _run_item(self, item: QueueItem, on_event: Callable[[ev.Event], None]) -> tuple[Any, str]:
+        ray = ray_module()
+        started = False
+        note = self._notes[item.prompt_id]
+        _, w = self._runs[item.prompt_id]
+
+        def forward(event: ev.Event) -> None:
+            nonlocal started
+            if isinstance(event, ev.ExecutionStart):
+                if started:                    # a retry: the client already has its start
+                    return
+                started = True
+            if isinstance(event, ev.Executing):
+                w.node = event.node
+            on_event(event)
+
+        try:
+            workflow = item.workflow if item.workflow is not None else self.prepare(item)
+        except Exception as e:  # noqa: BLE001 - reported as the local queue reports it
+            def fail(emit: Any) -> Any:
+                raise e
+            return execute(fail, item.prompt_id, forward)
+        while True:
+            result, asked = None, False
+            try:
+                for ref in w.handle.run.remote(item.prompt_id, workflow, item.outputs,
+                                               item.extra_data):
+                    for event in ray.get(ref):
+                        if isinstance(event, WorkerResult):
+                            result = event
+                        else:
+                            forward(event)
+                    if item.interrupt.is_set() and not asked:
+                        self._interrupt_on(w, item)
+                        asked = True
+            except ray.exceptions.RayActorError as e:
+                retry = self._failover(item, w, e, note, forward)
+                if retry is None:
+                    return None, "error"
+                w = retry
+                continue
+            with self._cv:
+                if result is not None:
+                    self._update(w, result.held, result.reads)
+                    w.prompts += 1
+            if result is None:
+                return None, "error"
+            return result, result.status
+
+    def _failover(self, item: QueueItem, dead: _Worker, error: Exception, note: dict,
+                  forward: Callable[[ev.Event], None]) -> _Worker | None:
+        """`dead` died running `item`: replace it, and claim a worker to run `item` again
+        (None: retries used up or the server stops; then the prompt has ended in an error)."""
+        with self._cv:
+            if dead.state != "dead":
+                dead.state, dead.running, dead.node = "dead", None, None
+                dead.restarts += 1
+                for pid, (name, _) in list(self._place.items()):
+                    if name == dead.name and pid != item.prompt_id:
+                        del self._place[pid]          # placed again once workers are known
+                threading.Thread(target=self._restart, args=(dead,), daemon=True).start()
+            note["retries"].append({"worker": dead.name, "error": type(error).__name__,
+                                    "at_node": dead.node})
+            self._claims += 1
+        retries = len(note["retries"])
+        if retries > MAX_RETRIES or item.interrupt.is_set():
+            with self._cv:
+                self._claims -= 1
+                self._cv.notify_all()
+            forward(ev.ExecutionError(item.prompt_id, exception_message=(
+                f"worker {dead.name} died while running this prompt ({retries} time(s)); "
+                "not retried again"), exception_type="WorkerDied"))
+            forward(ev.Executing(item.prompt_id, None))
+            return None
+        with self._cv:
+            while not self._stop:
+                idle = [w for w in self._workers if w.state == "ready" and w.running is None]
+                if idle:
+                    needs = self._needs.get(item.prompt_id, frozenset())
+                    w = max(idle, key=lambda w: len(needs & w.held))
+                    self._claims -= 1
+                    w.running, w.node = item, None
+                    self._runs[item.prompt_id] = (item, w)
+                    note.update(worker=w.name, reason=f"retry {retries}: worker {dead.name} "
+                                f"died; {w.name} was idle ({note['reason']} before)")
+                    self._cv.notify_all()
+                    break
+                self._cv.wait(0.2)
+            else:
+                self._claims -= 1
+                return None
+        forward(ev.Warning(item.prompt_id, message=(
+            f"worker {dead.name} died while running this prompt; running it again on {w.name}")))
+        return w
+
+    def _restart(self, w: _Worker) -> None:
+        try:
+            self._spawn(w)
+            self._await_ready(w)
+        except Exception:  # noqa: BLE001 - the others carry on
+            log.exception("could not restart Ray worker %s", w.name)
+        with self._cv:
+            self._cv.notify_all()
+
+    # --- what the routes see ----------------------------------------------------------------------
+
+    def _interrupt_on(self, w: _Worker, item: QueueItem) -> None:
+        try:
+            w.handle.interrupt.remote(item.prompt_id)
+        except Exception:  # noqa: BLE001 - a dead worker: failover handles it
+            pass
+
+    def interrupt(self, prompt_id: str | None = None) -> bool:
+        with self._cv:
+            runs = [(i, w) for i, w in self._runs.values()
+                    if prompt_id is None or i.prompt_id == prompt_id]
+            for item, w in runs:
+                item.interrupt.set()
+        for item, w in runs:
+            self._interrupt_on(w, item)
+        return bool(runs)
+
+    def _handle_free(self) -> None:
+        with self._cv:
+            flags = dict(self._free)
+        super()._handle_free()
+        if flags["unload_models"] or flags["free_memory"]:
+            for w in list(self._workers):
+                try:
+                    w.handle.free.remote(flags["unload_models"], flags["free_memory"])
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def remaining(self) -> int:
+        with self._cv:
+            return len(self._heap) + len(self._runs)
+
+    def running(self) -> tuple[QueueItem | None, str | None]:
+        with self._cv:
+            for item, w in self._runs.values():
+                return item, w.node
+        return None, None
+
+    def snapshot(self) -> tuple[list[list], list[list]]:
+        with self._cv:
+            running = [i.as_list() for i, _ in sorted(self._runs.values(),
+                                                      key=lambda r: r[0].number)]
+            pending = [entry[2].as_list() for entry in sorted(self._heap)]
+        return running, pending
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._heap or self._runs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.05))
+        return True
+
+    def workers(self) -> list[dict]:
+        """Each worker: state, process, what it holds (fingerprint + storage precision), weight
+        reads so far, the prompt it runs (and node) and the prompts placed on it."""
+        with self._cv:
+            out = []
+            for w in self._workers:
+                queued = [pid for _, _, i in sorted(self._heap)
+                          for pid in [i.prompt_id] if self._place.get(pid, ("",))[0] == w.name]
+                out.append({
+                    "name": w.name, "state": w.state, "pid": w.pid, "host": w.host,
+                    "held": [{"file": n, "fingerprint": d, "precision": p}
+                             for d, p, n in w.held_names],
+                    "weight_reads": dict(w.reads),
+                    "running": w.running.prompt_id if w.running is not None else None,
+                    "node": w.node, "queued": queued, "prompts": w.prompts,
+                    "restarts": w.restarts})
+            return out
+
