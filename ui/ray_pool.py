@@ -380,12 +380,8 @@ class RayPromptQueue(PromptQueue):
             return frozenset()
 
     def put(self, item: QueueItem) -> None:
-        needs = self._needs_of(item)
+        super().put(item)            # placed by the dispatcher: finding its needs may hash files
         with self._cv:
-            self._needs[item.prompt_id] = needs
-        super().put(item)
-        with self._cv:
-            self._assign()
             self._cv.notify_all()
 
     def _load(self, w: _Worker) -> int:
@@ -434,8 +430,8 @@ class RayPromptQueue(PromptQueue):
             if item.prompt_id in self._place:
                 continue
             needs = self._needs.get(item.prompt_id)
-            if needs is None:
-                needs = self._needs[item.prompt_id] = self._needs_of(item)
+            if needs is None:                # `_find_needs` has not seen it yet
+                return
             w, reason = self._choose(needs)
             if w is None:
                 return
@@ -449,8 +445,17 @@ class RayPromptQueue(PromptQueue):
 
     # --- the dispatcher (replaces the local worker thread) -------------------------------------
 
+    def _find_needs(self) -> None:
+        """The needs of queued prompts not yet known, found outside the lock (file hashing)."""
+        with self._cv:
+            todo = [e[2] for e in sorted(self._heap) if e[2].prompt_id not in self._needs]
+        found = {item.prompt_id: self._needs_of(item) for item in todo}
+        with self._cv:
+            self._needs.update(found)
+
     def _work(self) -> None:
         while True:
+            self._find_needs()
             with self._cv:
                 self._assign()
                 start = self._dispatch()
@@ -565,6 +570,7 @@ class RayPromptQueue(PromptQueue):
         """`dead` died running `item`: replace it, and claim a worker to run `item` again
         (None: retries used up or the server stops; then the prompt has ended in an error)."""
         with self._cv:
+            at_node = dead.node
             if dead.state != "dead":
                 dead.state, dead.running, dead.node = "dead", None, None
                 dead.restarts += 1
@@ -573,7 +579,7 @@ class RayPromptQueue(PromptQueue):
                         del self._place[pid]          # placed again once workers are known
                 threading.Thread(target=self._restart, args=(dead,), daemon=True).start()
             note["retries"].append({"worker": dead.name, "error": type(error).__name__,
-                                    "at_node": dead.node})
+                                    "at_node": at_node})
             self._claims += 1
         retries = len(note["retries"])
         if retries > MAX_RETRIES or item.interrupt.is_set():

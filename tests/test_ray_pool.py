@@ -1,0 +1,135 @@
+"""`mixgraph serve --ray` with real (tiny, generated) SD1.5 checkpoints on a local Ray cluster of two
+workers: model-affinity placement and failover when a worker process is killed mid-prompt.
+Skipped without the ray package. (tests/test_server_ray.py runs the API suite in Ray mode.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from mixgraph.graph.env import Env
+from mixgraph.graph.fingerprint import fingerprint_file
+from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
+from mixgraph.ui.ray_pool import RayConfig
+from mixgraph.ui.server import create_app
+from tests.test_editor_browser import txt2img
+from tests.test_server import post_prompt, wait_history
+
+
+@pytest.fixture
+def env(tmp_path):
+    for d in ("in", "out", "temp"):
+        (tmp_path / d).mkdir()
+    for i, name in enumerate(("a.safetensors", "b.safetensors")):
+        write_sd15_checkpoint(tmp_path / "models" / "checkpoints" / name, "tiny", seed=i)
+    return Env(models=(tmp_path / "models",), input=tmp_path / "in", output=tmp_path / "out",
+               temp=tmp_path / "temp")
+
+
+@contextlib.asynccontextmanager
+async def ray_client(env, workers=2):
+    app = create_app(env, user_dir=env.output.parent / "user", ray=RayConfig(workers=workers))
+    async with TestServer(app) as server, TestClient(server) as c:
+        yield c
+
+
+def prompt(ckpt: str, seed: int, steps: int = 2) -> dict:
+    p = txt2img(ckpt)
+    p["3"]["inputs"].update(seed=seed, steps=steps)
+    return p
+
+
+async def workers(c) -> list[dict]:
+    return (await (await c.get("/system_stats")).json())["mixgraph_workers"]
+
+
+def test_ray_affinity_two_checkpoints_alternating_load_each_once(env, ray_cluster):
+    async def main():
+        async with ray_client(env) as c:
+            ids = []
+            for i in range(8):
+                status, r = await post_prompt(c, prompt("ab"[i % 2] + ".safetensors", seed=i))
+                assert status == 200
+                ids.append(r["prompt_id"])
+            entries = [await wait_history(c, pid, timeout=240) for pid in ids]
+            ws = await workers(c)
+            queue = await (await c.get("/queue")).json()
+        assert all(e["status"]["status_str"] == "success" for e in entries)
+        placed = [e["status"]["mixgraph"] for e in entries]
+        # one worker per checkpoint, and each file read from disk once over the whole cluster
+        assert len({p["worker"] for p in placed[0::2]}) == 1
+        assert len({p["worker"] for p in placed[1::2]}) == 1
+        assert placed[0]["worker"] != placed[1]["worker"]
+        for name in ("a.safetensors", "b.safetensors"):
+            assert sum(w["weight_reads"].get(name, 0) for w in ws) == 1, ws
+        assert "least loaded" in placed[0]["reason"] and "least loaded" in placed[1]["reason"]
+        for p, name in zip(placed[2:], "abababab"[2:]):
+            assert f"holds {name}.safetensors (float32)" in p["reason"], p
+        assert all(p["retries"] == [] for p in placed)
+        # what each worker holds: the file's fingerprint and storage precision
+        by_name = {w["name"]: w for w in queue["mixgraph_workers"]}
+        for i, name in ((0, "a.safetensors"), (1, "b.safetensors")):
+            held = by_name[placed[i]["worker"]]["held"]
+            digest = fingerprint_file(env.models[0] / "checkpoints" / name).digest
+            assert held == [{"file": name, "fingerprint": digest, "precision": "float32"}]
+        assert all(w["state"] == "ready" and w["running"] is None for w in ws)
+    asyncio.run(main())
+
+
+def test_ray_failover_killed_worker_prompt_completes_elsewhere(env, ray_cluster):
+    async def main():
+        async with ray_client(env) as c:
+            ws = await c.ws_connect("/ws?clientId=me")
+            _, slow = await post_prompt(c, prompt("a.safetensors", 1, steps=200), client_id="me")
+            slow_id = slow["prompt_id"]
+            deadline = time.monotonic() + 120
+            while True:                     # the slow prompt is sampling on some worker
+                running = [w for w in await workers(c)
+                           if w["running"] == slow_id and w["node"] == "3"]
+                if running:
+                    break
+                assert time.monotonic() < deadline, "the slow prompt never started sampling"
+                await asyncio.sleep(0.05)
+            victim = running[0]
+            after = [(await post_prompt(c, prompt("b.safetensors", s)))[1]["prompt_id"]
+                     for s in (2, 3)]
+            os.kill(victim["pid"], signal.SIGKILL)
+            entry = await wait_history(c, slow_id, timeout=240)
+            msgs = []
+            while not (msgs and msgs[-1]["type"] == "executing"
+                       and msgs[-1]["data"]["node"] is None):
+                m = await asyncio.wait_for(ws.receive_json(), 60)
+                if m["data"].get("prompt_id") == slow_id:
+                    msgs.append(m)
+            others = [await wait_history(c, pid, timeout=240) for pid in after]
+            deadline = time.monotonic() + 120
+            while not all(w["state"] == "ready" for w in await workers(c)):
+                assert time.monotonic() < deadline, "the dead worker was not replaced"
+                await asyncio.sleep(0.1)
+            final = {w["name"]: w for w in await workers(c)}
+            history = await (await c.get("/history")).json()
+            await ws.close()
+        # one story for the client: one start, a note of the retry, success at the end
+        kinds = [m["type"] for m in msgs]
+        assert kinds.count("execution_start") == 1 and kinds[0] == "execution_start"
+        assert "execution_success" in kinds and "execution_error" not in kinds
+        notes = [m["data"]["message"] for m in msgs if m["type"] == "mixgraph.warning"]
+        assert len(notes) == 1 and f"worker {victim['name']} died" in notes[0]
+        assert entry["status"]["status_str"] == "success"
+        assert [m[0] for m in entry["status"]["messages"]].count("execution_start") == 1
+        assert entry["outputs"]["9"]["images"]
+        placed = entry["status"]["mixgraph"]
+        assert [r["worker"] for r in placed["retries"]] == [victim["name"]]
+        assert placed["retries"][0]["at_node"] == "3" and "retry 1" in placed["reason"]
+        # the queue went on, and the history holds everything
+        assert all(o["status"]["status_str"] == "success" for o in others)
+        assert set(history) == {slow_id, *after}
+        assert final[victim["name"]]["restarts"] == 1
+        assert final[victim["name"]]["pid"] != victim["pid"]
+    asyncio.run(main())
