@@ -133,3 +133,61 @@ def test_ray_failover_killed_worker_prompt_completes_elsewhere(env, ray_cluster)
         assert final[victim["name"]]["restarts"] == 1
         assert final[victim["name"]]["pid"] != victim["pid"]
     asyncio.run(main())
+
+
+def _pixels(env, images: list[dict]) -> list:
+    import numpy as np
+    from PIL import Image
+    out = []
+    for im in images:
+        with Image.open(env.output / im["subfolder"] / im["filename"]) as f:
+            out.append(np.asarray(f.convert("RGB"), dtype=np.int16))
+    return out
+
+
+def test_ray_fan_out_batch_of_8_over_2_workers_equals_one_worker(env, ray_cluster):
+    p = prompt("a.safetensors", 5)
+    p["5"]["inputs"]["batch_size"] = 8
+
+    async def main():
+        async with ray_client(env) as c:
+            ws = await c.ws_connect("/ws?clientId=me")
+            _, whole = await post_prompt(c, p, client_id="me")
+            whole_entry = await wait_history(c, whole["prompt_id"], timeout=240)
+            _, split = await post_prompt(c, p, client_id="me",
+                                         extra_data={"mixgraph_fan_out": True})
+            split_entry = await wait_history(c, split["prompt_id"], timeout=240)
+            msgs = []
+            while not (msgs and msgs[-1]["type"] == "executing"
+                       and msgs[-1]["data"]["node"] is None):
+                m = await asyncio.wait_for(ws.receive_json(), 60)
+                if m["data"].get("prompt_id") == split["prompt_id"]:
+                    msgs.append(m)
+            _, plain = await post_prompt(c, prompt("a.safetensors", 6, steps=2), client_id="me",
+                                         extra_data={"mixgraph_fan_out": True})
+            plain_entry = await wait_history(c, plain["prompt_id"], timeout=240)
+            await ws.close()
+        assert split_entry["status"]["status_str"] == "success"
+        parts = split_entry["status"]["mixgraph"]["fan_out"]
+        assert [x["images"] for x in parts] == [[0, 4], [4, 8]]
+        assert len({x["worker"] for x in parts}) == 2
+        images = split_entry["outputs"]["9"]["images"]
+        assert len(images) == 8
+        assert [im["filename"].split("_part")[1][0] for im in images] == list("11112222")
+        ref = _pixels(env, whole_entry["outputs"]["9"]["images"])
+        got = _pixels(env, images)
+        assert len(ref) == 8
+        for a, b in zip(ref, got):             # same images, same order (batch-size rounding)
+            assert abs(a - b).max() <= 2
+        assert any(abs(ref[0] - r).max() > 10 for r in ref[1:])   # and they differ from each other
+        # one story: one start, one merged `executed` for the output, one success
+        kinds = [m["type"] for m in msgs]
+        assert kinds.count("execution_start") == 1 and kinds.count("execution_success") == 1
+        executed = [m["data"] for m in msgs if m["type"] == "executed"]
+        assert [e["node"] for e in executed] == ["9"] and executed[0]["output"]["images"] == images
+        assert [m[0] for m in split_entry["status"]["messages"]] == [
+            "execution_start", "execution_cached", "execution_success"]
+        # a batch of 1 does not split, and says why
+        assert plain_entry["status"]["status_str"] == "success"
+        assert "fan_out" not in plain_entry["status"]["mixgraph"]
+    asyncio.run(main())

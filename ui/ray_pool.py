@@ -290,6 +290,7 @@ class RayPromptQueue(PromptQueue):
         self._notes: dict[str, dict] = {}
         self._runs: dict[str, tuple[QueueItem, _Worker]] = {}
         self._claims = 0                                   # retries waiting for a worker
+        self._parts: dict[str, list[_Worker]] = {}          # fan-out: the workers of a prompt
         self._names: dict[str, str] = {}                   # digest -> file name
         self._owns_ray = False
         self._actor_class: Any = None
@@ -338,7 +339,8 @@ class RayPromptQueue(PromptQueue):
 
     def stop(self, timeout: float = 10.0) -> None:
         with self._cv:
-            runs = list(self._runs.values())
+            runs = [(i, x) for i, w in self._runs.values()
+                    for x in self._parts.get(i.prompt_id, [w])]
         for item, w in runs:
             item.interrupt.set()
             self._interrupt_on(w, item)
@@ -521,16 +523,16 @@ class RayPromptQueue(PromptQueue):
         started = False
         note = self._notes[item.prompt_id]
         _, w = self._runs[item.prompt_id]
+        lock = threading.Lock()           # fan-out parts forward from several threads
 
         def forward(event: ev.Event) -> None:
             nonlocal started
-            if isinstance(event, ev.ExecutionStart):
-                if started:                    # a retry: the client already has its start
-                    return
-                started = True
-            if isinstance(event, ev.Executing):
-                w.node = event.node
-            on_event(event)
+            with lock:
+                if isinstance(event, ev.ExecutionStart):
+                    if started:                # a retry: the client already has its start
+                        return
+                    started = True
+                on_event(event)
 
         try:
             workflow = item.workflow if item.workflow is not None else self.prepare(item)
@@ -538,48 +540,150 @@ class RayPromptQueue(PromptQueue):
             def fail(emit: Any) -> Any:
                 raise e
             return execute(fail, item.prompt_id, forward)
+        if item.extra_data.get("mixgraph_fan_out"):
+            done = self._fan_out(item, workflow, w, note, forward)
+            if done is not None:
+                return done
         while True:
-            result, asked = None, False
             try:
-                for ref in w.handle.run.remote(item.prompt_id, workflow, item.outputs,
-                                               item.extra_data):
-                    for event in ray.get(ref):
-                        if isinstance(event, WorkerResult):
-                            result = event
-                        else:
-                            forward(event)
-                    if item.interrupt.is_set() and not asked:
-                        self._interrupt_on(w, item)
-                        asked = True
+                result = self._stream(w, item, workflow, forward)
             except ray.exceptions.RayActorError as e:
                 retry = self._failover(item, w, e, note, forward)
                 if retry is None:
                     return None, "error"
                 w = retry
                 continue
-            with self._cv:
-                if result is not None:
-                    self._update(w, result.held, result.reads)
-                    w.prompts += 1
             if result is None:
                 return None, "error"
             return result, result.status
 
-    def _failover(self, item: QueueItem, dead: _Worker, error: Exception, note: dict,
-                  forward: Callable[[ev.Event], None]) -> _Worker | None:
-        """`dead` died running `item`: replace it, and claim a worker to run `item` again
-        (None: retries used up or the server stops; then the prompt has ended in an error)."""
+    def _stream(self, w: _Worker, item: QueueItem, workflow: Any,
+                forward: Callable[[ev.Event], None]) -> WorkerResult | None:
+        """Run `workflow` as `item` on `w`, its events to `forward`; the worker's result (None if
+        it sent none). Raises RayActorError when the worker dies."""
+        ray = ray_module()
+        result, asked = None, False
+        for ref in w.handle.run.remote(item.prompt_id, workflow, item.outputs, item.extra_data):
+            for event in ray.get(ref):
+                if isinstance(event, WorkerResult):
+                    result = event
+                    continue
+                if isinstance(event, ev.Executing):
+                    w.node = event.node
+                forward(event)
+            if item.interrupt.is_set() and not asked:
+                self._interrupt_on(w, item)
+                asked = True
+        if result is not None:
+            with self._cv:
+                self._update(w, result.held, result.reads)
+                w.prompts += 1
+        return result
+
+    def _fan_out(self, item: QueueItem, workflow: Any, w: _Worker, note: dict,
+                 forward: Callable[[ev.Event], None]) -> tuple[Any, str] | None:
+        """Split the prompt's batch over `w` and the workers idle now (ui/ray_fanout.py) and
+        gather the outputs in order; None: it does not split (a warning says why), run it whole."""
+        ray = ray_module()
+        from mixgraph.ui.ray_fanout import LATENT_NODE, merge_ui, merged_events, split_batch
+        pid = item.prompt_id
+        with self._cv:
+            idle = [x for x in self._workers
+                    if x is not w and x.state == "ready" and x.running is None]
+            parts, why = split_batch(workflow, item.outputs, 1 + len(idle))
+            workers = [w, *idle[:max(len(parts) - 1, 0)]]
+            for x in workers[1:]:
+                x.running, x.node = item, None          # claimed: the dispatcher leaves them
+            self._parts[pid] = workers
+        if not parts:
+            forward(ev.Warning(pid, message=f"not split over workers: {why}"))
+            with self._cv:
+                self._parts.pop(pid, None)
+            return None
+        note["fan_out"] = [{"worker": x.name, "images": [a, a + n]}
+                           for x, (_, (a, n)) in zip(workers, parts)]
+        results: list[WorkerResult | None] = [None] * len(parts)
+        failed: list[tuple[int, _Worker, Exception]] = []
+        stopped = threading.Event()
+
+        def part_events(j: int) -> Callable[[ev.Event], None]:
+            def send(event: ev.Event) -> None:
+                if isinstance(event, (ev.ExecutionSuccess, ev.Executed)) \
+                        or (isinstance(event, ev.Executing)
+                            and event.node in (None, LATENT_NODE)) \
+                        or (isinstance(event, ev.ExecutionCached) and j):
+                    return                 # one success, merged outputs, sent at the end
+                forward(event)
+                if isinstance(event, (ev.ExecutionError, ev.ExecutionInterrupted)) \
+                        and not stopped.is_set():
+                    stopped.set()          # one part failed: stop the others
+                    item.interrupt.set()
+                    for x in workers:
+                        self._interrupt_on(x, item)
+            return send
+
+        def run_part(j: int, x: _Worker) -> None:
+            try:
+                results[j] = self._stream(x, item, parts[j][0], part_events(j))
+            except ray.exceptions.RayActorError as e:
+                failed.append((j, x, e))
+
+        threads = [threading.Thread(target=run_part, args=(j, x), daemon=True)
+                   for j, x in enumerate(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for j, x, e in failed:             # a dead worker's part: again on a live one of ours
+            self._mark_dead(x, e, note)
+            live = [y for y in workers if y.state == "ready"]
+            if not live or item.interrupt.is_set():
+                forward(ev.ExecutionError(pid, exception_message=(
+                    f"worker {x.name} died while running images {parts[j][1]} of this "
+                    "prompt; no worker of this prompt is left to run them"),
+                    exception_type="WorkerDied"))
+                break
+            forward(ev.Warning(pid, message=f"worker {x.name} died while running images "
+                                            f"{parts[j][1]}; running them again on "
+                                            f"{live[0].name}"))
+            run_part(j, live[0])
+        with self._cv:
+            for x in workers[1:]:
+                if x.running is item:
+                    x.running, x.node = None, None
+            self._parts.pop(pid, None)
+            self._cv.notify_all()
+        ui = merge_ui([r.ui for r in results if r is not None])
+        ok = all(r is not None and r.status == "success" for r in results)
+        if ok:
+            for event in merged_events(pid, ui):
+                forward(event)
+            forward(ev.ExecutionSuccess(pid))
+        forward(ev.Executing(pid, None))
+        return WorkerResult("success" if ok else "error", ui, (), {}), \
+            "success" if ok else "error"
+
+    def _mark_dead(self, dead: _Worker, error: Exception, note: dict) -> None:
+        """Book `dead` as dead (once), start its replacement, place its queued prompts again,
+        and note the retry on the prompt it ran."""
         with self._cv:
             at_node = dead.node
             if dead.state != "dead":
                 dead.state, dead.running, dead.node = "dead", None, None
                 dead.restarts += 1
                 for pid, (name, _) in list(self._place.items()):
-                    if name == dead.name and pid != item.prompt_id:
+                    if name == dead.name and pid not in self._runs:
                         del self._place[pid]          # placed again once workers are known
                 threading.Thread(target=self._restart, args=(dead,), daemon=True).start()
             note["retries"].append({"worker": dead.name, "error": type(error).__name__,
                                     "at_node": at_node})
+
+    def _failover(self, item: QueueItem, dead: _Worker, error: Exception, note: dict,
+                  forward: Callable[[ev.Event], None]) -> _Worker | None:
+        """`dead` died running `item`: replace it, and claim a worker to run `item` again
+        (None: retries used up or the server stops; then the prompt has ended in an error)."""
+        self._mark_dead(dead, error, note)
+        with self._cv:
             self._claims += 1
         retries = len(note["retries"])
         if retries > MAX_RETRIES or item.interrupt.is_set():
@@ -631,8 +735,9 @@ class RayPromptQueue(PromptQueue):
 
     def interrupt(self, prompt_id: str | None = None) -> bool:
         with self._cv:
-            runs = [(i, w) for i, w in self._runs.values()
-                    if prompt_id is None or i.prompt_id == prompt_id]
+            runs = [(i, x) for i, w in self._runs.values()
+                    if prompt_id is None or i.prompt_id == prompt_id
+                    for x in self._parts.get(i.prompt_id, [w])]
             for item, w in runs:
                 item.interrupt.set()
         for item, w in runs:
