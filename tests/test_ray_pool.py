@@ -191,3 +191,39 @@ def test_ray_fan_out_batch_of_8_over_2_workers_equals_one_worker(env, ray_cluste
         assert plain_entry["status"]["status_str"] == "success"
         assert "fan_out" not in plain_entry["status"]["mixgraph"]
     asyncio.run(main())
+
+
+def test_ray_serve_flags_map_to_the_config(capsys):
+    from mixgraph.ui.cli import build_parser
+    from mixgraph.ui.ray_pool import config_from_args
+    args = build_parser().parse_args(["serve", "--ray", "--workers", "3", "--fan-out",
+                                      "--cache-lru", "7", "--disable-all-custom-nodes"])
+    config = config_from_args(args)
+    assert (config.address, config.workers, config.fan_out) == (None, 3, True)
+    assert config.cache == {"lru": 7, "none": False, "ram": None}
+    assert config.custom_nodes["disable_all_custom_nodes"] is True
+    assert config_from_args(build_parser().parse_args(
+        ["serve", "--ray", "ray://head:10001"])).address == "ray://head:10001"
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["serve", "--ray", "--workers", "0"])
+    assert exit_.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_ray_free_unloads_the_workers_weights(env, ray_cluster):
+    async def main():
+        async with ray_client(env, workers=1) as c:
+            await wait_history(c, (await post_prompt(c, prompt("a.safetensors", 1)))[1]
+                               ["prompt_id"], timeout=240)
+            [w] = await workers(c)
+            assert [h["file"] for h in w["held"]] == ["a.safetensors"]
+            assert (await c.post("/free", json={"unload_models": True})).status == 200
+            deadline = time.monotonic() + 60
+            while (await workers(c))[0]["held"]:
+                assert time.monotonic() < deadline, "the worker kept its weights"
+                await asyncio.sleep(0.05)
+            await wait_history(c, (await post_prompt(c, prompt("a.safetensors", 2)))[1]
+                               ["prompt_id"], timeout=240)
+            [w] = await workers(c)
+        assert w["weight_reads"] == {"a.safetensors": 1}    # loaded again after the free
+        assert [h["file"] for h in w["held"]] == ["a.safetensors"]
+    asyncio.run(main())

@@ -24,8 +24,10 @@ whose prompts run through its `_run_item` seam on Ray actors instead of the loca
   prompt it ran goes on on another worker (or the replacement), with one `execution_start` and a
   `mixgraph.warning` noting the retry, so the client sees one story; its queued prompts are
   placed again. Finished outputs stay: they are files.
-- **Not supported yet:** splitting one prompt's batch or seed list over several workers
-  (fan-out). Each prompt runs whole on one worker.
+- **Fan-out.** A prompt asking for it (`extra_data["mixgraph_fan_out"]`, or `--fan-out`) has its
+  KSampler batch split over the idle workers when that gives the same images
+  (`ui.ray_fanout`); the parts' outputs come back in order under the one prompt id, in one
+  `executed` per output node. Seed lists and lists of prompts do not fan out yet.
 
 Models and output folders are paths: on a cluster every machine must see the same paths (a shared
 mount), as the front server validates against its own folders.
@@ -109,12 +111,15 @@ def build_executor(options: WorkerOptions) -> Executor:
 
 @dataclass(frozen=True)
 class RayConfig:
-    """`--ray [ADDRESS]`, `--workers N`: address None or "" starts a local Ray instance; workers
-    None: one per GPU of the cluster, else one per machine. `cache`, `registry`, `custom_nodes`
-    as in WorkerOptions (the env comes from the server)."""
+    """`--ray [ADDRESS]`, `--workers N`, `--fan-out`: address None or "" starts a local Ray
+    instance; workers None: one per GPU of the cluster, else one per machine; fan_out: split
+    every prompt's batch that can be (else only those whose extra_data has
+    `"mixgraph_fan_out": true`). `cache`, `registry`, `custom_nodes` as in WorkerOptions (the
+    env comes from the server)."""
 
     address: str | None = None
     workers: int | None = None
+    fan_out: bool = False
     cache: dict = field(default_factory=dict)
     registry: Callable[[], Any] | None = None
     custom_nodes: dict | None = None
@@ -132,6 +137,7 @@ def config_from_args(args: Any) -> RayConfig:
     if workers is not None and workers < 1:
         raise ValueError(f"--workers needs 1 or more, not {workers}")
     return RayConfig(address=getattr(args, "ray", None) or None, workers=workers,
+                     fan_out=bool(getattr(args, "fan_out", False)),
                      cache={"lru": getattr(args, "cache_lru", None),
                             "none": bool(getattr(args, "cache_none", False)),
                             "ram": getattr(args, "cache_ram", None)},
@@ -244,8 +250,8 @@ class ExecutorWorker:
             if finished:
                 return
 
-    def free(self, unload_models: bool, free_memory: bool) -> bool:
-        """`/free` on this worker, between prompts."""
+    def free(self, unload_models: bool, free_memory: bool) -> dict:
+        """`/free` on this worker, between prompts; its `info()` after."""
         with self._lock:
             if free_memory:
                 self.executor.cache.clear()
@@ -254,7 +260,7 @@ class ExecutorWorker:
                 store.clear()
                 import gc
                 gc.collect()
-        return True
+        return self.info()
 
 
 # --- the front server's side -------------------------------------------------------------------
@@ -540,7 +546,7 @@ class RayPromptQueue(PromptQueue):
             def fail(emit: Any) -> Any:
                 raise e
             return execute(fail, item.prompt_id, forward)
-        if item.extra_data.get("mixgraph_fan_out"):
+        if item.extra_data.get("mixgraph_fan_out", self.config.fan_out):
             done = self._fan_out(item, workflow, w, note, forward)
             if done is not None:
                 return done
@@ -750,10 +756,17 @@ class RayPromptQueue(PromptQueue):
         super()._handle_free()
         if flags["unload_models"] or flags["free_memory"]:
             for w in list(self._workers):
-                try:
-                    w.handle.free.remote(flags["unload_models"], flags["free_memory"])
-                except Exception:  # noqa: BLE001
-                    pass
+                threading.Thread(target=self._free_worker, args=(w, flags), daemon=True).start()
+
+    def _free_worker(self, w: _Worker, flags: dict) -> None:
+        """`/free` on one worker (after the prompt it runs); what it holds then."""
+        try:
+            info = ray_module().get(w.handle.free.remote(flags["unload_models"],
+                                                         flags["free_memory"]))
+        except Exception:  # noqa: BLE001 - a dead worker: failover handles it
+            return
+        with self._cv:
+            self._update(w, info["held"], info["reads"])
 
     def remaining(self) -> int:
         with self._cv:
@@ -784,7 +797,8 @@ class RayPromptQueue(PromptQueue):
 
     def workers(self) -> list[dict]:
         """Each worker: state, process, what it holds (fingerprint + storage precision), weight
-        reads so far, the prompt it runs (and node) and the prompts placed on it."""
+        reads (loads per file since it started or was last freed), the prompt it runs (and node)
+        and the prompts placed on it."""
         with self._cv:
             out = []
             for w in self._workers:
