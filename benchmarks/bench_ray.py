@@ -54,7 +54,8 @@ def _prompt(ckpt: str, seed: int, steps: int = 2) -> dict:
             "scheduler": "normal", "denoise": 1.0, "model": ["4", 0], "positive": ["6", 0],
             "negative": ["7", 0], "latent_image": ["5", 0]}},
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
-        "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "bench", "images": ["8", 0]}},
+        "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "bench",
+                                                    "images": ["8", 0]}},
     }
 
 

@@ -25,7 +25,8 @@ def ray_cluster():
     and one thread each."""
     ray = pytest.importorskip("ray")
     root = str(Path(__file__).resolve().parents[1])
-    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None,
+                                                             [os.environ.get("PYTHONPATH")])])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield ray

@@ -1,6 +1,7 @@
-"""`mixgraph serve --ray` with real (tiny, generated) SD1.5 checkpoints on a local Ray cluster of two
-workers: model-affinity placement and failover when a worker process is killed mid-prompt.
-Skipped without the ray package. (tests/test_server_ray.py runs the API suite in Ray mode.)"""
+"""`mixgraph serve --ray` with real (tiny, generated) SD1.5 checkpoints on a local Ray cluster of
+two workers: model-affinity placement, failover when a worker process is killed mid-prompt,
+fan-out of a batch, /free, the flags. Skipped without the ray package. (tests/test_server_ray.py
+runs the API suite in Ray mode.)"""
 
 from __future__ import annotations
 

@@ -61,6 +61,8 @@ log = logging.getLogger("mixgraph.ui")
 AFFINITY_WAIT = 4
 #: How often one prompt is re-run after the worker running it died.
 MAX_RETRIES = 2
+#: Seconds a worker may take to start (import torch and the node library, build its executor).
+START_TIMEOUT = 300
 #: Events per chunk a worker sends at most (chunks go as soon as an event is waiting).
 _CHUNK = 64
 
@@ -320,9 +322,11 @@ class RayPromptQueue(PromptQueue):
         gpus = int(resources.get("GPU", 0))
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
         count = self.config.workers or gpus or max(nodes, 1)
-        per_cpu = max(1, int(resources.get("CPU", 1)) // count) if not gpus else 0
+        cpus = float(resources.get("CPU", 1))       # shared out, so every worker is placed
+        per_cpu = 0 if gpus else (cpus // count if cpus >= count else round(cpus / count, 2))
         self._actor_class = ray.remote(ExecutorWorker).options(
-            max_concurrency=4, num_gpus=1 if gpus else 0, num_cpus=per_cpu)
+            max_concurrency=4, num_gpus=min(1.0, gpus / count) if gpus else 0,
+            num_cpus=per_cpu)
         self._workers = [_Worker(f"w{i}") for i in range(count)]
         for w in self._workers:
             self._spawn(w)
@@ -336,7 +340,12 @@ class RayPromptQueue(PromptQueue):
 
     def _await_ready(self, w: _Worker) -> None:
         ray = ray_module()
-        info = ray.get(w.handle.info.remote())
+        try:
+            info = ray.get(w.handle.info.remote(), timeout=START_TIMEOUT)
+        except ray.exceptions.GetTimeoutError:
+            raise RayUnavailable(f"Ray worker {w.name} did not start within {START_TIMEOUT} s "
+                                 "(does the cluster have the resources for every worker?)"
+                                 ) from None
         with self._cv:
             w.pid, w.host, w.state = info["pid"], info["host"], "ready"
             self._update(w, info["held"], info["reads"])
@@ -412,7 +421,8 @@ class RayPromptQueue(PromptQueue):
         names = ", ".join(sorted(n for _d, _p, n in self._described(needs))) or "nothing"
         if not needs:
             w = min(ready, key=self._load)
-            return w, f"least loaded ({self._load(w)} ahead); its models are not known before it runs"
+            return w, (f"least loaded ({self._load(w)} ahead); its models are not known before "
+                       "it runs")
         holders = [w for w in ready if needs <= self._expected(w)]
         free = [w for w in holders if self._load(w) == 0]
         if free:
@@ -434,6 +444,8 @@ class RayPromptQueue(PromptQueue):
         queued = {e[2].prompt_id for e in self._heap}
         for pid in [p for p in self._place if p not in queued and p not in self._runs]:
             del self._place[pid]
+        for pid in [p for p in self._needs if p not in queued and p not in self._runs]:
+            del self._needs[pid]                  # deleted from the queue
         for _, _, item in sorted(self._heap):
             if item.prompt_id in self._place:
                 continue
@@ -710,6 +722,7 @@ class RayPromptQueue(PromptQueue):
                     self._claims -= 1
                     w.running, w.node = item, None
                     self._runs[item.prompt_id] = (item, w)
+                    self._place[item.prompt_id] = (w.name, "retry")
                     note.update(worker=w.name, reason=f"retry {retries}: worker {dead.name} "
                                 f"died; {w.name} was idle ({note['reason']} before)")
                     self._cv.notify_all()
