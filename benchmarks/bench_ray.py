@@ -13,6 +13,7 @@ throughput  16 prompts alternating the two checkpoints, all queued at once: prom
             `--budget roomy` keeps the default budget (half the RAM).
 latency     the same prompt 10 times in a row, fully cached after the first: what the queue,
             dispatch and event path add per prompt (median ms, plain vs Ray 1 worker).
+fan-out     one prompt with a batch of 8 (8 steps): whole on one worker, then split over two.
 failover    a 200-step prompt on 2 workers; the worker process running it is SIGKILLed mid-
             sampling: time from the kill until the prompt runs again elsewhere (its retry
             warning), until it finishes, and until the replacement worker is ready.
@@ -146,6 +147,24 @@ class Bench:
         return {"median_ms": round(1000 * statistics.median(times), 1),
                 "min_ms": round(1000 * min(times), 1)}
 
+    async def fan_out(self, batch: int = 8, steps: int = 8) -> dict:
+        """One prompt with a batch of `batch`: whole on one worker vs split over two."""
+        c = await self.client(2)
+        try:
+            out = {}
+            for label, extra in (("whole_s", {}), ("split_over_2_s", {"mixgraph_fan_out": True})):
+                p = _prompt("a.safetensors", 50 + len(out), steps=steps)
+                p["5"]["inputs"]["batch_size"] = batch
+                await self.wait(c, await self.post(c, _prompt("a.safetensors", 0)))   # warm
+                t0 = time.perf_counter()
+                r = await c.post("/prompt", json={"prompt": p, "extra_data": extra})
+                entry = await self.wait(c, (await r.json())["prompt_id"])
+                out[label] = round(time.perf_counter() - t0, 2)
+                assert len(entry["outputs"]["9"]["images"]) == batch
+        finally:
+            await c.close()
+        return {"batch": batch, "steps": steps, **out}
+
     async def failover(self) -> dict:
         c = await self.client(2)
         try:
@@ -228,6 +247,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 out["latency"][label] = await b.latency(workers)
             out["latency"]["added_ms"] = round(out["latency"]["ray_1_worker"]["median_ms"]
                                                - out["latency"]["plain"]["median_ms"], 1)
+            out["fan_out"] = await b.fan_out()
             out["failover"] = await b.failover()
             return out
     finally:
@@ -257,6 +277,9 @@ def main() -> int:
         lat = result["latency"]
         print(f"latency, cached prompt: plain {lat['plain']['median_ms']} ms, Ray 1 worker "
               f"{lat['ray_1_worker']['median_ms']} ms (+{lat['added_ms']} ms)")
+        fo = result["fan_out"]
+        print(f"fan-out, batch {fo['batch']} x {fo['steps']} steps: whole on 1 worker "
+              f"{fo['whole_s']} s, split over 2 {fo['split_over_2_s']} s")
         f = result["failover"]
         print(f"failover: retry {f['kill_to_retry_s']} s after the kill, done after "
               f"{f['kill_to_done_s']} s, replacement ready after "

@@ -693,8 +693,8 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
                      max_history=max_history, user_dir=user_dir, cors_origin=cors_origin,
                      custom_nodes=packs, cache=cache, ray=ray)
     try:            # before listening: a damaged job store is a clear error, not a traceback
-        app[SERVER_KEY].queue.open()
-    except JobStoreError as e:
+        app[SERVER_KEY].queue.open()       # (with --ray: also Ray and its workers, ui/ray_pool)
+    except (JobStoreError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     hosts = [h.strip() for h in host.split(",") if h.strip()]
