@@ -46,6 +46,15 @@ def prompt(ckpt: str, seed: int, steps: int = 2) -> dict:
     return p
 
 
+async def listen(ws, prompt_id: str, into: list) -> None:
+    """Collect `prompt_id`'s WebSocket messages until it ends; reading all along answers the
+    server's heartbeat while the test waits elsewhere."""
+    while not (into and into[-1]["type"] == "executing" and into[-1]["data"]["node"] is None):
+        m = await ws.receive_json()
+        if m["data"].get("prompt_id") == prompt_id:
+            into.append(m)
+
+
 async def workers(c) -> list[dict]:
     return (await (await c.get("/system_stats")).json())["mixgraph_workers"]
 
@@ -87,8 +96,10 @@ def test_ray_failover_killed_worker_prompt_completes_elsewhere(env, ray_cluster)
     async def main():
         async with ray_client(env) as c:
             ws = await c.ws_connect("/ws?clientId=me")
-            _, slow = await post_prompt(c, prompt("a.safetensors", 1, steps=200), client_id="me")
+            _, slow = await post_prompt(c, prompt("a.safetensors", 1, steps=120), client_id="me")
             slow_id = slow["prompt_id"]
+            msgs: list = []
+            listening = asyncio.create_task(listen(ws, slow_id, msgs))
             deadline = time.monotonic() + 120
             while True:                     # the slow prompt is sampling on some worker
                 running = [w for w in await workers(c)
@@ -102,12 +113,7 @@ def test_ray_failover_killed_worker_prompt_completes_elsewhere(env, ray_cluster)
                      for s in (2, 3)]
             os.kill(victim["pid"], signal.SIGKILL)
             entry = await wait_history(c, slow_id, timeout=240)
-            msgs = []
-            while not (msgs and msgs[-1]["type"] == "executing"
-                       and msgs[-1]["data"]["node"] is None):
-                m = await asyncio.wait_for(ws.receive_json(), 60)
-                if m["data"].get("prompt_id") == slow_id:
-                    msgs.append(m)
+            await asyncio.wait_for(listening, 60)
             others = [await wait_history(c, pid, timeout=240) for pid in after]
             deadline = time.monotonic() + 120
             while not all(w["state"] == "ready" for w in await workers(c)):
@@ -152,18 +158,15 @@ def test_ray_fan_out_batch_of_8_over_2_workers_equals_one_worker(env, ray_cluste
 
     async def main():
         async with ray_client(env) as c:
-            ws = await c.ws_connect("/ws?clientId=me")
             _, whole = await post_prompt(c, p, client_id="me")
             whole_entry = await wait_history(c, whole["prompt_id"], timeout=240)
+            ws = await c.ws_connect("/ws?clientId=me")
             _, split = await post_prompt(c, p, client_id="me",
                                          extra_data={"mixgraph_fan_out": True})
+            msgs: list = []
+            listening = asyncio.create_task(listen(ws, split["prompt_id"], msgs))
             split_entry = await wait_history(c, split["prompt_id"], timeout=240)
-            msgs = []
-            while not (msgs and msgs[-1]["type"] == "executing"
-                       and msgs[-1]["data"]["node"] is None):
-                m = await asyncio.wait_for(ws.receive_json(), 60)
-                if m["data"].get("prompt_id") == split["prompt_id"]:
-                    msgs.append(m)
+            await asyncio.wait_for(listening, 60)
             _, plain = await post_prompt(c, prompt("a.safetensors", 6, steps=2), client_id="me",
                                          extra_data={"mixgraph_fan_out": True})
             plain_entry = await wait_history(c, plain["prompt_id"], timeout=240)
