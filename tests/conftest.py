@@ -7,9 +7,27 @@ on every machine. The decision table itself is tested on synthetic capability se
 """
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 os.environ["MIXGRAPH_CPU_FLAGS"] = "sse4_2 avx avx2 fma"
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray instance for the `--ray` tests, started once per session with 2 CPUs (one per
+    worker) and no dashboard; skipped without the ray package. Workers inherit this process's
+    environment: the source tree on PYTHONPATH (they import mixgraph and the tests' registries)
+    and one thread each."""
+    ray = pytest.importorskip("ray")
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None,
+                                                             [os.environ.get("PYTHONPATH")])])
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()

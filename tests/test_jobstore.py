@@ -158,3 +158,39 @@ def test_server_history_persists_and_requeue_route(env, tmp_path):
         async with client(env, jobs_db=db) as c:
             assert await (await c.get("/history")).json() == {}
     asyncio.run(main())
+
+
+def test_jobstore_schema_1_file_gains_the_mixgraph_column(tmp_path):
+    """A job store written before schema 2 opens: its history stays, and an entry's
+    status["mixgraph"] (where and why a prompt ran on Ray) is kept from then on."""
+    path = tmp_path / "jobs.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE queue (seq INTEGER PRIMARY KEY AUTOINCREMENT, prompt_id TEXT NOT NULL UNIQUE,
+            number REAL NOT NULL, state TEXT NOT NULL, request TEXT NOT NULL,
+            created_ms INTEGER NOT NULL, started_ms INTEGER);
+        CREATE TABLE history (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            prompt_id TEXT NOT NULL UNIQUE, number REAL NOT NULL, item TEXT NOT NULL,
+            outputs TEXT NOT NULL, meta TEXT NOT NULL, status_str TEXT NOT NULL,
+            completed INTEGER NOT NULL, messages TEXT NOT NULL, request TEXT NOT NULL,
+            created_ms INTEGER NOT NULL, finished_ms INTEGER NOT NULL);
+        INSERT INTO history (prompt_id, number, item, outputs, meta, status_str, completed,
+            messages, request, created_ms, finished_ms) VALUES ('p0', 0, '[0, "p0", {}, {}, []]',
+            '{"5": {"text": ["0"]}}', '{}', 'success', 1,
+            '[["execution_success", {"prompt_id": "p0"}]]', '{}', 1000, 2000);
+        PRAGMA user_version=1;""")
+    old.close()
+    store = JobStore(path)
+    store.open()
+    assert store.history_item("p0") == _entry(0)
+    placed = _entry(1)
+    placed["status"]["mixgraph"] = {"worker": "w1", "reason": "free and holds a.safetensors",
+                                    "retries": []}
+    store.finish("p1", placed, {"number": 1, "prompt": {}}, 1001, 2001)
+    assert store.history_item("p1") == placed
+    store.close()
+    again = JobStore(path)
+    again.open()
+    assert again.history()["p1"]["status"]["mixgraph"]["worker"] == "w1"
+    assert again.history()["p0"] == _entry(0)
+    again.close()

@@ -25,7 +25,7 @@ from tests import toy_nodes as toy
 from tests.toy_nodes import call, link
 from mixgraph.ui.frontend import frontend_root
 from mixgraph.ui.security import SecurityError, safe_path
-from mixgraph.ui.server import SERVER_KEY, create_app, serve
+from mixgraph.ui.server import create_app, serve
 
 SPIN_STARTED = threading.Event()
 
@@ -71,8 +71,20 @@ def env(tmp_path):
                temp=tmp_path / "temp")
 
 
+#: create_app keywords every test's app gets; tests/test_server_ray.py sets `ray` here to run
+#: these tests with prompts on Ray workers.
+SERVER_KW: dict = {}
+
+
+def registry():
+    """The toy registry (a Ray worker builds its executor from it)."""
+    return REG
+
+
 @contextlib.asynccontextmanager
 async def client(env, **kw):
+    for key, value in SERVER_KW.items():
+        kw.setdefault(key, value)
     kw.setdefault("executor", Executor(REG, env, OutputCache(2**24)))
     kw.setdefault("user_dir", env.output.parent / "user")
     app = create_app(env, registry=REG, **kw)
@@ -106,7 +118,8 @@ async def wait_history(c, prompt_id, timeout=10.0):
 async def wait_running(c, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if SPIN_STARTED.is_set() and (await (await c.get("/queue")).json())["queue_running"]:
+        started = SPIN_STARTED.is_set() or "ray" in SERVER_KW     # Ray: in the worker process
+        if started and (await (await c.get("/queue")).json())["queue_running"]:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("nothing started running")
@@ -378,7 +391,7 @@ def test_server_ws_preview_frames_with_and_without_metadata(env):
             assert im.format == "JPEG" and im.size == (8, 8)
         plain = await c.ws_connect("/ws?clientId=plain")
         await plain.receive_json()
-        c.app[SERVER_KEY].executor.cache.clear()
+        prompt["1"] = call("Const", value=2)          # not cached: the preview is sent again
         _, r = await post_prompt(c, prompt, client_id="plain")
         [frame] = await frames(plain, r["prompt_id"])
         assert frame[:8] == (1).to_bytes(4, "big") + (1).to_bytes(4, "big")   # PREVIEW_IMAGE, JPEG

@@ -104,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="D")
     p.add_argument("--max-history", type=_positive, metavar="N",
                    help="finished prompts kept in the history (default 10000, as ComfyUI)")
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="run prompts on Ray workers (needs mixgraph[ray]); no ADDRESS: start a "
+                        "local Ray instance")
+    p.add_argument("--workers", type=_positive, metavar="N",
+                   help="with --ray: how many workers (default one per GPU, else per machine)")
+    p.add_argument("--fan-out", action="store_true",
+                   help="with --ray: split a prompt's batch over idle workers when the images "
+                        "stay the same (per prompt: extra_data mixgraph_fan_out)")
     add_cache_flags(p)
     _common(p)
     add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py), --base-directory too

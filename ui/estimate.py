@@ -46,7 +46,7 @@ from mixgraph.graph.prompt import Link, Workflow, WorkflowError
 
 __all__ = ["estimate", "estimate_presets", "trace_peak", "available_bytes", "BASE_BYTES",
            "ACTIVATION_FACTOR", "refusal", "format_estimate", "memory_section", "system_section",
-           "InsufficientMemory", "cli_main"]
+           "InsufficientMemory", "cli_main", "weights_needed"]
 
 #: RSS of a process that has imported torch and the node library and run nothing (measured:
 #: 0.40-0.45 GiB on x86-64 Linux with torch 2.13 CPU).
@@ -469,6 +469,40 @@ def available_bytes(device: str = "cpu") -> int | None:
     except (OSError, ValueError):
         pass
     return avail
+
+
+def weights_needed(wf: Workflow, registry: Any, env: Any,
+                   order: Sequence[str] | None = None) -> set[tuple[str, torch.dtype]]:
+    """The (file path, storage dtype) pairs the weight store will hold after running `wf`: every
+    model input of a node traced back to its loader, under the policy that node resolves, as
+    `estimate` counts them. What a Ray worker must hold for the prompt to need no load
+    (ui/ray_pool.py). Models it cannot trace (a custom loader) are left out."""
+    from mixgraph.nodes import folders
+
+    resolver = Resolver(wf.precision, {}, None, env.device or "cpu", set())
+    graph = _Graph(wf, registry, env)
+    needed: set[tuple[str, torch.dtype]] = set()
+    for nid in (order or list(wf.prompt)):
+        for name, value in wf.prompt[nid].inputs.items():
+            socket = graph.input_type(nid, name)
+            if not (isinstance(value, Link) and socket in ("MODEL", "CLIP", "VAE", "CONTROL_NET")):
+                continue
+            try:
+                comp = graph.component(value, socket)
+            except (folders.FolderError, OSError, ValueError, KeyError):
+                continue
+            source = getattr(comp.handle, "source", None) if comp is not None else None
+            if source is None:          # CLIP handles name their file per encoder
+                sources = [getattr(comp.handle, r, None) for r in
+                           ("clip_l", "clip_g", "clip_h")] if comp is not None else []
+            else:
+                sources = [source]
+            policy = resolve(resolver.policy(nid, socket), pinned=comp.pinned,
+                             storage=comp.storage) if comp is not None else None
+            for src in sources:
+                if src is not None and getattr(src, "path", None):
+                    needed.add((src.path, policy.storage))
+    return needed
 
 
 def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,

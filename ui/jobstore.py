@@ -42,7 +42,7 @@ __all__ = ["JobStore", "JobStoreError", "QueuedRow", "MAX_HISTORY", "DB_NAME"]
 
 MAX_HISTORY = 10_000          # ComfyUI's MAXIMUM_HISTORY_SIZE
 DB_NAME = "jobs.sqlite3"
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2          # 2: history.mixgraph (where and why a prompt ran: Ray workers)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queue (
@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS history (
     messages    TEXT NOT NULL,     -- JSON [[event, data], ...]
     request     TEXT NOT NULL,     -- JSON, QueueItem.record(): what a re-queue submits
     created_ms  INTEGER NOT NULL,
-    finished_ms INTEGER NOT NULL
+    finished_ms INTEGER NOT NULL,
+    mixgraph    TEXT NOT NULL DEFAULT '{}'   -- JSON, status["mixgraph"]: worker, reason, retries
 );
 """
 
@@ -135,6 +136,10 @@ class JobStore:
                                             f"support SQLite's WAL mode (got {mode!r})")
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.executescript(_SCHEMA)
+                columns = {row[1] for row in db.execute("PRAGMA table_info(history)")}
+                if "mixgraph" not in columns:          # a schema 1 file: add the column
+                    db.execute("ALTER TABLE history ADD COLUMN mixgraph TEXT NOT NULL "
+                               "DEFAULT '{}'")
                 db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
                 self._db = db
                 self._trim()
@@ -230,11 +235,12 @@ class JobStore:
             db.execute("DELETE FROM history WHERE prompt_id = ?", (prompt_id,))
             db.execute(
                 "INSERT INTO history (prompt_id, number, item, outputs, meta, status_str, "
-                "completed, messages, request, created_ms, finished_ms) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "completed, messages, request, created_ms, finished_ms, mixgraph) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (prompt_id, entry["prompt"][0], _dumps(entry["prompt"]), _dumps(entry["outputs"]),
                  _dumps(entry.get("meta") or {}), status["status_str"], int(status["completed"]),
-                 _dumps(status["messages"]), _dumps(request), created_ms, finished_ms))
+                 _dumps(status["messages"]), _dumps(request), created_ms, finished_ms,
+                 _dumps(status.get("mixgraph") or {})))
             self._trim()
 
     def _trim(self) -> None:
@@ -285,14 +291,17 @@ class JobStore:
         return dict(rows)
 
 
-_ENTRY_COLUMNS = "prompt_id, item, outputs, meta, status_str, completed, messages"
+_ENTRY_COLUMNS = "prompt_id, item, outputs, meta, status_str, completed, messages, mixgraph"
 
 
 def _entry(row: tuple) -> dict:
-    _pid, item, outputs, meta, status_str, completed, messages = row
+    _pid, item, outputs, meta, status_str, completed, messages, ours = row
+    status = {"status_str": status_str, "completed": bool(completed),
+              "messages": json.loads(messages)}
+    if ours and ours != "{}":        # mixgraph's own facts (Ray placement); ComfyUI has none
+        status["mixgraph"] = json.loads(ours)
     return {"prompt": json.loads(item), "outputs": json.loads(outputs), "meta": json.loads(meta),
-            "status": {"status_str": status_str, "completed": bool(completed),
-                       "messages": json.loads(messages)}}
+            "status": status}
 
 
 def _explain(name: str, error: Exception) -> str:

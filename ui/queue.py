@@ -38,7 +38,7 @@ from mixgraph.graph.workflow import load_workflow
 from mixgraph.ui.jobstore import MAX_HISTORY, JobStore, JobStoreError
 
 __all__ = ["QueueItem", "PromptQueue", "MAX_HISTORY", "SENSITIVE_KEYS", "STOPPED_MESSAGE",
-           "recovered_entry"]
+           "recovered_entry", "execute"]
 
 log = logging.getLogger("mixgraph.ui")
 
@@ -272,7 +272,8 @@ class PromptQueue:
         """When each queued or finished prompt was queued (ms since the epoch)."""
         return self.store.created_times()
 
-    def _store(self, item: QueueItem, report: Any, messages: list, status: str) -> None:
+    def _store(self, item: QueueItem, report: Any, messages: list, status: str,
+               note: dict | None = None) -> None:
         ui = dict(getattr(report, "ui", None) or {})
         entry = {
             "prompt": item.as_list(),
@@ -282,6 +283,8 @@ class PromptQueue:
             "status": {"status_str": status, "completed": status == "success",
                        "messages": messages},
         }
+        if note:
+            entry["status"]["mixgraph"] = note
         try:
             self.store.finish(item.prompt_id, entry, item.record(), item.created, ev.now_ms())
         except JobStoreError:     # the worker lives on; a restart shows it interrupted
@@ -378,29 +381,24 @@ class PromptQueue:
             except Exception:  # noqa: BLE001
                 log.exception("could not send %s for prompt %s", type_, item.prompt_id)
 
-        report, status = None, "error"
-        try:
+        report, status = self._run_item(item, on_event)
+        self._store(item, report, messages, status, self._note(item))
+
+    def _run_item(self, item: QueueItem, on_event: Callable[[ev.Event], None]) -> tuple[Any, str]:
+        """Run one prompt, its events to `on_event`: here, on this process's executor. The seam
+        where `ui.ray_pool.RayPromptQueue` runs it on a Ray worker instead."""
+        def run(emit: Callable[[ev.Event], None]) -> Any:
             if item.workflow is None:
                 item.workflow = self.prepare(item)
-            report = self.executor.run(
-                item.workflow, targets=item.outputs or None, on_event=on_event,
+            return self.executor.run(
+                item.workflow, targets=item.outputs or None, on_event=emit,
                 interrupt=item.interrupt, prompt_id=item.prompt_id, extra_data=item.extra_data,
                 validation=item.validation, strict=False)
-            status = "success"
-        except Interrupted as e:
-            report = getattr(e, "report", None)
-        except NodeError as e:
-            report = e.report
-        except Exception as e:  # noqa: BLE001 - ValidationFailed, or a bug: report, carry on
-            report = getattr(e, "report", None) if isinstance(e, ExecutionFailed) else None
-            if not messages:
-                on_event(ev.ExecutionStart(item.prompt_id))
-            on_event(ev.ExecutionError(
-                item.prompt_id, "", "", str(e) if isinstance(e, ValidationFailed)
-                else f"{type(e).__name__}: {e}", type(e).__name__,
-                tuple(traceback.format_exception(type(e), e, e.__traceback__))))
-            on_event(ev.Executing(item.prompt_id, None))
-        self._store(item, report, messages, status)
+        return execute(run, item.prompt_id, on_event)
+
+    def _note(self, item: QueueItem) -> dict | None:
+        """mixgraph's own facts for the history entry's `status["mixgraph"]` (None: nothing)."""
+        return None
 
     def _preview(self, event: ev.Progress, prompt_id: str, client_id: str | None) -> None:
         from mixgraph.ui.ws import encode_preview
@@ -409,6 +407,39 @@ class PromptQueue:
             self.emit_preview(jpeg, {"node_id": event.node, "prompt_id": prompt_id,
                                      "display_node_id": event.node, "parent_node_id": None,
                                      "real_node_id": event.node}, client_id)
+
+
+def execute(run: Callable[[Callable[[ev.Event], None]], Any], prompt_id: str,
+            on_event: Callable[[ev.Event], None]) -> tuple[Any, str]:
+    """`run(emit)` (an `Executor.run` sending its events to `emit`) -> (report, "success" |
+    "error"). Whatever it raises ends as events, as ComfyUI ends a failed prompt: an interrupt or a
+    node error has sent its own; anything else (ValidationFailed, a bug) becomes an
+    `execution_error` (after an `execution_start` if nothing was sent) and `executing {node:
+    null}`. The queue's worker and a Ray worker (ui/ray_pool.py) both run prompts through it."""
+    sent = []
+
+    def emit(event: ev.Event) -> None:
+        sent.append(True)
+        on_event(event)
+
+    report, status = None, "error"
+    try:
+        report = run(emit)
+        status = "success"
+    except Interrupted as e:
+        report = getattr(e, "report", None)
+    except NodeError as e:
+        report = e.report
+    except Exception as e:  # noqa: BLE001 - ValidationFailed, or a bug: report, carry on
+        report = getattr(e, "report", None) if isinstance(e, ExecutionFailed) else None
+        if not sent:
+            emit(ev.ExecutionStart(prompt_id))
+        emit(ev.ExecutionError(
+            prompt_id, "", "", str(e) if isinstance(e, ValidationFailed)
+            else f"{type(e).__name__}: {e}", type(e).__name__,
+            tuple(traceback.format_exception(type(e), e, e.__traceback__))))
+        emit(ev.Executing(prompt_id, None))
+    return report, status
 
 
 def recovered_entry(item: QueueItem, started_ms: int | None) -> dict:

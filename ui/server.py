@@ -71,16 +71,21 @@ class Server:
     def __init__(self, env: Env, registry: Any, executor: Executor, max_upload: int,
                  user_dir: Path, unload_hooks: tuple[Callable[[], Any], ...] = (),
                  jobs_db: Path | None = None, max_history: int = MAX_HISTORY,
-                 custom_nodes: LoadReport | None = None):
+                 custom_nodes: LoadReport | None = None, ray: Any = None):
         self.env = env
         self.custom_nodes = custom_nodes
         self.registry = registry
         self.executor = executor
         self.max_upload = max_upload
         self.hub = Hub(status=self.status, on_connect=self._replay, max_upload=max_upload)
-        self.queue = PromptQueue(executor, emit=self.hub.send, emit_preview=self.hub.send_preview,
+        queue_class, ray_kw = PromptQueue, {}
+        if ray is not None:        # prompts run on Ray workers (ui/ray_pool.py, DESIGN §10)
+            from mixgraph.ui.ray_pool import RayPromptQueue
+            queue_class, ray_kw = RayPromptQueue, {"config": ray, "env": env}
+        self.queue = queue_class(executor, emit=self.hub.send, emit_preview=self.hub.send_preview,
                                  on_change=self.hub.broadcast_status, unload_hooks=unload_hooks,
-                                 store=JobStore(jobs_db, max_history), prepare=self._prepare)
+                                 store=JobStore(jobs_db, max_history), prepare=self._prepare,
+                                 **ray_kw)
         self.user = UserData(user_dir)
         self.jobs = JobRoutes(self.queue)
         self.logs = LogBuffer()
@@ -254,7 +259,10 @@ class Server:
 
     async def get_queue(self, request: web.Request) -> web.Response:
         running, pending = self.queue.snapshot()
-        return web.json_response({"queue_running": running, "queue_pending": pending}, dumps=_dumps)
+        body = {"queue_running": running, "queue_pending": pending}
+        if hasattr(self.queue, "workers"):       # --ray: each worker, what it holds and runs
+            body["mixgraph_workers"] = self.queue.workers()
+        return web.json_response(body, dumps=_dumps)
 
     async def _flags(self, request: web.Request) -> dict:
         if not request.can_read_body:
@@ -425,7 +433,10 @@ class Server:
         return web.json_response(info, dumps=_dumps)
 
     async def system_stats(self, request: web.Request) -> web.Response:
-        return web.json_response(system_stats(self.env))
+        stats = system_stats(self.env)
+        if hasattr(self.queue, "workers"):
+            stats["mixgraph_workers"] = self.queue.workers()
+        return web.json_response(stats, dumps=_dumps)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         from mixgraph.nodes import folders
@@ -571,7 +582,8 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
                unload_hooks: tuple[Callable[[], Any], ...] | None = None,
                jobs_db: str | os.PathLike | None = None,
                max_history: int = MAX_HISTORY, cors_origin: str | None = None,
-               custom_nodes: LoadReport | None = None, cache: Any = None) -> web.Application:
+               custom_nodes: LoadReport | None = None, cache: Any = None,
+               ray: Any = None) -> web.Application:
     """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
     (unless `insecure`). `registry` defaults to the node library; `executor` to a new one.
     `user_dir` is the user's folder (settings), `./user/default` by default, inside the user
@@ -581,7 +593,8 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     `custom_nodes`: the loaded custom node packs (ui.custom_nodes.load_packs), whose routes,
     WEB_DIRECTORY files and WebSocket messages the app serves.
 
-    `cache`: the new executor's output cache (`graph.cache.make_cache`; default mode if None)."""
+    `cache`: the new executor's output cache (`graph.cache.make_cache`; default mode if None).
+    `ray`: a `ui.ray_pool.RayConfig`: prompts run on Ray workers, started with the app."""
     check_bind(host, token, insecure)
     check_cors(cors_origin, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
@@ -597,7 +610,7 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     user = Path(user_dir) if user_dir is not None else Path("user") / "default"
     server = Server(env, registry, executor, max_upload, user, hooks,
                     Path(jobs_db) if jobs_db is not None else user.parent / "mixgraph" / DB_NAME,
-                    max_history, custom_nodes)
+                    max_history, custom_nodes, ray)
 
     app = web.Application(client_max_size=max_upload + (1 << 20), middlewares=[
         security_middleware(token=token, loopback_only=bind_is_loopback(host) and token is None
@@ -644,7 +657,7 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
           max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY,
           temp: str | None = None, user_dir: str | None = None, cors_origin: str | None = None,
           extra_model_paths: dict[str, tuple] | None = None, settings: dict | None = None,
-          custom_nodes_args: Any = None, cache: Any = None) -> int:
+          custom_nodes_args: Any = None, cache: Any = None, ray: Any = None) -> int:
     """Run the server until Ctrl-C. Returns an exit code (2: refused configuration, or a job
     store that cannot be used). `host` may list several addresses, comma-separated; the other
     keywords come from ComfyUI's flags (`ui.comfy_flags`)."""
@@ -678,10 +691,10 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
         print(f"warning: {line}", file=sys.stderr)
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
                      max_history=max_history, user_dir=user_dir, cors_origin=cors_origin,
-                     custom_nodes=packs, cache=cache)
+                     custom_nodes=packs, cache=cache, ray=ray)
     try:            # before listening: a damaged job store is a clear error, not a traceback
-        app[SERVER_KEY].queue.open()
-    except JobStoreError as e:
+        app[SERVER_KEY].queue.open()       # (with --ray: also Ray and its workers, ui/ray_pool)
+    except (JobStoreError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     hosts = [h.strip() for h in host.split(",") if h.strip()]
@@ -701,6 +714,13 @@ def cli_main(args: Any) -> int:
     try:
         options, notes = serve_options(args)
         cache = cache_from_args(args)
+        ray = None
+        if getattr(args, "ray", None) is not None:
+            from mixgraph.ui.ray_pool import RayUnavailable, config_from_args
+            try:
+                ray = config_from_args(args)
+            except RayUnavailable as e:
+                raise ValueError(str(e)) from None
     except (FlagError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -709,4 +729,4 @@ def cli_main(args: Any) -> int:
     return serve(**options, cache=cache, token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
                  max_history=getattr(args, "max_history", None) or MAX_HISTORY,
-                 custom_nodes_args=args)
+                 custom_nodes_args=args, ray=ray)

@@ -42,7 +42,8 @@ from mixgraph.nodes.models.lora import apply_patches
 from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import WeightSource, read_source, source_dtypes
 
-__all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule"]
+__all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule",
+           "held"]
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +250,13 @@ class WeightStore:
             self._entries.clear()
             self.stats = StoreStats()
 
+    def held(self) -> list[tuple[str, torch.dtype]]:
+        """(file path, storage dtype) of every file-backed entry held now, most recently used
+        last; what a Ray worker reports for model affinity (ui/ray_pool.py)."""
+        with self._lock:
+            return list(dict.fromkeys((ident[1], dtype) for (_kind, ident, _cfg, dtype, _p)
+                                      in self._entries if ident[0] == "file"))
+
     def configure(self, budget_bytes: int) -> None:
         with self._lock:
             self.budget_bytes = int(budget_bytes)
@@ -329,3 +337,7 @@ def configure(budget_bytes: int) -> None:
 
 def stats() -> StoreStats:
     return STORE.stats
+
+
+def held() -> list[tuple[str, torch.dtype]]:
+    return STORE.held()
