@@ -1,6 +1,6 @@
-"""More loaders from ComfyUI's nodes.py: DiffusersLoader, DiffControlNetLoader, and the CLIP-vision checkpoint loaders
-(unCLIPCheckpointLoader, ImageOnlyCheckpointLoader), which refuse clearly until CLIP vision
-models exist here."""
+"""More loaders from ComfyUI's nodes.py: DiffusersLoader, DiffControlNetLoader, and
+ImageOnlyCheckpointLoader (img2vid / Zero123 checkpoints), which refuses clearly.
+unCLIPCheckpointLoader lives with the CLIP vision nodes (clip_vision_nodes.py)."""
 
 from __future__ import annotations
 
@@ -64,12 +64,6 @@ def _clip_vision_refusal(node_name: str):
                 f"diffusion model alone"]
 
     return validate
-
-
-@node(category="loaders", outputs=("MODEL", "CLIP", "VAE", "CLIP_VISION"),
-      validate=_clip_vision_refusal("unCLIPCheckpointLoader"))
-def unCLIPCheckpointLoader(ctx, ckpt_name=Combo(folders.options("checkpoints"))):
-    raise NotImplementedError("unCLIPCheckpointLoader: CLIP vision models are not supported yet")
 
 
 @node(category="loaders/video_models", outputs=("MODEL", "CLIP_VISION", "VAE"),

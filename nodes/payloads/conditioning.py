@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Cond", "SizeCond", "Control", "ControlLike", "Conditioning"]
+__all__ = ["Cond", "SizeCond", "Control", "ControlLike", "Conditioning", "UnclipEntry"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,17 @@ class SizeCond:
     target_width: int | None = None
     target_height: int | None = None
     aesthetic_score: float | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class UnclipEntry:
+    """One unCLIPConditioning on a cond: CLIP vision ``image_embeds`` [B, P], ``strength`` and
+    ``noise_augmentation`` (0..1); the model turns a cond's entries into its vector input y
+    (``nodes/models/unclip.py``)."""
+
+    image_embeds: torch.Tensor
+    strength: float = 1.0
+    noise_augmentation: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,7 @@ class Cond:
     concat_latent: [B, C, h, w] unscaled latent an inpaint model gets as its masked image instead
                  of the sampled latent (InpaintModelConditioning), or None.
     concat_mask: [B, 1, H, W] mask (any size) an inpaint model gets instead of the noise mask.
+    unclip:      ``UnclipEntry``s (unCLIPConditioning), in order; () = none.
     """
 
     cross_attn: torch.Tensor
@@ -134,6 +146,7 @@ class Cond:
     set_area_to_bounds: bool = False
     concat_latent: torch.Tensor | None = None
     concat_mask: torch.Tensor | None = None
+    unclip: tuple = ()
 
 
 Conditioning = tuple[Cond, ...]

@@ -256,7 +256,7 @@ def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
                     continue
                 dst.append(
                     replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
-                            size=smallest.size, concat_latent=smallest.concat_latent,
+                            size=smallest.size, unclip=smallest.unclip, concat_latent=smallest.concat_latent,
                             concat_mask=smallest.concat_mask)
                 )
 
@@ -295,6 +295,8 @@ class CondDenoiser:
         model_sampling: parameterisation + schedule; default from ``model.prediction/zsnr``.
         control_to_uncond: (positive index, negative index) for ControlNetApply's
             ``control_apply_to_uncond``; None to skip.
+        seed: the sampling seed; a cond's unCLIP image embeddings are noised with seed − 10
+            (``models/unclip.py``), so the model's ``adm`` gets it for conds that carry them.
 
     9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
     ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
@@ -313,8 +315,10 @@ class CondDenoiser:
         denoise_mask: torch.Tensor | None = None,
         model_sampling: ModelSampling | None = None,
         control_to_uncond: tuple[int, int] | None = (0, 1),
+        seed: int | None = None,
     ):
         self.model = model
+        self.seed = seed
         self.ms = model_sampling or ModelSampling.for_model(model)
         self.device = latent_image.device
         B, C, H, W = latent_image.shape
@@ -399,7 +403,10 @@ class CondDenoiser:
         adm = getattr(self.model, "adm", None)
         if adm is not None:
             # ComfyUI's refiner defaults the aesthetic score by prompt type (6.0 / 2.5 negative)
-            y_vec = adm(c, self.latent_hw, negative=True) if negative else adm(c, self.latent_hw)
+            kw = {"negative": True} if negative else {}
+            if c.unclip:
+                kw["seed"] = 0 if self.seed is None else self.seed
+            y_vec = adm(c, self.latent_hw, **kw)
             if y_vec is not None:
                 y_vec = y_vec.to(self.device, torch.float32)
         start, end = c.timestep_range
@@ -544,9 +551,10 @@ class CFGDenoiser(CondDenoiser):
         latent_image: torch.Tensor,
         denoise_mask: torch.Tensor | None = None,
         model_sampling: ModelSampling | None = None,
+        seed: int | None = None,
     ):
         super().__init__(model, (positive, negative), (False, True), latent_image, denoise_mask,
-                         model_sampling)
+                         model_sampling, seed=seed)
         self.positive, self.negative = self.lists
         self.cfg = float(cfg)
         self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
