@@ -27,6 +27,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "vae_approx": ("vae_approx",),
     "clip_vision": ("clip_vision",),
     "style_models": ("style_models",),
+    "gligen": ("gligen",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 

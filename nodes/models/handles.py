@@ -98,7 +98,7 @@ class ModelHandle:
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
-        return UNetRunner(self, apply_precision(module, policy))
+        return UNetRunner(self, apply_precision(module, policy), policy)
 
     def with_patches(self, patches) -> "ModelHandle":
         """A handle with ``patches`` appended (applied in order at materialization)."""
@@ -129,9 +129,10 @@ class ModelHandle:
 class UNetRunner:
     """The sampler seam (``SamplerModel``): one precision-applied UNet plus its metadata."""
 
-    def __init__(self, handle: ModelHandle, model: torch.nn.Module):
+    def __init__(self, handle: ModelHandle, model: torch.nn.Module, policy: PolicyLike | None = None):
         self.handle = handle
         self.model = model
+        self.policy = policy  # what add-on models patched into the UNet (GLIGEN) run under
         self.prediction = handle.prediction
         self.zsnr = handle.zsnr
         self.latent_scale = handle.latent_format.scale_factor
@@ -165,10 +166,11 @@ class UNetRunner:
         adm_ch = self.handle.config.adm_in_channels
         if adm_ch is None:  # unCLIP entries on an SD1/SD2 model are ignored, as in ComfyUI
             return None
-        if self.handle.unclip is not None:
+        augmentor = getattr(self.handle, "unclip", None)
+        if augmentor is not None:
             if not cond.unclip:
                 return torch.zeros(1, adm_ch)
-            return unclip_adm(cond.unclip, self.handle.unclip, seed)
+            return unclip_adm(cond.unclip, augmentor, seed)
         size = cond.size
         h, w = latent_hw
         width = float(size.width) if size and size.width is not None else w * 8.0

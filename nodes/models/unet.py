@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mixgraph.nodes.models.attention import attention
-from mixgraph.nodes.models.unet_patches import attention_replacements
+from mixgraph.nodes.models.unet_patches import block_patches
 from mixgraph.nodes.payloads.conditioning import Control
 
 GROUPS = 32  # GroupNorm groups everywhere in the LDM UNet
@@ -207,6 +207,8 @@ class BasicTransformerBlock(nn.Module):
     def forward(self, x: Tensor, context: Tensor | None, attn: dict | None = None) -> Tensor:
         attn = attn or {}
         x = x + self.attn1(self.norm1(x), replace=attn.get("attn1"))
+        if "middle" in attn:  # between self- and cross-attention (GLIGEN's gated self-attention)
+            x = attn["middle"](x)
         x = x + self.attn2(self.norm2(x), context, replace=attn.get("attn2"))
         return x + self.ff(self.norm3(x))
 
@@ -350,6 +352,11 @@ class UNetModel(nn.Module):
                 self.output_blocks.append(EmbedSequential(layers))
 
         self.out = nn.Sequential(nn.GroupNorm(GROUPS, ch), nn.SiLU(), nn.Conv2d(ch, c.out_channels, 3, padding=1))
+        # ComfyUI's transformer_index: the n-th block holding a SpatialTransformer, in call order
+        order = [(("input", i), b) for i, b in enumerate(self.input_blocks)] + [(("middle", 0), self.middle_block)]
+        order += [(("output", i), b) for i, b in enumerate(self.output_blocks)]
+        with_attn = [name for name, b in order if any(isinstance(m, SpatialTransformer) for m in b)]
+        self.transformer_index = {name: n for n, name in enumerate(with_attn)}
 
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor | None, y: Tensor | None = None,
                 control: Control | None = None, patches: tuple = ()) -> Tensor:
@@ -374,7 +381,7 @@ class UNetModel(nn.Module):
         h = x
         in_patches = [p for p in patches if hasattr(p, "input_block")]
         for i, block in enumerate(self.input_blocks):
-            h = block(h, emb, context, attn=attention_replacements(patches, ("input", i)))
+            h = block(h, emb, context, attn=self._attn(patches, ("input", i)))
             for p in in_patches:
                 if not p.after_skip:
                     h = p.input_block(h, i)
@@ -382,7 +389,7 @@ class UNetModel(nn.Module):
             for p in in_patches:
                 if p.after_skip:
                     h = p.input_block(h, i)
-        h = self.middle_block(h, emb, context, attn=attention_replacements(patches, ("middle", 0)))
+        h = self.middle_block(h, emb, context, attn=self._attn(patches, ("middle", 0)))
         if control is not None:
             # residuals go to the skips only; the main path into the middle block is unchanged
             hs = [s if r is None else s + r.to(s.dtype) for s, r in zip(hs, control.input)]
@@ -396,8 +403,13 @@ class UNetModel(nn.Module):
             # [B, C, H, W] + skip [B, C_skip, H, W] -> [B, C + C_skip, H, W]
             h = torch.cat([h, skip], dim=1)
             h = block(h, emb, context, hs[-1].shape[-2:] if hs else None,
-                      attn=attention_replacements(patches, ("output", i)))
+                      attn=self._attn(patches, ("output", i)))
         return self.out(h)
+
+    def _attn(self, patches: tuple, block: tuple[str, int]) -> dict | None:
+        if not patches:
+            return None
+        return block_patches(patches, block, self.transformer_index.get(block))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -130,6 +130,7 @@ class Cond:
                  of the sampled latent (InpaintModelConditioning), or None.
     concat_mask: [B, 1, H, W] mask (any size) an inpaint model gets instead of the noise mask.
     unclip:      ``UnclipEntry``s (unCLIPConditioning), in order; () = none.
+    gligen:      GLIGEN text boxes (``models.gligen.GligenBoxes``: the model and its boxes), or None.
     """
 
     cross_attn: torch.Tensor
@@ -147,6 +148,7 @@ class Cond:
     concat_latent: torch.Tensor | None = None
     concat_mask: torch.Tensor | None = None
     unclip: tuple = ()
+    gligen: object | None = None
 
 
 Conditioning = tuple[Cond, ...]
