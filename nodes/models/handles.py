@@ -133,6 +133,7 @@ class UNetRunner:
         self.handle = handle
         self.model = model
         self.policy = policy  # what add-on models patched into the UNet (GLIGEN) run under
+        self.run_state: dict = {}  # per sampling run (a runner is made per run): patch counters
         self.prediction = handle.prediction
         self.zsnr = handle.zsnr
         self.latent_scale = handle.latent_format.scale_factor
@@ -153,6 +154,9 @@ class UNetRunner:
         every = self.handle.unet_patches + tuple(patches)
         if sigma is not None:
             every = tuple(p.at_sigma(sigma) if hasattr(p, "at_sigma") else p for p in every)
+        if any(hasattr(p, "for_call") for p in every):  # token patches: input shape + run state
+            every = tuple(p.for_call(tuple(x.shape), self.run_state) if hasattr(p, "for_call") else p
+                          for p in every)
         if every:
             return self.model(x, timesteps, context, y, control, every)
         return self.model(x, timesteps, context, y, control)

@@ -164,10 +164,11 @@ class CrossAttention(nn.Module):
         self.to_v = nn.Linear(context_dim, inner, bias=False)
         self.to_out = nn.Sequential(nn.Linear(inner, query_dim), nn.Dropout(0.0))
 
-    def forward(self, x: Tensor, context: Tensor | None = None, replace=None) -> Tensor:
-        """``replace(q, k, v, heads)``: a forward-time patch's attention (unet_patches.py)."""
+    def forward(self, x: Tensor, context: Tensor | None = None, replace=None, value: Tensor | None = None) -> Tensor:
+        """``replace(q, k, v, heads)``: a forward-time patch's attention (unet_patches.py);
+        ``value``: the tokens values are projected from (default: ``context``)."""
         context = x if context is None else context
-        q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
+        q, k, v = self.to_q(x), self.to_k(context), self.to_v(context if value is None else value)
         if replace is not None:
             return self.to_out(replace(q, k, v, self.heads))
         return self.to_out(attention(q, k, v, self.heads, upcast=self.upcast_attention))
@@ -206,7 +207,13 @@ class BasicTransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None, attn: dict | None = None) -> Tensor:
         attn = attn or {}
-        x = x + self.attn1(self.norm1(x), replace=attn.get("attn1"))
+        wrap = attn.get("attn1_wrap")
+        if wrap is None:
+            x = x + self.attn1(self.norm1(x), replace=attn.get("attn1"))
+        else:  # token patches (HyperTile, ToMe): reshape/merge the tokens around self-attention
+            n = self.norm1(x)
+            q_in, k_in, v_in, undo = wrap(n, n, n)
+            x = x + undo(self.attn1(q_in, k_in, replace=attn.get("attn1"), value=v_in))
         if "middle" in attn:  # between self- and cross-attention (GLIGEN's gated self-attention)
             x = attn["middle"](x)
         x = x + self.attn2(self.norm2(x), context, replace=attn.get("attn2"))
