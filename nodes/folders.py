@@ -28,6 +28,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "clip_vision": ("clip_vision",),
     "style_models": ("style_models",),
     "gligen": ("gligen",),
+    "hypernetworks": ("hypernetworks",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 

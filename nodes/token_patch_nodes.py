@@ -1,10 +1,14 @@
-"""HyperTile and TomePatchModel (ComfyUI ``comfy_extras/nodes_hypertile.py``,
-``nodes_tomesd.py``): self-attention token patches (``models/token_patches.py``) on a new MODEL
-handle; the shared UNet module is never changed."""
+"""HyperTile, TomePatchModel and HypernetworkLoader (ComfyUI ``comfy_extras/nodes_hypertile.py``,
+``nodes_tomesd.py``, ``nodes_hypernetwork.py``): attention token patches
+(``models/token_patches.py``, ``models/hypernetwork.py``) on a new MODEL handle; the shared UNet
+module is never changed."""
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Boolean, Float, Int, Socket, node
+from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, node
+from mixgraph.nodes import folders
+from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.models.hypernetwork import load_hypernetwork
 from mixgraph.nodes.models.token_patches import HyperTile as HyperTilePatch
 from mixgraph.nodes.models.token_patches import TokenMerge
 
@@ -21,3 +25,11 @@ def HyperTile(model=Socket("MODEL"), tile_size=Int(256, min=1, max=2048), swap_s
 def TomePatchModel(model=Socket("MODEL"), ratio=Float(0.3, min=0.0, max=1.0, step=0.01)):
     """Token merging: averages the most similar self-attention query tokens at full resolution."""
     return (model.with_unet_patch(TokenMerge(float(ratio))),)
+
+
+@node(category="loaders", outputs=("MODEL",), fingerprint=_fingerprint("hypernetworks", "hypernetwork_name"))
+def HypernetworkLoader(ctx, model=Socket("MODEL"), hypernetwork_name=Combo(folders.options("hypernetworks")),
+                       strength=Float(1.0, min=-10.0, max=10.0, step=0.01)):
+    """Adds an A1111 hypernetwork to every self- and cross-attention of the UNet."""
+    patch = load_hypernetwork(folders.resolve(ctx.env, "hypernetworks", hypernetwork_name), strength)
+    return (model.with_unet_patch(patch),)

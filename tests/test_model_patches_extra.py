@@ -118,3 +118,68 @@ def test_hypertile_and_tome_nodes_sample_deterministically(models, tmp_path):
     merged2 = _sample(models, tmp_path, {"class_type": "TomePatchModel", "ratio": 0.5 + 1e-9})
     assert torch.isfinite(merged).all() and (merged - plain).abs().max() > 1e-4
     torch.testing.assert_close(merged, merged2)  # the destinations come from the seeded stream
+
+
+# --- hypernetworks ----------------------------------------------------------------------------
+
+
+def _hypernet_pair(width: int, seed: int, layer_norm: bool = False) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    pair = []
+    for _ in range(2):
+        d = {"linear.0.weight": torch.randn(2 * width, width, generator=g) * 0.1,
+             "linear.0.bias": torch.randn(2 * width, generator=g) * 0.1}
+        nxt = 1
+        if layer_norm:
+            d["linear.1.weight"], d["linear.1.bias"] = 1 + 0.1 * torch.randn(2 * width, generator=g), torch.zeros(2 * width)
+            nxt = 2
+        d[f"linear.{nxt}.weight"] = torch.randn(width, 2 * width, generator=g) * 0.1
+        d[f"linear.{nxt}.bias"] = torch.randn(width, generator=g) * 0.1
+        if layer_norm:  # A1111 puts a LayerNorm after every Linear, the last one included
+            d["linear.3.weight"], d["linear.3.bias"] = 1 + 0.1 * torch.randn(width, generator=g), torch.zeros(width)
+        pair.append(d)
+    return pair
+
+
+def test_hypernetwork_mlps_follow_comfyuis_layer_rules(tmp_path):
+    from mixgraph.nodes.models.hypernetwork import load_hypernetwork
+
+    path = tmp_path / "hn.pt"
+    torch.save({32: _hypernet_pair(32, 1, layer_norm=True), "activation_func": "relu", "is_layer_norm": True,
+                "use_dropout": True, "activate_output": False, "name": "hn"}, path)
+    with pytest.warns(UserWarning, match="pickle-format hypernetwork"):
+        patch = load_hypernetwork(path, 0.7)
+    mk, mv = patch.mlps[32]
+    # ComfyUI counts LayerNorms when it looks for the last layer, so with layer norms the last
+    # Linear is activated too
+    assert [type(m).__name__ for m in mk] == ["Linear", "ReLU", "LayerNorm", "Linear", "ReLU", "LayerNorm"]
+    k = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))
+    p = _hypernet_pair(32, 1, layer_norm=True)[0]
+    h = torch.relu(F.linear(k, p["linear.0.weight"], p["linear.0.bias"]))
+    h = F.layer_norm(h, (64,), p["linear.1.weight"], p["linear.1.bias"])
+    h = F.layer_norm(torch.relu(F.linear(h, p["linear.2.weight"], p["linear.2.bias"])), (32,),
+                     p["linear.3.weight"], p["linear.3.bias"])
+    n, k2, v2, undo = patch.wrap_attn2(k, k, k)
+    torch.testing.assert_close(k2, k + 0.7 * h, rtol=1e-5, atol=1e-5)
+    assert n is k and undo(k) is k
+    other = torch.randn(1, 3, 48)
+    assert patch.wrap_attn1(other, other, other)[1] is other  # no MLP pair for width 48
+    torch.save({32: _hypernet_pair(32, 1), "activation_func": "gelu_new"}, tmp_path / "bad.pt")
+    with pytest.warns(UserWarning), pytest.raises(NotImplementedError, match="activation 'gelu_new'"):
+        load_hypernetwork(tmp_path / "bad.pt", 1.0)
+
+
+def test_hypernetwork_loader_node_end_to_end(models, tmp_path):
+    (models / "hypernetworks").mkdir(exist_ok=True)
+    torch.save({32: _hypernet_pair(32, 3), 64: _hypernet_pair(64, 4), "activation_func": "tanh",
+                "is_layer_norm": False}, models / "hypernetworks" / "tiny.pt")
+    spec = api.default_registry().object_info()["HypernetworkLoader"]["input"]["required"]
+    assert list(spec) == ["model", "hypernetwork_name", "strength"]
+    plain = _sample(models, tmp_path, None)
+    with pytest.warns(UserWarning):
+        zero = _sample(models, tmp_path, {"class_type": "HypernetworkLoader", "hypernetwork_name": "tiny.pt",
+                                          "strength": 0.0})
+        full = _sample(models, tmp_path, {"class_type": "HypernetworkLoader", "hypernetwork_name": "tiny.pt",
+                                          "strength": 1.0})
+    torch.testing.assert_close(zero, plain, rtol=1e-5, atol=1e-5)  # strength 0 adds nothing
+    assert torch.isfinite(full).all() and (full - plain).abs().max() > 1e-4

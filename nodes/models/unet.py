@@ -216,7 +216,13 @@ class BasicTransformerBlock(nn.Module):
             x = x + undo(self.attn1(q_in, k_in, replace=attn.get("attn1"), value=v_in))
         if "middle" in attn:  # between self- and cross-attention (GLIGEN's gated self-attention)
             x = attn["middle"](x)
-        x = x + self.attn2(self.norm2(x), context, replace=attn.get("attn2"))
+        wrap2 = attn.get("attn2_wrap")
+        if wrap2 is None:
+            x = x + self.attn2(self.norm2(x), context, replace=attn.get("attn2"))
+        else:  # hypernetworks: change what the cross-attention keys and values come from
+            n = self.norm2(x)
+            q_in, k_in, v_in, undo = wrap2(n, context, context)
+            x = x + undo(self.attn2(q_in, k_in, replace=attn.get("attn2"), value=v_in))
         return x + self.ff(self.norm3(x))
 
 

@@ -24,7 +24,9 @@ is a frozen dataclass (hashable, compared by value) with one or both of these me
 * ``wrap_attn1(n, k, v) -> (n, k, v, undo)``: in every transformer block, the normed tokens the
   self-attention projects its queries (n), keys and values from [B, N, C] may be rearranged or
   merged, and ``undo(out)`` restores the attention output's token layout (ComfyUI's
-  ``attn1_patch`` + ``attn1_output_patch``; HyperTile, ToMe). Such patches also have
+  ``attn1_patch`` + ``attn1_output_patch``; HyperTile, ToMe, hypernetworks); ``wrap_attn2`` the
+  same for the cross-attention, whose k and v come from the text context (hypernetworks).
+  HyperTile and ToMe also have
   ``for_call(shape, state)``: the runner binds the UNet input's shape [B, C, H, W] and a dict
   that lives for one sampling run.
 
@@ -165,9 +167,10 @@ def block_patches(patches, block: tuple[str, int], transformer_index: int | None
     """What the transformer blocks of UNet block ``block`` get: the attention replacements, and
     under "middle" the patches' ``middle`` hooks (in order) bound to ``transformer_index``."""
     found = attention_replacements(patches, block) or {}
-    wraps = [p.wrap_attn1 for p in patches if hasattr(p, "wrap_attn1")]
-    if wraps:
-        found["attn1_wrap"] = _chain_wraps(tuple(wraps))
+    for hook in ("attn1", "attn2"):
+        wraps = [getattr(p, f"wrap_{hook}") for p in patches if hasattr(p, f"wrap_{hook}")]
+        if wraps:
+            found[f"{hook}_wrap"] = _chain_wraps(tuple(wraps))
     middles = [p.middle for p in patches if hasattr(p, "middle")]
     if middles and transformer_index is not None:
         def middle(x, _fns=tuple(middles), _i=transformer_index):
