@@ -44,6 +44,7 @@ from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHan
 from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
 from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
+from mixgraph.nodes.models.t2i_adapter import is_t2i_adapter, load_t2i_adapter
 from mixgraph.nodes.models.unclip import NoiseAugmentor
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.models.vae import VAEConfig
@@ -442,12 +443,15 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
 
 def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     """ControlNetLoader: LDM (``control_model.`` or bare) or diffusers ControlNet files; the key
-    conversion and config derivation are ``nodes.models.controlnet``'s, run on the header here."""
+    conversion and config derivation are ``nodes.models.controlnet``'s, run on the header here.
+    T2I-Adapter files give a ``t2i_adapter.T2IAdapterHandle``."""
     p = Path(path)
     if p.is_dir():
         p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
     _refuse_family(p.name, info)
+    if is_t2i_adapter(info):  # ComfyUI's ControlNetLoader loads T2I-Adapters too
+        return load_t2i_adapter(p, info)
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
 

@@ -381,7 +381,7 @@ class UNetModel(nn.Module):
                 f"UNet: adm_in_channels={self.config.adm_in_channels} but y is "
                 f"{'missing' if y is None else 'given'}"
             )
-        if control is not None and len(control.input) != len(self.input_blocks):
+        if control is not None and control.input and len(control.input) != len(self.input_blocks):
             raise ValueError(
                 f"UNet: Control has {len(control.input)} input residuals, model has "
                 f"{len(self.input_blocks)} input blocks"
@@ -395,6 +395,8 @@ class UNetModel(nn.Module):
         in_patches = [p for p in patches if hasattr(p, "input_block")]
         for i, block in enumerate(self.input_blocks):
             h = block(h, emb, context, attn=self._attn(patches, ("input", i)))
+            if control is not None and i < len(control.input_path) and control.input_path[i] is not None:
+                h = h + control.input_path[i].to(h.dtype)  # T2I-Adapter features: main path and skip
             for p in in_patches:
                 if not p.after_skip:
                     h = p.input_block(h, i)
@@ -403,9 +405,10 @@ class UNetModel(nn.Module):
                 if p.after_skip:
                     h = p.input_block(h, i)
         h = self.middle_block(h, emb, context, attn=self._attn(patches, ("middle", 0)))
-        if control is not None:
+        if control is not None and control.input:
             # residuals go to the skips only; the main path into the middle block is unchanged
             hs = [s if r is None else s + r.to(s.dtype) for s, r in zip(hs, control.input)]
+        if control is not None:
             if control.middle is not None:
                 h = h + control.middle.to(h.dtype)
         out_patches = [p for p in patches if hasattr(p, "output_block")]
