@@ -266,3 +266,34 @@ def test_style_model_apply_end_to_end(models, tmp_path):
     torch.testing.assert_close(scaled[:, text.shape[1]:], plain[:, text.shape[1]:] * 0.5, rtol=1e-6, atol=1e-6)
     assert torch.isfinite(out[ks.node_id][0].samples).all()
     assert math.isfinite(float(plain.abs().sum()))
+
+
+def test_sdxl_revision_uses_the_noised_image_embedding_as_pooled_text():
+    from mixgraph.nodes.models.handles import UNetRunner
+    from mixgraph.nodes.models.unet import sdxl_adm
+    from tests.fixtures.tiny_unet import TINY_POOLED, tiny_unet_config
+
+    class _H:
+        config = tiny_unet_config("sdxl")
+        kind = "sdxl"
+        unclip = None
+
+    runner = UNetRunner.__new__(UNetRunner)
+    runner.handle, runner.kind = _H, "sdxl"
+    embeds = torch.randn(1, TINY_POOLED, generator=torch.Generator().manual_seed(12))
+    cond = Cond(torch.zeros(1, 77, 64), pooled=torch.ones(1, TINY_POOLED), unclip=(UnclipEntry(embeds, 0.8, 0.3),))
+    y = runner.adm(cond, (8, 8), seed=20)
+    pooled = _ddpm_reference(embeds[0], round(999 * 0.3), 10, TINY_POOLED)[:, :TINY_POOLED] * 0.8
+    torch.testing.assert_close(y, sdxl_adm(pooled, 64.0, 64.0), rtol=1e-5, atol=1e-5)
+
+
+def test_unclip_entries_cross_the_custom_node_boundary():
+    from mixgraph.ui.comfy_payloads import cond_from_comfy, cond_to_comfy
+
+    embeds = torch.randn(2, 8)
+    cond = Cond(torch.zeros(1, 77, 32), unclip=(UnclipEntry(embeds, 0.5, 0.2),))
+    [[_, opts]] = cond_to_comfy((cond,))
+    (entry,) = opts["unclip_conditioning"]
+    assert entry["clip_vision_output"].image_embeds is embeds and entry["strength"] == 0.5
+    (back,) = cond_from_comfy([[cond.cross_attn, opts]])
+    assert back.unclip[0].image_embeds is embeds and back.unclip[0].noise_augmentation == pytest.approx(0.2)
