@@ -57,10 +57,10 @@ def DiffControlNetLoader(ctx, model=Socket("MODEL"), control_net_name=Combo(fold
     return (loader.load_diff_controlnet(folders.resolve(ctx.env, "controlnet", control_net_name), model),)
 
 
-def _clip_vision_refusal(node_name: str):
+def _image_only_refusal(node_name: str):
     def validate(env: Any, **_: Any) -> list[str]:
-        return [f"{node_name}: CLIP vision models are not supported yet, so checkpoints that carry one "
-                f"(unCLIP, SVD image-only) cannot be loaded; use CheckpointLoaderSimple for the "
+        return [f"{node_name}: image-only checkpoints (SVD img2vid, Stable Zero123) are not supported yet; "
+                f"use unCLIPCheckpointLoader for SD2.1 unCLIP, or CheckpointLoaderSimple for the "
                 f"diffusion model alone"]
 
     return validate
@@ -68,6 +68,7 @@ def _clip_vision_refusal(node_name: str):
 
 @node(category="loaders/video_models", outputs=("MODEL", "CLIP_VISION", "VAE"),
       display_name="Image Only Checkpoint Loader (img2vid model)",
-      validate=_clip_vision_refusal("ImageOnlyCheckpointLoader"))
+      validate=_image_only_refusal("ImageOnlyCheckpointLoader"))
 def ImageOnlyCheckpointLoader(ctx, ckpt_name=Combo(folders.options("checkpoints"))):
-    raise NotImplementedError("ImageOnlyCheckpointLoader: CLIP vision models are not supported yet")
+    raise NotImplementedError("ImageOnlyCheckpointLoader: image-only checkpoints (SVD img2vid, Stable Zero123) "
+                              "are not supported yet")

@@ -13,9 +13,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models.clip_vision import CLIPVisionConfig, CLIPVisionModel, clip_preprocess
+from mixgraph.nodes.models.clip_vision import CLIPVisionConfig, clip_preprocess
 from mixgraph.nodes.models.clip_vision_handle import load_clip_vision
-from mixgraph.nodes.models.loader import load_unclip_checkpoint
 from mixgraph.nodes.models.style_model import StyleAdapter, load_style_model
 from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
 from mixgraph.nodes.payloads.conditioning import Cond, UnclipEntry

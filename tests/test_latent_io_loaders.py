@@ -137,7 +137,7 @@ def test_clip_vision_checkpoint_loaders_refuse_at_validation(models, tmp_path):
         ck = g.add(name, ckpt_name="sd15.safetensors")
         dec = g.add("VAEDecode", samples=g.add("EmptyLatentImage", width=32, height=32, batch_size=1), vae=ck[2])
         g.add("PreviewImage", images=dec)
-        with pytest.raises(ValidationFailed, match="CLIP vision models are not supported yet"):
+        with pytest.raises(ValidationFailed, match="image-only checkpoints .* are not supported yet"):
             api.run(g, models=models, output=tmp_path)
 
 
