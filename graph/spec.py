@@ -17,7 +17,7 @@ LINK_TYPES = frozenset({
     "SAMPLER", "SIGMAS", "GUIDER", "*",
 })
 #: Socket types that hold a model: a node consuming one gets a precision policy for it.
-MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL"})
+MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL", "STYLE_MODEL"})
 WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
 
 REQUIRED = object()   # the default of an Input that has none

@@ -12,15 +12,8 @@ UPSCALE_METHODS = ("bicubic", "nearest-exact", "bilinear", "area", "bislerp")
 _PERCENT = dict(min=0.0, max=1.0, step=0.001)
 
 
-def _no_bislerp(env, downscale_method="bicubic", upscale_method="bicubic", **_) -> list[str]:
-    return [f"input '{name}': 'bislerp' is not supported yet; use bicubic, bilinear, area or "
-            f"nearest-exact" for name, value in (("downscale_method", downscale_method),
-                                                  ("upscale_method", upscale_method))
-            if value == "bislerp"]
-
-
 @node(category="model_patches/unet", display_name="PatchModelAddDownscale (Kohya Deep Shrink)",
-      outputs=("MODEL",), validate=_no_bislerp)
+      outputs=("MODEL",))
 def PatchModelAddDownscale(model=Socket("MODEL"), block_number=Int(3, min=1, max=32, step=1),
                            downscale_factor=Float(2.0, min=0.1, max=9.0, step=0.001),
                            start_percent=Float(0.0, **_PERCENT), end_percent=Float(0.35, **_PERCENT),

@@ -1,6 +1,6 @@
-"""More loaders from ComfyUI's nodes.py: DiffusersLoader, DiffControlNetLoader, and the CLIP-vision checkpoint loaders
-(unCLIPCheckpointLoader, ImageOnlyCheckpointLoader), which refuse clearly until CLIP vision
-models exist here."""
+"""More loaders from ComfyUI's nodes.py: DiffusersLoader, DiffControlNetLoader, and
+ImageOnlyCheckpointLoader (img2vid / Zero123 checkpoints), which refuses clearly.
+unCLIPCheckpointLoader lives with the CLIP vision nodes (clip_vision_nodes.py)."""
 
 from __future__ import annotations
 
@@ -57,23 +57,18 @@ def DiffControlNetLoader(ctx, model=Socket("MODEL"), control_net_name=Combo(fold
     return (loader.load_diff_controlnet(folders.resolve(ctx.env, "controlnet", control_net_name), model),)
 
 
-def _clip_vision_refusal(node_name: str):
+def _image_only_refusal(node_name: str):
     def validate(env: Any, **_: Any) -> list[str]:
-        return [f"{node_name}: CLIP vision models are not supported yet, so checkpoints that carry one "
-                f"(unCLIP, SVD image-only) cannot be loaded; use CheckpointLoaderSimple for the "
+        return [f"{node_name}: image-only checkpoints (SVD img2vid, Stable Zero123) are not supported yet; "
+                f"use unCLIPCheckpointLoader for SD2.1 unCLIP, or CheckpointLoaderSimple for the "
                 f"diffusion model alone"]
 
     return validate
 
 
-@node(category="loaders", outputs=("MODEL", "CLIP", "VAE", "CLIP_VISION"),
-      validate=_clip_vision_refusal("unCLIPCheckpointLoader"))
-def unCLIPCheckpointLoader(ctx, ckpt_name=Combo(folders.options("checkpoints"))):
-    raise NotImplementedError("unCLIPCheckpointLoader: CLIP vision models are not supported yet")
-
-
 @node(category="loaders/video_models", outputs=("MODEL", "CLIP_VISION", "VAE"),
       display_name="Image Only Checkpoint Loader (img2vid model)",
-      validate=_clip_vision_refusal("ImageOnlyCheckpointLoader"))
+      validate=_image_only_refusal("ImageOnlyCheckpointLoader"))
 def ImageOnlyCheckpointLoader(ctx, ckpt_name=Combo(folders.options("checkpoints"))):
-    raise NotImplementedError("ImageOnlyCheckpointLoader: CLIP vision models are not supported yet")
+    raise NotImplementedError("ImageOnlyCheckpointLoader: image-only checkpoints (SVD img2vid, Stable Zero123) "
+                              "are not supported yet")

@@ -25,6 +25,10 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "upscale_models": ("upscale_models", "ESRGAN", "RealESRGAN"),
     "diffusers": ("diffusers",),
     "vae_approx": ("vae_approx",),
+    "clip_vision": ("clip_vision",),
+    "style_models": ("style_models",),
+    "gligen": ("gligen",),
+    "hypernetworks": ("hypernetworks",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 

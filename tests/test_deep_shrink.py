@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixgraph.graph.report import ValidationFailed
 from mixgraph.nodes.models.unet_patches import DeepShrink
 from mixgraph.nodes.sampling.parameterization import ModelSampling
 from mixgraph.ui import api
@@ -90,7 +89,10 @@ def test_patch_model_add_downscale_samples_and_changes_the_result(models, tmp_pa
     assert torch.allclose(plain, unpatched, atol=1e-6)   # outside its window the patch is inert
 
 
-def test_patch_model_add_downscale_refuses_bislerp(models, tmp_path):
-    g, _, _ = _graph(1, 0.35, method="bislerp")
-    with pytest.raises(ValidationFailed, match="bislerp"):
-        api.run(g, models=models, output=tmp_path)
+def test_patch_model_add_downscale_runs_bislerp(models, tmp_path):
+    # bislerp was refused until models/resize.py had it (tests/test_model_patches_extra.py)
+    g, _, ks = _graph(1, 0.35, method="bislerp")
+    bis = api.run(g, models=models, output=tmp_path)[ks.node_id][0].samples
+    g2, _, ks2 = _graph(1, 0.35, method="bicubic")
+    cubic = api.run(g2, models=models, output=tmp_path)[ks2.node_id][0].samples
+    assert torch.isfinite(bis).all() and not torch.allclose(bis, cubic, atol=1e-4)

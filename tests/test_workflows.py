@@ -23,6 +23,7 @@ from mixgraph.graph.env import Env
 from mixgraph.graph.validate import validate
 from mixgraph.graph.workflow import load_workflow
 from tests.fixtures.checkpoints import write_sd15, write_sdxl, write_sdxl_refiner
+from tests.fixtures.tiny_vision import write_sd2_unclip
 from tests.fixtures.workflow_models import write_controlnet, write_lora
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
@@ -48,6 +49,7 @@ OVERRIDES = {
                                           "3.steps": 2},
     "ui_txt2img_bf16_group.json": {**SMALL_TXT2IMG, "5.width": 32, "5.height": 32, "3.steps": 2},
     "custom_sampling_sd15.json": {"5.width": SIZE, "5.height": SIZE, "11.steps": 4, "15.step": 2},
+    "unclip_sd21.json": SMALL_TXT2IMG,
 }
 EXPECTED_SIZE = {"hires_fix_sd15.json": 96, "precision_bf16_unet_f32_vae.json": 32,
                  "precision_f16_vae_fallback.json": 32, "precision_phase.json": 32,
@@ -84,6 +86,7 @@ def dirs(tmp_path_factory):
     write_sdxl_refiner(ckpt / "sdxl_refiner.safetensors", seed=4)
     write_lora(root / "models" / "loras" / "sd15_lora.safetensors", ckpt / "sd15.safetensors")
     write_controlnet(root / "models" / "controlnet" / "sd15_controlnet.safetensors")
+    write_sd2_unclip(ckpt / "sd21_unclip.safetensors", seed=5)
     _write_images(root / "input")
     return root
 

@@ -12,7 +12,9 @@ internals gets `MissingHostAPI` from the adapter).
 The conditioning option keys are ComfyUI's: `pooled_output`, `area` `(h, w, y, x)` in latent
 pixels, `strength`, `mask` + `mask_strength` (+ `set_area_to_bounds`), `control`,
 `control_apply_to_uncond`, the SDXL size keys (`width`, `height`, `crop_w`, `crop_h`,
-`target_width`, `target_height`, `aesthetic_score`) and `start_percent` / `end_percent`.
+`target_width`, `target_height`, `aesthetic_score`), `start_percent` / `end_percent`,
+`unclip_conditioning` (a list of `{"clip_vision_output", "strength", "noise_augmentation"}`) and
+`gligen` (`("position", GLIGEN, [(pooled, h, w, y, x), ...])`).
 Other keys a pack adds are kept in the ComfyUI form only while the value stays inside custom
 nodes; converting to `Cond` drops them (mixgraph's sampler has no use for them).
 """
@@ -23,7 +25,8 @@ from typing import Any
 
 import torch
 
-from mixgraph.nodes.payloads.conditioning import Cond, SizeCond
+from mixgraph.nodes.models.gligen import GligenBoxes
+from mixgraph.nodes.payloads.conditioning import Cond, SizeCond, UnclipEntry
 from mixgraph.nodes.payloads.latent import Latent
 
 __all__ = ["to_comfy", "from_comfy", "latent_to_comfy", "latent_from_comfy", "cond_to_comfy",
@@ -51,6 +54,16 @@ def latent_from_comfy(d: dict) -> Latent:
                   tuple(int(i) for i in index) if index is not None else None)
 
 
+class _Embeds:
+    """What an unCLIP entry keeps of a CLIP_VISION_OUTPUT (ComfyUI reads only image_embeds)."""
+
+    def __init__(self, image_embeds: torch.Tensor):
+        self.image_embeds = image_embeds
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
 def cond_to_comfy(conds: tuple[Cond, ...]) -> list:
     out = []
     for c in conds:
@@ -70,6 +83,11 @@ def cond_to_comfy(conds: tuple[Cond, ...]) -> list:
             opts.update({k: getattr(c.size, k) for k in _SIZE_KEYS if getattr(c.size, k) is not None})
         if c.timestep_range != (0.0, 1.0):
             opts["start_percent"], opts["end_percent"] = c.timestep_range
+        if c.unclip:
+            opts["unclip_conditioning"] = [
+                {"clip_vision_output": _Embeds(u.image_embeds), "strength": u.strength, "noise_augmentation": u.noise_augmentation} for u in c.unclip]
+        if c.gligen is not None:
+            opts["gligen"] = ("position", c.gligen.model, list(c.gligen.boxes))
         out.append([c.cross_attn, opts])
     return out
 
@@ -93,7 +111,14 @@ def cond_from_comfy(items: list) -> tuple[Cond, ...]:
         size = None
         if any(k in o for k in _SIZE_KEYS):
             size = SizeCond(**{k: o[k] for k in _SIZE_KEYS if k in o})
+        unclip = tuple(UnclipEntry(u["clip_vision_output"]["image_embeds"], float(u.get("strength", 1.0)),
+                                   float(u.get("noise_augmentation", 0.0)))
+                       for u in o.get("unclip_conditioning") or ())
+        gligen = None
+        if o.get("gligen") is not None:
+            gligen = GligenBoxes(o["gligen"][1], tuple(tuple(b) for b in o["gligen"][2]))
         conds.append(Cond(
+            unclip=unclip, gligen=gligen,
             cross_attn=t.float(), pooled=o.get("pooled_output"), area=area,
             strength=float(o.get("strength", 1.0)), mask=mask, control=o.get("control"),
             control_apply_to_uncond=bool(o.get("control_apply_to_uncond", False)), size=size,

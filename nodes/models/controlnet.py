@@ -13,7 +13,8 @@ renamed to them by ``convert_controlnet_state_dict`` with the shared diffusersâ†
 ``nodes.models.diffusers_names``. SD1.x/SD2.x and SDXL (ADM ``label_emb``) nets differ only in config
 values.
 
-Not supported yet: T2I-Adapters, ControlLoRA, union / diff ControlNets, "shuffle" global pooling.
+T2I-Adapters (also CONTROL_NET) live in ``t2i_adapter.py``; ``apply_controlnet`` chains either
+kind. Not supported yet: ControlLoRA, union ControlNets, "shuffle" global pooling.
 """
 
 from __future__ import annotations
@@ -256,14 +257,14 @@ def apply_controlnet(conds, control_net, policy, image: Tensor, strength: float,
     Conds sharing a previous chain share the new link (one net evaluation per UNet batch)."""
     import dataclasses
 
+    chain = getattr(control_net, "chain_type", None) or ControlNetChain  # T2I-Adapters bring their own
     runner = control_net.runner(policy)
     made: dict[int, ControlNetChain] = {}
     out = []
     for cond in conds:
         key = id(cond.control)
         if key not in made:
-            made[key] = ControlNetChain(runner, image, strength, start_percent, end_percent,
-                                        previous=cond.control)
+            made[key] = chain(runner, image, strength, start_percent, end_percent, previous=cond.control)
         out.append(dataclasses.replace(cond, control=made[key],
                                        control_apply_to_uncond=apply_to_uncond))
     return tuple(out)

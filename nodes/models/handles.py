@@ -31,6 +31,7 @@ from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt
 from mixgraph.nodes.models.tokenizer import CLIPTokenizer
+from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
 from mixgraph.nodes.payloads.conditioning import Cond
@@ -92,10 +93,12 @@ class ModelHandle:
     continuous_sampling: tuple | None = None
     # compute dtype pinned by ModelComputeDtype (read by the resolver, not applied here)
     compute_dtype: torch.dtype | None = None
+    # SD2.1 unCLIP: the image-embedding noise augmentation that builds y (``unclip.py``)
+    unclip: NoiseAugmentor | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
-        return UNetRunner(self, apply_precision(module, policy))
+        return UNetRunner(self, apply_precision(module, policy), policy)
 
     def with_patches(self, patches) -> "ModelHandle":
         """A handle with ``patches`` appended (applied in order at materialization)."""
@@ -126,9 +129,11 @@ class ModelHandle:
 class UNetRunner:
     """The sampler seam (``SamplerModel``): one precision-applied UNet plus its metadata."""
 
-    def __init__(self, handle: ModelHandle, model: torch.nn.Module):
+    def __init__(self, handle: ModelHandle, model: torch.nn.Module, policy: PolicyLike | None = None):
         self.handle = handle
         self.model = model
+        self.policy = policy  # what add-on models patched into the UNet (GLIGEN) run under
+        self.run_state: dict = {}  # per sampling run (a runner is made per run): patch counters
         self.prediction = handle.prediction
         self.zsnr = handle.zsnr
         self.latent_scale = handle.latent_format.scale_factor
@@ -149,17 +154,27 @@ class UNetRunner:
         every = self.handle.unet_patches + tuple(patches)
         if sigma is not None:
             every = tuple(p.at_sigma(sigma) if hasattr(p, "at_sigma") else p for p in every)
+        if any(hasattr(p, "for_call") for p in every):  # token patches: input shape + run state
+            every = tuple(p.for_call(tuple(x.shape), self.run_state) if hasattr(p, "for_call") else p
+                          for p in every)
         if every:
             return self.model(x, timesteps, context, y, control, every)
         return self.model(x, timesteps, context, y, control)
 
-    def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False) -> Tensor | None:
+    def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False, seed: int = 0) -> Tensor | None:
         """SDXL vector conditioning, with ComfyUI's defaults (``samplers.encode_model_conds``):
         width/height = latent size × 8, crops 0, target = width/height; refiner aesthetic score
-        from the cond, else 6.0 (2.5 when ``negative``, ComfyUI's default for the uncond)."""
+        from the cond, else 6.0 (2.5 when ``negative``, ComfyUI's default for the uncond).
+        SD2.1 unCLIP: the cond's unCLIP entries (zeros without); SDXL with unCLIP entries
+        (Revision): their embedding replaces the pooled text. ``seed``: the sampling seed."""
         adm_ch = self.handle.config.adm_in_channels
-        if adm_ch is None:
+        if adm_ch is None:  # unCLIP entries on an SD1/SD2 model are ignored, as in ComfyUI
             return None
+        augmentor = getattr(self.handle, "unclip", None)
+        if augmentor is not None:
+            if not cond.unclip:
+                return torch.zeros(1, adm_ch)
+            return unclip_adm(cond.unclip, augmentor, seed)
         size = cond.size
         h, w = latent_hw
         width = float(size.width) if size and size.width is not None else w * 8.0
@@ -168,8 +183,11 @@ class UNetRunner:
         crop_h = float(size.crop_h) if size else 0.0
         n_numbers = 5 if self.kind == "sdxl_refiner" else 6
         pooled = cond.pooled
+        pooled_w = adm_ch - n_numbers * 256
+        if cond.unclip:  # ComfyUI's sdxl_pooled: merge level 0, the first `pooled_w` values
+            pooled = unclip_adm(cond.unclip, NoiseAugmentor(pooled_w, 0.0), seed)[:, :pooled_w]
         if pooled is None:
-            pooled = torch.zeros(1, adm_ch - n_numbers * 256)
+            pooled = torch.zeros(1, pooled_w)
         if self.kind == "sdxl_refiner":
             score = size.aesthetic_score if size is not None else None
             if score is None:

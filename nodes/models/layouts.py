@@ -1,7 +1,8 @@
 """Key layouts of weight sources: how a source's stored tensor names become our modules' names.
 
 A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``controlnet``, ``controlnet_diff``,
-``diffusers_unet``, ``diffusers_vae``); ``reader_for_source`` turns that into the renaming the
+``diffusers_unet``, ``diffusers_vae``,
+``hf_clip_vision``, ``open_clip_vision``); ``reader_for_source`` turns that into the renaming the
 loader applies to headers (to derive configs), the handles apply to shapes, and the weight store
 applies when it reads tensors. Its own module, so those three need not import one another for it.
 """
@@ -9,6 +10,7 @@ applies when it reads tensors. Its own module, so those three need not import on
 from __future__ import annotations
 
 from mixgraph.nodes.models.clip import open_clip_to_hf
+from mixgraph.nodes.models.clip_vision import hf_vision_rename, open_clip_vision_to_hf
 from mixgraph.nodes.models.controlnet import convert_controlnet_state_dict
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
@@ -39,6 +41,10 @@ def reader_for_source(source: WeightSource):
         return hf_clip_rename, None
     if layout == "open_clip":
         return None, lambda sd: open_clip_to_hf(sd, "")
+    if layout == "hf_clip_vision":
+        return hf_vision_rename, None
+    if layout == "open_clip_vision":
+        return None, open_clip_vision_to_hf
     if layout == "controlnet":
         return None, convert_controlnet_state_dict
     if layout == "controlnet_diff":

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip
+from mixgraph.nodes.models.clip_vision_handle import clip_vision_handle
 from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family, family_of_file, refusal
@@ -43,11 +44,14 @@ from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHan
 from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
 from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
+from mixgraph.nodes.models.t2i_adapter import is_t2i_adapter, load_t2i_adapter
+from mixgraph.nodes.models.unclip import NoiseAugmentor
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.models.vae import VAEConfig
 
 __all__ = [
     "load_checkpoint",
+    "load_unclip_checkpoint",
     "load_unet",
     "load_vae",
     "load_clip",
@@ -76,6 +80,8 @@ WEIGHT_DTYPES = {
 }
 
 Info = Mapping[str, TensorInfo]
+UNCLIP_ADM = (1536, 2048)  # SD2.1 unCLIP: 2 × the CLIP vision projection (ViT-L 768, ViT-H 1024)
+UNCLIP_VISION_PREFIX = "embedder.model.visual."
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,6 +131,8 @@ def _describe(info: Info) -> str:
 
 def detect_unet_kind(cfg: UNetConfig) -> str:
     """Model family from a UNet config (ComfyUI's supported_models matching, by structure)."""
+    if cfg.adm_in_channels in UNCLIP_ADM and cfg.context_dim == 1024:
+        return "sd2"  # SD2.1 unCLIP L / H (``unclip_augmentor``)
     if cfg.adm_in_channels is not None:
         if cfg.adm_in_channels == 2560 or cfg.model_channels == 384 or cfg.context_dim == 1280:
             return "sdxl_refiner"
@@ -138,6 +146,16 @@ def _sd2_is_v(info: Info, cfg: UNetConfig, prefix: str, read: Callable[[str], to
     if cfg.in_channels != 4 or key not in info:
         return False
     return float(read(key).float().std()) > 0.09
+
+
+def unclip_augmentor(kind: str, cfg: UNetConfig) -> NoiseAugmentor | None:
+    """An SD2-family UNet with a vector input is SD2.1 unCLIP: y = [noised image embedding,
+    its noise level's embedding], each half of ``adm_in_channels`` (ComfyUI ``SD21UNCLIP``)."""
+    if kind != "sd2" or cfg.adm_in_channels is None:
+        return None
+    if cfg.adm_in_channels % 2:
+        raise ValueError(f"an SD2 UNet with a {cfg.adm_in_channels}-wide vector input is not an unCLIP model")
+    return NoiseAugmentor(cfg.adm_in_channels // 2)
 
 
 def _prediction(kind: str, info: Info, cfg: UNetConfig, prefix: str, read) -> tuple[str, bool]:
@@ -225,9 +243,12 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
         return read_tensors(p, [key])[key]
 
     pred, zsnr = _prediction(kind, info, cfg, UNET_PREFIX, read)
+    unclip = unclip_augmentor(kind, cfg)
+    if unclip is not None and "v_pred" not in info:
+        pred = "v_prediction"  # ComfyUI's SD21UNCLIP is a v-prediction model
     model = ModelHandle(
         source=unet_source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
-        latent_format=latent_format_for(kind, cfg.out_channels),
+        latent_format=latent_format_for(kind, cfg.out_channels), unclip=unclip,
     )
     sources, configs = {}, {}
     for role, (prefix, layout) in CLIP_PREFIXES[kind].items():
@@ -280,6 +301,16 @@ def _load_diffusers_folder(root: Path, prediction: str | None):
 # standalone files
 
 
+def load_unclip_checkpoint(path: str | os.PathLike, prediction: str | None = None):
+    """unCLIPCheckpointLoader: (MODEL, CLIP, VAE, CLIP_VISION) of an SD2.1 unCLIP checkpoint; the
+    vision tower is OpenCLIP's under ``embedder.model.visual.`` (ComfyUI's ``clip_vision_prefix``).
+    CLIP_VISION is None for a checkpoint without one (ComfyUI returns None there too)."""
+    model, clip, vae = load_checkpoint(path, prediction)
+    p = Path(path)
+    vision = None if p.is_dir() else clip_vision_handle(p, inspect_file(p), UNCLIP_VISION_PREFIX)
+    return model, clip, vae, vision
+
+
 def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction: str | None = None) -> ModelHandle:
     """UNETLoader: an LDM UNet (with or without ``model.diffusion_model.``) or a diffusers UNet.
 
@@ -316,9 +347,13 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
         return read_tensors(p, [stored])[stored]
 
     pred, zsnr = _prediction(kind, marker_info, cfg, "", read)
+    unclip = unclip_augmentor(kind, cfg)
+    if unclip is not None and "v_pred" not in marker_info:
+        pred = "v_prediction"
     return ModelHandle(
         source=source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
         latent_format=latent_format_for(kind, cfg.out_channels), weight_dtype=WEIGHT_DTYPES[weight_dtype],
+        unclip=unclip,
     )
 
 
@@ -408,12 +443,15 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
 
 def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     """ControlNetLoader: LDM (``control_model.`` or bare) or diffusers ControlNet files; the key
-    conversion and config derivation are ``nodes.models.controlnet``'s, run on the header here."""
+    conversion and config derivation are ``nodes.models.controlnet``'s, run on the header here.
+    T2I-Adapter files give a ``t2i_adapter.T2IAdapterHandle``."""
     p = Path(path)
     if p.is_dir():
         p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
     _refuse_family(p.name, info)
+    if is_t2i_adapter(info):  # ComfyUI's ControlNetLoader loads T2I-Adapters too
+        return load_t2i_adapter(p, info)
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
 

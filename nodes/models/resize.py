@@ -1,4 +1,5 @@
-"""ComfyUI's `common_upscale`: centre crop to an aspect ratio, then resize channels-first tensors.
+"""ComfyUI's `common_upscale`: centre crop to an aspect ratio, then resize channels-first tensors
+(nearest-exact, bilinear, area, bicubic, lanczos, bislerp).
 
 One home for the resize used by image/latent scaling nodes and the ControlNet hint.
 """
@@ -37,9 +38,59 @@ def upscale(samples: torch.Tensor, width: int, height: int, method: str, crop: s
             out.append(t.unsqueeze(-1).movedim(-1, 0) if t.dim() == 2 else t.movedim(-1, 0))
         return torch.stack(out)
     if method == "bislerp":
-        raise NotImplementedError("upscale_method 'bislerp': not supported yet")
+        return bislerp(samples, width, height)
     if method in ("bilinear", "bicubic"):
         return F.interpolate(samples, size=(height, width), mode=method, align_corners=False)
     if method in ("nearest-exact", "area"):
         return F.interpolate(samples, size=(height, width), mode=method)
     raise ValueError(f"unknown upscale method {method!r}")
+
+
+def _slerp(a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Rows of a, b [N, C] interpolated along the great circle by ratios r [N, 1], the norm
+    interpolated linearly; (nearly) equal directions give a, opposite ones the straight lerp, and
+    a zero vector has direction 0 (ComfyUI's ``bislerp.slerp``)."""
+    na, nb = a.norm(dim=-1, keepdim=True), b.norm(dim=-1, keepdim=True)  # [N, 1]
+    ua = torch.where(na == 0, torch.zeros_like(a), a / na)
+    ub = torch.where(nb == 0, torch.zeros_like(b), b / nb)
+    dot = (ua * ub).sum(-1)  # [N]
+    omega = torch.acos(dot)
+    so = torch.sin(omega)
+    rr = r.squeeze(1)
+    out = (torch.sin((1.0 - rr) * omega) / so).unsqueeze(1) * ua + (torch.sin(rr * omega) / so).unsqueeze(1) * ub
+    out = out * (na * (1.0 - r) + nb * r)
+    same, opposite = dot > 1 - 1e-5, dot < 1e-5 - 1
+    out[same] = a[same]
+    out[opposite] = (a * (1.0 - r) + b * r)[opposite]
+    return out
+
+
+def _bislerp_coords(old: int, new: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each of ``new`` positions: the fractional ratio, the lower and the upper source index,
+    from bilinearly (half-pixel) resampled index ramps; the upper ramp is 1..old with its last
+    entry held at old - 1."""
+    ramp = torch.arange(old, dtype=torch.float32, device=device).reshape(1, 1, 1, -1)
+    lo = F.interpolate(ramp, size=(1, new), mode="bilinear").reshape(-1)  # [new]
+    upper = ramp + 1
+    upper[..., -1] -= 1
+    hi = F.interpolate(upper, size=(1, new), mode="bilinear").reshape(-1)
+    return lo - lo.floor(), lo.to(torch.int64), hi.to(torch.int64)
+
+
+def bislerp(samples: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """ComfyUI's "bislerp" resize of [B, C, H, W]: separable (width, then height) interpolation
+    of each pixel's channel vector by spherical linear interpolation (Shoemake 1985) instead of
+    a straight blend, so latent vectors keep their norm between neighbours."""
+    dtype = samples.dtype
+    x = samples.float()
+    n, c, h, w = x.shape
+    r, i1, i2 = _bislerp_coords(w, width, x.device)
+    a = x[..., i1].movedim(1, -1).reshape(-1, c)  # [B, C, H, W'] -> [B*H*W', C]
+    b = x[..., i2].movedim(1, -1).reshape(-1, c)
+    ratios = r.expand(n, h, width).reshape(-1, 1)
+    x = _slerp(a, b, ratios).reshape(n, h, width, c).movedim(-1, 1)  # [B, C, H, W']
+    r, i1, i2 = _bislerp_coords(h, height, x.device)
+    a = x[:, :, i1].movedim(1, -1).reshape(-1, c)  # [B, C, H', W'] -> [B*H'*W', C]
+    b = x[:, :, i2].movedim(1, -1).reshape(-1, c)
+    ratios = r.reshape(1, -1, 1).expand(n, height, width).reshape(-1, 1)
+    return _slerp(a, b, ratios).reshape(n, height, width, c).movedim(-1, 1).to(dtype)

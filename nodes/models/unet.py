@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mixgraph.nodes.models.attention import attention
-from mixgraph.nodes.models.unet_patches import attention_replacements
+from mixgraph.nodes.models.unet_patches import block_patches
 from mixgraph.nodes.payloads.conditioning import Control
 
 GROUPS = 32  # GroupNorm groups everywhere in the LDM UNet
@@ -164,10 +164,11 @@ class CrossAttention(nn.Module):
         self.to_v = nn.Linear(context_dim, inner, bias=False)
         self.to_out = nn.Sequential(nn.Linear(inner, query_dim), nn.Dropout(0.0))
 
-    def forward(self, x: Tensor, context: Tensor | None = None, replace=None) -> Tensor:
-        """``replace(q, k, v, heads)``: a forward-time patch's attention (unet_patches.py)."""
+    def forward(self, x: Tensor, context: Tensor | None = None, replace=None, value: Tensor | None = None) -> Tensor:
+        """``replace(q, k, v, heads)``: a forward-time patch's attention (unet_patches.py);
+        ``value``: the tokens values are projected from (default: ``context``)."""
         context = x if context is None else context
-        q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
+        q, k, v = self.to_q(x), self.to_k(context), self.to_v(context if value is None else value)
         if replace is not None:
             return self.to_out(replace(q, k, v, self.heads))
         return self.to_out(attention(q, k, v, self.heads, upcast=self.upcast_attention))
@@ -206,8 +207,22 @@ class BasicTransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None, attn: dict | None = None) -> Tensor:
         attn = attn or {}
-        x = x + self.attn1(self.norm1(x), replace=attn.get("attn1"))
-        x = x + self.attn2(self.norm2(x), context, replace=attn.get("attn2"))
+        wrap = attn.get("attn1_wrap")
+        if wrap is None:
+            x = x + self.attn1(self.norm1(x), replace=attn.get("attn1"))
+        else:  # token patches (HyperTile, ToMe): reshape/merge the tokens around self-attention
+            n = self.norm1(x)
+            q_in, k_in, v_in, undo = wrap(n, n, n)
+            x = x + undo(self.attn1(q_in, k_in, replace=attn.get("attn1"), value=v_in))
+        if "middle" in attn:  # between self- and cross-attention (GLIGEN's gated self-attention)
+            x = attn["middle"](x)
+        wrap2 = attn.get("attn2_wrap")
+        if wrap2 is None:
+            x = x + self.attn2(self.norm2(x), context, replace=attn.get("attn2"))
+        else:  # hypernetworks: change what the cross-attention keys and values come from
+            n = self.norm2(x)
+            q_in, k_in, v_in, undo = wrap2(n, context, context)
+            x = x + undo(self.attn2(q_in, k_in, replace=attn.get("attn2"), value=v_in))
         return x + self.ff(self.norm3(x))
 
 
@@ -350,6 +365,11 @@ class UNetModel(nn.Module):
                 self.output_blocks.append(EmbedSequential(layers))
 
         self.out = nn.Sequential(nn.GroupNorm(GROUPS, ch), nn.SiLU(), nn.Conv2d(ch, c.out_channels, 3, padding=1))
+        # ComfyUI's transformer_index: the n-th block holding a SpatialTransformer, in call order
+        order = [(("input", i), b) for i, b in enumerate(self.input_blocks)] + [(("middle", 0), self.middle_block)]
+        order += [(("output", i), b) for i, b in enumerate(self.output_blocks)]
+        with_attn = [name for name, b in order if any(isinstance(m, SpatialTransformer) for m in b)]
+        self.transformer_index = {name: n for n, name in enumerate(with_attn)}
 
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor | None, y: Tensor | None = None,
                 control: Control | None = None, patches: tuple = ()) -> Tensor:
@@ -361,7 +381,7 @@ class UNetModel(nn.Module):
                 f"UNet: adm_in_channels={self.config.adm_in_channels} but y is "
                 f"{'missing' if y is None else 'given'}"
             )
-        if control is not None and len(control.input) != len(self.input_blocks):
+        if control is not None and control.input and len(control.input) != len(self.input_blocks):
             raise ValueError(
                 f"UNet: Control has {len(control.input)} input residuals, model has "
                 f"{len(self.input_blocks)} input blocks"
@@ -374,7 +394,9 @@ class UNetModel(nn.Module):
         h = x
         in_patches = [p for p in patches if hasattr(p, "input_block")]
         for i, block in enumerate(self.input_blocks):
-            h = block(h, emb, context, attn=attention_replacements(patches, ("input", i)))
+            h = block(h, emb, context, attn=self._attn(patches, ("input", i)))
+            if control is not None and i < len(control.input_path) and control.input_path[i] is not None:
+                h = h + control.input_path[i].to(h.dtype)  # T2I-Adapter features: main path and skip
             for p in in_patches:
                 if not p.after_skip:
                     h = p.input_block(h, i)
@@ -382,10 +404,11 @@ class UNetModel(nn.Module):
             for p in in_patches:
                 if p.after_skip:
                     h = p.input_block(h, i)
-        h = self.middle_block(h, emb, context, attn=attention_replacements(patches, ("middle", 0)))
-        if control is not None:
+        h = self.middle_block(h, emb, context, attn=self._attn(patches, ("middle", 0)))
+        if control is not None and control.input:
             # residuals go to the skips only; the main path into the middle block is unchanged
             hs = [s if r is None else s + r.to(s.dtype) for s, r in zip(hs, control.input)]
+        if control is not None:
             if control.middle is not None:
                 h = h + control.middle.to(h.dtype)
         out_patches = [p for p in patches if hasattr(p, "output_block")]
@@ -396,8 +419,13 @@ class UNetModel(nn.Module):
             # [B, C, H, W] + skip [B, C_skip, H, W] -> [B, C + C_skip, H, W]
             h = torch.cat([h, skip], dim=1)
             h = block(h, emb, context, hs[-1].shape[-2:] if hs else None,
-                      attn=attention_replacements(patches, ("output", i)))
+                      attn=self._attn(patches, ("output", i)))
         return self.out(h)
+
+    def _attn(self, patches: tuple, block: tuple[str, int]) -> dict | None:
+        if not patches:
+            return None
+        return block_patches(patches, block, self.transformer_index.get(block))
 
 
 # ---------------------------------------------------------------------------------------------

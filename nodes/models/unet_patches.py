@@ -17,6 +17,19 @@ is a frozen dataclass (hashable, compared by value) with one or both of these me
   (``after_skip`` False) or after (True) ``h`` is kept as that block's skip connection, ComfyUI's
   ``input_block_patch`` / ``input_block_patch_after_skip``.
 
+* ``middle(x, transformer_index) -> x``: called in every transformer block between self- and
+  cross-attention on the tokens x [B, N, C]; ``transformer_index`` numbers the UNet blocks that
+  hold a transformer in call order (ComfyUI's ``middle_patch`` and ``transformer_index``; GLIGEN).
+
+* ``wrap_attn1(n, k, v) -> (n, k, v, undo)``: in every transformer block, the normed tokens the
+  self-attention projects its queries (n), keys and values from [B, N, C] may be rearranged or
+  merged, and ``undo(out)`` restores the attention output's token layout (ComfyUI's
+  ``attn1_patch`` + ``attn1_output_patch``; HyperTile, ToMe, hypernetworks); ``wrap_attn2`` the
+  same for the cross-attention, whose k and v come from the text context (hypernetworks).
+  HyperTile and ToMe also have
+  ``for_call(shape, state)``: the runner binds the UNet input's shape [B, C, H, W] and a dict
+  that lives for one sampling run.
+
 A patch that depends on the noise level has ``at_sigma(sigma) -> patch``: the runner binds the
 evaluated sigma (the batch's first, as ComfyUI's ``transformer_options["sigmas"][0]``) before
 the UNet call (``UNetRunner.unet(..., sigma=)``); unbound, it does nothing.
@@ -33,7 +46,7 @@ from torch import Tensor
 from .resize import upscale
 
 __all__ = ["FreeU", "DeepShrink", "IdentityAttention", "AttentionRecorder", "attention_with_probs", "fourier_filter",
-           "attention_replacements"]
+           "attention_replacements", "block_patches"]
 
 
 def fourier_filter(x: Tensor, threshold: int, scale: float) -> Tensor:
@@ -127,6 +140,44 @@ class AttentionRecorder:
 def attention_replacements(patches, block: tuple[str, int]) -> dict | None:
     """{"attn1"/"attn2": patch.attention} of the patches aimed at ``block``, or None."""
     found = {p.attn: p.attention for p in patches if hasattr(p, "attention") and tuple(p.block) == block}
+    return found or None
+
+
+def _chain_wraps(wraps):
+    """Several ``wrap_attn1`` hooks as one: inputs through each in order, and the outputs through
+    their undo functions in the same order (ComfyUI runs attn1_patch and attn1_output_patch
+    lists in list order)."""
+    def wrap(n, k, v):
+        undos = []
+        for w in wraps:
+            n, k, v, undo = w(n, k, v)
+            undos.append(undo)
+
+        def undo_all(out):
+            for u in undos:
+                out = u(out)
+            return out
+
+        return n, k, v, undo_all
+
+    return wrap
+
+
+def block_patches(patches, block: tuple[str, int], transformer_index: int | None) -> dict | None:
+    """What the transformer blocks of UNet block ``block`` get: the attention replacements, and
+    under "middle" the patches' ``middle`` hooks (in order) bound to ``transformer_index``."""
+    found = attention_replacements(patches, block) or {}
+    for hook in ("attn1", "attn2"):
+        wraps = [getattr(p, f"wrap_{hook}") for p in patches if hasattr(p, f"wrap_{hook}")]
+        if wraps:
+            found[f"{hook}_wrap"] = _chain_wraps(tuple(wraps))
+    middles = [p.middle for p in patches if hasattr(p, "middle")]
+    if middles and transformer_index is not None:
+        def middle(x, _fns=tuple(middles), _i=transformer_index):
+            for fn in _fns:
+                x = fn(x, _i)
+            return x
+        found["middle"] = middle
     return found or None
 
 

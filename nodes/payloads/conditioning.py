@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Cond", "SizeCond", "Control", "ControlLike", "Conditioning"]
+__all__ = ["Cond", "SizeCond", "Control", "ControlLike", "Conditioning", "UnclipEntry"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,17 @@ class SizeCond:
     aesthetic_score: float | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class UnclipEntry:
+    """One unCLIPConditioning on a cond: CLIP vision ``image_embeds`` [B, P], ``strength`` and
+    ``noise_augmentation`` (0..1); the model turns a cond's entries into its vector input y
+    (``nodes/models/unclip.py``)."""
+
+    image_embeds: torch.Tensor
+    strength: float = 1.0
+    noise_augmentation: float = 0.0
+
+
 @dataclass(frozen=True)
 class Control:
     """ControlNet residuals, diffusers convention.
@@ -43,6 +54,9 @@ class Control:
             connections. Each [B, C_i, H_i, W_i]. Any sequence: a tuple or a list (the
             ControlNet chain and ``+`` build lists; the UNet only indexes and zips it).
     middle: added to the middle-block output, [B, C_mid, H_mid, W_mid], or None.
+    input_path: added to the main path right after input block k (so also to its skip), one
+            entry (or None) per input block from the first; T2I-Adapter features (ComfyUI's
+            control["input"]). Empty for ControlNets; ``input`` is empty for T2I-Adapters.
 
     ``a + b`` sums two nets' residuals slot by slot (a chain of ControlNets); None means "nothing
     here", so None + r = r.
@@ -50,14 +64,22 @@ class Control:
 
     input: Sequence[torch.Tensor | None]
     middle: torch.Tensor | None = None
+    input_path: Sequence[torch.Tensor | None] = ()
 
     def __add__(self, other: Control) -> Control:
-        if len(self.input) != len(other.input):
-            raise ValueError(f"Control: cannot add {len(self.input)} and {len(other.input)} residuals")
         return Control(
-            input=[_add_opt(a, b) for a, b in zip(self.input, other.input)],
+            input=_add_lists(self.input, other.input, "residuals"),
             middle=_add_opt(self.middle, other.middle),
+            input_path=_add_lists(self.input_path, other.input_path, "input-path features"),
         )
+
+
+def _add_lists(a, b, what: str) -> list:
+    if not a or not b:  # an empty list adds nothing (a T2I-Adapter has no skip residuals)
+        return list(a or b)
+    if len(a) != len(b):
+        raise ValueError(f"Control: cannot add {len(a)} and {len(b)} {what}")
+    return [_add_opt(x, y) for x, y in zip(a, b)]
 
 
 def _add_opt(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
@@ -118,6 +140,8 @@ class Cond:
     concat_latent: [B, C, h, w] unscaled latent an inpaint model gets as its masked image instead
                  of the sampled latent (InpaintModelConditioning), or None.
     concat_mask: [B, 1, H, W] mask (any size) an inpaint model gets instead of the noise mask.
+    unclip:      ``UnclipEntry``s (unCLIPConditioning), in order; () = none.
+    gligen:      GLIGEN text boxes (``models.gligen.GligenBoxes``: the model and its boxes), or None.
     """
 
     cross_attn: torch.Tensor
@@ -134,6 +158,8 @@ class Cond:
     set_area_to_bounds: bool = False
     concat_latent: torch.Tensor | None = None
     concat_mask: torch.Tensor | None = None
+    unclip: tuple = ()
+    gligen: object | None = None
 
 
 Conditioning = tuple[Cond, ...]

@@ -38,10 +38,10 @@ def _zeros_for_skipped(den: CondDenoiser, x, sigma, lists):
 
 class DualCFGDenoiser(CondDenoiser):
     def __init__(self, model, cond1, cond2, negative, cfg_conds: float, cfg_cond2_negative: float,
-                 nested: bool, latent_image, denoise_mask=None, model_sampling=None):
+                 nested: bool, latent_image, denoise_mask=None, model_sampling=None, seed=None):
         # ComfyUI marks cond2 ("middle") as a negative prompt; controls go positive -> negative.
         super().__init__(model, (cond1, cond2, negative), (False, True, True), latent_image,
-                         denoise_mask, model_sampling, control_to_uncond=(0, 2))
+                         denoise_mask, model_sampling, control_to_uncond=(0, 2), seed=seed)
         self.positive, self.middle, self.negative = self.lists
         self.cfg1, self.cfg2, self.nested = float(cfg_conds), float(cfg_cond2_negative), nested
 
@@ -74,10 +74,10 @@ def perp_neg(pos: torch.Tensor, neg: torch.Tensor, empty: torch.Tensor, neg_scal
 
 class PerpNegDenoiser(CondDenoiser):
     def __init__(self, model, positive, negative, empty, cfg: float, neg_scale: float,
-                 latent_image, denoise_mask=None, model_sampling=None):
+                 latent_image, denoise_mask=None, model_sampling=None, seed=None):
         # ComfyUI's list order: positive, empty_negative_prompt, negative.
         super().__init__(model, (positive, empty, negative), (False, True, True), latent_image,
-                         denoise_mask, model_sampling, control_to_uncond=(0, 2))
+                         denoise_mask, model_sampling, control_to_uncond=(0, 2), seed=seed)
         self.positive, self.empty, self.negative = self.lists
         self.cfg, self.neg_scale = float(cfg), float(neg_scale)
 
@@ -98,15 +98,16 @@ class PerpNegDenoiser(CondDenoiser):
 
 
 def build_denoiser(guidance: Guidance, model, latent_image: torch.Tensor,
-                   denoise_mask: torch.Tensor | None, model_sampling: ModelSampling):
-    """The sampler-contract denoiser for ``guidance`` on ``model`` (a SamplerModel)."""
+                   denoise_mask: torch.Tensor | None, model_sampling: ModelSampling, seed: int | None = None):
+    """The sampler-contract denoiser for ``guidance`` on ``model`` (a SamplerModel); ``seed`` is
+    the sampling seed (unCLIP's noise augmentation draws from it)."""
     args = (latent_image, denoise_mask, model_sampling)
     if guidance.kind == "cfg":
         positive, negative = guidance.conds
-        return CFGDenoiser(model, positive, negative, guidance.scales[0], *args)
+        return CFGDenoiser(model, positive, negative, guidance.scales[0], *args, seed=seed)
     if guidance.kind == "dual_cfg":
         cond1, cond2, negative = guidance.conds
         return DualCFGDenoiser(model, cond1, cond2, negative, *guidance.scales, guidance.nested,
-                               *args)
+                               *args, seed=seed)
     positive, negative, empty = guidance.conds
-    return PerpNegDenoiser(model, positive, negative, empty, *guidance.scales, *args)
+    return PerpNegDenoiser(model, positive, negative, empty, *guidance.scales, *args, seed=seed)

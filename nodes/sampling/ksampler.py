@@ -215,7 +215,7 @@ def sample_custom(
     if latent.noise_mask is not None:
         denoise_mask = prepare_mask(latent.noise_mask.to(device), noise.shape)
 
-    denoiser = build_denoiser(guidance, model, latent_image, denoise_mask, ms)
+    denoiser = build_denoiser(guidance, model, latent_image, denoise_mask, ms, seed=seed)
     if denoise_mask is not None:
         inpaint_noise = noise
         if sampler.name == "ddim":

@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from mixgraph.nodes.models.gligen import grounding_patch
 from mixgraph.nodes.models.resize import center_crop
 from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .cfg_patches import GuidanceArgs, guide, needs_uncond
@@ -183,6 +184,7 @@ class _Entry:
     sigma_start: float | None  # active while sigma_end <= σ <= sigma_start
     sigma_end: float | None
     concat: torch.Tensor | None = None  # [B, 1+C, H, W] inpaint-model channels, or None
+    gligen: object | None = None  # the GLIGEN module for the cond's boxes, or None
 
 
 def _mask_bounds(mask: torch.Tensor) -> tuple[int, int, int, int]:
@@ -256,7 +258,7 @@ def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
                     continue
                 dst.append(
                     replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
-                            size=smallest.size, concat_latent=smallest.concat_latent,
+                            size=smallest.size, unclip=smallest.unclip, concat_latent=smallest.concat_latent,
                             concat_mask=smallest.concat_mask)
                 )
 
@@ -295,6 +297,8 @@ class CondDenoiser:
         model_sampling: parameterisation + schedule; default from ``model.prediction/zsnr``.
         control_to_uncond: (positive index, negative index) for ControlNetApply's
             ``control_apply_to_uncond``; None to skip.
+        seed: the sampling seed; a cond's unCLIP image embeddings are noised with seed − 10
+            (``models/unclip.py``), so the model's ``adm`` gets it for conds that carry them.
 
     9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
     ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
@@ -313,8 +317,10 @@ class CondDenoiser:
         denoise_mask: torch.Tensor | None = None,
         model_sampling: ModelSampling | None = None,
         control_to_uncond: tuple[int, int] | None = (0, 1),
+        seed: int | None = None,
     ):
         self.model = model
+        self.seed = seed
         self.ms = model_sampling or ModelSampling.for_model(model)
         self.device = latent_image.device
         B, C, H, W = latent_image.shape
@@ -344,6 +350,7 @@ class CondDenoiser:
                 )
             self._inpaint = True
             self.concat = self._inpaint_concat(None, None)
+        self._gligen_modules: dict = {}
         self.lists = [[self._resolve(c, negative=neg) for c in conds]
                       for conds, neg in zip(lists, negatives)]
 
@@ -399,7 +406,10 @@ class CondDenoiser:
         adm = getattr(self.model, "adm", None)
         if adm is not None:
             # ComfyUI's refiner defaults the aesthetic score by prompt type (6.0 / 2.5 negative)
-            y_vec = adm(c, self.latent_hw, negative=True) if negative else adm(c, self.latent_hw)
+            kw = {"negative": True} if negative else {}
+            if c.unclip:
+                kw["seed"] = 0 if self.seed is None else self.seed
+            y_vec = adm(c, self.latent_hw, **kw)
             if y_vec is not None:
                 y_vec = y_vec.to(self.device, torch.float32)
         start, end = c.timestep_range
@@ -411,8 +421,14 @@ class CondDenoiser:
             concat = self._inpaint_concat(c.concat_latent, c.concat_mask)
         elif self._ip2p and c.concat_latent is not None:
             concat = self._ip2p_concat(c.concat_latent)
+        gligen = None
+        if c.gligen is not None:
+            gligen = self._gligen_modules.get(id(c.gligen.model))
+            if gligen is None:
+                gligen = c.gligen.model.runner(getattr(self.model, "policy", None))
+                self._gligen_modules[id(c.gligen.model)] = gligen
         return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
-                      s_start, s_end, concat)
+                      s_start, s_end, concat, gligen)
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -479,6 +495,8 @@ class CondDenoiser:
         eb, (ib, _, _), _ = b
         if ia.shape != ib.shape or ea.cond.control is not eb.cond.control:
             return False
+        if (ea.gligen is not None or eb.gligen is not None) and a is not b:
+            return False  # a per-cond UNet patch: evaluated on its own (ComfyUI)
         if (ea.concat is None) != (eb.concat is None):
             return False
         if (ea.y is None) != (eb.y is None) or (ea.y is not None and ea.y.shape != eb.y.shape):
@@ -519,6 +537,10 @@ class CondDenoiser:
                     c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
             unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + 1 + C, h, w]
+        first = batch[0][0]
+        if first.gligen is not None:
+            b_, _, h_, w_ = inputs[0].shape
+            unet_patches = tuple(unet_patches) + (grounding_patch(first.cond.gligen, first.gligen, b_, h_, w_),)
         if getattr(self.model, "wants_sigma", False):
             out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches),
                                   sigma=float(sig.reshape(-1)[0]))
@@ -544,9 +566,10 @@ class CFGDenoiser(CondDenoiser):
         latent_image: torch.Tensor,
         denoise_mask: torch.Tensor | None = None,
         model_sampling: ModelSampling | None = None,
+        seed: int | None = None,
     ):
         super().__init__(model, (positive, negative), (False, True), latent_image, denoise_mask,
-                         model_sampling)
+                         model_sampling, seed=seed)
         self.positive, self.negative = self.lists
         self.cfg = float(cfg)
         self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))

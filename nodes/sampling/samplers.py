@@ -39,7 +39,8 @@ LAYOUT: the algorithms live in family modules, which import helpers from ``sampl
 * ``solvers_cfgpp``: CFG++ forms of euler, euler_ancestral, dpmpp_2s_ancestral, dpmpp_2m;
 * ``solvers_res``: res_multistep (+ ancestral, CFG++), gradient_estimation (+ CFG++);
 * ``solvers_sde``: er_sde, seeds_2, seeds_3;
-* ``solvers_sa``: sa_solver, sa_solver_pece.
+* ``solvers_sa``: sa_solver, sa_solver_pece;
+* ``solvers_extra``: lcm_upscale, euler_pp (node-only: ``NODE_ONLY_SAMPLERS``, not in KSampler's list).
 
 The samplers of the newer families work in the variance-exploding parameterisation
 ``x = x0 + sigma * eps`` (``alpha = 1``, ``lambda = -log(sigma)``); ComfyUI's flow ("CONST")
@@ -106,6 +107,7 @@ from .solvers_res import (
     sample_res_multistep_cfg_pp,
 )
 from .solvers_sa import sample_sa_solver, sample_sa_solver_pece
+from .solvers_extra import sample_euler_pp, sample_lcm_upscale
 from .solvers_sde import sample_er_sde, sample_seeds_2, sample_seeds_3
 
 Sampler = Callable[..., torch.Tensor]
@@ -181,6 +183,10 @@ def _check_registry() -> None:
 
 _check_registry()
 
+# Samplers reached only through their own Sampler* nodes (not in KSampler's list): one function
+# each, in ``solvers_extra``.
+NODE_ONLY_SAMPLERS: dict[str, Sampler] = {"lcm_upscale": sample_lcm_upscale, "euler_pp": sample_euler_pp}
+
 # KSampler computes one extra step and drops the penultimate sigma for these.
 DISCARD_PENULTIMATE_SIGMA_SAMPLERS: frozenset[str] = frozenset(
     {"dpm_2", "dpm_2_ancestral", "uni_pc", "uni_pc_bh2"}
@@ -189,6 +195,7 @@ DISCARD_PENULTIMATE_SIGMA_SAMPLERS: frozenset[str] = frozenset(
 __all__ = [
     "SAMPLER_NAMES",
     "SAMPLERS",
+    "NODE_ONLY_SAMPLERS",
     "DISCARD_PENULTIMATE_SIGMA_SAMPLERS",
     "Sampler",
     "get_sampler",
@@ -206,7 +213,7 @@ __all__ = [
 
 def get_sampler(name: str) -> Sampler:
     """The function registered for ComfyUI sampler ``name``; ValueError for any other name."""
-    fn = SAMPLERS.get(name)
+    fn = SAMPLERS.get(name) or NODE_ONLY_SAMPLERS.get(name)
     if fn is None:
         raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLER_NAMES)}")
     return fn

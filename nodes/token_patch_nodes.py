@@ -1,0 +1,35 @@
+"""HyperTile, TomePatchModel and HypernetworkLoader (ComfyUI ``comfy_extras/nodes_hypertile.py``,
+``nodes_tomesd.py``, ``nodes_hypernetwork.py``): attention token patches
+(``models/token_patches.py``, ``models/hypernetwork.py``) on a new MODEL handle; the shared UNet
+module is never changed."""
+
+from __future__ import annotations
+
+from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, node
+from mixgraph.nodes import folders
+from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.models.hypernetwork import load_hypernetwork
+from mixgraph.nodes.models.token_patches import HyperTile as HyperTilePatch
+from mixgraph.nodes.models.token_patches import TokenMerge
+
+
+@node(category="_for_testing", outputs=("MODEL",))
+def HyperTile(model=Socket("MODEL"), tile_size=Int(256, min=1, max=2048), swap_size=Int(2, min=1, max=128),
+              max_depth=Int(0, min=0, max=10), scale_depth=Boolean(False)):
+    """Tiles the self-attention queries of the shallow UNet levels (faster at high resolution)."""
+    return (model.with_unet_patch(HyperTilePatch(model.config.model_channels, int(tile_size), int(swap_size),
+                                                 int(max_depth), bool(scale_depth))),)
+
+
+@node(category="_for_testing", outputs=("MODEL",))
+def TomePatchModel(model=Socket("MODEL"), ratio=Float(0.3, min=0.0, max=1.0, step=0.01)):
+    """Token merging: averages the most similar self-attention query tokens at full resolution."""
+    return (model.with_unet_patch(TokenMerge(float(ratio))),)
+
+
+@node(category="loaders", outputs=("MODEL",), fingerprint=_fingerprint("hypernetworks", "hypernetwork_name"))
+def HypernetworkLoader(ctx, model=Socket("MODEL"), hypernetwork_name=Combo(folders.options("hypernetworks")),
+                       strength=Float(1.0, min=-10.0, max=10.0, step=0.01)):
+    """Adds an A1111 hypernetwork to every self- and cross-attention of the UNet."""
+    patch = load_hypernetwork(folders.resolve(ctx.env, "hypernetworks", hypernetwork_name), strength)
+    return (model.with_unet_patch(patch),)
