@@ -34,8 +34,8 @@ def env(tmp_path):
 
 
 @contextlib.asynccontextmanager
-async def ray_client(env, workers=2):
-    app = create_app(env, user_dir=env.output.parent / "user", ray=RayConfig(workers=workers))
+async def ray_client(env, workers=2, config=None):
+    app = create_app(env, user_dir=env.output.parent / "user", ray=config or RayConfig(workers=workers))
     async with TestServer(app) as server, TestClient(server) as c:
         yield c
 
@@ -231,3 +231,24 @@ def test_ray_free_unloads_the_workers_weights(env, ray_cluster):
         assert w["weight_reads"] == {"a.safetensors": 1}    # loaded again after the free
         assert [h["file"] for h in w["held"]] == ["a.safetensors"]
     asyncio.run(main())
+
+
+def test_ray_workers_share_the_persistent_output_cache(env, ray_cluster, tmp_path):
+    """`--output-cache DIR` reaches every worker: the same prompt, run again by a restarted
+    server's new worker processes, executes only its output node, served from what the first
+    server's worker stored, and reads no checkpoint."""
+    config = RayConfig(workers=2, output_cache=(str(tmp_path / "output-cache"), 1.0))
+
+    async def once() -> tuple[dict, list[dict]]:
+        async with ray_client(env, config=config) as c:
+            _, r = await post_prompt(c, prompt("a.safetensors", seed=11))
+            entry = await wait_history(c, r["prompt_id"], timeout=240)
+            return entry, await workers(c)
+
+    first, _ = asyncio.run(once())
+    second, ws = asyncio.run(once())       # new server, new worker processes, same directory
+    for entry in (first, second):
+        assert entry["status"]["status_str"] == "success" and entry["outputs"]["9"]["images"]
+    messages = {name: body for name, body in second["status"]["messages"]}
+    assert messages["execution_cached"]["nodes"] == ["8"]
+    assert sum(w["weight_reads"].get("a.safetensors", 0) for w in ws) == 0, ws

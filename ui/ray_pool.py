@@ -78,9 +78,10 @@ class RayConfig:
     cache: dict = field(default_factory=dict)
     registry: Callable[[], Any] | None = None
     custom_nodes: dict | None = None
+    output_cache: tuple[str, float] | None = None
 
     def worker_options(self, env: Env) -> WorkerOptions:
-        return WorkerOptions(env, dict(self.cache), self.registry, self.custom_nodes)
+        return WorkerOptions(env, dict(self.cache), self.registry, self.custom_nodes, self.output_cache)
 
 
 def config_from_args(args: Any) -> RayConfig:
@@ -96,7 +97,18 @@ def config_from_args(args: Any) -> RayConfig:
                      cache={"lru": getattr(args, "cache_lru", None),
                             "none": bool(getattr(args, "cache_none", False)),
                             "ram": getattr(args, "cache_ram", None)},
-                     custom_nodes={k: getattr(args, k, None) for k in keys})
+                     custom_nodes={k: getattr(args, k, None) for k in keys},
+                     output_cache=_output_cache(args))
+
+
+def _output_cache(args: Any) -> tuple[str, float] | None:
+    """(directory, GB) of `--output-cache` for the workers (the flags checked as the server's)."""
+    from mixgraph.ui.comfy_flags import DISK_DEFAULT_GB
+    directory = getattr(args, "output_cache", None)
+    if directory is None:
+        return None
+    gb = getattr(args, "output_cache_gb", None)
+    return (str(directory), DISK_DEFAULT_GB if gb is None else float(gb))
 
 
 # --- the front server's side -------------------------------------------------------------------

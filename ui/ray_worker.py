@@ -54,7 +54,10 @@ class WorkerOptions:
     """Everything a worker needs to build its executor; pickled to each actor.
 
     env: the server's folders, device and settings. cache: keywords of `graph.cache.make_cache`
-    (the server's `--cache-*` flags). registry: a picklable factory returning the node registry
+    (the server's `--cache-*` flags). output_cache: (directory, GB) of `--output-cache` /
+    `--output-cache-gb`, or None: every worker opens the same persistent output cache
+    (`graph.persist`, safe for several processes) behind its in-memory cache, so a prompt one
+    worker ran is served from disk on another, and after a restart. registry: a picklable factory returning the node registry
     (tests pass their toy registry's); None: the node library plus the custom node packs the
     flags in `custom_nodes` name (`ui.custom_nodes.load_from_args`'s attributes)."""
 
@@ -62,6 +65,7 @@ class WorkerOptions:
     cache: dict = field(default_factory=dict)
     registry: Callable[[], Any] | None = None
     custom_nodes: dict | None = None
+    output_cache: tuple[str, float] | None = None
 
 
 def build_executor(options: WorkerOptions) -> Executor:
@@ -74,7 +78,12 @@ def build_executor(options: WorkerOptions) -> Executor:
         if options.custom_nodes is not None:
             from mixgraph.ui.custom_nodes import load_from_args
             load_from_args(SimpleNamespace(**options.custom_nodes), registry, options.env)
-    return Executor(registry, options.env, make_cache(**options.cache))
+    cache = make_cache(**options.cache)
+    if options.output_cache is not None:
+        from mixgraph.graph.persist import DiskCache, TieredCache
+        directory, gb = options.output_cache
+        cache = TieredCache(cache, DiskCache(directory, int(gb * 2**30)))
+    return Executor(registry, options.env, cache)
 
 
 # --- the actor ---------------------------------------------------------------------------------
