@@ -1,0 +1,368 @@
+"""Train the embedded model (nodes/models/data/mixgraph-shapes.safetensors) on a CPU.
+
+A tiny Stable Diffusion 1.x: the real architecture and single-file key layout (KL VAE under
+``first_stage_model.``, CLIP text transformer on the real CLIP tokenizer under
+``cond_stage_model.transformer.text_model.``, UNet with cross-attention under
+``model.diffusion_model.``), trained on the procedurally drawn captioned pictures of
+``mixgraph.nodes.models.shapes``. The loader finds every size from the tensor shapes, as for any
+checkpoint; nothing in mixgraph knows this model is special.
+
+Three phases, each resumable (state in ``--work``; a killed run started again with the same
+arguments continues from the last saved step, with the same data stream):
+
+1. VAE: reconstruction (L1 + MSE) and a small KL term on 64x64 pictures. Afterwards the latent
+   space is re-scaled exactly (quant_conv / post_quant_conv are 1x1 convs) so latents have mean 0
+   and standard deviation 1/0.18215 per channel: what SD1's latent scale expects.
+2. Encode a fixed set of training pictures (training-split attribute combinations only) once.
+3. UNet + text encoder, jointly from scratch: epsilon prediction on SD1's discrete schedule
+   (scaled-linear betas 0.00085..0.012, 1000 steps, so every ComfyUI sampler and scheduler
+   applies), min-SNR-5 loss weighting, 10% empty captions (classifier-free guidance works), an
+   exponential moving average of the weights is what gets saved.
+
+The text encoder is trained jointly rather than frozen: a random frozen transformer would have
+to carry which colour belongs to the shape and which to the background through random mixing;
+a trained one learns it in a few hundred steps for the cost of a 2-layer, 32-wide transformer.
+Rows of the token embedding for words the captions never use are zeroed in the saved file.
+
+Usage (from a checkout; prints its loss curve, logs it to WORK/loss.csv):
+
+    PYTHONPATH=. python tools/train_embedded.py            # the shipped model's settings
+    PYTHONPATH=. python tools/train_embedded.py --quick    # a smoke run in about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from mixgraph.nodes.models import shapes as S
+from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
+from mixgraph.nodes.models.tokenizer import END_TOKEN, CLIPTokenizer
+from mixgraph.nodes.models.unet import UNetConfig, UNetModel
+from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "nodes" / "models" / "data" / "mixgraph-shapes.safetensors"
+LATENT_SCALE = 0.18215  # SD1's
+
+VAE = VAEConfig(ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1)
+CLIP = CLIPTextConfig(vocab_size=49408, width=32, layers=2, heads=2, max_positions=77, intermediate=128,
+                      projection_dim=None, activation="quick_gelu")
+UNET = UNetConfig(model_channels=64, channel_mult=(1, 1), num_res_blocks=(1, 1), transformer_depth=(1, 1),
+                  transformer_depth_output=(1, 1, 1, 1), transformer_depth_middle=1, context_dim=32, num_heads=8)
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+
+
+def scene_batch(seed: int, n: int) -> tuple[list[S.Scene], torch.Tensor]:
+    """n training-split scenes and their pictures [n, 3, 64, 64] in -1..1, from `seed` alone."""
+    rng = random.Random(seed)
+    scenes = [S.random_scene(rng) for _ in range(n)]
+    pics = np.stack([S.render(s, rng) for s in scenes])  # [n, 64, 64, 3] uint8
+    x = torch.from_numpy(pics).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    return scenes, x
+
+
+def random_caption(scene: S.Scene, rng: random.Random) -> str:
+    """A caption of `scene` with optional parts left out at random; '' 10% of the time."""
+    if rng.random() < 0.1:
+        return ""
+    return S.caption(scene, size=rng.random() < 0.7, position=rng.random() < 0.7,
+                     background=rng.random() < 0.8)
+
+
+class Tokens:
+    """Captions -> [B, 77] ids exactly as CLIPTextEncode makes them for SD1 (pad = end token)."""
+
+    def __init__(self) -> None:
+        self.tok = CLIPTokenizer()
+        self.cache: dict[str, list[int]] = {}
+
+    def __call__(self, captions: list[str]) -> torch.Tensor:
+        rows = []
+        for c in captions:
+            if c not in self.cache:
+                chunks = self.tok.tokenize_with_weights(c, pad_token=END_TOKEN)
+                self.cache[c] = [t for t, _ in chunks[0]]
+            rows.append(self.cache[c])
+        return torch.tensor(rows)
+
+    def vocabulary_ids(self) -> set[int]:
+        words = ["a", "an", "on", "background", *S.COLORS, *S.SHAPES, *S.SIZES, *S.POSITIONS]
+        ids = {t for w in words for t in self.tok.encode(w)}
+        return ids | {49406, END_TOKEN}
+
+
+# ----------------------------------------------------------------------------------------------
+# state
+
+
+def save_state(path: Path, **state) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, step: int, decay: float = 0.999) -> None:
+    d = min(decay, (1 + step) / (10 + step))
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.mul_(d).add_(p.detach(), alpha=1 - d)
+
+
+# ----------------------------------------------------------------------------------------------
+# phase 1: VAE
+
+
+def vae_losses(vae: AutoencoderKL, x: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    moments = vae.quant_conv(vae.encoder(x))
+    mean, logvar = moments.chunk(2, dim=1)
+    logvar = logvar.clamp(-30, 20)
+    z = mean + torch.exp(0.5 * logvar) * torch.randn(mean.shape, generator=gen)
+    y = vae.decoder(vae.post_quant_conv(z))
+    rec = (y - x).abs().mean() + F.mse_loss(y, x)
+    kl = 0.5 * (mean.pow(2) + logvar.exp() - 1 - logvar).mean()
+    return rec, kl
+
+
+def train_vae(args, work: Path) -> AutoencoderKL:
+    path = work / "vae.pt"
+    torch.manual_seed(args.seed)
+    vae = AutoencoderKL(VAE)
+    opt = torch.optim.Adam(vae.parameters(), lr=1e-3)
+    step = 0
+    if path.exists():
+        st = torch.load(path, weights_only=False)
+        vae.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step = st["step"]
+        if st.get("done"):
+            return vae
+        log(f"vae: resuming at step {step}")
+    t0, acc, n_acc = time.time(), [0.0, 0.0], 0
+    while step < args.vae_steps:
+        lr = 1e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        _, x = scene_batch(args.seed * 1_000_003 + step, args.vae_batch)
+        gen = torch.Generator().manual_seed(args.seed + step)
+        rec, kl = vae_losses(vae, x, gen)
+        (rec + 1e-4 * kl).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        acc[0] += rec.item()
+        acc[1] += kl.item()
+        n_acc += 1
+        if step % args.log_every == 0 or step == args.vae_steps:
+            log(f"vae  step {step:5d}/{args.vae_steps}  rec {acc[0] / n_acc:.4f}  kl {acc[1] / n_acc:.3f}  "
+                f"lr {lr:.1e}  {time.time() - args.start:.0f}s, {(time.time() - t0) / 60:.1f} min in this phase")
+            with open(work / "loss.csv", "a") as f:
+                f.write(f"vae,{step},{acc[0] / n_acc:.5f},{acc[1] / n_acc:.5f}\n")
+            acc, n_acc = [0.0, 0.0], 0
+        if step % args.save_every == 0:
+            save_state(path, model=vae.state_dict(), opt=opt.state_dict(), step=step)
+    normalise_latents(vae, args)
+    save_state(path, model=vae.state_dict(), opt=opt.state_dict(), step=step, done=True)
+    return vae
+
+
+@torch.no_grad()
+def normalise_latents(vae: AutoencoderKL, args) -> None:
+    """Re-scale the latent space exactly: per channel mean 0, std 1/LATENT_SCALE."""
+    _, x = scene_batch(args.seed + 777, 512)
+    mean = vae.quant_conv(vae.encoder(x))[:, :4]
+    mu = mean.mean(dim=(0, 2, 3))
+    sd = mean.std(dim=(0, 2, 3))
+    k = (1.0 / LATENT_SCALE) / sd  # new = (old - mu) * k
+    qw, qb = vae.quant_conv.weight, vae.quant_conv.bias  # [8, 8, 1, 1]
+    qw[:4] *= k[:, None, None, None]
+    qb[:4] = (qb[:4] - mu) * k
+    qb[4:] += 2 * torch.log(k)  # log-variance follows the scale
+    pw, pb = vae.post_quant_conv.weight, vae.post_quant_conv.bias  # [4, 4, 1, 1]; old = new / k + mu
+    pb += (pw[:, :, 0, 0] @ mu)
+    pw /= k[None, :, None, None]
+    rec = vae.decoder(vae.post_quant_conv(vae.quant_conv(vae.encoder(x[:64]))[:, :4]))
+    psnr = -10 * math.log10(F.mse_loss((rec + 1) / 2, (x[:64] + 1) / 2).item())
+    log(f"vae: latent mean {mu.tolist()} std {sd.tolist()} re-scaled; reconstruction PSNR {psnr:.1f} dB")
+
+
+# ----------------------------------------------------------------------------------------------
+# phase 2 + 3: UNet and text encoder
+
+
+@torch.no_grad()
+def encode_dataset(vae: AutoencoderKL, args, work: Path) -> tuple[torch.Tensor, list[S.Scene]]:
+    path = work / "latents.pt"
+    if path.exists():
+        st = torch.load(path, weights_only=False)
+        return st["latents"], [S.Scene(*s) for s in st["scenes"]]
+    lat, scenes = [], []
+    chunk = 128
+    for i in range(args.dataset // chunk):
+        sc, x = scene_batch(args.seed * 7919 + 10_000_019 + i, chunk)
+        lat.append(vae.quant_conv(vae.encoder(x))[:, :4] * LATENT_SCALE)
+        scenes += sc
+        if (i + 1) % 20 == 0:
+            log(f"encode {len(scenes)}/{args.dataset} pictures  {time.time() - args.start:.0f}s")
+    latents = torch.cat(lat)
+    save_state(path, latents=latents, scenes=[tuple(s.__dict__.values()) for s in scenes])
+    return latents, scenes
+
+
+def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
+    path = work / "unet.pt"
+    torch.manual_seed(args.seed + 1)
+    unet, clip = UNetModel(UNET), CLIPTextModel(CLIP)
+    with torch.no_grad():  # small token embeddings, as CLIP's own init
+        clip.text_model.embeddings.token_embedding.weight.normal_(0, 0.02)
+    ema_u, ema_c = UNetModel(UNET), CLIPTextModel(CLIP)
+    ema_u.load_state_dict(unet.state_dict())
+    ema_c.load_state_dict(clip.state_dict())
+    params = list(unet.parameters()) + list(clip.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    step = 0
+    if path.exists():
+        st = torch.load(path, weights_only=False)
+        for m, k in ((unet, "unet"), (clip, "clip"), (ema_u, "ema_unet"), (ema_c, "ema_clip")):
+            m.load_state_dict(st[k])
+        opt.load_state_dict(st["opt"])
+        step = st["step"]
+        log(f"unet: resuming at step {step}")
+    if step >= args.unet_steps:
+        return ema_u, ema_c
+    tokens = Tokens()
+    betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float64) ** 2
+    abar = torch.cumprod(1 - betas, 0).float()
+    snr = abar / (1 - abar)
+    weight = torch.clamp(snr, max=5.0) / snr  # min-SNR-5 for epsilon prediction
+    t0, acc, n_acc = time.time(), 0.0, 0
+    first = step
+    while step < args.unet_steps:
+        lr = args.lr * min(1.0, (step + 1) / 200)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        rng = random.Random(args.seed * 104_729 + step)
+        gen = torch.Generator().manual_seed(args.seed * 31 + step)
+        idx = torch.randint(0, len(latents), (args.batch,), generator=gen)
+        x0 = latents[idx]
+        ids = tokens([random_caption(scenes[i], rng) for i in idx.tolist()])
+        t = torch.randint(0, 1000, (args.batch,), generator=gen)
+        noise = torch.randn(x0.shape, generator=gen)
+        a = abar[t][:, None, None, None]
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        context, _ = clip(ids, None, norm_hidden=True, project_pooled=False)
+        pred = unet(xt, t, context)
+        loss = ((pred - noise).pow(2).mean(dim=(1, 2, 3)) * weight[t]).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        ema_update(ema_u, unet, step)
+        ema_update(ema_c, clip, step)
+        acc += loss.item()
+        n_acc += 1
+        if step % args.log_every == 0 or step == args.unet_steps:
+            rate = (time.time() - t0) / (step - first)
+            log(f"unet step {step:5d}/{args.unet_steps}  loss {acc / n_acc:.4f}  lr {lr:.1e}  "
+                f"{time.time() - args.start:.0f}s, {rate:.2f}s/step, eta {rate * (args.unet_steps - step) / 60:.1f} min")
+            with open(work / "loss.csv", "a") as f:
+                f.write(f"unet,{step},{acc / n_acc:.5f},\n")
+            acc, n_acc = 0.0, 0
+        if step % args.save_every == 0 or step == args.unet_steps:
+            save_state(path, unet=unet.state_dict(), clip=clip.state_dict(), ema_unet=ema_u.state_dict(),
+                       ema_clip=ema_c.state_dict(), opt=opt.state_dict(), step=step)
+    return ema_u, ema_c
+
+
+# ----------------------------------------------------------------------------------------------
+# the single file
+
+
+def write_checkpoint(out: Path, unet: UNetModel, clip: CLIPTextModel, vae: AutoencoderKL, args) -> None:
+    keep = torch.tensor(sorted(Tokens().vocabulary_ids()))
+    sd: dict[str, torch.Tensor] = {}
+    for k, v in unet.state_dict().items():
+        sd["model.diffusion_model." + k] = v
+    for k, v in vae.state_dict().items():
+        sd["first_stage_model." + k] = v
+    for k, v in clip.state_dict().items():
+        if k.endswith("token_embedding.weight"):
+            v = torch.zeros_like(v).index_copy(0, keep, v[keep])  # words never seen: zero vectors
+        sd["cond_stage_model.transformer." + k] = v
+    sd = {k: v.detach().to(torch.float16).contiguous() for k, v in sd.items()}
+    meta = {"format": "pt", "mixgraph.model": "mixgraph-shapes",
+            "mixgraph.description": S.vocabulary_text(),
+            "mixgraph.training": json.dumps({k: v for k, v in vars(args).items() if k not in ("start",)}, default=str)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(out), metadata=meta)
+    log(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+
+
+def check_layout(out: Path) -> None:
+    """The written file loads through the ordinary loader with the configs used for training."""
+    from mixgraph.nodes.models.loader import load_checkpoint
+
+    model, clip, vae = load_checkpoint(out)
+    assert model.config == UNET, (model.config, UNET)
+    assert clip is not None and clip.clip_l_config == CLIP, (clip and clip.clip_l_config, CLIP)
+    assert vae is not None and vae.config == VAE, (vae and vae.config, VAE)
+    log("layout check: CheckpointLoaderSimple derives the training configs from the file")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--work", type=Path, default=ROOT / "build" / "train_embedded")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--vae-steps", type=int, default=1500)
+    p.add_argument("--vae-batch", type=int, default=8)
+    p.add_argument("--dataset", type=int, default=25600, help="pictures encoded for the UNet phase")
+    p.add_argument("--unet-steps", type=int, default=3000)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--save-every", type=int, default=200)
+    p.add_argument("--quick", action="store_true", help="a smoke run: a few steps of each phase")
+    p.add_argument("--init-only", action="store_true", help="write the untrained checkpoint and stop")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.vae_steps, args.dataset, args.unet_steps, args.log_every, args.save_every = 20, 256, 20, 5, 10
+    torch.set_num_threads(args.threads)
+    args.start = time.time()
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.init_only:
+        torch.manual_seed(args.seed)
+        write_checkpoint(args.out, UNetModel(UNET), CLIPTextModel(CLIP), AutoencoderKL(VAE), args)
+        check_layout(args.out)
+        return 0
+    log(f"training the embedded model: {args.threads} threads, work dir {args.work}")
+    vae = train_vae(args, args.work)
+    latents, scenes = encode_dataset(vae, args, args.work)
+    unet, clip = train_unet(args, args.work, latents, scenes)
+    write_checkpoint(args.out, unet, clip, vae, args)
+    check_layout(args.out)
+    log(f"done in {(time.time() - args.start) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
