@@ -10,7 +10,7 @@ checkpoint; nothing in mixgraph knows this model is special.
 Three phases, each resumable (state in ``--work``; a killed run started again with the same
 arguments continues from the last saved step, with the same data stream):
 
-1. VAE: reconstruction (L1 + MSE) and a small KL term on 64x64 pictures. Afterwards the latent
+1. VAE: reconstruction (L1 + MSE) and a small KL term on 32x32 crops of the 64x64 pictures. Afterwards the latent
    space is re-scaled exactly (quant_conv / post_quant_conv are 1x1 convs) so latents have mean 0
    and standard deviation 1/0.18215 per channel: what SD1's latent scale expects.
 2. Encode a fixed set of training pictures (training-split attribute combinations only) once.
@@ -145,6 +145,8 @@ def train_vae(args, work: Path) -> AutoencoderKL:
     path = work / "vae.pt"
     torch.manual_seed(args.seed)
     vae = AutoencoderKL(VAE)
+    with torch.no_grad():  # start with little posterior noise, or the decoder first sees mostly noise
+        vae.quant_conv.bias[VAE.embed_dim:] = -6.0
     opt = torch.optim.Adam(vae.parameters(), lr=1e-3)
     step = 0
     if path.exists():
@@ -162,6 +164,9 @@ def train_vae(args, work: Path) -> AutoencoderKL:
             g["lr"] = lr
         _, x = scene_batch(args.seed * 1_000_003 + step, args.vae_batch)
         gen = torch.Generator().manual_seed(args.seed + step)
+        if args.vae_crop < S.IMAGE_SIZE:  # convolutions: a crop teaches the same at a fraction of the cost
+            y0, x0 = (int(v) for v in torch.randint(0, S.IMAGE_SIZE - args.vae_crop + 1, (2,), generator=gen))
+            x = x[:, :, y0:y0 + args.vae_crop, x0:x0 + args.vae_crop]
         rec, kl = vae_losses(vae, x, gen)
         (rec + 1e-4 * kl).backward()
         opt.step()
@@ -310,7 +315,7 @@ def write_checkpoint(out: Path, unet: UNetModel, clip: CLIPTextModel, vae: Autoe
     sd = {k: v.detach().to(torch.float16).contiguous() for k, v in sd.items()}
     meta = {"format": "pt", "mixgraph.model": "mixgraph-shapes",
             "mixgraph.description": S.vocabulary_text(),
-            "mixgraph.training": json.dumps({k: v for k, v in vars(args).items() if k not in ("start",)}, default=str)}
+            "mixgraph.training": json.dumps({k: v for k, v in vars(args).items() if k not in ("start", "out", "work")}, default=str)}
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(out), metadata=meta)
     log(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
@@ -332,12 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--work", type=Path, default=ROOT / "build" / "train_embedded")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--vae-steps", type=int, default=1500)
-    p.add_argument("--vae-batch", type=int, default=8)
-    p.add_argument("--dataset", type=int, default=25600, help="pictures encoded for the UNet phase")
-    p.add_argument("--unet-steps", type=int, default=3000)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--vae-steps", type=int, default=700)
+    p.add_argument("--vae-batch", type=int, default=16)
+    p.add_argument("--vae-crop", type=int, default=32, help="VAE training crop size (pixels)")
+    p.add_argument("--dataset", type=int, default=6400, help="pictures encoded for the UNet phase")
+    p.add_argument("--unet-steps", type=int, default=2500)
+    p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--save-every", type=int, default=200)

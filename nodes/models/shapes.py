@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -24,10 +25,12 @@ from PIL import Image, ImageDraw
 __all__ = [
     "COLORS", "SHAPES", "SIZES", "POSITIONS", "IMAGE_SIZE", "Scene", "caption", "parse_caption",
     "render", "random_scene", "is_held_out", "held_out_scenes", "check_image", "Verdict",
-    "vocabulary_text",
+    "vocabulary_text", "EMBEDDED_CHECKPOINT",
 ]
 
 IMAGE_SIZE = 64
+#: The trained checkpoint that ships with mixgraph (every models folder lists it, see nodes.folders).
+EMBEDDED_CHECKPOINT = Path(__file__).parent / "data" / "mixgraph-shapes.safetensors"
 
 # name -> RGB 0..255; chosen far apart so a dominant colour maps back to one name
 COLORS: dict[str, tuple[int, int, int]] = {
