@@ -232,6 +232,7 @@ def test_editor_startup_endpoints_jobs_and_stubs(tmp_path):
     from mixgraph.graph.env import Env
     from mixgraph.graph.executor import Executor
     from tests import toy_nodes as toy
+    from mixgraph.nodes.models.shapes import EMBEDDED_CHECKPOINT
     from mixgraph.ui.server import SERVER_KEY, create_app
 
     for d in ("in", "out", "temp", "models/checkpoints/sub"):
@@ -267,18 +268,22 @@ def test_editor_startup_endpoints_jobs_and_stubs(tmp_path):
             assert detail["workflow"]["prompt"] == prompt and "execution_status" in detail
             assert (await c.get("/api/jobs/unknown")).status == 404
 
-            assert await (await c.get("/templates/index.json")).json() == []
-            assert await (await c.get("/templates/index.fr.json")).json() == []
+            index = await (await c.get("/templates/index.json")).json()
+            names = [t["name"] for t in index[0]["templates"]]
+            assert names[0] == "txt2img_shapes" and "txt2img_sd15" in names  # workflows/, default first
+            assert await (await c.get("/templates/index.fr.json")).json() == index
             assert await (await c.get("/templates/index_logo.json")).json() == {}
             assert (await c.get("/templates/other.json")).status == 404
             assert await (await c.get("/api/global_subgraphs")).json() == {}
             folders = await (await c.get("/api/experiment/models")).json()
             assert {"name": "checkpoints", "folders": [str(tmp_path / "models/checkpoints"),
-                                                       str(tmp_path / "models/Stable-diffusion")]
+                                                       str(tmp_path / "models/Stable-diffusion"),
+                                                       str(EMBEDDED_CHECKPOINT.parent)]
                     } in folders
             files = await (await c.get("/api/experiment/models/checkpoints")).json()
             assert [(f["name"], f["pathIndex"], f["size"]) for f in files] == \
-                [("sub/a.safetensors", 0, 3)]
+                [("mixgraph-shapes.safetensors", 2, EMBEDDED_CHECKPOINT.stat().st_size),
+                 ("sub/a.safetensors", 0, 3)]
             assert (await c.get("/api/experiment/models/nope")).status == 404
             assert await (await c.get("/internal/files/output")).json() == ["new.png", "old.png"]
             assert (await c.get("/internal/files/models")).status == 400

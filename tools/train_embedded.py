@@ -10,7 +10,7 @@ checkpoint; nothing in mixgraph knows this model is special.
 Three phases, each resumable (state in ``--work``; a killed run started again with the same
 arguments continues from the last saved step, with the same data stream):
 
-1. VAE: reconstruction (L1 + MSE) and a small KL term on 32x32 crops of the 64x64 pictures. Afterwards the latent
+1. VAE: reconstruction (L1 + MSE) and a small KL term on the 64x64 pictures. Afterwards the latent
    space is re-scaled exactly (quant_conv / post_quant_conv are 1x1 convs) so latents have mean 0
    and standard deviation 1/0.18215 per channel: what SD1's latent scale expects.
 2. Encode a fixed set of training pictures (training-split attribute combinations only) once.
@@ -113,6 +113,32 @@ class Tokens:
 # state
 
 
+def zero_init_residuals(module: torch.nn.Module) -> None:
+    """Zero the last layer of every residual branch (and the UNet's output conv), as LDM does for
+    its UNet: each block starts as the identity, so a deep net trains like a shallow one first.
+    Without it the 24-conv VAE decoder needs thousands of steps to reproduce flat colours."""
+    from mixgraph.nodes.models import unet as U
+    from mixgraph.nodes.models import vae as V
+
+    zero = []
+    for m in module.modules():
+        if isinstance(m, V.ResnetBlock):
+            zero.append(m.conv2)
+        elif isinstance(m, V.AttnBlock):
+            zero.append(m.proj_out)
+        elif isinstance(m, U.ResBlock):
+            zero.append(m.out_layers[3])
+        elif isinstance(m, U.SpatialTransformer):
+            zero.append(m.proj_out)
+    if isinstance(module, U.UNetModel):
+        zero.append(module.out[2])
+    with torch.no_grad():
+        for layer in zero:
+            layer.weight.zero_()
+            if layer.bias is not None:
+                layer.bias.zero_()
+
+
 def save_state(path: Path, **state) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -145,6 +171,7 @@ def train_vae(args, work: Path) -> AutoencoderKL:
     path = work / "vae.pt"
     torch.manual_seed(args.seed)
     vae = AutoencoderKL(VAE)
+    zero_init_residuals(vae)
     with torch.no_grad():  # start with little posterior noise, or the decoder first sees mostly noise
         vae.quant_conv.bias[VAE.embed_dim:] = -6.0
     opt = torch.optim.Adam(vae.parameters(), lr=1e-3)
@@ -235,6 +262,7 @@ def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
     path = work / "unet.pt"
     torch.manual_seed(args.seed + 1)
     unet, clip = UNetModel(UNET), CLIPTextModel(CLIP)
+    zero_init_residuals(unet)
     with torch.no_grad():  # small token embeddings, as CLIP's own init
         clip.text_model.embeddings.token_embedding.weight.normal_(0, 0.02)
     ema_u, ema_c = UNetModel(UNET), CLIPTextModel(CLIP)
@@ -338,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=ROOT / "build" / "train_embedded")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--vae-steps", type=int, default=700)
-    p.add_argument("--vae-batch", type=int, default=16)
-    p.add_argument("--vae-crop", type=int, default=32, help="VAE training crop size (pixels)")
+    p.add_argument("--vae-steps", type=int, default=1200)
+    p.add_argument("--vae-batch", type=int, default=8)
+    p.add_argument("--vae-crop", type=int, default=64, help="VAE training crop size (pixels)")
     p.add_argument("--dataset", type=int, default=6400, help="pictures encoded for the UNet phase")
     p.add_argument("--unet-steps", type=int, default=2500)
     p.add_argument("--batch", type=int, default=32)

@@ -1,0 +1,66 @@
+"""The embedded model (nodes/models/data/mixgraph-shapes.safetensors) draws what the prompt says,
+through the whole graph: tokenizer -> text encoder -> cross-attention UNet -> sampler -> VAE ->
+PNG, for several samplers. The check is pixel statistics (nodes/models/shapes.check_image):
+dominant colours of shape and background, and the shape class from how much of its bounding box
+it fills. No extra model is involved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mixgraph.nodes.models.loader import load_checkpoint
+from mixgraph.nodes.models.shapes import EMBEDDED_CHECKPOINT, check_image, parse_caption
+from mixgraph.ui import api
+from mixgraph.ui.demo import DEFAULT_PROMPT, demo_workflow
+
+# (prompt, sampler, scheduler, seed): held-out attribute combinations among them (is_held_out)
+CASES = [
+    (DEFAULT_PROMPT, "euler", "normal", 42),
+    ("a small red circle at the top left on a blue background", "dpmpp_2m", "karras", 1),
+    ("a large green square in the center on a white background", "euler_ancestral", "normal", 2),
+    ("a yellow triangle at the bottom on a black background", "ddim", "ddim_uniform", 3),
+    ("a purple square on the right on a yellow background", "uni_pc", "normal", 4),
+    ("a white circle on a pink background", "heun", "normal", 5),
+]
+
+
+@pytest.fixture(scope="module")
+def executor():
+    return api.default_executor()
+
+
+def _draw(executor, tmp_path, prompt, sampler, scheduler, seed) -> np.ndarray:
+    wf = demo_workflow(prompt, seed)
+    wf["3"]["inputs"].update(sampler_name=sampler, scheduler=scheduler)
+    result = api.run(wf, executor=executor, models=tmp_path / "models", output=tmp_path / "out")
+    with Image.open(result.files[-1]) as im:
+        assert im.size == (256, 256)
+        return np.asarray(im.convert("RGB"))
+
+
+def test_embedded_model_is_a_small_sd1_checkpoint_found_by_shapes():
+    assert EMBEDDED_CHECKPOINT.stat().st_size < 12 * 2**20
+    model, clip, vae = load_checkpoint(EMBEDDED_CHECKPOINT)
+    assert model.kind == "sd1" and model.prediction == "eps"
+    assert clip is not None and clip.clip_l_config.width == model.config.context_dim
+    assert vae is not None and vae.config.downscale == 8
+
+
+@pytest.mark.parametrize("prompt,sampler,scheduler,seed", CASES)
+def test_embedded_model_draws_the_prompt(executor, tmp_path, prompt, sampler, scheduler, seed):
+    verdict = check_image(_draw(executor, tmp_path, prompt, sampler, scheduler, seed))
+    want = parse_caption(prompt)
+    assert verdict.color == want["color"], verdict
+    assert verdict.background == want["background"], verdict
+    assert verdict.shape == want["shape"], verdict
+
+
+def test_embedded_model_follows_the_prompt_not_the_seed(executor, tmp_path):
+    a = _draw(executor, tmp_path, "a red square on a green background", "euler", "normal", 7)
+    b = _draw(executor, tmp_path, "a blue circle on a yellow background", "euler", "normal", 7)
+    va, vb = check_image(a), check_image(b)
+    assert (va.color, va.background, vb.color, vb.background) == ("red", "green", "blue", "yellow")
+    assert np.abs(a.astype(np.float32) - b).mean() > 40
