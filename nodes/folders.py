@@ -2,9 +2,9 @@
 
 Folder keys and aliases are ComfyUI's (DESIGN §6). Combo values are paths relative to a folder
 root, with "/" separators. An `extra_model_paths.yaml` (next to the models folder, or named by the
-env setting `extra_model_paths`) adds roots from an existing ComfyUI or A1111 install. The
-checkpoints folder always ends with the embedded model's folder (`nodes/models/data`), so the
-embedded checkpoint is listed, and loads, everywhere (a user file of the same name wins).
+env setting `extra_model_paths`) adds roots from an existing ComfyUI or A1111 install. Every
+folder ends with its namesake under `nodes/models/data/models` (the embedded model and what was
+made for it), so those are listed, and load, everywhere (a user file of the same name wins).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from mixgraph.nodes.models.shapes import EMBEDDED_CHECKPOINT
+from mixgraph.nodes.models.shapes import EMBEDDED_MODELS
 
 FOLDERS: dict[str, tuple[str, ...]] = {
     # key: (subfolder names searched, first is canonical)
@@ -80,8 +80,7 @@ def roots(env: Any, folder: str) -> list[Path]:
         for name in FOLDERS[folder]:
             found.append(Path(base) / name)
     found.extend(_extra_roots(env).get(folder, []))
-    if folder == "checkpoints":
-        found.append(EMBEDDED_CHECKPOINT.parent)  # the embedded model, after the user's files
+    found.append(EMBEDDED_MODELS / FOLDERS[folder][0])  # models that ship with mixgraph, last
     return found
 
 

@@ -1,4 +1,4 @@
-"""The embedded model (nodes/models/data/mixgraph-shapes.safetensors) draws what the prompt says,
+"""The embedded model (nodes/models/data/models/checkpoints/mixgraph-shapes.safetensors) draws what the prompt says,
 through the whole graph: tokenizer -> text encoder -> cross-attention UNet -> sampler -> VAE ->
 PNG, for several samplers. The check is pixel statistics (nodes/models/shapes.check_image):
 dominant colours of shape and background, and the shape class from how much of its bounding box
@@ -64,3 +64,15 @@ def test_embedded_model_follows_the_prompt_not_the_seed(executor, tmp_path):
     va, vb = check_image(a), check_image(b)
     assert (va.color, va.background, vb.color, vb.background) == ("red", "green", "blue", "yellow")
     assert np.abs(a.astype(np.float32) - b).mean() > 40
+
+
+def test_embedded_model_demo_command_writes_the_default_picture(tmp_path, capsys):
+    from mixgraph.ui.cli import main
+
+    assert main(["demo", "--output", str(tmp_path), "--models", str(tmp_path / "models")]) == 0
+    captured = capsys.readouterr()
+    path = captured.out.strip().splitlines()[-1]
+    assert "steps" in captured.err or "KSampler" in captured.err  # it said what it was doing
+    with Image.open(path) as im:
+        verdict = check_image(np.asarray(im.convert("RGB")))
+    assert (verdict.color, verdict.background, verdict.shape) == ("blue", "yellow", "circle")

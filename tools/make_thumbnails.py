@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.ui_export import to_ui
-from mixgraph.nodes.models.shapes import EMBEDDED_CHECKPOINT
+from mixgraph.nodes.models.shapes import EMBEDDED_MODELS
 from mixgraph.ui import api
 from mixgraph.ui.templates import read_index
 
@@ -32,13 +32,20 @@ COLORS = {"MODEL": (124, 92, 191), "CLIP": (200, 170, 40), "VAE": (200, 70, 70),
           "CONTROL_NET": (60, 170, 150)}
 
 
+FILE_INPUTS = {"ckpt_name": "checkpoints", "lora_name": "loras", "control_net_name": "controlnet",
+               "vae_name": "vae", "unet_name": "diffusion_models", "clip_name": "text_encoders",
+               "clip_name1": "text_encoders", "clip_name2": "text_encoders"}
+
+
 def runnable(wf) -> bool:
+    """Every model file it names ships with mixgraph, and it reads no input image."""
     for call in wf.prompt.values():
-        if call.class_type in ("LoadImage", "LoadImageMask", "LoraLoader", "ControlNetLoader", "UNETLoader",
-                               "VAELoader", "CLIPLoader", "DualCLIPLoader"):
+        if call.class_type in ("LoadImage", "LoadImageMask"):
             return False
-        if call.class_type.startswith("CheckpointLoader") and call.inputs.get("ckpt_name") != EMBEDDED_CHECKPOINT.name:
-            return False
+        for name, folder in FILE_INPUTS.items():
+            value = call.inputs.get(name)
+            if isinstance(value, str) and not (EMBEDDED_MODELS / folder / value).is_file():
+                return False
     return True
 
 

@@ -1,4 +1,4 @@
-"""Train the embedded model (nodes/models/data/mixgraph-shapes.safetensors) on a CPU.
+"""Train the embedded model (nodes/models/data/models/checkpoints/mixgraph-shapes.safetensors) on a CPU.
 
 A tiny Stable Diffusion 1.x: the real architecture and single-file key layout (KL VAE under
 ``first_stage_model.``, CLIP text transformer on the real CLIP tokenizer under
@@ -52,7 +52,7 @@ from mixgraph.nodes.models.unet import UNetConfig, UNetModel
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "nodes" / "models" / "data" / "mixgraph-shapes.safetensors"
+DEFAULT_OUT = ROOT / "nodes" / "models" / "data" / "models" / "checkpoints" / "mixgraph-shapes.safetensors"
 LATENT_SCALE = 0.18215  # SD1's
 
 VAE = VAEConfig(ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1)

@@ -1,6 +1,6 @@
 """`mixgraph demo`: the default txt2img workflow on the embedded model, with no setup.
 
-The embedded model (`nodes/models/data/mixgraph-shapes.safetensors`, a few MB, trained by
+The embedded model (`nodes/models/data/models/checkpoints/mixgraph-shapes.safetensors`, a few MB, trained by
 `tools/train_embedded.py`) is a tiny Stable Diffusion 1.x in the ordinary single-file layout that
 draws coloured shapes on coloured backgrounds from captions like "a small red circle at the top
 left on a blue background". Every models folder lists it among the checkpoints (after the user's

@@ -1,6 +1,6 @@
 """The world of the embedded model: coloured shapes on coloured backgrounds.
 
-The checkpoint shipped in ``data/mixgraph-shapes.safetensors`` was trained (by
+The checkpoint shipped in ``data/models/checkpoints/mixgraph-shapes.safetensors`` was trained (by
 ``tools/train_embedded.py``) on pictures drawn here from captions such as
 "a small red circle at the top left on a blue background". This module is the one home of that
 world's vocabulary (`COLORS`, `SHAPES`, `SIZES`, `POSITIONS`), the caption grammar
@@ -25,12 +25,15 @@ from PIL import Image, ImageDraw
 __all__ = [
     "COLORS", "SHAPES", "SIZES", "POSITIONS", "IMAGE_SIZE", "Scene", "caption", "parse_caption",
     "render", "random_scene", "is_held_out", "held_out_scenes", "check_image", "Verdict",
-    "vocabulary_text", "EMBEDDED_CHECKPOINT",
+    "vocabulary_text", "EMBEDDED_CHECKPOINT", "EMBEDDED_MODELS",
 ]
 
 IMAGE_SIZE = 64
-#: The trained checkpoint that ships with mixgraph (every models folder lists it, see nodes.folders).
-EMBEDDED_CHECKPOINT = Path(__file__).parent / "data" / "mixgraph-shapes.safetensors"
+#: Models that ship with mixgraph, in a models-folder layout (checkpoints/, loras/, controlnet/):
+#: every models folder lists them after the user's own files (nodes.folders).
+EMBEDDED_MODELS = Path(__file__).parent / "data" / "models"
+#: The trained checkpoint (tools/train_embedded.py).
+EMBEDDED_CHECKPOINT = EMBEDDED_MODELS / "checkpoints" / "mixgraph-shapes.safetensors"
 
 # name -> RGB 0..255; chosen far apart so a dominant colour maps back to one name
 COLORS: dict[str, tuple[int, int, int]] = {
@@ -206,6 +209,9 @@ def check_image(image: np.ndarray) -> Verdict:
     img = np.asarray(image, dtype=np.float32)
     if img.max() > 1.5:
         img = img / 255.0
+    if img.shape[0] > IMAGE_SIZE and img.shape[0] % IMAGE_SIZE == 0 and img.shape[1] % IMAGE_SIZE == 0:
+        f0, f1 = img.shape[0] // IMAGE_SIZE, img.shape[1] // IMAGE_SIZE  # back to the drawn size
+        img = img.reshape(IMAGE_SIZE, f0, img.shape[1] // f1, f1, 3).mean(axis=(1, 3))
     h, w, _ = img.shape
     ring = np.concatenate([img[:2].reshape(-1, 3), img[-2:].reshape(-1, 3),
                            img[:, :2].reshape(-1, 3), img[:, -2:].reshape(-1, 3)])
