@@ -16,7 +16,9 @@ arguments continues from the last saved step, with the same data stream):
 2. Encode a fixed set of training pictures (training-split attribute combinations only) once.
 3. UNet + text encoder, jointly from scratch: epsilon prediction on SD1's discrete schedule
    (scaled-linear betas 0.00085..0.012, 1000 steps, so every ComfyUI sampler and scheduler
-   applies), min-SNR-5 loss weighting, 10% empty captions (classifier-free guidance works), an
+   applies), min-SNR-5 loss weighting plus, from step 500, the x0 error at high noise levels
+   (eps errors there are amplified in x0: without it the first sampling steps pick wrong
+   colours), 10% empty captions (classifier-free guidance works), an
    exponential moving average of the weights is what gets saved.
 
 The text encoder is trained jointly rather than frozen: a random frozen transformer would have
@@ -145,7 +147,7 @@ def save_state(path: Path, **state) -> None:
     tmp.replace(path)
 
 
-def ema_update(ema: torch.nn.Module, model: torch.nn.Module, step: int, decay: float = 0.999) -> None:
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, step: int, decay: float = 0.998) -> None:
     d = min(decay, (1 + step) / (10 + step))
     with torch.no_grad():
         for e, p in zip(ema.parameters(), model.parameters()):
@@ -263,8 +265,10 @@ def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
     torch.manual_seed(args.seed + 1)
     unet, clip = UNetModel(UNET), CLIPTextModel(CLIP)
     zero_init_residuals(unet)
-    with torch.no_grad():  # small token embeddings, as CLIP's own init
+    with torch.no_grad():  # CLIP's own init: small token and position embeddings (nn.Embedding's
+        # default N(0, 1) positions would drown the words: captions then barely change the output)
         clip.text_model.embeddings.token_embedding.weight.normal_(0, 0.02)
+        clip.text_model.embeddings.position_embedding.weight.normal_(0, 0.01)
     ema_u, ema_c = UNetModel(UNET), CLIPTextModel(CLIP)
     ema_u.load_state_dict(unet.state_dict())
     ema_c.load_state_dict(clip.state_dict())
@@ -285,6 +289,9 @@ def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
     abar = torch.cumprod(1 - betas, 0).float()
     snr = abar / (1 - abar)
     weight = torch.clamp(snr, max=5.0) / snr  # min-SNR-5 for epsilon prediction
+    # + the x0 error (= eps error / SNR, capped): min-SNR alone leaves the highest noise levels,
+    # where an eps error is amplified ~15x in x0 and the picture's colours are decided, undertrained
+    x0_weight = args.x0_weight * torch.clamp(1.0 / snr, max=100.0)
     t0, acc, n_acc = time.time(), 0.0, 0
     first = step
     while step < args.unet_steps:
@@ -302,7 +309,8 @@ def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
         xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
         context, _ = clip(ids, None, norm_hidden=True, project_pooled=False)
         pred = unet(xt, t, context)
-        loss = ((pred - noise).pow(2).mean(dim=(1, 2, 3)) * weight[t]).mean()
+        w = weight[t] + (x0_weight[t] if step >= args.x0_weight_from else 0.0)
+        loss = ((pred - noise).pow(2).mean(dim=(1, 2, 3)) * w).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -370,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vae-batch", type=int, default=8)
     p.add_argument("--vae-crop", type=int, default=64, help="VAE training crop size (pixels)")
     p.add_argument("--dataset", type=int, default=6400, help="pictures encoded for the UNet phase")
-    p.add_argument("--unet-steps", type=int, default=2500)
+    p.add_argument("--unet-steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--x0-weight", type=float, default=1.0, help="weight of the x0 error term")
+    p.add_argument("--x0-weight-from", type=int, default=500, help="UNet step the x0 term starts at")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--quick", action="store_true", help="a smoke run: a few steps of each phase")
