@@ -14,11 +14,13 @@ arguments continues from the last saved step, with the same data stream):
    space is re-scaled exactly (quant_conv / post_quant_conv are 1x1 convs) so latents have mean 0
    and standard deviation 1/0.18215 per channel: what SD1's latent scale expects.
 2. Encode a fixed set of training pictures (training-split attribute combinations only) once.
-3. UNet + text encoder, jointly from scratch: epsilon prediction on SD1's discrete schedule
-   (scaled-linear betas 0.00085..0.012, 1000 steps, so every ComfyUI sampler and scheduler
-   applies), min-SNR-5 loss weighting plus, from step 500, the x0 error at high noise levels
-   (eps errors there are amplified in x0: without it the first sampling steps pick wrong
-   colours), 10% empty captions (classifier-free guidance works), an
+3. UNet + text encoder, jointly from scratch, on SD1's discrete schedule (scaled-linear betas
+   0.00085..0.012, 1000 steps, so every ComfyUI sampler and scheduler applies) with
+   v-prediction (the file carries the ``v_pred`` marker key, as ComfyUI writes it; loaders
+   switch to v-prediction on it). An epsilon-predicting net this small must reproduce its noisy
+   input almost exactly at the highest noise levels, where the picture's colours are decided; a
+   v-predicting one predicts the picture there (``--prediction eps`` trains the former, with an
+   added x0 error term). min-SNR-5 loss weighting, 10% empty captions (classifier-free guidance works), an
    exponential moving average of the weights is what gets saved.
 
 The text encoder is trained jointly rather than frozen: a random frozen transformer would have
@@ -188,7 +190,7 @@ def train_vae(args, work: Path) -> AutoencoderKL:
         log(f"vae: resuming at step {step}")
     t0, acc, n_acc = time.time(), [0.0, 0.0], 0
     while step < args.vae_steps:
-        lr = 1e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_steps)))
+        lr = 1e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_lr_steps)))
         for g in opt.param_groups:
             g["lr"] = lr
         _, x = scene_batch(args.seed * 1_000_003 + step, args.vae_batch)
@@ -288,10 +290,14 @@ def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
     betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float64) ** 2
     abar = torch.cumprod(1 - betas, 0).float()
     snr = abar / (1 - abar)
-    weight = torch.clamp(snr, max=5.0) / snr  # min-SNR-5 for epsilon prediction
-    # + the x0 error (= eps error / SNR, capped): min-SNR alone leaves the highest noise levels,
-    # where an eps error is amplified ~15x in x0 and the picture's colours are decided, undertrained
-    x0_weight = args.x0_weight * torch.clamp(1.0 / snr, max=100.0)
+    if args.prediction == "v":
+        weight = torch.clamp(snr, max=5.0) / (snr + 1)  # min-SNR-5 for v prediction
+        x0_weight = torch.zeros_like(snr)
+    else:
+        weight = torch.clamp(snr, max=5.0) / snr  # min-SNR-5 for epsilon prediction
+        # + the x0 error (= eps error / SNR, capped): at the highest noise levels an eps error is
+        # amplified ~15x in x0, and that is where the picture's colours are decided
+        x0_weight = args.x0_weight * torch.clamp(1.0 / snr, max=100.0)
     t0, acc, n_acc = time.time(), 0.0, 0
     first = step
     while step < args.unet_steps:
@@ -309,6 +315,8 @@ def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
         xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
         context, _ = clip(ids, None, norm_hidden=True, project_pooled=False)
         pred = unet(xt, t, context)
+        if args.prediction == "v":
+            noise = a.sqrt() * noise - (1 - a).sqrt() * x0  # the target: v = sqrt(a) eps - sqrt(1-a) x0
         w = weight[t] + (x0_weight[t] if step >= args.x0_weight_from else 0.0)
         loss = ((pred - noise).pow(2).mean(dim=(1, 2, 3)) * w).mean()
         loss.backward()
@@ -349,6 +357,8 @@ def write_checkpoint(out: Path, unet: UNetModel, clip: CLIPTextModel, vae: Autoe
             v = torch.zeros_like(v).index_copy(0, keep, v[keep])  # words never seen: zero vectors
         sd["cond_stage_model.transformer." + k] = v
     sd = {k: v.detach().to(torch.float16).contiguous() for k, v in sd.items()}
+    if args.prediction == "v":
+        sd["v_pred"] = torch.tensor([])  # the marker key loaders (ComfyUI's, ours) read as v-prediction
     meta = {"format": "pt", "mixgraph.model": "mixgraph-shapes",
             "mixgraph.description": S.vocabulary_text(),
             "mixgraph.training": json.dumps({k: v for k, v in vars(args).items() if k not in ("start", "out", "work")}, default=str)}
@@ -357,12 +367,14 @@ def write_checkpoint(out: Path, unet: UNetModel, clip: CLIPTextModel, vae: Autoe
     log(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
 
 
-def check_layout(out: Path) -> None:
+def check_layout(out: Path, args) -> None:
     """The written file loads through the ordinary loader with the configs used for training."""
     from mixgraph.nodes.models.loader import load_checkpoint
 
     model, clip, vae = load_checkpoint(out)
     assert model.config == UNET, (model.config, UNET)
+    want = "v_prediction" if args.prediction == "v" else "eps"
+    assert model.prediction == want, (model.prediction, want)
     assert clip is not None and clip.clip_l_config == CLIP, (clip and clip.clip_l_config, CLIP)
     assert vae is not None and vae.config == VAE, (vae and vae.config, VAE)
     log("layout check: CheckpointLoaderSimple derives the training configs from the file")
@@ -374,14 +386,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=ROOT / "build" / "train_embedded")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--vae-steps", type=int, default=1200)
+    p.add_argument("--vae-steps", type=int, default=800)
+    p.add_argument("--vae-lr-steps", type=int, default=1200, help="length of the VAE's cosine LR schedule")
     p.add_argument("--vae-batch", type=int, default=8)
     p.add_argument("--vae-crop", type=int, default=64, help="VAE training crop size (pixels)")
     p.add_argument("--dataset", type=int, default=6400, help="pictures encoded for the UNet phase")
     p.add_argument("--unet-steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--x0-weight", type=float, default=1.0, help="weight of the x0 error term")
+    p.add_argument("--prediction", choices=("v", "eps"), default="v")
+    p.add_argument("--x0-weight", type=float, default=1.0, help="eps prediction: weight of the x0 error term")
     p.add_argument("--x0-weight-from", type=int, default=500, help="UNet step the x0 term starts at")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--save-every", type=int, default=200)
@@ -396,14 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.init_only:
         torch.manual_seed(args.seed)
         write_checkpoint(args.out, UNetModel(UNET), CLIPTextModel(CLIP), AutoencoderKL(VAE), args)
-        check_layout(args.out)
+        check_layout(args.out, args)
         return 0
     log(f"training the embedded model: {args.threads} threads, work dir {args.work}")
     vae = train_vae(args, args.work)
     latents, scenes = encode_dataset(vae, args, args.work)
     unet, clip = train_unet(args, args.work, latents, scenes)
     write_checkpoint(args.out, unet, clip, vae, args)
-    check_layout(args.out)
+    check_layout(args.out, args)
     log(f"done in {(time.time() - args.start) / 60:.1f} min")
     return 0
 

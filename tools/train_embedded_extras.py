@@ -9,7 +9,7 @@
 
 Both go to ``nodes/models/data/models/{loras,controlnet}/`` (listed in every models folder).
 The base model stays frozen; only the LoRA / ControlNet weights train, seeded, with the same
-epsilon objective and schedule as ``train_embedded.py``.
+objective (v or epsilon, as the base file says) and schedule as ``train_embedded.py``.
 
     PYTHONPATH=. python tools/train_embedded_extras.py lora
     PYTHONPATH=. python tools/train_embedded_extras.py controlnet
@@ -42,6 +42,7 @@ CONTROLNET_OUT = DATA / "controlnet" / "mixgraph-shapes-mask.safetensors"
 
 def load_base(path: Path):
     sd = {k: v.float() for k, v in load_file(str(path)).items()}
+    Schedule.v = "v_pred" in sd  # the base model's prediction type, as loaders read it
 
     def sub(prefix: str) -> dict:
         return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
@@ -56,17 +57,22 @@ def load_base(path: Path):
 
 
 class Schedule:
+    """SD1's discrete schedule; `noisy` returns (x_t, t, target): eps, or v for a v model."""
+
+    v = True
+
     def __init__(self) -> None:
         betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float64) ** 2
         self.abar = torch.cumprod(1 - betas, 0).float()
         snr = self.abar / (1 - self.abar)
-        self.weight = torch.clamp(snr, max=5.0) / snr
+        self.weight = torch.clamp(snr, max=5.0) / (snr + 1 if self.v else snr)
 
     def noisy(self, x0: torch.Tensor, gen: torch.Generator):
         t = torch.randint(0, 1000, (x0.shape[0],), generator=gen)
         noise = torch.randn(x0.shape, generator=gen)
         a = self.abar[t][:, None, None, None]
-        return a.sqrt() * x0 + (1 - a).sqrt() * noise, t, noise
+        target = a.sqrt() * noise - (1 - a).sqrt() * x0 if self.v else noise
+        return a.sqrt() * x0 + (1 - a).sqrt() * noise, t, target
 
 
 def pictures(scenes: list[S.Scene], rng: random.Random, **override) -> torch.Tensor:
