@@ -11,6 +11,11 @@ downstream of it. Keys are fixed-size digests, so computing one is O(inputs), ne
 tensors (through dataclasses, tuples, lists, dicts, nn.Modules), and objects may say their own size
 with `__mixgraph_nbytes__()`. ComfyUI's caches count entries, not bytes, and its default mode
 drops everything the current prompt does not use; this one keeps what fits.
+
+ComfyUI's other cache modes are subclasses with the same interface, chosen by `make_cache` (the
+`--cache-lru N`, `--cache-none` and `--cache-ram GB` flags): `LruCountCache` keeps at most N node
+results, `NoCache` keeps nothing between prompts, `RamPressureCache` keeps what it can while the
+machine has GB of RAM available. Keys are the same in every mode, so results are too.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -27,7 +33,8 @@ from typing import Any, Iterator
 import torch
 
 __all__ = ["structural_key", "key_header", "node_key", "canonical_literals", "walk_tensors",
-           "estimate_nbytes", "CacheEntry", "OutputCache", "default_budget"]
+           "estimate_nbytes", "CacheEntry", "OutputCache", "LruCountCache", "NoCache",
+           "RamPressureCache", "make_cache", "available_ram", "default_budget"]
 
 _blake2b = hashlib.blake2b
 _SCALARS = (int, float, str, bool, type(None), bytes)
@@ -293,11 +300,15 @@ class OutputCache:
                 return False
             self._entries[key] = entry
             self.nbytes += nbytes
-            while self.nbytes > self.max_bytes and self._entries:
+            while self._entries and self._over():
                 _, victim = self._entries.popitem(last=False)
                 self.nbytes -= victim.nbytes
                 self.evictions += 1
         return True
+
+    def _over(self) -> bool:
+        """Whether to evict the least recently used entry (called under the lock)."""
+        return self.nbytes > self.max_bytes
 
     def clear(self) -> None:
         with self._lock:
@@ -308,3 +319,103 @@ class OutputCache:
         return {"entries": len(self._entries), "bytes": self.nbytes, "max_bytes": self.max_bytes,
                 "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
                 "rejected": self.rejected}
+
+
+class LruCountCache(OutputCache):
+    """`--cache-lru N`: at most `max_entries` node results, least recently used out first
+    (ComfyUI counts results, not bytes; `max_bytes` still bounds it when given)."""
+
+    def __init__(self, max_entries: int, max_bytes: int | None = None):
+        if int(max_entries) < 0:
+            raise ValueError(f"--cache-lru needs a count of 0 or more, not {max_entries}")
+        super().__init__(2**62 if max_bytes is None else max_bytes)
+        self.max_entries = int(max_entries)
+
+    def _over(self) -> bool:
+        return len(self._entries) > self.max_entries or self.nbytes > self.max_bytes
+
+    def stats(self) -> dict[str, int]:
+        return {**super().stats(), "max_entries": self.max_entries}
+
+
+class NoCache(OutputCache):
+    """`--cache-none`: nothing is kept between prompts (a run still holds its own values)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def put(self, key: bytes, outputs: tuple, ui: dict | None = None,
+            meta: dict[str, Any] | None = None) -> bool:
+        return False
+
+
+def available_ram() -> int:
+    """Bytes of RAM available to new allocations (Linux MemAvailable; else free pages)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
+
+
+class RamPressureCache(OutputCache):
+    """`--cache-ram GB`: keeps results while the machine has more than `headroom` bytes of RAM
+    available; below it, evicts least recently used results until it is back above (or empty).
+    `available` (bytes available now) is `available_ram` unless given; it is asked at most every
+    `poll_seconds`, and always after storing a result of 16 MiB or more."""
+
+    def __init__(self, headroom: int, available: Any = None, poll_seconds: float = 0.1,
+                 max_bytes: int | None = None):
+        super().__init__(2**62 if max_bytes is None else max_bytes)
+        self.headroom = int(headroom)
+        self.available = available or available_ram
+        self.poll_seconds = poll_seconds
+        self._polled = float("-inf")
+        self._ask = False
+
+    def put(self, key: bytes, outputs: tuple, ui: dict | None = None,
+            meta: dict[str, Any] | None = None) -> bool:
+        now = time.monotonic()
+        if self.poll_seconds <= 0 or now - self._polled >= self.poll_seconds or \
+                estimate_nbytes(outputs) >= 16 * 2**20:
+            self._polled = now
+            self._ask = True      # ask again after each eviction, under the lock
+        return super().put(key, outputs, ui, meta)
+
+    def _over(self) -> bool:
+        if self.nbytes > self.max_bytes:
+            return True
+        if not self._ask:
+            return False
+        if self.available() < self.headroom:
+            return True
+        self._ask = False
+        return False
+
+    def stats(self) -> dict[str, int]:
+        return {**super().stats(), "headroom": self.headroom}
+
+
+def make_cache(*, lru: int | None = None, none: bool = False, ram: float | None = None,
+               max_bytes: int | None = None) -> OutputCache:
+    """The cache for ComfyUI's flags: `--cache-lru N`, `--cache-none`, `--cache-ram GB`; none of
+    them gives the default (`OutputCache`, an LRU by bytes kept across prompts). At most one."""
+    chosen = [name for name, on in (("--cache-lru", lru is not None), ("--cache-none", none),
+                                    ("--cache-ram", ram is not None)) if on]
+    if len(chosen) > 1:
+        raise ValueError(f"choose one cache mode, not {' and '.join(chosen)}")
+    if lru is not None:
+        return LruCountCache(lru, max_bytes)
+    if none:
+        return NoCache()
+    if ram is not None:
+        if not ram >= 0:
+            raise ValueError(f"--cache-ram needs a number of GB of 0 or more, not {ram}")
+        return RamPressureCache(int(ram * 2**30), max_bytes=max_bytes)
+    return OutputCache(max_bytes)

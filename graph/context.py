@@ -30,7 +30,7 @@ class Interrupted(Exception):
 class Context:
     """What a node body can ask of the run.
 
-    `policy_for(socket_type, pinned=, storage=)` is the policy to run a model of that socket type
+    `policy_for(socket_type, pinned=, storage=, compute=)` is the policy to run a model of that socket type
     under: `graph.precision.resolve` over the engine's choice (region > per-type default > workflow
     default > auto), the handle's pinned precision and a loader's pinned storage dtype; when
     `fallback_f32` is set (a NaN-guard re-run) it has f32 compute, whatever the handle says. Only
@@ -62,14 +62,25 @@ class Context:
         return self._run.api_prompt()
 
     def policy_for(self, socket_type: str, *, pinned: Any = None,
-                   storage: torch.dtype | None = None) -> Policy:
+                   storage: torch.dtype | None = None,
+                   compute: torch.dtype | None = None) -> Policy:
         if socket_type not in self.precision_types:
             raise LookupError(
                 f"node {self.node_id} ({self.class_type}) asks for the {socket_type} precision but "
                 f"declares only {', '.join(self.precision_types) or 'none'}; add {socket_type!r} "
                 f"to precision_types in its @node(...) so its cache key includes it")
         return resolve(self._precision.for_type(socket_type), pinned=pinned, storage=storage,
-                       f32_compute=self.fallback_f32, warn=self.warn)
+                       f32_compute=self.fallback_f32, warn=self.warn, compute=compute)
+
+    def for_types(self, precision_types: tuple[str, ...]) -> "Context":
+        """This node's context for a call of another node's function inside its body (a ComfyUI
+        custom node calling a core node): that node's precision types, the same run, the same
+        record of used policies."""
+        inner = Context(self.node_id, self.class_type, self.env, self._precision, self._run,
+                        extra_data=self.extra_data, fallback_f32=self.fallback_f32,
+                        precision_types=tuple(precision_types))
+        inner.used = self.used
+        return inner
 
     def used_precision(self, policy: Policy) -> None:
         if policy not in self.used:

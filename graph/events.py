@@ -53,9 +53,11 @@ class ExecutionCached(Event):
 class Executing(Event):
     node: str | None = None             # None: the prompt is finished
     class_type: str | None = None
+    display_node: str | None = None     # an expanded node's display node (None: `node`)
 
     def to_comfy(self):
-        return "executing", {"node": self.node, "display_node": self.node, "prompt_id": self.prompt_id}
+        return "executing", {"node": self.node, "display_node": self.display_node or self.node,
+                             "prompt_id": self.prompt_id}
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,11 @@ class Progress(Event):
 class Executed(Event):
     node: str = ""
     output: dict[str, Any] = field(default_factory=dict)
+    display_node: str | None = None     # an expanded node's display node (None: `node`)
 
     def to_comfy(self):
-        return "executed", {"node": self.node, "display_node": self.node, "output": self.output,
-                            "prompt_id": self.prompt_id}
+        return "executed", {"node": self.node, "display_node": self.display_node or self.node,
+                            "output": self.output, "prompt_id": self.prompt_id}
 
 
 @dataclass(frozen=True)

@@ -19,147 +19,53 @@ NaN guard: a node that ran under a half-precision compute policy (what it report
 float tensor anywhere in its outputs is re-run once, alone, with `ctx.fallback_f32` set and f32
 compute; a warning event is sent and the report says `nan_fallback: true`. Still non-finite: an
 error naming the node.
+
+ComfyUI's dynamic execution model (list mapping, lazy inputs, node expansion, blockers, async
+nodes) lives in `graph.scheduler`, which runs the planned nodes; docs/ARCHITECTURE.md, "Dynamic
+execution", has the rules. Expanded nodes get keys here like any other node.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
 
 from mixgraph.graph import events as ev
-from mixgraph.graph.cache import OutputCache, key_header, node_key, walk_tensors
-from mixgraph.graph.context import Context, Interrupted
+from mixgraph.graph.aio import AsyncRunner
+from mixgraph.graph.cache import OutputCache, key_header, node_key
+from mixgraph.graph.context import Interrupted
+from mixgraph.graph.dynprompt import DynamicPrompt
 from mixgraph.graph.env import Env
-from mixgraph.graph.node import Result
-from mixgraph.graph.plan import links_of, walk
-from mixgraph.graph.precision import Resolver, parse_precision_arg, resolve
+from mixgraph.graph.plan import walk
+from mixgraph.graph.precision import Resolver, parse_precision_arg
 from mixgraph.graph.prompt import Link, Workflow, WorkflowError
-from mixgraph.graph.spec import NodeSpec
-from mixgraph.graph.validate import Validation, format_problems, gc_paused, validate
+from mixgraph.graph.report import (DependencyCycleError, ExecutionFailed, NodeError, NodeReport,
+                                   NonFiniteOutput, RunReport, ValidationFailed)
+from mixgraph.graph.scheduler import NodePlan, Scheduler, ui_files
+from mixgraph.graph.validate import Validation, gc_paused, validate
 from mixgraph.graph.workflow import dump_api, load_workflow
 
 __all__ = ["Executor", "RunReport", "NodeReport", "ExecutionFailed", "ValidationFailed",
-           "NodeError", "Interrupted"]
+           "NodeError", "Interrupted", "DependencyCycleError"]
 
 log = logging.getLogger("mixgraph")
 _MISSING = object()
 
 
-class ExecutionFailed(Exception):
-    """Base of run failures; `.report` holds the partial RunReport."""
-
-    report: "RunReport | None" = None
-
-
-class ValidationFailed(ExecutionFailed):
-    def __init__(self, validation: Validation | None, message: str | None = None):
-        self.validation = validation
-        if message is None:
-            message = format_problems(validation)
-        super().__init__(message)
-
-
-class NodeError(ExecutionFailed):
-    """A node failed. The original exception is `__cause__`."""
-
-    def __init__(self, node_id: str, class_type: str, cause: BaseException | str):
-        self.node_id = node_id
-        self.class_type = class_type
-        text = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
-        super().__init__(f"node {node_id} ({class_type}) failed: {text}")
-
-
-class NonFiniteOutput(ArithmeticError):
-    """A node's float outputs hold NaN or Inf even with f32 compute."""
-
-
-@dataclass(slots=True)
-class NodeReport:
-    class_type: str
-    status: str                  # "executed" | "cached"
-    seconds: float = 0.0
-    precision: str | None = None
-    nan_fallback: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"class_type": self.class_type, "status": self.status,
-                "seconds": round(self.seconds, 6), "precision": self.precision,
-                "nan_fallback": self.nan_fallback}
-
-
-@dataclass
-class RunReport:
-    """DESIGN §2's --report JSON (`to_json()`), plus the node outputs in memory (`values`)."""
-
-    prompt_id: str
-    seconds: float = 0.0
-    status: str = "running"      # "success" | "error" | "interrupted"
-    nodes: dict[str, NodeReport] = field(default_factory=dict)
-    outputs: dict[str, list[str]] = field(default_factory=dict)   # files written, per node
-    values: dict[str, tuple] = field(default_factory=dict)        # node id -> output tuple
-    ui: dict[str, dict] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "prompt_id": self.prompt_id, "seconds": round(self.seconds, 6), "status": self.status,
-            "nodes": {k: v.to_json() for k, v in self.nodes.items()},
-            "outputs": self.outputs, "warnings": self.warnings}
-        if self.error is not None:
-            out["error"] = self.error
-        return out
-
-    @property
-    def executed(self) -> list[str]:
-        return [k for k, v in self.nodes.items() if v.status == "executed"]
-
-    @property
-    def cached(self) -> list[str]:
-        return [k for k, v in self.nodes.items() if v.status == "cached"]
-
-    @property
-    def files(self) -> list[str]:
-        return [p for paths in self.outputs.values() for p in paths]
-
-
-class _NodePlan:
-    """What the executor needs about a node type, computed once per spec."""
-
-    __slots__ = ("spec", "fn", "names", "defaults", "hidden", "model_types", "n_out", "unique_id",
-                 "wants_ctx", "deterministic", "fingerprint", "version", "class_type", "key_header")
-
-    def __init__(self, spec: NodeSpec):
-        self.spec = spec
-        self.fn = spec.fn
-        self.class_type = spec.name
-        self.names = tuple(n for n, _ in spec.inputs)
-        # An absent input gets its declared default (optional sockets: None).
-        self.defaults = {n: (i.default if i.has_default else None) for n, i in spec.inputs}
-        self.hidden = tuple((n, h.kind) for n, h in spec.hidden)
-        self.unique_id = any(k == "UNIQUE_ID" for _, k in self.hidden)
-        self.model_types = spec.precision_types   # sorted; the precision part of the cache key
-        self.n_out = len(spec.outputs)
-        self.wants_ctx = spec.wants_ctx
-        self.deterministic = spec.deterministic
-        self.fingerprint = spec.fingerprint
-        self.version = spec.version
-        self.key_header = key_header(spec.name, spec.version)
-
-
 class _Run:
-    """Per-run state shared with the nodes' Contexts."""
+    """Per-run state shared with the nodes' Contexts and the scheduler. `display` and `real`
+    map expanded node ids to the node a client shows and to the original node they descend
+    from (whose precision region they inherit)."""
 
     __slots__ = ("prompt_id", "on_event", "interrupt", "report", "workflow", "extra_data",
-                 "_api_prompt")
+                 "_api_prompt", "display", "real", "_dynprompt")
 
     def __init__(self, prompt_id, on_event, interrupt, report, workflow, extra_data):
         self.prompt_id = prompt_id
@@ -169,10 +75,14 @@ class _Run:
         self.workflow = workflow
         self.extra_data = extra_data
         self._api_prompt = _MISSING
+        self.display: dict[str, str] = {}
+        self.real: dict[str, str] = {}
+        self._dynprompt: DynamicPrompt | None = None
 
     def progress(self, node_id: str, value: int, total: int, preview: Any = None) -> None:
         if self.on_event is not None:
-            self.on_event(ev.Progress(self.prompt_id, node_id, int(value), int(total), preview))
+            node = self.display.get(node_id, node_id) if self.display else node_id
+            self.on_event(ev.Progress(self.prompt_id, node, int(value), int(total), preview))
 
     def warn(self, message: str, node_id: str | None = None) -> None:
         text = f"node {node_id}: {message}" if node_id else message
@@ -186,6 +96,12 @@ class _Run:
             self._api_prompt = dump_api(self.workflow)
         return self._api_prompt
 
+    @property
+    def dynprompt(self) -> DynamicPrompt:
+        if self._dynprompt is None:
+            self._dynprompt = DynamicPrompt(self.api_prompt, self.workflow.prompt)
+        return self._dynprompt
+
     def hidden(self, kind: str, node_id: str) -> Any:
         if kind == "UNIQUE_ID":
             return node_id
@@ -193,29 +109,9 @@ class _Run:
             return self.api_prompt()
         if kind == "EXTRA_PNGINFO":
             return self.extra_data.get("extra_pnginfo")
+        if kind == "DYNPROMPT":
+            return self.dynprompt
         return None
-
-
-def _nonfinite(values: Any) -> bool:
-    for t in walk_tensors(values):
-        if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
-            return True
-    return False
-
-
-def _ui_files(ui: dict | None, env: Env) -> list[str]:
-    files: list[str] = []
-    if not ui:
-        return files
-    for items in ui.values():
-        if not isinstance(items, (list, tuple)):
-            continue
-        for item in items:
-            if isinstance(item, dict) and "filename" in item:
-                roots = {"output": env.output, "temp": env.temp, "input": env.input}
-                root = Path(roots.get(item.get("type") or "output", env.output))
-                files.append(str(root / (item.get("subfolder") or "") / item["filename"]))
-    return files
 
 
 def _short(v: Any) -> Any:
@@ -231,26 +127,34 @@ class Executor:
 
     One run at a time (runs from several threads queue on a lock). `interrupt()` stops the
     current run at the next node boundary or the next `ctx.check_interrupt()` / `ctx.progress()`.
+    `cache` picks the cache mode (`graph.cache.make_cache`: default, LRU by count, none, RAM
+    pressure). Async node bodies run on `aio`, a loop thread of this executor.
     """
+
+    #: Nodes node expansion may add to one prompt before the run fails (an endless loop).
+    max_expanded_nodes = 1_000_000
 
     def __init__(self, registry: Any, env: Env | None = None, cache: OutputCache | None = None):
         self.registry = registry
         self.env = env or Env()
         self.cache = cache if cache is not None else OutputCache()
         self.interrupt_event = threading.Event()
-        self._plans: dict[str, _NodePlan] = {}
+        self.aio = AsyncRunner()
+        self._plans: dict[str, NodePlan] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
     def interrupt(self) -> None:
         self.interrupt_event.set()
 
-    def _plan_for(self, class_type: str) -> _NodePlan:
+    def plan_for(self, class_type: str) -> NodePlan:
         spec = self.registry.get(class_type)
         plan = self._plans.get(class_type)
         if plan is None or plan.spec is not spec:
-            plan = self._plans[class_type] = _NodePlan(spec)
+            plan = self._plans[class_type] = NodePlan(spec, key_header(spec.name, spec.version))
         return plan
+
+    _plan_for = plan_for
 
     def load(self, workflow: Any) -> Workflow:
         return workflow if isinstance(workflow, Workflow) else load_workflow(workflow, self.registry)
@@ -266,7 +170,8 @@ class Executor:
         """Validate and execute. Raises ValidationFailed, NodeError or Interrupted (each with
         `.report`). `precision` is the run's default and per-type defaults (`"bf16,VAE=f32"`);
         it beats the workflow file's default, regions beat both. With `strict=False`, invalid
-        outputs are dropped and the valid ones run (ComfyUI's server behaviour)."""
+        outputs are dropped and the valid ones run (ComfyUI's server behaviour). `targets`:
+        the output nodes to run (ComfyUI's partial_execution_targets), with what they need."""
         with self._lock:
             own_interrupt = interrupt is None
             interrupt = self.interrupt_event if own_interrupt else interrupt
@@ -307,23 +212,23 @@ class Executor:
         for msg in resolver.warnings:
             run.warn(msg)
 
-        inputs = v.inputs
+        inputs = dict(v.inputs)     # grows with expanded nodes
         prompt = wf.prompt
         emit = on_event
         values = report.values
         nodes = report.nodes
         with gc_paused():
             order = v.order
-            by_class: dict[str, _NodePlan] = {}
+            by_class: dict[str, NodePlan] = {}
             plans = {}
             for nid in order:
                 ct = prompt[nid].class_type
                 plan = by_class.get(ct)
                 if plan is None:
-                    plan = by_class[ct] = self._plan_for(ct)
+                    plan = by_class[ct] = self.plan_for(ct)
                 plans[nid] = plan
             keys = self._keys(order, inputs, plans, resolver, env, run)
-            hits, needed = self._lookup(keys, v.outputs, inputs)
+            hits, needed = self._lookup(keys, v.outputs, inputs, plans)
             to_run = [n for n in order if n in needed and n not in hits]
 
             if emit is not None:
@@ -332,26 +237,24 @@ class Executor:
             for nid, entry in hits.items():
                 values[nid] = entry.outputs
                 meta = entry.meta
+                if meta.get("list"):
+                    report.lists.add(nid)
                 nodes[nid] = NodeReport(plans[nid].class_type, "cached", 0.0, meta.get("precision"),
                                         meta.get("nan_fallback", False))
                 if entry.ui:
                     report.ui[nid] = entry.ui
-                    files = _ui_files(entry.ui, env)
+                    files = ui_files(entry.ui, env)
                     if files:
                         report.outputs[nid] = files
                     if emit is not None and nid in needed:
                         emit(ev.Executed(report.prompt_id, nid, entry.ui))
 
-        current = None
+        sched = Scheduler(self, run, resolver, env, inputs, plans, keys, to_run)
         try:
             with torch.inference_mode():
-                for nid in to_run:
-                    current = nid
-                    if interrupt.is_set():
-                        raise Interrupted(f"interrupted before node {nid}", nid, plans[nid].class_type)
-                    self._execute(nid, plans[nid], inputs[nid], keys[nid], values, resolver, env,
-                                  run)
+                sched.drive()
         except (Interrupted, KeyboardInterrupt) as e:
+            current = sched.current
             report.status, report.error = "interrupted", "interrupted"
             report.seconds = time.perf_counter() - t_start
             if emit is not None:
@@ -365,13 +268,14 @@ class Executor:
                 raise
             raise err from e
         except NodeError as e:
+            current = e.node_id
             report.status, report.error = "error", str(e)
             report.seconds = time.perf_counter() - t_start
             cause = e.__cause__ or e
             if emit is not None:
-                call = inputs[current]
+                call = inputs.get(current, {})
                 emit(ev.ExecutionError(
-                    report.prompt_id, current, plans[current].class_type, str(cause),
+                    report.prompt_id, current, e.class_type, str(cause),
                     type(cause).__name__,
                     tuple(traceback.format_exception(type(cause), cause, cause.__traceback__)),
                     tuple(nodes),
@@ -387,16 +291,32 @@ class Executor:
             emit(ev.Executing(report.prompt_id, None))
         return report
 
-    def _lookup(self, keys, outputs, inputs) -> tuple[dict, dict]:
-        """Cache hits (one batched lookup), and the nodes needed: walk back from the outputs,
-        stopping at hits."""
+    def _lookup(self, keys, outputs, inputs, plans) -> tuple[dict, dict]:
+        """Cache hits (one batched lookup), and the nodes needed: walk back from the outputs
+        along the links of non-lazy inputs, stopping at hits."""
         hits = self.cache.get_many(keys)
-        return hits, walk(outputs, lambda n: links_of(inputs[n]), hits)
+
+        def upstream(n: str) -> list[str]:
+            lazy = plans[n].lazy
+            if lazy:
+                return [x.node_id for name, x in inputs[n].items()
+                        if type(x) is Link and name not in lazy]
+            return [x.node_id for x in inputs[n].values() if type(x) is Link]
+
+        return hits, walk(outputs, upstream, hits)
 
     def _keys(self, order, inputs, plans, resolver, env, run) -> dict[str, bytes | None]:
         """Every node's structural key, in topological order (an upstream key is ready when its
         consumer needs it). O(inputs) per node: keys are fixed-size digests."""
         keys: dict[str, bytes | None] = {}
+        self.keys_into(keys, order, inputs, plans, resolver, env, run)
+        return keys
+
+    def keys_into(self, keys, order, inputs, plans, resolver, env, run, real=None) -> None:
+        """`_keys` into an existing dict (expanded nodes join the run's keys). `real` maps
+        expanded ids to the original node whose precision region they inherit. A fingerprint
+        (IS_CHANGED) is computed here, once per node per prompt; a NaN fingerprint means the
+        node is never a cache hit (nor anything downstream)."""
         policy = resolver.policy
         for nid in order:
             plan = plans[nid]
@@ -407,7 +327,7 @@ class Executor:
             links = []
             for name, x in inputs[nid].items():
                 if type(x) is Link:
-                    k = keys[x.node_id]
+                    k = keys.get(x.node_id)
                     if k is None:
                         break
                     links.append((name, k, x.slot))
@@ -415,7 +335,11 @@ class Executor:
                     lits[name] = x
             else:
                 types = plan.model_types
-                prec = ";".join(f"{t}={policy(nid, t).spec}" for t in types) if types else ""
+                if types:
+                    where = real.get(nid, nid) if real else nid
+                    prec = ";".join(f"{t}={policy(where, t).spec}" for t in types)
+                else:
+                    prec = ""
                 if plan.fingerprint is None and not plan.unique_id:
                     keys[nid] = node_key(plan.key_header, lits, links, prec)
                     continue
@@ -424,94 +348,16 @@ class Executor:
                     try:
                         external = plan.fingerprint(env, **lits)
                     except Exception as e:  # noqa: BLE001 - no fingerprint: always re-run, say why
-                        run.warn(f"fingerprint failed ({type(e).__name__}: {e}); not cached", nid)
+                        if run is not None:
+                            run.warn(f"fingerprint failed ({type(e).__name__}: {e}); not cached",
+                                     nid)
                         keys[nid] = None
+                        continue
+                    if isinstance(external, float) and math.isnan(external):
+                        keys[nid] = None     # ComfyUI's IS_CHANGED NaN: never equal, always run
                         continue
                 if plan.unique_id:
                     external = (external, nid)
                 keys[nid] = node_key(plan.key_header, lits, links, prec, external)
                 continue
             keys[nid] = None   # an upstream node has no key
-        return keys
-
-    def _call(self, nid, plan, call, values, resolver, env, run, fallback: bool):
-        kwargs = {}
-        for name in plan.names:
-            x = call.get(name, _MISSING)
-            if x is _MISSING:
-                kwargs[name] = plan.defaults[name]
-            elif type(x) is Link:
-                kwargs[name] = values[x.node_id][x.slot]
-            else:
-                kwargs[name] = x
-        for pname, kind in plan.hidden:
-            kwargs[pname] = run.hidden(kind, nid)
-        ctx = None
-        if plan.wants_ctx:
-            ctx = Context(nid, plan.class_type, env, resolver.resolve(nid), run,
-                          extra_data=run.extra_data, fallback_f32=fallback,
-                          precision_types=plan.model_types)
-            kwargs["ctx"] = ctx
-        ret = plan.fn(**kwargs)
-        ui = None
-        if type(ret) is Result:
-            ui, ret = ret.ui, ret.values
-        if type(ret) is not tuple:
-            ret = () if ret is None and plan.n_out == 0 else (ret,)
-        if len(ret) != plan.n_out:
-            raise TypeError(f"returned {len(ret)} value(s); the node declares {plan.n_out} output(s)")
-        return ret, ui, ctx
-
-    def _execute(self, nid, plan, call, key, values, resolver, env, run) -> None:
-        emit = run.on_event
-        if emit is not None:
-            emit(ev.Executing(run.prompt_id, nid, plan.class_type))
-        t0 = time.perf_counter()
-        fell_back = False
-        try:
-            out, ui, ctx = self._call(nid, plan, call, values, resolver, env, run, False)
-            used = _used_policies(ctx, plan, resolver, nid)
-            if any(p.is_half for p in used) and _nonfinite(out):
-                half = ",".join(p.spec for p in used if p.is_half)
-                f32 = ",".join(resolve(p, f32_compute=True).spec for p in used)
-                msg = (f"node {nid} ({plan.class_type}) produced NaN/Inf under {half}; "
-                       f"re-running it with f32 compute ({f32})")
-                log.warning(msg)
-                run.report.warnings.append(msg)
-                if emit is not None:
-                    emit(ev.NanFallback(run.prompt_id, nid, plan.class_type, half, f32, msg))
-                fell_back = True
-                out, ui, ctx = self._call(nid, plan, call, values, resolver, env, run, True)
-                used = _used_policies(ctx, plan, resolver, nid, fallback=True)
-                if _nonfinite(out):
-                    raise NonFiniteOutput(
-                        f"outputs hold NaN/Inf even with f32 compute (after {half} gave NaN/Inf); "
-                        f"the inputs or the model weights are likely broken")
-        except (Interrupted, KeyboardInterrupt, NodeError):
-            raise
-        except Exception as e:  # noqa: BLE001 - any node failure becomes a NodeError
-            raise NodeError(nid, plan.class_type, e) from e
-        seconds = time.perf_counter() - t0
-        precision = ",".join(dict.fromkeys(p.spec for p in used)) or None
-        values[nid] = out
-        report = run.report
-        report.nodes[nid] = NodeReport(plan.class_type, "executed", seconds, precision, fell_back)
-        if ui:
-            report.ui[nid] = ui
-            files = _ui_files(ui, env)
-            if files:
-                report.outputs[nid] = files
-        if key is not None:
-            self.cache.put(key, out, ui, {"precision": precision, "nan_fallback": fell_back})
-        if emit is not None and ui:
-            emit(ev.Executed(run.prompt_id, nid, ui))
-
-
-def _used_policies(ctx: Context | None, plan: _NodePlan, resolver: Resolver, nid: str,
-                   fallback: bool = False) -> list:
-    """What the node ran under: its reports, else the policies resolved for its model inputs."""
-    if ctx is None:
-        return []
-    if ctx.used:
-        return list(ctx.used)
-    return [resolve(resolver.policy(nid, t), f32_compute=fallback) for t in plan.model_types]

@@ -9,7 +9,9 @@
 Every parameter except `ctx` has an `Input` descriptor as its default; the parameter order is the
 input order ComfyUI clients see. A body that declares `ctx` receives the run `Context`.
 A body returns its outputs as a tuple (a single output may be returned bare), or a `Result` to
-attach a UI payload (output nodes).
+attach a UI payload (output nodes) or a graph to expand into. A body may be `async def`; any
+output value may be an `ExecutionBlocker` (`graph.blocker`). docs/ARCHITECTURE.md, "Dynamic
+execution", has the list, lazy, expansion and async rules.
 """
 
 from __future__ import annotations
@@ -30,26 +32,29 @@ def _extra(**kw: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def Int(default: int = 0, *, min: int | None = None, max: int | None = None, step: int | None = None,
-        control_after_generate: bool = False, optional: bool = False, tooltip: str | None = None) -> Input:
+        control_after_generate: bool = False, optional: bool = False, tooltip: str | None = None,
+        lazy: bool = False) -> Input:
     return Input("INT", default, min=min, max=max, step=step, optional=optional, tooltip=tooltip,
-                 extra=_extra(control_after_generate=control_after_generate))
+                 extra=_extra(control_after_generate=control_after_generate), lazy=lazy)
 
 
 def Float(default: float = 0.0, *, min: float | None = None, max: float | None = None,
           step: float | None = None, round: float | None = None, optional: bool = False,
-          tooltip: str | None = None) -> Input:
+          tooltip: str | None = None, lazy: bool = False) -> Input:
     return Input("FLOAT", default, min=min, max=max, step=step, round=round, optional=optional,
-                 tooltip=tooltip)
+                 tooltip=tooltip, lazy=lazy)
 
 
 def String(default: str = "", *, multiline: bool = False, dynamic_prompts: bool = False,
-           optional: bool = False, force_input: bool = False, tooltip: str | None = None) -> Input:
+           optional: bool = False, force_input: bool = False, tooltip: str | None = None,
+           lazy: bool = False) -> Input:
     return Input("STRING", default, multiline=multiline, optional=optional, tooltip=tooltip,
-                 force_input=force_input, extra=_extra(dynamicPrompts=dynamic_prompts))
+                 force_input=force_input, extra=_extra(dynamicPrompts=dynamic_prompts), lazy=lazy)
 
 
-def Boolean(default: bool = False, *, optional: bool = False, tooltip: str | None = None) -> Input:
-    return Input("BOOLEAN", default, optional=optional, tooltip=tooltip)
+def Boolean(default: bool = False, *, optional: bool = False, tooltip: str | None = None,
+            lazy: bool = False) -> Input:
+    return Input("BOOLEAN", default, optional=optional, tooltip=tooltip, lazy=lazy)
 
 
 def Combo(options: Sequence[str] | Callable[[Any], Sequence[str]], default: str | None = None, *,
@@ -61,17 +66,26 @@ def Combo(options: Sequence[str] | Callable[[Any], Sequence[str]], default: str 
                  optional=optional, tooltip=tooltip, extra=_extra(**extra))
 
 
-def Socket(type: str, *, optional: bool = False, tooltip: str | None = None) -> Input:
-    """A linked-only input (MODEL, LATENT, ...; or a widget type forced to be a socket)."""
-    return Input(type, optional=optional, tooltip=tooltip, force_input=type in WIDGET_TYPES)
+def Socket(type: str, *, optional: bool = False, tooltip: str | None = None,
+           lazy: bool = False) -> Input:
+    """A linked-only input (MODEL, LATENT, ...; or a widget type forced to be a socket).
+    `lazy`: evaluated only when the node's `check_lazy_status` asks for it."""
+    return Input(type, optional=optional, tooltip=tooltip, force_input=type in WIDGET_TYPES,
+                 lazy=lazy)
 
 
 @dataclass(frozen=True)
 class Result:
-    """What an output node (or any node that shows something) returns: values + a UI payload."""
+    """What an output node (or any node that shows something) returns: values + a UI payload.
+
+    `expand`: node expansion (ComfyUI's `{"result", "expand"}`): an API-format prompt
+    `{id: {"class_type", "inputs": {name: literal | [id, slot]}}}` that runs in place of the
+    node; `values` entries may then be links `[id, slot]` into it (or to existing nodes). Ids are
+    made unique by the engine (`graph.expand`)."""
 
     values: tuple = ()
     ui: dict[str, Any] | None = None
+    expand: dict[str, Any] | None = None
 
 
 def node(_fn: Callable | None = None, *, name: str | None = None, category: str = "",
@@ -79,8 +93,12 @@ def node(_fn: Callable | None = None, *, name: str | None = None, category: str 
          display_name: str | None = None, description: str = "", output_node: bool = False,
          deterministic: bool = True, version: int = 1, fingerprint: Callable | None = None,
          validate: Callable | None = None, precision_types: Sequence[str] = (),
+         input_is_list: bool = False, check_lazy_status: Callable | None = None,
          register: bool = True):
     """Declare a node from a function. Returns the function, with its `NodeSpec` at `fn.spec`.
+
+    `input_is_list`: every input arrives as a list and the body runs once (INPUT_IS_LIST);
+    `check_lazy_status(**inputs) -> [names]`: the lazy inputs (`lazy=True`) still needed.
 
     `precision_types`: model socket types the body asks a policy for (`ctx.policy_for`) beyond
     those of its own inputs; they join the node's cache key."""
@@ -90,7 +108,8 @@ def node(_fn: Callable | None = None, *, name: str | None = None, category: str 
             fn, name=name, category=category, outputs=outputs, output_names=output_names,
             display_name=display_name, description=description or (inspect.getdoc(fn) or ""),
             output_node=output_node, deterministic=deterministic, version=version,
-            fingerprint=fingerprint, validate=validate, precision_types=precision_types)
+            fingerprint=fingerprint, validate=validate, precision_types=precision_types,
+            input_is_list=input_is_list, check_lazy_status=check_lazy_status)
         fn.spec = spec  # type: ignore[attr-defined]
         if register:
             REGISTRY.add(spec)

@@ -2,7 +2,8 @@
 
 A SPEC names how a model's weights are stored and what dtype its layers compute in:
 
-    SPEC   := "auto" | "int8" | STORE [":" COMPUTE] ("+" FLAG)*
+    SPEC   := PRESET | "int8" | STORE [":" COMPUTE] ("+" FLAG)*
+    PRESET := auto | quality | balanced | memory | fast      (auto = balanced; see `preset_spec`)
     STORE  := f32 | bf16 | f16 | fp8_e4m3fn | fp8_e5m2        (fp32/fp16/float32/... accepted)
     COMPUTE:= f32 | bf16 | f16                                 (default: the storage dtype)
     FLAG   := upcast (= upcast_attention + f32_norms) | upcast_attention | f32_norms
@@ -17,9 +18,13 @@ Resolution for one node and one model socket type, most specific first (DESIGN Â
   3. the per-socket-type default (`--precision MODEL=bf16,VAE=f32`);
   4. the workflow default: the command line / API `precision=` when given, else the workflow
      file's `precision.default` (an explicit request for this run beats what the file suggests);
-  5. `auto`: native bf16 (CUDA compute capability >= 8) -> bf16; CUDA without bf16 ->
-     f16+upcast; anything else (CPU, where half precision is emulated and several times slower
-     than f32) -> f32.
+  5. `auto` (= the `balanced` preset), per socket type: the fastest native policy that keeps the
+     picture (`preset_spec` holds the decision table). Native arithmetic is detected per device
+     (`device_caps`: CUDA compute capability, MPS, a CPU's flags: AVX512-BF16/AMX-BF16 for bf16,
+     AVX512-FP16/AMX-FP16 for f16, VNNI/AMX-INT8 for int8). CUDA: bf16 from 8.0, else
+     f16+upcast; a CPU with native bf16: UNet/ControlNet bf16, VAE and text encoders f32; a CPU
+     without it (half precision emulated, slower than f32): f32. A preset in any place a SPEC
+     goes (default, region, `TYPE=`) resolves per socket type there.
 
 Every rule lives here once:
 - the grammar: `parse_spec` (SPEC -> Policy), `parse_precision_arg` (`--precision`, `TYPE=SPEC`),
@@ -47,7 +52,9 @@ import torch
 __all__ = [
     "Policy", "PrecisionError", "F32", "parse_spec", "format_spec", "parse_type_defaults",
     "parse_precision_arg", "parse_config", "ParsedConfig", "resolve", "DeviceCaps", "device_caps",
-    "auto_spec", "emulation_warning", "Resolver", "NodePrecision",
+    "auto_spec", "emulation_warning", "Resolver", "NodePrecision", "cpu_flags",
+    "cpu_caps_from_flags", "CPU_FLAGS_ENV", "PRESETS", "preset_name", "preset_spec", "preset_table",
+    "hardware_section",
 ]
 
 
@@ -73,7 +80,8 @@ _NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
 _HALF = (torch.float16, torch.bfloat16)
 
 ALLOWED = ("f32, bf16, f16, STORE:COMPUTE (e.g. bf16:f32, fp8_e4m3fn:bf16, fp8_e5m2:f16), "
-           "+upcast / +upcast_attention / +f32_norms flags (e.g. f16+upcast), int8, auto")
+           "+upcast / +upcast_attention / +f32_norms flags (e.g. f16+upcast), int8, auto, "
+           "or a preset: quality, balanced, memory, fast")
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,8 @@ def _as_policy(p: Any) -> Policy:
 
 
 def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None,
-            f32_compute: bool = False, warn: Callable[[str], None] | None = None) -> Policy:
+            f32_compute: bool = False, warn: Callable[[str], None] | None = None,
+            compute: torch.dtype | None = None) -> Policy:
     """The policy one model runs under in one node: the one home of the per-use rules.
 
     base:        what the `Resolver` gave the node for the model's socket type.
@@ -140,6 +149,9 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
                  pinned dtype, so the pin wins: the model stores `storage` and computes in f32,
                  int8's compute dtype (`int8` + fp8_e4m3fn -> `fp8_e4m3fn:f32`), and `warn` is
                  told. What the report names is then what is stored and computed.
+    compute:     a compute dtype pinned on the handle (ComfyUI's ModelComputeDtype); it replaces
+                 the compute dtype of whichever policy won, keeping storage and flags. int8 layers
+                 compute in f32 and keep doing so (`warn` is told the pin does not apply).
     f32_compute: a NaN-guard re-run: same storage and flags, f32 compute; beats everything.
     """
     policy = _as_policy(pinned if pinned is not None else base)
@@ -152,6 +164,15 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
             warn(f"int8 does not combine with the loader's weight_dtype {name}: the model is "
                  f"stored {name} and computes in f32 ({name}:f32), without int8 layers")
         policy = _make(storage, policy.compute, policy.upcast_attention, policy.f32_norms)
+    if compute is not None and compute != policy.compute:
+        if compute not in _COMPUTE.values():
+            raise PrecisionError(f"pinned compute dtype {compute} is not one of f32, bf16, f16")
+        if policy.int8:
+            if warn is not None:
+                warn(f"int8 layers compute in f32: the pinned compute dtype {_NAMES[compute]} "
+                     f"does not apply")
+        else:
+            policy = _make(policy.storage, compute, policy.upcast_attention, policy.f32_norms)
     if f32_compute and policy.compute != torch.float32:
         policy = _make(policy.storage, torch.float32, policy.upcast_attention, policy.f32_norms,
                        policy.int8)
@@ -159,13 +180,15 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
 
 
 @functools.lru_cache(maxsize=256)
-def parse_spec(spec: str, device: str = "cpu") -> Policy:
-    """Parse a SPEC into a Policy; `auto` is resolved for `device`."""
+def parse_spec(spec: str, device: str = "cpu", socket: str = "MODEL") -> Policy:
+    """Parse a SPEC into a Policy; a preset (`auto`, `quality`, `balanced`, `memory`, `fast`) is
+    resolved for `device` and the model socket type `socket` (`preset_spec`)."""
     if not isinstance(spec, str) or not spec.strip():
         raise PrecisionError(f"empty precision spec; allowed: {ALLOWED}")
     text = spec.strip().lower()
-    if text == "auto":
-        return parse_spec(auto_spec(device), device)
+    preset = preset_name(text)
+    if preset is not None:
+        return parse_spec(preset_spec(preset, socket, device_caps(device)), device, socket)
     if text == "int8":
         # Dynamic int8 Linear layers (weights int8, activations quantized per call, f32 math);
         # every other layer keeps f32 weights, hence storage f32.
@@ -209,7 +232,7 @@ def parse_type_defaults(text: str | Mapping[str, str] | None, device: str = "cpu
         if not socket or not socket.replace("_", "").isalnum():
             raise PrecisionError(f"precision default {socket}={spec}: expected SOCKET_TYPE=SPEC, "
                                  f"e.g. MODEL=bf16,VAE=f32")
-        out[socket.upper()] = parse_spec(spec, device)
+        out[socket.upper()] = parse_spec(spec, device, socket.upper())
     return out
 
 
@@ -288,46 +311,232 @@ def parse_config(config: Any, device: str = "cpu") -> ParsedConfig:
 
 # --- devices ------------------------------------------------------------------------------------
 
+#: CPU flags (as /proc/cpuinfo and torch spell them) that make each kind of arithmetic native.
+CPU_NATIVE_FLAGS = {
+    "bf16": ("avx512_bf16", "amx_bf16"),
+    "f16": ("avx512_fp16", "amx_fp16"),
+    "int8": ("avx512_vnni", "avx_vnni", "amx_int8"),
+}
+#: Environment variable that replaces the detected CPU flags (space or comma separated), so a run
+#: (or the test suite) can pin what `auto` sees: `MIXGRAPH_CPU_FLAGS=avx2` acts as a CPU without
+#: native half precision; `MIXGRAPH_CPU_FLAGS=avx512_bf16,avx512_vnni` as one with it.
+CPU_FLAGS_ENV = "MIXGRAPH_CPU_FLAGS"
+
+
 @dataclass(frozen=True)
 class DeviceCaps:
+    """What one device computes natively. `why` names the evidence (flags, compute capability)."""
+
     kind: str            # "cpu" | "cuda" | "mps" | ...
     native_bf16: bool
     native_f16: bool
+    native_int8: bool = False
+    name: str = ""
+    why: str = ""
+
+    def native(self, compute: torch.dtype) -> bool:
+        """Whether half compute in `compute` is native (f32 always is)."""
+        if compute == torch.bfloat16:
+            return self.native_bf16
+        if compute == torch.float16:
+            return self.native_f16
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "native_bf16": self.native_bf16,
+                "native_f16": self.native_f16, "native_int8": self.native_int8, "why": self.why}
+
+
+def cpu_flags(cpuinfo: str | None = None, env: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The CPU's feature flags: `MIXGRAPH_CPU_FLAGS` when set (in `env`, default os.environ), else
+    the `flags` line of /proc/cpuinfo (or the given `cpuinfo` text) joined with what torch's own
+    CPU probe reports (it also works where /proc is missing)."""
+    import os
+
+    env = os.environ if env is None else env
+    override = env.get(CPU_FLAGS_ENV)
+    if override is not None:
+        return frozenset(f for f in override.replace(",", " ").lower().split() if f)
+    flags: set[str] = set()
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read(1 << 20)
+        except OSError:
+            cpuinfo = ""
+        flags |= _torch_cpu_flags()
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            flags |= set(value.lower().split())
+            break
+    return frozenset(flags)
+
+
+def _torch_cpu_flags() -> set[str]:
+    probe = getattr(getattr(torch._C, "_cpu", None), "_get_cpu_capability", None)
+    try:
+        caps = probe() if probe is not None else {}
+    except Exception:  # noqa: BLE001 - an older torch without the probe: /proc/cpuinfo decides
+        caps = {}
+    return {k for k, v in caps.items() if v is True}
+
+
+def cpu_caps_from_flags(flags: frozenset[str] | set[str], name: str = "cpu",
+                        onednn: bool = True) -> DeviceCaps:
+    """The decision table for a CPU: bf16 is native with AVX512-BF16 or AMX-BF16, f16 with
+    AVX512-FP16 or AMX-FP16, int8 with VNNI (AVX512 or AVX) or AMX-INT8. Half precision needs
+    torch's oneDNN (mkldnn) backend too: without it the same flags buy nothing."""
+    got = {what: sorted(set(names) & set(flags)) for what, names in CPU_NATIVE_FLAGS.items()}
+    bf16 = bool(got["bf16"]) and onednn
+    f16 = bool(got["f16"]) and onednn
+    int8 = bool(got["int8"])
+    why = "; ".join(f"{what}: {', '.join(names) if names else 'no ' + '/'.join(CPU_NATIVE_FLAGS[what])}"
+                    for what, names in got.items())
+    if not onednn:
+        why += "; torch built without oneDNN"
+    return DeviceCaps("cpu", native_bf16=bf16, native_f16=f16, native_int8=int8, name=name, why=why)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "cpu"
 
 
 @functools.lru_cache(maxsize=16)
 def device_caps(device: str) -> DeviceCaps:
+    """What `device` computes natively: CUDA from its compute capability (bf16 from 8.0, int8
+    tensor cores from 7.5, f16 always), MPS bf16 where torch supports it (macOS 14+), a CPU from
+    its flags (`cpu_flags`, `cpu_caps_from_flags`). An unavailable accelerator is treated as a CPU
+    without native half precision."""
     d = torch.device(device)
     if d.type == "cuda" and torch.cuda.is_available():
-        major, _minor = torch.cuda.get_device_capability(d.index or 0)
-        return DeviceCaps("cuda", native_bf16=major >= 8, native_f16=True)
+        index = d.index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        return DeviceCaps("cuda", native_bf16=major >= 8, native_f16=True,
+                          native_int8=(major, minor) >= (7, 5),
+                          name=torch.cuda.get_device_name(index),
+                          why=f"compute capability {major}.{minor}")
     if d.type == "mps":
-        return DeviceCaps("mps", native_bf16=False, native_f16=True)
-    # CPUs (and an unavailable accelerator) emulate half precision: convolutions run several
-    # times slower than in f32, so half precision only saves memory there.
-    return DeviceCaps(d.type, native_bf16=False, native_f16=False)
+        mps = getattr(torch.backends, "mps", None)
+        newer = getattr(mps, "is_macos_or_newer", None)
+        bf16 = bool(mps is not None and mps.is_available() and newer is not None and newer(14, 0))
+        return DeviceCaps("mps", native_bf16=bf16, native_f16=True, name="mps",
+                          why="macOS 14+" if bf16 else "bf16 needs macOS 14+")
+    if d.type == "cpu":
+        return cpu_caps_from_flags(cpu_flags(), _cpu_name(), torch.backends.mkldnn.is_available())
+    return DeviceCaps(d.type, native_bf16=False, native_f16=False, name=str(d),
+                      why="device not available")
 
 
-def auto_spec(device: str) -> str:
-    caps = device_caps(device)
-    if caps.native_bf16:
-        return "bf16"
-    if caps.native_f16 and caps.kind == "cuda":
-        return "f16+upcast"
-    return "f32"
+# --- presets: `auto` and the named policies, per model socket type -----------------------------
+
+#: Named presets, usable wherever a SPEC is: `--precision`, envelopes, regions, group tags.
+#: `auto` is `balanced`.
+PRESETS = ("quality", "balanced", "memory", "fast")
+PRESET_ALIASES = {"auto": "balanced"}
+#: How presets treat each model socket type: the denoiser (UNet, ControlNet), text encoders,
+#: and image models (VAE, upscalers, CLIP vision), which stay f32 unless a preset says otherwise.
+_ROLE = {"MODEL": "unet", "CONTROL_NET": "unet", "CLIP": "text", "VAE": "vae"}
 
 
-def emulation_warning(policy: Policy, device: str) -> str | None:
-    """The one-line warning for half compute on a device that only emulates it, else None."""
-    if not policy.is_half:
-        return None
-    caps = device_caps(device)
-    native = caps.native_bf16 if policy.compute == torch.bfloat16 else caps.native_f16
-    if native:
+def preset_name(spec: str) -> str | None:
+    """The preset a SPEC names (`auto` -> `balanced`), or None for a plain SPEC."""
+    text = spec.strip().lower() if isinstance(spec, str) else ""
+    text = PRESET_ALIASES.get(text, text)
+    return text if text in PRESETS else None
+
+
+def preset_spec(preset: str, socket: str, caps: DeviceCaps) -> str:
+    """The decision table: the SPEC a preset gives one model socket type on a device.
+
+    quality  f32 everywhere (ComfyUI's CPU parity).
+    balanced (= auto) the fastest native policy that keeps the picture: on CUDA (and MPS with bf16)
+             bf16 where native, else f16+upcast on CUDA, for every model (as before); on a CPU
+             with native bf16 the UNet and ControlNet compute in bf16 (the NaN guard re-runs a
+             non-finite step in f32) while the VAE and text encoders stay f32: a text encoder
+             runs once per prompt (nothing to win) and the VAE decodes the final pixels (bf16
+             costs visible banding); a CPU without native bf16 -> f32 everywhere.
+    memory   the smallest storage that keeps the picture: 16-bit weights everywhere (fp8 costs
+             visible detail), the UNet computing in bf16 (f16+upcast on CUDA without bf16) where
+             that is native, everything else `bf16:f32`.
+    fast     the fastest native compute everywhere: the UNet and text encoders in bf16 (f16+upcast
+             on CUDA without bf16), the VAE in f16 where f16 is native (the NaN guard is its
+             fallback), else bf16 where native, else f32.
+    """
+    role = _ROLE.get(socket.upper(), "vae")
+    accel = caps.kind in ("cuda", "mps")
+    if preset == "quality":
+        return "f32"
+    if accel and caps.native_bf16:
+        half = "bf16"
+    elif caps.kind == "cuda" and caps.native_f16:
+        half = "f16+upcast"
+    elif caps.native_bf16:
+        half = "bf16"
+    else:
+        half = None
+    if preset == "balanced":
+        if half is None:
+            return "f32"
+        return half if accel or role == "unet" else "f32"
+    if preset == "memory":
+        if role == "unet" and half is not None and (half == "bf16" or accel):
+            return half      # bf16 (or CUDA's f16) weights computing natively
+        return "bf16:f32"
+    if preset == "fast":
+        if role == "vae":
+            if caps.native_f16:
+                return "f16"
+            return "bf16" if caps.native_bf16 else "f32"
+        return half or "f32"
+    raise PrecisionError(f"unknown precision preset {preset!r}; presets: {', '.join(PRESETS)}, auto")
+
+
+def auto_spec(device: str, socket: str = "MODEL", caps: DeviceCaps | None = None) -> str:
+    """What `auto` gives `socket` on `device` (or on the capabilities `caps`)."""
+    return preset_spec("balanced", socket, caps or device_caps(device))
+
+
+def preset_table(device: str = "cpu", caps: DeviceCaps | None = None,
+                 sockets: tuple[str, ...] = ("MODEL", "CLIP", "VAE", "CONTROL_NET")) -> dict[str, dict[str, str]]:
+    """{preset: {socket type: SPEC}} on a device: what `nodes --json`, `/system_stats` and the
+    benchmarks print."""
+    caps = caps or device_caps(device)
+    return {p: {s: preset_spec(p, s, caps) for s in sockets} for p in PRESETS}
+
+
+def emulation_warning(policy: Policy, device: str, caps: DeviceCaps | None = None) -> str | None:
+    """The one-line warning for a compute dtype the device only emulates (half precision, or int8
+    without VNNI/AMX), else None. It names what is lost: speed, not the memory saving."""
+    caps = caps or device_caps(device)
+    if policy.int8:
+        if caps.native_int8:
+            return None
+        return (f"int8 on {device} is emulated (no VNNI/AMX-INT8): expect it slower than f32; "
+                f"it still stores Linear weights in a quarter of the memory")
+    if not policy.is_half or caps.native(policy.compute):
         return None
     name = _NAMES[policy.compute]
-    return (f"{name} compute on {device} is emulated: it will be slower than f32 and saves memory "
-            f"only")
+    hint = "/".join(CPU_NATIVE_FLAGS["bf16" if policy.compute == torch.bfloat16 else "f16"]) \
+        if caps.kind == "cpu" else caps.why
+    return (f"{name} compute on {device} is emulated ({'no ' + hint if caps.kind == 'cpu' else hint}): "
+            f"it will be slower than f32 and saves memory only")
+
+
+def hardware_section(device: str = "cpu") -> dict[str, Any]:
+    """The `precision` section of `mixgraph nodes --json`'s system part, `/system_stats` and
+    `bench precision`: the device's native arithmetic and what each preset resolves to."""
+    caps = device_caps(device)
+    return {"device": device, **caps.to_json(), "auto": preset_table(caps=caps)["balanced"],
+            "presets": preset_table(caps=caps)}
 
 
 # --- resolution ---------------------------------------------------------------------------------
@@ -358,48 +567,75 @@ class Resolver:
 
     `config` is a workflow's `PrecisionConfig` (or None); `type_defaults` maps socket types to
     Policies or SPECs; `cli_default` is the run's default SPEC (beats the file's default).
-    `warned` is a set shared across runs so the emulation warning is given once; new warnings
-    collect in `self.warnings`.
+    A preset SPEC (`auto`, `memory`, ...) as the default or a region's SPEC resolves per socket
+    type (`preset_spec`). `warned` is a set shared across runs so the emulation warning is given
+    once; new warnings collect in `self.warnings`. `caps` replaces the device's detected
+    capabilities (tests, `mixgraph estimate` for another machine).
     """
 
     def __init__(self, config: Any = None, type_defaults: Mapping[str, Any] | str | None = None,
-                 cli_default: str | None = None, device: str = "cpu", warned: set | None = None):
+                 cli_default: str | None = None, device: str = "cpu", warned: set | None = None,
+                 caps: DeviceCaps | None = None):
         self.device = device
+        self.caps = caps or device_caps(device)
         self.warnings: list[str] = []
         self._warned = warned if warned is not None else set()
+        self._memo: dict[tuple[str, str], Policy] = {}
         if isinstance(type_defaults, str):
-            type_defaults = parse_type_defaults(type_defaults, device)
+            parse_type_defaults(type_defaults, device)  # checks the names and SPECs
+            type_defaults = dict(_split_assignments(type_defaults))
         self.type_defaults: dict[str, Policy] = {
-            k.upper(): (v if isinstance(v, Policy) else parse_spec(v, device))
+            k.upper(): (v if isinstance(v, Policy) else self._parse(v, k.upper()))
             for k, v in (type_defaults or {}).items()}
         parsed = parse_config(config, device)
         file_default = getattr(config, "default", None) if config is not None else None
         self.default_spec = cli_default or file_default or "auto"
-        if cli_default:
-            self.default = parse_spec(cli_default, device)
-        else:
-            self.default = parsed.default or parse_spec("auto", device)
+        self._default_preset = preset_name(self.default_spec)
+        self.default = self._parse(self.default_spec, "MODEL")
         # Innermost first: the smallest set wins; among equals the later-listed region wins.
         ordered = sorted(enumerate(parsed.regions), key=lambda ir: (len(ir[1][0].nodes), -ir[0]))
         self._region_of: dict[str, Any] = {}
         for _, (region, policy) in ordered:
-            self._note(policy)
             for nid in region.nodes:
                 self._region_of.setdefault(str(nid), region)
-        self._region_policy = {id(r): p for r, p in parsed.regions}
-        for p in (self.default, *self.type_defaults.values()):
+        self._region_spec = {id(r): r.precision for r, _ in parsed.regions}
+        for _, (region, _p) in ordered:
+            for socket in self._sockets(region.precision):
+                self._note(self._parse(region.precision, socket))
+        for socket in self._sockets(self.default_spec):
+            self._note(self._parse(self.default_spec, socket))
+        for p in self.type_defaults.values():
             self._note(p)
 
+    @staticmethod
+    def _sockets(spec: str) -> tuple[str, ...]:
+        return tuple(_ROLE) if preset_name(spec) else ("MODEL",)
+
+    def _parse(self, spec: str, socket: str) -> Policy:
+        """A SPEC for one socket type on this resolver's device capabilities."""
+        key = (spec, socket)
+        p = self._memo.get(key)
+        if p is None:
+            preset = preset_name(spec)
+            text = preset_spec(preset, socket, self.caps) if preset else spec
+            p = self._memo[key] = parse_spec(text, self.device, socket)
+        return p
+
     def _note(self, policy: Policy) -> None:
-        msg = emulation_warning(policy, self.device)
+        msg = emulation_warning(policy, self.device, self.caps)
         if msg and msg not in self._warned:
             self._warned.add(msg)
             self.warnings.append(msg)
 
     def _policy(self, region: Any, socket: str) -> Policy:
         if region is not None:
-            return self._region_policy[id(region)]
-        return self.type_defaults.get(socket, self.default)
+            return self._parse(self._region_spec[id(region)], socket)
+        p = self.type_defaults.get(socket)
+        if p is not None:
+            return p
+        if self._default_preset is None:
+            return self.default
+        return self._parse(self.default_spec, socket)
 
     def region_of(self, node_id: str) -> Any:
         return self._region_of.get(node_id)
@@ -412,7 +648,11 @@ class Resolver:
         return self._policy(self._region_of.get(node_id), socket)
 
     def describe(self) -> dict[str, Any]:
-        """A summary for reports and logs."""
-        return {"default": self.default.spec, "device": self.device,
-                "types": {k: v.spec for k, v in self.type_defaults.items()},
-                "regions": sorted({r.name for r in self._region_of.values()})}
+        """A summary for reports and logs; a preset default lists what it gave each type."""
+        out = {"default": self.default.spec, "device": self.device,
+               "types": {k: v.spec for k, v in self.type_defaults.items()},
+               "regions": sorted({r.name for r in self._region_of.values()})}
+        if self._default_preset is not None:
+            out["preset"] = self.default_spec.strip().lower()
+            out["preset_types"] = {s: self._parse(self.default_spec, s).spec for s in _ROLE}
+        return out

@@ -38,6 +38,8 @@ def option_keys(inp: Input) -> dict[str, Any]:
         opts["forceInput"] = True
     if inp.tooltip:
         opts["tooltip"] = inp.tooltip
+    if inp.lazy:
+        opts["lazy"] = True
     return opts
 
 
@@ -122,6 +124,7 @@ def render_spec(spec: NodeSpec, env: Any = None) -> dict:
         "python_module": spec.python_module,
         "category": spec.category,
         "output_node": spec.output_node,
+        **dict(spec.info_extra),
     }
 
 

@@ -39,6 +39,8 @@ class Input:
     tooltip: str | None = None
     extra: tuple[tuple[str, Any], ...] = ()  # other object_info options (control_after_generate...)
     force_input: bool = False  # a widget type that must be linked (e.g. a STRING socket)
+    # a linked lazy input is evaluated only when the node's `check_lazy_status` asks for it
+    lazy: bool = False
 
     @property
     def has_default(self) -> bool:
@@ -57,13 +59,16 @@ class Input:
 
 @dataclass(frozen=True)
 class Hidden:
-    """A hidden input filled by the executor: PROMPT, EXTRA_PNGINFO, UNIQUE_ID."""
+    """A hidden input filled by the executor: PROMPT, EXTRA_PNGINFO, UNIQUE_ID, DYNPROMPT."""
 
     kind: str
 
 
 @dataclass(frozen=True)
 class Output:
+    """One declared output. `is_list`: the body returns a list for it, and consumers are called
+    once per element (ComfyUI's OUTPUT_IS_LIST)."""
+
     type: str
     name: str
     is_list: bool = False
@@ -72,6 +77,9 @@ class Output:
 @dataclass(frozen=True)
 class NodeSpec:
     """The whole schema of a node type, derived once from its function.
+
+    The dynamic execution fields (`input_is_list`, `check_lazy_status`, `Input.lazy`,
+    `Output.is_list`) are described in docs/ARCHITECTURE.md, "Dynamic execution".
 
     `precision_types`: the model socket types whose resolved precision policy the node may ask
     for (`ctx.policy_for`), sorted. They are part of the node's cache key, so they come from the
@@ -95,6 +103,17 @@ class NodeSpec:
     validate: Callable[..., list[str]] | None = None
     python_module: str = "nodes"
     precision_types: tuple[str, ...] = ()
+    # ComfyUI custom nodes (mixgraph.ui.comfy_adapter): `extra_inputs` passes linked inputs the
+    # spec does not declare to fn as keywords (a V1 FUNCTION with **kwargs, ComfyUI's rule: links
+    # only, undeclared literals are dropped); `info_extra` holds object_info keys rendered as
+    # given (output_tooltips, deprecated, experimental, ...).
+    extra_inputs: bool = False
+    info_extra: tuple[tuple[str, Any], ...] = ()
+    # ComfyUI's INPUT_IS_LIST: every input arrives as a list (literals as 1-element lists) and
+    # the body is called once; otherwise list-valued inputs call it once per element.
+    input_is_list: bool = False
+    # fn(**inputs) -> names of lazy inputs still needed (unevaluated lazy inputs are None).
+    check_lazy_status: Callable[..., Any] | None = None
 
     @property
     def input_map(self) -> dict[str, Input]:

@@ -21,7 +21,9 @@ Coercion is ComfyUI's: `int()`, `float()`, `str()`, `bool()` on the literal. So 
 booleans). `step` and `round` are not checked. A FLOAT must be finite (ComfyUI lets NaN through).
 A node's own `validate(env, ...)` function takes over some default checks of the inputs it names
 (ComfyUI's VALIDATE_INPUTS rule, narrowed: a fixed option list always applies); the precise rule
-is `_NodeChecker.claims`'s.
+is `_NodeChecker.claims`'s. A validator that takes `input_types` gets the received types of the
+linked inputs and judges them itself (no `return_type_mismatch` for that node), as ComfyUI's
+VALIDATE_INPUTS; a spec with `extra_inputs` keeps its undeclared links (checked to exist).
 
 Linear time without recursion: the ancestors of the outputs, their order and the cycles come from
 `graph.plan` (one walk that also checks each node once, Kahn's algorithm, and strongly connected
@@ -269,6 +271,9 @@ class _NodeChecker:
         self.prompt, self.specs, self.env, self.extra_checks = prompt, specs, env, extra_checks
         self._options: dict[tuple[str, str], list] = {}
         self._claims: dict[str, tuple[frozenset[str], bool]] = {}
+        # validators taking `input_types` (ComfyUI's VALIDATE_INPUTS rule): they get the linked
+        # inputs' received types, and judge link types themselves
+        self._typed: set[str] = set()
 
     def options(self, spec: NodeSpec, name: str, inp: Input) -> list:
         key = (spec.name, name)
@@ -293,7 +298,10 @@ class _NodeChecker:
         if spec.name not in self._claims:
             params = list(inspect.signature(spec.validate).parameters.values())[1:]
             named = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-            self._claims[spec.name] = (named, any(p.kind == p.VAR_KEYWORD for p in params))
+            self._claims[spec.name] = (named - {"input_types"},
+                                       any(p.kind == p.VAR_KEYWORD for p in params))
+            if "input_types" in named:
+                self._typed.add(spec.name)
         return self._claims[spec.name]
 
     def config(self, spec: NodeSpec, name: str, inp: Input) -> list:
@@ -305,6 +313,8 @@ class _NodeChecker:
         """The node's checked inputs, its problems, and the ids of the prompt's nodes its declared
         inputs link to (also the links that failed a check: they still order the graph)."""
         claimed, kwargs = self.claims(spec) if spec.validate is not None else (frozenset(), False)
+        typed = spec.name in self._typed
+        received: dict[str, str] = {}
         got: dict[str, Any] = {}
         problems: list[Problem] = []
         linked: list[str] = []
@@ -325,8 +335,9 @@ class _NodeChecker:
                     up = specs.get(up_id)
                     # the usual case inline: a link to an existing slot of the declared type
                     if up is not None and 0 <= v.slot < len(up.outputs) and \
-                            up.outputs[v.slot].type == inp.type:
+                            (typed or up.outputs[v.slot].type == inp.type):
                         got[name] = v
+                        received[name] = up.outputs[v.slot].type
                         continue
                 failed = self._check_link(v, name, inp, spec)
                 if failed is None:
@@ -345,10 +356,23 @@ class _NodeChecker:
                 else:
                     problems.append(_problem(nid, call, value))
 
+        if spec.extra_inputs:   # undeclared links reach **kwargs; undeclared literals do not
+            declared = spec.input_map
+            for name, v in given.items():
+                if name not in declared and type(v) is Link:
+                    if v.node_id in prompt:
+                        linked.append(v.node_id)
+                    failed = self._check_link(v, name, Input("*"), spec)
+                    if failed is None:
+                        got[name] = v
+                    else:
+                        problems.append(_problem(nid, call, failed))
         if spec.validate is not None and not problems:
             literals = {k: x for k, x in got.items() if type(x) is not Link}
             if not kwargs:
                 literals = {k: x for k, x in literals.items() if k in claimed}
+            if typed:
+                literals["input_types"] = received
             try:
                 found = spec.validate(self.env, **literals) or []
             except Exception as e:  # a validator's crash is reported, not raised
@@ -360,7 +384,7 @@ class _NodeChecker:
                 name, text = item if isinstance(item, tuple) else (None, str(item))
                 problems.append(_problem(nid, call, _fail(
                     "custom_validation_failed", "Custom validation failed for node",
-                    f"{name} - {text}" if name else text, name)))
+                    f"{name} - {text}" if name and text else name or text, name)))
         if self.extra_checks is not None:
             for item in self.extra_checks(nid, call, spec, got) or ():
                 if isinstance(item, Problem):
@@ -384,7 +408,7 @@ class _NodeChecker:
                          f"node {v.node_id} ({up.name}), which has {len(up.outputs)} output(s)",
                          name, name, linked_node=[v.node_id, v.slot])
         received = up.outputs[v.slot].type
-        if not types_match(received, inp.type):
+        if not types_match(received, inp.type) and spec.name not in self._typed:
             return _fail("return_type_mismatch", "Return type mismatch between linked nodes",
                          f"{name}, received_type({received}) mismatch input_type({inp.type})", name,
                          input_config=self.config(spec, name, inp), received_type=received,

@@ -27,6 +27,8 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "diffusion_models": ("diffusion_models", "unet"),
     "text_encoders": ("text_encoders", "clip"),
     "upscale_models": ("upscale_models", "ESRGAN", "RealESRGAN"),
+    "diffusers": ("diffusers",),
+    "vae_approx": ("vae_approx",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 
@@ -38,29 +40,40 @@ class FolderError(ValueError):
     pass
 
 
-def _extra_roots(env: Any) -> dict[str, list[Path]]:
-    roots: dict[str, list[Path]] = {k: list(v) for k, v in getattr(env, "extra_model_paths", ())}
+def extra_model_paths_files(env: Any) -> list[Path]:
+    """The extra_model_paths.yaml files read for `env`: one next to each models folder (or in it)."""
+    found = []
     for base in getattr(env, "models", ()):
         yaml_path = Path(base).parent / "extra_model_paths.yaml"
         if not yaml_path.is_file():
             yaml_path = Path(base) / "extra_model_paths.yaml"
         if yaml_path.is_file():
-            for key, paths in read_extra_model_paths(yaml_path).items():
-                roots.setdefault(key, []).extend(paths)
+            found.append(yaml_path)
+    return found
+
+
+def _extra_roots(env: Any) -> dict[str, list[Path]]:
+    roots: dict[str, list[Path]] = {k: list(v) for k, v in getattr(env, "extra_model_paths", ())}
+    for yaml_path in extra_model_paths_files(env):
+        for key, paths in read_extra_model_paths(yaml_path).items():
+            roots.setdefault(key, []).extend(paths)
     return roots
 
 
 def read_extra_model_paths(path: Path) -> dict[str, list[Path]]:
-    """Parse ComfyUI's extra_model_paths.yaml: sections with `base_path` and folder: subpath(s)."""
+    """Parse ComfyUI's extra_model_paths.yaml: sections with `base_path` and folder: subpath(s).
+    A relative `base_path`, or a relative subpath in a section without one, is relative to the
+    yaml file's folder (ComfyUI's rule); `custom_nodes` entries are pack folders."""
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as e:
         raise FolderError(f"{path}: not valid YAML: {e}") from e
     out: dict[str, list[Path]] = {}
-    for section in data.values():
+    here = Path(path).resolve().parent
+    for section in (data.values() if isinstance(data, dict) else ()):
         if not isinstance(section, dict):
             continue
-        base = Path(os.path.expanduser(str(section.get("base_path", ""))))
+        base = here / os.path.expandvars(os.path.expanduser(str(section.get("base_path", ""))))
         for key, value in section.items():
             if key in ("base_path", "is_default"):
                 continue

@@ -85,3 +85,28 @@ def ImageSharpen(image=Socket("IMAGE"), sharpen_radius=Int(1, min=1, max=31, ste
 def ImageQuantize(image=Socket("IMAGE"), colors=Int(256, min=1, max=256, step=1),
                   dither=Combo(image_ops.DITHERS)):
     return (image_ops.quantize(image, colors, dither),)
+
+
+@node(category="image/transform", outputs=("IMAGE",))
+def ImageFlip(image=Socket("IMAGE"), flip_method=Combo(image_ops.FLIP_METHODS)):
+    return (image_ops.flip(image, flip_method),)
+
+
+@node(category="image/transform", outputs=("IMAGE",))
+def ImageRotate(image=Socket("IMAGE"), rotation=Combo(image_ops.ROTATIONS)):
+    return (image_ops.rotate(image, rotation),)
+
+
+@node(category="image", outputs=(("INT", "width"), ("INT", "height"), ("INT", "batch_size")))
+def GetImageSize(image=Socket("IMAGE")):
+    return image_ops.size(image)
+
+
+@node(category="mask/compositing", outputs=("IMAGE", "MASK"), display_name="Split Image with Alpha")
+def SplitImageWithAlpha(image=Socket("IMAGE")):
+    return image_ops.split_alpha(image)
+
+
+@node(category="mask/compositing", outputs=("IMAGE",), display_name="Join Image with Alpha")
+def JoinImageWithAlpha(image=Socket("IMAGE"), alpha=Socket("MASK")):
+    return (image_ops.join_alpha(image, alpha),)

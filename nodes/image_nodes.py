@@ -81,3 +81,51 @@ def ImageScale(image=Socket("IMAGE"), upscale_method=Combo(IMAGE_UPSCALE_METHODS
 def ImageScaleBy(image=Socket("IMAGE"), upscale_method=Combo(IMAGE_UPSCALE_METHODS),
                  scale_by=Float(1.0, min=0.01, max=8.0, step=0.01)):
     return (latent_ops.scale_image_by(image, upscale_method, scale_by),)
+
+
+_OUTPUT_TAG = " [output]"
+
+
+def _output_image_path(env: Any, image: str) -> Path:
+    """LoadImageOutput's value: a name in the output folder, plain or annotated " [output]"
+    (ComfyUI's annotated file names)."""
+    name = image[:-len(_OUTPUT_TAG)] if image.endswith(_OUTPUT_TAG) else image
+    return folders.safe_join(Path(env.output), name)
+
+
+def _list_output_images(env: Any) -> list[str]:
+    if env is None:
+        return []
+    root = Path(getattr(env, "output", "output"))
+    if not root.is_dir():
+        return []
+    return sorted(p.relative_to(root).as_posix() + _OUTPUT_TAG for p in root.rglob("*")
+                  if p.is_file() and p.suffix.lower() in folders.IMAGE_EXTENSIONS)
+
+
+def _output_image_fingerprint(env: Any, image: str = "", **_: Any):
+    try:
+        return fingerprint_file(_output_image_path(env, image))
+    except (folders.FolderError, OSError):
+        return None
+
+
+def _output_image_exists(env: Any, image: str | None = None, **_: Any) -> list[str]:
+    """ComfyUI declares this input without an option list, so only the file is checked."""
+    if image is None or env is None:
+        return []
+    try:
+        path = _output_image_path(env, str(image))
+    except folders.FolderError as e:
+        return [str(e)]
+    return [] if path.is_file() else [f"Invalid image file: {image}"]
+
+
+@node(category="image", outputs=("IMAGE", "MASK"), display_name="Load Image (from Outputs)",
+      fingerprint=_output_image_fingerprint, validate=_output_image_exists,
+      description="Load an image from the output folder. When the refresh button is clicked, the node will update "
+                  "the image list and automatically select the first image, allowing for easy iteration.")
+def LoadImageOutput(ctx, image=Combo(_list_output_images, image_upload=True, image_folder="output",
+                                     remote={"route": "/internal/files/output", "refresh_button": True,
+                                             "control_after_refresh": "first"})):
+    return imaging.load_image(_output_image_path(ctx.env, image))

@@ -202,3 +202,40 @@ def quantize(image: torch.Tensor, colors: int, dither: str) -> torch.Tensor:
     if image.shape[-1] == 4:
         out = torch.cat((out, image[..., 3:]), dim=-1)
     return out
+
+
+# --- transforms and alpha (comfy_extras/nodes_images.py, nodes_compositing.py) ---
+
+FLIP_METHODS = ("x-axis: vertically", "y-axis: horizontally")
+ROTATIONS = ("none", "90 degrees", "180 degrees", "270 degrees")
+
+
+def flip(image: torch.Tensor, method: str) -> torch.Tensor:
+    """ImageFlip: "x-axis" mirrors rows (top <-> bottom), "y-axis" mirrors columns."""
+    return torch.flip(image, dims=[1] if method.startswith("x") else [2])
+
+
+def rotate(image: torch.Tensor, rotation: str) -> torch.Tensor:
+    """ImageRotate: clockwise by 0/90/180/270 degrees ([B,H,W,C] -> [B,W,H,C] for 90/270)."""
+    turns = ROTATIONS.index(rotation)
+    return torch.rot90(image, k=turns, dims=[2, 1]).contiguous()
+
+
+def size(image: torch.Tensor) -> tuple[int, int, int]:
+    """GetImageSize: (width, height, batch_size)."""
+    return int(image.shape[2]), int(image.shape[1]), int(image.shape[0])
+
+
+def split_alpha(image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SplitImageWithAlpha: (RGB, MASK = 1 − alpha); an image without alpha gives a zero mask."""
+    alpha = image[..., 3] if image.shape[-1] > 3 else torch.ones_like(image[..., 0])
+    return image[..., :3].clone(), 1.0 - alpha
+
+
+def join_alpha(image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """JoinImageWithAlpha: RGBA with alpha = 1 − mask, the mask resized (bilinear) to the image;
+    the batch is the shorter of the two."""
+    m = mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float()
+    m = F.interpolate(m, size=(image.shape[1], image.shape[2]), mode="bilinear").squeeze(1)  # [Bm,H,W]
+    n = min(image.shape[0], m.shape[0])
+    return torch.cat([image[:n, ..., :3], (1.0 - m[:n]).unsqueeze(-1)], dim=-1)  # [n,H,W,4]

@@ -107,7 +107,8 @@ def set_area(conds: tuple[Cond, ...], width: int, height: int, x: int, y: int, s
              ) -> tuple[Cond, ...]:
     """ConditioningSetArea: area (h, w, y, x) in latent pixels, as ComfyUI divides by 8."""
     area = (height // 8, width // 8, y // 8, x // 8)
-    return tuple(dataclasses.replace(c, area=area, strength=strength) for c in conds)
+    return tuple(dataclasses.replace(c, area=area, area_fraction=None, strength=strength,
+                                     set_area_to_bounds=False) for c in conds)
 
 
 def zero_out(conds: tuple[Cond, ...]) -> tuple[Cond, ...]:

@@ -1,5 +1,8 @@
 """Importing this module registers the whole node library with graph.registry.REGISTRY."""
 
-from mixgraph.nodes import (conditioning, image_extra_nodes, image_nodes,  # noqa: F401
-                            latent_extra_nodes, latent_nodes, loading, mask_nodes,
-                            precision_nodes, primitive_nodes, sampling_nodes)
+from mixgraph.nodes import (conditioning, conditioning_extra_nodes, custom_sampling_nodes,  # noqa: F401
+                            extra_loader_nodes, image_extra_nodes, image_filter_nodes, image_nodes,
+                            latent_extra_nodes, latent_io_nodes, latent_nodes, loading, mask_nodes,
+                            merge_nodes, model_patch_nodes, precision_nodes, primitive_nodes,
+                            sampling_nodes, save_nodes, upscale_nodes)
+from mixgraph.nodes import deep_shrink_nodes, ip2p_nodes, preview_any_nodes, rebatch_nodes  # noqa: F401

@@ -12,7 +12,7 @@ from typing import Any
 from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import Combo, Float, Socket, node
 from mixgraph.nodes import folders
-from mixgraph.nodes.models import loader
+from mixgraph.nodes.models import families, loader
 from mixgraph.nodes.models.lora import load_lora_patches
 
 
@@ -29,8 +29,29 @@ def _fingerprint(folder: str, *inputs: str):
     return fingerprint
 
 
+def _family_check(folder: str, *inputs: str):
+    """Validation: refuse files of model families mixgraph does not run (``models/families.py``),
+    from their safetensors header or diffusers model_index.json only."""
+    def validate(env: Any, **literals: Any) -> list[str]:
+        found = []
+        for name in inputs:
+            value = literals.get(name)
+            if not isinstance(value, str):
+                continue
+            try:
+                path = folders.resolve(env, folder, value)
+            except (folders.FolderError, OSError):
+                continue  # the combo check reports a missing file
+            family = families.family_of_file(path)
+            if family is not None:
+                found.append(families.refusal(family, f"{name} {value!r}"))
+        return found
+
+    return validate
+
+
 @node(category="loaders", outputs=("MODEL", "CLIP", "VAE"), display_name="Load Checkpoint",
-      fingerprint=_fingerprint("checkpoints", "ckpt_name"))
+      fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_family_check("checkpoints", "ckpt_name"))
 def CheckpointLoaderSimple(ctx, ckpt_name=Combo(folders.options("checkpoints"))):
     """Loads a diffusion model checkpoint (UNet, text encoders, VAE) from one file or folder."""
     return loader.load_checkpoint(folders.resolve(ctx.env, "checkpoints", ckpt_name))
@@ -43,7 +64,7 @@ CONFIG_NAMES = ("v1-inference.yaml", "v1-inference_fp16.yaml", "v1-inpainting-in
 
 @node(category="advanced/loaders", outputs=("MODEL", "CLIP", "VAE"),
       display_name="Load Checkpoint With Config (DEPRECATED)",
-      fingerprint=_fingerprint("checkpoints", "ckpt_name"))
+      fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_family_check("checkpoints", "ckpt_name"))
 def CheckpointLoader(ctx, config_name=Combo(CONFIG_NAMES),
                      ckpt_name=Combo(folders.options("checkpoints"))):
     """ComfyUI's deprecated loader: the config only selects v-prediction for *-v.yaml files."""
@@ -56,7 +77,8 @@ WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
 
 
 @node(category="advanced/loaders", outputs=("MODEL",), display_name="Load Diffusion Model",
-      fingerprint=_fingerprint("diffusion_models", "unet_name"))
+      fingerprint=_fingerprint("diffusion_models", "unet_name"),
+      validate=_family_check("diffusion_models", "unet_name"))
 def UNETLoader(ctx, unet_name=Combo(folders.options("diffusion_models")),
                weight_dtype=Combo(WEIGHT_DTYPES)):
     return (loader.load_unet(folders.resolve(ctx.env, "diffusion_models", unet_name),
@@ -69,10 +91,20 @@ CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "moch
 DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_image")
 
 
-def _clip_type_supported(env: Any, type: str | None = None, **_: Any) -> list[str]:
+CLIP_TYPE_FAMILIES = {
+    "stable_cascade": "Stable Cascade", "sd3": "SD3 / SD3.5", "stable_audio": "Stable Audio", "mochi": "Mochi",
+    "ltxv": "LTX-Video", "pixart": "PixArt", "cosmos": "Cosmos", "lumina2": "Lumina 2", "wan": "Wan",
+    "hidream": "HiDream", "chroma": "Chroma", "ace": "ACE-Step (audio)", "omnigen2": "OmniGen2",
+    "qwen_image": "Qwen-Image", "hunyuan_image": "HunyuanImage", "flux": "Flux", "hunyuan_video": "Hunyuan Video",
+}
+_clip_files = _family_check("text_encoders", "clip_name", "clip_name1", "clip_name2")
+
+
+def _clip_type_supported(env: Any, type: str | None = None, **literals: Any) -> list[str]:
     if type is not None and type not in ("stable_diffusion", "sdxl"):
-        return [f"CLIP type {type!r}: not supported yet (supported: stable_diffusion, sdxl)"]
-    return []
+        family = CLIP_TYPE_FAMILIES.get(type, type)
+        return [f"CLIP type {type!r}: " + families.refusal(family)]
+    return _clip_files(env, **literals)
 
 
 @node(category="advanced/loaders", outputs=("CLIP",), display_name="Load CLIP",
@@ -93,7 +125,7 @@ def DualCLIPLoader(ctx, clip_name1=Combo(folders.options("text_encoders")),
 
 
 @node(category="loaders", outputs=("VAE",), display_name="Load VAE",
-      fingerprint=_fingerprint("vae", "vae_name"))
+      fingerprint=_fingerprint("vae", "vae_name"), validate=_family_check("vae", "vae_name"))
 def VAELoader(ctx, vae_name=Combo(folders.options("vae"))):
     return (loader.load_vae(folders.resolve(ctx.env, "vae", vae_name)),)
 
@@ -122,6 +154,7 @@ def LoraLoaderModelOnly(ctx, model=Socket("MODEL"), lora_name=Combo(folders.opti
 
 
 @node(category="loaders", outputs=("CONTROL_NET",), display_name="Load ControlNet Model",
-      fingerprint=_fingerprint("controlnet", "control_net_name"))
+      fingerprint=_fingerprint("controlnet", "control_net_name"),
+      validate=_family_check("controlnet", "control_net_name"))
 def ControlNetLoader(ctx, control_net_name=Combo(folders.options("controlnet"))):
     return (loader.load_controlnet(folders.resolve(ctx.env, "controlnet", control_net_name)),)

@@ -1,7 +1,8 @@
 """Which precision a node body computes a model in: the node library's side of the one resolver.
 
 A node hands its model handle here; the handle's pins (its `precision`, set by a `Set*Precision`
-node, and UNETLoader's `weight_dtype`, a pinned storage dtype) go to `Context.policy_for`, which
+node, UNETLoader's `weight_dtype`, a pinned storage dtype, and ModelComputeDtype's
+`compute_dtype`, a pinned compute dtype) go to `Context.policy_for`, which
 applies `graph.precision.resolve` over what the engine resolved for this node (innermost region >
 per-type default > workflow default > auto). The rules themselves (pin beats region, pinned
 storage replaces storage and turns int8 off, a NaN-guard re-run computes in f32) live only there;
@@ -18,6 +19,7 @@ from mixgraph.graph.precision import Policy
 def effective(ctx: Any, handle: Any, socket: str) -> Policy:
     """The policy to run `handle` under in this node, reported to the engine via ctx."""
     policy = ctx.policy_for(socket, pinned=getattr(handle, "precision", None),
-                            storage=getattr(handle, "weight_dtype", None))
+                            storage=getattr(handle, "weight_dtype", None),
+                            compute=getattr(handle, "compute_dtype", None))
     ctx.used_precision(policy)
     return policy

@@ -1,9 +1,12 @@
-"""Our precision nodes: pin the precision of one model handle (wins over regions and defaults)."""
+"""Our precision nodes: pin the precision of one model handle (wins over regions and defaults);
+and ComfyUI's ModelComputeDtype, which pins only the compute dtype."""
 
 from __future__ import annotations
 
+import torch
+
 from mixgraph.graph.node import Boolean, Combo, Socket, node
-from mixgraph.graph.precision import parse_spec
+from mixgraph.graph.precision import parse_spec, resolve
 
 STORAGE = ("f32", "bf16", "f16", "fp8_e4m3fn", "fp8_e5m2", "int8")
 COMPUTE = ("f32", "bf16", "f16")
@@ -56,3 +59,18 @@ def SetControlNetPrecision(control_net=Socket("CONTROL_NET"), storage=Combo(STOR
                            f32_norms=Boolean(False)):
     """Pins the precision of a ControlNet."""
     return _pin(control_net, storage, compute, upcast_attention, f32_norms)
+
+
+_COMPUTE_DTYPES = {"default": None, "fp32": torch.float32, "fp16": torch.float16,
+                   "bf16": torch.bfloat16}
+
+
+@node(category="advanced/debug/model", outputs=("MODEL",))
+def ModelComputeDtype(model=Socket("MODEL"), dtype=Combo(tuple(_COMPUTE_DTYPES))):
+    """ComfyUI's ModelComputeDtype: pins only the compute dtype of a diffusion model; its storage
+    and flags stay as resolved (region, default, UNETLoader's weight_dtype). `default` removes
+    the pin. A later SetModelPrecision replaces it, and it applies over an earlier one."""
+    pin = _COMPUTE_DTYPES[dtype]
+    if model.precision is not None and pin is not None:
+        return (model.with_precision(resolve(model.precision, compute=pin)),)
+    return (model.with_compute_dtype(pin),)

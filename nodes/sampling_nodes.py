@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, node
 from mixgraph.nodes.precision import effective
+from mixgraph.nodes.previews import previewer_for
 from mixgraph.nodes.sampling import ksampler
 from mixgraph.nodes.sampling.samplers import SAMPLER_NAMES
 from mixgraph.nodes.sampling.schedules import SCHEDULER_NAMES
@@ -12,8 +13,8 @@ SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
 
 def _progress(ctx):
-    def on_step(i: int, total: int) -> None:  # i counts 1..total, ComfyUI's progress value
-        ctx.progress(i, total)
+    def on_step(i: int, total: int, preview=None) -> None:  # i: 1..total, ComfyUI's value
+        ctx.progress(i, total, preview=preview)
 
     return on_step
 
@@ -30,7 +31,8 @@ def KSampler(ctx, model=Socket("MODEL"),
     runner = model.runner(effective(ctx, model, "MODEL"))
     return (ksampler.sample(runner, seed=seed, steps=steps, cfg=cfg, sampler_name=sampler_name,
                             scheduler=scheduler, positive=positive, negative=negative,
-                            latent=latent_image, denoise=denoise, on_step=_progress(ctx)),)
+                            latent=latent_image, denoise=denoise, on_step=_progress(ctx),
+                            preview=previewer_for(ctx, runner)),)
 
 
 @node(category="sampling", outputs=("LATENT",), display_name="KSampler (Advanced)")
@@ -52,7 +54,8 @@ def KSamplerAdvanced(ctx, model=Socket("MODEL"), add_noise=Combo(("enable", "dis
                             add_noise=add_noise == "enable", start_step=start_at_step,
                             last_step=end_at_step,
                             force_full_denoise=return_with_leftover_noise == "disable",
-                            on_step=_progress(ctx)),)
+                            on_step=_progress(ctx),
+                            preview=previewer_for(ctx, runner)),)
 
 
 @node(category="advanced/model", outputs=("MODEL",))

@@ -139,3 +139,17 @@ def test_cli_run_precision_order_region_then_cli_then_file(tmp_path):
     assert main(["run", path, *dirs(tmp_path), "--precision", "MODEL=f32", "--report", str(report),
                  "--quiet"], registry=REG) == 0
     assert json.loads(report.read_text())["nodes"]["5"]["precision"] == "f32"
+
+
+@pytest.mark.parametrize("mode", [["--cache-none"], ["--cache-lru", "2"], ["--cache-ram"],
+                                  ["--cache-ram", "0.5"]])
+def test_cli_run_cache_modes(tmp_path, mode):
+    assert main(["run", write(tmp_path, GOOD), *dirs(tmp_path), "--quiet", *mode], registry=REG) == 0
+    assert (tmp_path / "out" / "x_3.txt").read_text() == "15"
+
+
+@pytest.mark.parametrize("mode", [["--cache-lru", "-1"], ["--cache-none", "--cache-lru", "3"]])
+def test_cli_run_bad_cache_flags_exit_2(tmp_path, mode):
+    toy.CALLS.clear()
+    assert main(["run", write(tmp_path, GOOD), *dirs(tmp_path), "--quiet", *mode], registry=REG) == 2
+    assert not toy.CALLS

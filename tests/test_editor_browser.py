@@ -181,7 +181,13 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
                 detail = page.wait_for_function("() => window.__mixgraphDone",
                                                 timeout=left).json_value()
                 assert "exception_message" not in detail, detail
-                entry = _get_json(url + f"/api/history/{detail['prompt_id']}")[detail["prompt_id"]]
+                # As in ComfyUI, execution_success comes before the history entry is written
+                # (`executing` null follows it): poll history, bounded.
+                pid, until = detail["prompt_id"], time.monotonic() + 15
+                while (found := _get_json(url + f"/api/history/{pid}")).get(pid) is None:
+                    assert time.monotonic() < until, f"prompt {pid} never reached /history"
+                    time.sleep(0.1)
+                entry = found[pid]
                 assert entry["status"]["status_str"] == "success"
                 image = entry["outputs"]["9"]["images"][0]
                 png = tmp_path / "output" / image["subfolder"] / image["filename"]

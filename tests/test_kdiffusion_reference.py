@@ -19,8 +19,8 @@ Where ComfyUI deliberately differs from upstream, the test compares what should 
 the difference:
 
 * per-step noise: upstream's ``default_noise_sampler(x)`` draws ``randn_like`` from the global
-  RNG; ComfyUI (and we) draw from a ``torch.Generator`` seeded with the node seed, + 1 on the CPU.
-  Checked by seeding the global RNG with seed + 1 for upstream.
+  RNG; ComfyUI 0.3.64 (and we) draw from a ``torch.Generator`` seeded with the node seed.
+  Checked by seeding the global RNG with the seed for upstream.
 * SDE samplers: upstream builds ``BrownianTreeNoiseSampler`` without a seed (random); ComfyUI
   seeds it with ``extra_args["seed"]`` on the CPU. We give upstream the seeded tree explicitly.
 * ``lms``: ComfyUI (and we) finish the step to σ = 0 with ``x = denoised``; upstream integrates
@@ -247,13 +247,13 @@ def test_to_d_and_ancestral_step_match_kdiffusion():
             assert float(ours[0]) == float(ref[0]) and float(ours[1]) == float(ref[1])
 
 
-def test_default_noise_sampler_is_kdiffusion_global_draw_with_seed_plus_one():
-    """ComfyUI's fork seeds a generator with seed + 1 on the CPU; upstream draws randn_like from
-    the global RNG. Seeding the global RNG with seed + 1 makes upstream's stream ours."""
+def test_default_noise_sampler_is_kdiffusion_global_draw_with_the_node_seed():
+    """ComfyUI 0.3.64's fork seeds a generator with the node seed; upstream draws randn_like
+    from the global RNG. Seeding the global RNG with the seed makes upstream's stream ours."""
     x = start_latent(1.0)
     ours = default_noise_sampler(x, seed=SEED)
     with torch.random.fork_rng():
-        torch.manual_seed(SEED + 1)
+        torch.manual_seed(SEED)
         ref = K.default_noise_sampler(x)
         ref_draws = [ref(None, None) for _ in range(3)]
     for r in ref_draws:

@@ -72,6 +72,7 @@ def test_packaging_wheel_holds_only_mixgraph(wheel):
             assert f"{package}/{rel}" in names, f"{folder}/{rel} is missing from the wheel"
     assert "mixgraph/nodes/models/data/bpe_simple_vocab_16e6.txt.gz" in names
     assert "mixgraph/ui/web/mixgraph.js" in names
+    assert "mixgraph/ui/comfy_host/comfy_api/latest/_io.py" in names   # package data, not a package
 
 
 def test_packaging_fresh_venv_import_names(venv, tmp_path):
@@ -80,12 +81,15 @@ def test_packaging_fresh_venv_import_names(venv, tmp_path):
              "mixgraph.ui.server\n"
              "print(json.dumps({'files': [m.__file__ for m in (mixgraph, mixgraph.graph.executor, "
              "mixgraph.nodes.library, mixgraph.ui.server)], 'version': mixgraph.__version__, "
-             "'top': {n: importlib.util.find_spec(n) is not None for n in ('graph', 'nodes', 'ui')}}))")
+             "'top': {n: importlib.util.find_spec(n) is not None for n in ('graph', 'nodes', 'ui')},\n"
+             "'host': [n for n in ('folder_paths', 'comfy', 'comfy_api', 'server', 'node_helpers') "
+             "if importlib.util.find_spec(n) is not None]}))")
     r = _run(py, "-c", probe, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout)
     assert all(f.startswith(str(venv)) for f in got["files"]), got["files"]
     assert got["top"] == {"graph": False, "nodes": False, "ui": False}
+    assert got["host"] == []      # ComfyUI host modules are never installed top-level
     assert got["version"] != "0.0.0+unknown"
 
 

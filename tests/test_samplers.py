@@ -180,11 +180,13 @@ def test_prepare_noise_batch_index_picks_slices_of_batched_draw():
     assert torch.equal(picked[0], full[2]) and torch.equal(picked[1], full[0])
 
 
-def test_default_noise_sampler_cpu_uses_seed_plus_one():
+def test_default_noise_sampler_cpu_uses_node_seed_unchanged():
+    """ComfyUI 0.3.64: a CPU generator seeded with the node seed itself (no offset)."""
     x = torch.zeros(2, 3)
     ns = default_noise_sampler(x, seed=10)
-    expect = torch.randn(2, 3, generator=torch.Generator().manual_seed(11))
-    assert torch.equal(ns(None, None), expect)
+    gen = torch.Generator().manual_seed(10)
+    for _ in range(3):  # one whole-shape draw per call, in call order
+        assert torch.equal(ns(None, None), torch.randn(2, 3, generator=gen))
 
 
 def test_brownian_noise_is_consistent_across_subdivision():

@@ -194,9 +194,9 @@ def test_workflow_ui_converted_widget_keeps_its_slot():
                                      "sampler_name": "euler", "latent": Link("1", 0), "denoise": 0.5}
 
 
-def test_workflow_ui_subgraph_not_supported():
-    ui = _ui([_n(1, "1b2c-subgraph-uuid")], [])
-    ui["definitions"] = {"subgraphs": [{"id": "1b2c-subgraph-uuid", "nodes": []}]}
+def test_workflow_ui_group_node_not_supported():
+    ui = _ui([_n(1, "workflow>My group")], [])
+    ui["extra"] = {"groupNodes": {"My group": {"nodes": [], "links": [], "external": []}}}
     with pytest.raises(NotImplementedError, match="not supported yet"):
         load_workflow(ui, REG)
 

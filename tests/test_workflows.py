@@ -51,6 +51,7 @@ OVERRIDES = {
     "txt2img_shapes.json": {"3.steps": 3},
     "lora_shapes.json": {"3.steps": 3},
     "controlnet_shapes.json": {"3.steps": 3},
+    "custom_sampling_sd15.json": {"5.width": SIZE, "5.height": SIZE, "11.steps": 4, "15.step": 2},
 }
 EXPECTED_SIZE = {"txt2img_shapes.json": 256, "lora_shapes.json": 256, "controlnet_shapes.json": 256,
                  "hires_fix_sd15.json": 96, "precision_bf16_unet_f32_vae.json": 32,

@@ -310,8 +310,10 @@ def bench_precision(workflow: str, precisions: Sequence[str], *, models: str | N
                 row["psnr_db"] = min(psnr(a, b) for a, b in zip(images, reference))
                 row["ssim"] = min(ssim(a, b) for a, b in zip(images, reference))
             rows.append(row)
+    from mixgraph.graph.precision import hardware_section
     return {"workflow": workflow, "device": device or "cpu", "reference": "f32",
-            "threads": torch.get_num_threads(), "runs": rows}
+            "threads": torch.get_num_threads(), "hardware": hardware_section(device or "cpu"),
+            "runs": rows}
 
 
 COLUMNS = [
@@ -376,8 +378,12 @@ def cli_main(args: Any) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
+        hw = result["hardware"]
         print(f"{args.workflow} on {result['device']} ({result['threads']} threads); "
               f"PSNR/SSIM against the f32 run")
+        print(f"native: bf16 {hw['native_bf16']}, f16 {hw['native_f16']}, int8 "
+              f"{hw['native_int8']} ({hw['why']}); auto: "
+              + ", ".join(f"{k}={v}" for k, v in hw["auto"].items()))
         print(format_table(result["runs"], COLUMNS))
         for row in result["runs"]:
             if row["status"] != "ok":

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mixgraph.graph.env import check_device
+from mixgraph.ui.comfy_flags import add_cache_flags, add_comfy_flags, cache_from_args
 
 EXIT_OK, EXIT_NODE_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -24,6 +25,18 @@ EXIT_OK, EXIT_NODE_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", metavar="DIR", help="model folder (env MIXGRAPH_MODELS; default ./models)")
     p.add_argument("--input", metavar="DIR", help="input folder for LoadImage (default ./input)")
+
+
+def _custom_nodes(p: argparse.ArgumentParser, base_directory: bool = True) -> None:
+    """ComfyUI's custom-node flags (ui/custom_nodes.py loads the packs). `serve` gets
+    `--base-directory` from ComfyUI's server flags (ui/comfy_flags.py), with its wider meaning."""
+    p.add_argument("--custom-nodes", action="append", default=[], metavar="DIR",
+                   help="also load ComfyUI custom node packs from DIR (repeatable)")
+    p.add_argument("--disable-all-custom-nodes", action="store_true",
+                   help="load no custom node packs")
+    if base_directory:
+        p.add_argument("--base-directory", metavar="DIR",
+                       help="the folder whose custom_nodes/ packs are loaded (default: the working one)")
 
 
 def _positive(text: str) -> int:
@@ -55,15 +68,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write the run report as JSON")
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N, mps (default cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _custom_nodes(p)
+    add_cache_flags(p)
 
     p = sub.add_parser("validate", help="check a workflow without running it")
     p.add_argument("workflow", metavar="WF.json")
     p.add_argument("--json", action="store_true", help="ComfyUI's error body")
     _common(p)
+    _custom_nodes(p)
 
     p = sub.add_parser("nodes", help="the node catalogue (as GET /object_info)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--system", action="store_true", help="instead: the system section (memory, "
+                   "native bf16/f16/int8 per device, what auto and each preset resolve to)")
+    p.add_argument("--device", metavar="D", help="device for --system (default cpu)")
     _common(p)
+    _custom_nodes(p)
+
+    p = sub.add_parser("estimate", help="predicted peak memory of a workflow, per node and preset")
+    p.add_argument("workflow", metavar="WF.json")
+    p.add_argument("--precision", metavar="SPEC|TYPE=SPEC,...")
+    p.add_argument("--set", action="append", default=[], metavar="ID.INPUT=VALUE")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", metavar="D")
+    _common(p)
+    _custom_nodes(p)
 
     p = sub.add_parser("serve", help="HTTP/WebSocket server and the browser editor")
     p.add_argument("--host", default="127.0.0.1")
@@ -74,7 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="D")
     p.add_argument("--max-history", type=_positive, metavar="N",
                    help="finished prompts kept in the history (default 10000, as ComfyUI)")
+    add_cache_flags(p)
     _common(p)
+    add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py), --base-directory too
+    _custom_nodes(p, base_directory=False)
 
     from mixgraph.ui.demo import help_text
     p = sub.add_parser("demo", help="run the default workflow on the embedded model", description=help_text())
@@ -116,8 +148,15 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
             return _cmd_run(args, registry)
         if args.command == "validate":
             return _cmd_validate(args, registry)
+        if args.command == "nodes" and args.system:
+            from mixgraph.ui.estimate import system_section
+            print(json.dumps(system_section(args.device or "cpu"), indent=1))
+            return EXIT_OK
         if args.command == "nodes":
             return _cmd_nodes(args, registry)
+        if args.command == "estimate":
+            from mixgraph.ui.estimate import cli_main
+            return int(cli_main(args, _registry(registry, args)) or 0)
         if args.command == "bench" and args.bench == "engine":
             from mixgraph.ui.bench_engine import cli_main
             return int(cli_main(args) or 0)
@@ -150,14 +189,20 @@ class CliError(Exception):
         self.code = code
 
 
-def _registry(registry: Any) -> Any:
-    if registry is not None:
-        return registry
-    from mixgraph.ui.api import default_registry
-    try:
-        return default_registry()
-    except Exception as e:  # noqa: BLE001 - a broken install: say so, run nothing
-        raise CliError(f"the node library failed to load ({type(e).__name__}: {e})") from e
+def _registry(registry: Any, args: argparse.Namespace | None = None) -> Any:
+    """The registry (the node library unless given), with the custom node packs the arguments
+    name; a pack that fails to import is reported on stderr and skipped."""
+    if registry is None:
+        from mixgraph.ui.api import default_registry
+        try:
+            registry = default_registry()
+        except Exception as e:  # noqa: BLE001 - a broken install: say so, run nothing
+            raise CliError(f"the node library failed to load ({type(e).__name__}: {e})") from e
+    if args is not None:
+        from mixgraph.ui.custom_nodes import load_from_args
+        for line in load_from_args(args, registry, _env(args)).messages():
+            print(f"warning: {line}", file=sys.stderr)
+    return registry
 
 
 def _env(args: argparse.Namespace):
@@ -191,7 +236,7 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_INVALID
-    registry = _registry(registry)
+    registry = _registry(registry, args)
     env = _env(args)
     try:
         parse_precision_arg(args.precision, env.device)
@@ -204,12 +249,22 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     except (WorkflowError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
+    try:
+        cache = cache_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    from mixgraph.ui.estimate import refusal
+    problem = refusal(wf, registry, env, args.precision)
+    if problem:     # refused before it runs, rather than killed by the OOM killer mid-run
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_INVALID
     from mixgraph.ui.progress import ProgressBar
     bar = ProgressBar(disable=args.quiet)
     report = None
     code = EXIT_OK
     try:
-        report = Executor(registry, env).run(wf, precision=args.precision, on_event=bar)
+        report = Executor(registry, env, cache).run(wf, precision=args.precision, on_event=bar)
     except ValidationFailed as e:
         print(f"invalid workflow {args.workflow}:\n{e}", file=sys.stderr)
         report, code = e.report, EXIT_INVALID
@@ -245,7 +300,7 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     from mixgraph.graph.validate import format_problems
     from mixgraph.ui.api import validate_file
 
-    registry = _registry(registry)
+    registry = _registry(registry, args)
     env = _env(args)
     try:
         wf, v = validate_file(args.workflow, registry, env)
@@ -261,6 +316,11 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
     if args.json:
         body = {"outputs": list(v.outputs), "node_errors": {}} if ok else \
             {"error": v.error, "node_errors": v.node_errors}
+        if ok:      # the memory estimate, for workflows that load models
+            from mixgraph.ui.estimate import memory_section
+            memory = memory_section(wf, registry, env, order=v.order)
+            if memory.get("weights_bytes"):
+                body["memory"] = memory
         print(json.dumps(body, indent=2))
     elif ok:
         print(f"{args.workflow}: valid ({len(wf.prompt)} nodes; outputs {', '.join(v.outputs)})")
@@ -270,7 +330,7 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
 
 
 def _cmd_nodes(args: argparse.Namespace, registry: Any) -> int:
-    registry = _registry(registry)
+    registry = _registry(registry, args)
     env = _env(args)
     info = registry.object_info(env)
     if args.json:

@@ -363,7 +363,10 @@ class PromptQueue:
 
         def on_event(event: ev.Event) -> None:
             type_, data = event.to_comfy()
-            if type_ in _RECORDED:
+            # an ExecutionBlocker's message goes to the client only: ComfyUI sends it with
+            # send_sync, not add_message, so the history stays a plain success
+            if type_ in _RECORDED and not (isinstance(event, ev.ExecutionError)
+                                           and event.exception_type == "ExecutionBlocked"):
                 messages.append([type_, data])
             if isinstance(event, ev.Executing):
                 self._running_node = event.node

@@ -9,6 +9,11 @@
   local server. On a loopback bind without a token the `Host` header must be a loopback name too,
   which stops DNS rebinding (a hostile name resolving to 127.0.0.1 makes Origin and Host agree;
   behind a reverse proxy that passes its own Host, use a token).
+* `--enable-cors-header ORIGIN` (ComfyUI's flag) names one foreign origin that is trusted: its
+  requests get CORS headers (preflight `OPTIONS` answered without a token, as browsers send none)
+  and may change state; every other foreign origin is still refused. `*` (trust every origin)
+  would switch the Origin rule off, so it is refused unless a token guards the server or
+  `--insecure` is given (`check_cors`); then CORS headers go to every origin.
 * Files named by clients resolve inside their folder: no absolute paths, no `..`, no symlink that
   leads out (`safe_path`).
 * A name no file can have (NUL, a lone surrogate, a component over 255 bytes, a path over
@@ -34,7 +39,8 @@ from aiohttp import web
 
 from mixgraph.graph import safe_json
 
-__all__ = ["SecurityError", "BadFileName", "is_loopback", "check_bind", "security_middleware",
+__all__ = ["SecurityError", "BadFileName", "is_loopback", "bind_is_loopback", "check_bind",
+           "check_cors", "security_middleware",
            "safe_path", "check_upload_name", "read_json", "read_limited", "check_image",
            "unique_name", "TOKEN_COOKIE", "MAX_IMAGE_SIDE"]
 
@@ -68,14 +74,68 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+def bind_is_loopback(host: str) -> bool:
+    """True when every address of a bind (`host` may list several, comma-separated) is loopback."""
+    hosts = [h.strip() for h in host.split(",") if h.strip()]
+    return bool(hosts) and all(is_loopback(h) for h in hosts)
+
+
 def check_bind(host: str, token: str | None, insecure: bool) -> None:
     """Refuse to listen beyond this machine without a token, unless explicitly insecure."""
-    if is_loopback(host) or token or insecure:
+    if bind_is_loopback(host) or token or insecure:
         return
     raise SecurityError(
         f"refusing to listen on {host!r} without a token: anyone who can reach this address could "
         f"run workflows and read your files. Pass --token SECRET (clients send 'Authorization: "
         f"Bearer SECRET' or '?token=SECRET'), or --insecure if you really mean it.")
+
+
+def check_cors(origin: str | None, token: str | None, insecure: bool) -> None:
+    """Refuse a CORS origin that cannot be used safely: `*` without a token or --insecure, or
+    something that is not an http(s) origin."""
+    if origin is None:
+        return
+    if origin == "*":
+        if token or insecure:
+            return
+        raise SecurityError(
+            "refusing --enable-cors-header without an origin ('*'): any web page could then queue "
+            "prompts on this server. Name the origin (--enable-cors-header https://app.example), "
+            "or add --token SECRET, or --insecure if you really mean it.")
+    if _origin_key(origin) is None:
+        raise SecurityError(f"--enable-cors-header {origin!r}: expected an origin such as "
+                            f"https://app.example or http://localhost:3000, or no value for '*'")
+
+
+def _origin_key(origin: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) origin, default ports filled in; None otherwise."""
+    o = urlsplit(origin.strip())
+    if o.scheme not in ("http", "https") or not o.hostname or o.path not in ("", "/"):
+        return None
+    try:
+        return o.scheme, o.hostname.lower(), o.port or (443 if o.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+def cors_allows(origin: str, cors_origin: str | None) -> bool:
+    """Does `--enable-cors-header` trust the request's `Origin`?"""
+    if cors_origin is None:
+        return False
+    if cors_origin == "*":
+        return True
+    key = _origin_key(origin)
+    return key is not None and key == _origin_key(cors_origin)
+
+
+def _cors_headers(origin: str, cors_origin: str) -> dict[str, str]:
+    headers = {"Access-Control-Allow-Origin": "*" if cors_origin == "*" else origin,
+               "Access-Control-Allow-Methods": "POST, GET, DELETE, PUT, OPTIONS, PATCH",
+               "Access-Control-Allow-Headers": "Content-Type, Authorization, comfy-user",
+               "Vary": "Origin"}
+    if cors_origin != "*":
+        headers["Access-Control-Allow-Credentials"] = "true"
+    return headers
 
 
 def _split_host(value: str, default_port: int | None) -> tuple[str, int | None]:
@@ -114,8 +174,9 @@ def _token_ok(request: web.Request, token: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
-def security_middleware(*, token: str | None, loopback_only: bool):
-    """aiohttp middleware enforcing the token, the Origin rule and (on loopback) the Host rule."""
+def security_middleware(*, token: str | None, loopback_only: bool, cors_origin: str | None = None):
+    """aiohttp middleware enforcing the token, the Origin rule and (on loopback) the Host rule;
+    with `cors_origin` (--enable-cors-header) that origin is trusted and gets CORS headers."""
 
     @web.middleware
     async def middleware(request: web.Request, handler):
@@ -123,14 +184,29 @@ def security_middleware(*, token: str | None, loopback_only: bool):
         if loopback_only and not is_loopback(_split_host(host_header, None)[0]):
             raise web.HTTPForbidden(text="forbidden: this server only answers to localhost "
                                          "(the Host header names another host)")
+        origin = request.headers.get("Origin")
+        trusted = origin is not None and cors_allows(origin, cors_origin)
+        if trusted and request.method == "OPTIONS":   # CORS preflight: browsers send no token
+            return web.Response(headers=_cors_headers(origin, cors_origin))
+        try:
+            response = await _checked(request, handler, host_header, origin, trusted)
+        except web.HTTPException as e:
+            if trusted:       # let the trusted page read the error too
+                e.headers.update(_cors_headers(origin, cors_origin))
+            raise
+        if trusted and not response.prepared:   # a finished WebSocket needs none
+            response.headers.update(_cors_headers(origin, cors_origin))
+        return response
+
+    async def _checked(request: web.Request, handler, host_header: str, origin: str | None,
+                       trusted: bool):
         if token is not None and not _token_ok(request, token):
             raise web.HTTPUnauthorized(
                 text="unauthorized: send the server token as 'Authorization: Bearer TOKEN' "
                      "or '?token=TOKEN'", headers={"WWW-Authenticate": "Bearer"})
-        origin = request.headers.get("Origin")
         is_ws = request.headers.get("Upgrade", "").lower() == "websocket"
         if origin is not None and (request.method in STATE_CHANGING or is_ws):
-            if not origin_allowed(origin, host_header):
+            if not (trusted or origin_allowed(origin, host_header)):
                 raise web.HTTPForbidden(text=f"forbidden: requests from origin {origin!r} may not "
                                              f"change this server's state")
         response = await handler(request)

@@ -41,10 +41,12 @@ from mixgraph.ui.templates import template_routes
 from mixgraph.ui.jobs import JobRoutes
 from mixgraph.ui.jobstore import DB_NAME, MAX_HISTORY, JobStore, JobStoreError
 from mixgraph.ui.queue import PromptQueue, QueueItem
-from mixgraph.ui.security import (BadFileName, SecurityError, check_bind, check_upload_name,
-                                  is_loopback, read_json, read_limited, safe_path,
-                                  security_middleware)
+from mixgraph.ui.security import (BadFileName, SecurityError, bind_is_loopback, check_bind,
+                                  check_cors, check_upload_name, read_json, read_limited,
+                                  safe_path, security_middleware)
 from mixgraph.ui.ws import Hub
+from mixgraph.ui import custom_nodes as custom_node_packs
+from mixgraph.ui.custom_nodes import LoadReport
 
 __all__ = ["create_app", "serve", "cli_main", "Server", "SERVER_KEY", "DEFAULT_MAX_UPLOAD"]
 
@@ -69,8 +71,10 @@ class Server:
 
     def __init__(self, env: Env, registry: Any, executor: Executor, max_upload: int,
                  user_dir: Path, unload_hooks: tuple[Callable[[], Any], ...] = (),
-                 jobs_db: Path | None = None, max_history: int = MAX_HISTORY):
+                 jobs_db: Path | None = None, max_history: int = MAX_HISTORY,
+                 custom_nodes: LoadReport | None = None):
         self.env = env
+        self.custom_nodes = custom_nodes
         self.registry = registry
         self.executor = executor
         self.max_upload = max_upload
@@ -113,6 +117,7 @@ class Server:
             ("GET", "/models", self.models), ("GET", "/models/{folder}", self.models_in),
             ("GET", "/view_metadata/{folder}", self.view_metadata),
             ("GET", "/features", self.features), ("GET", "/extensions", self.extensions),
+            ("POST", "/mixgraph/estimate", self.estimate),
             ("GET", "/ws", self.hub.handle),
             *self.user.routes(), *self.jobs.routes(), *self.editor.routes(),
         ]
@@ -124,6 +129,8 @@ class Server:
             body = await read_json(request)
         except JsonError as e:
             return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
+        if isinstance(body, dict) and self.custom_nodes is not None:
+            body = custom_node_packs.on_prompt(body)     # the packs' on-prompt handlers
         if not isinstance(body, dict) or "prompt" not in body:
             return _error("no_prompt", "No prompt provided", "No prompt provided")
         prompt = body["prompt"]
@@ -169,7 +176,42 @@ class Server:
 
     def _check(self, prompt: dict, targets: list[str] | None, extra: dict | None = None):
         wf = editor_regions(load_workflow(prompt, self.registry), extra or {}, self.registry)
-        return wf, validate(wf.prompt, self.registry, self.env, targets)
+        v = validate(wf.prompt, self.registry, self.env, targets)
+        if v.ok:        # refuse, with the estimate and a preset that fits, what cannot fit
+            from mixgraph.nodes.models import store
+            from mixgraph.ui.estimate import InsufficientMemory, refusal
+            problem = refusal(wf, self.registry, self.env, order=v.order,
+                              held_bytes=store.stats().bytes)
+            if problem:
+                raise InsufficientMemory(problem)
+        return wf, v
+
+    async def estimate(self, request: web.Request) -> web.Response:
+        """`POST /mixgraph/estimate` {"prompt": workflow, "precision": SPEC?}: the predicted peak
+        memory (`ui.estimate.memory_section`), or ComfyUI's error body for an invalid prompt."""
+        from mixgraph.ui.estimate import memory_section
+        try:
+            body = await read_json(request)
+        except JsonError as e:
+            return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), dict):
+            return _error("no_prompt", "No prompt provided: send {\"prompt\": {...}}")
+        spec = body.get("precision")
+
+        def run() -> Any:
+            wf = load_workflow(body["prompt"], self.registry)
+            v = validate(wf.prompt, self.registry, self.env)
+            return v, (memory_section(wf, self.registry, self.env, spec, v.order) if v.ok else None)
+        try:
+            v, section = await asyncio.get_running_loop().run_in_executor(None, run)
+        except WorkflowError as e:
+            return _error(e.error_type, f"Invalid prompt: {e}", str(e))
+        if section is None:
+            return web.json_response({"error": v.error, "node_errors": v.node_errors}, status=400,
+                                     dumps=_dumps)
+        if "error" in section:
+            return _error("invalid_prompt", section["error"])
+        return web.json_response(section, dumps=_dumps)
 
     def _prepare(self, item: QueueItem) -> Workflow:
         """The workflow of a prompt taken over from the job store after a restart (the executor
@@ -419,7 +461,8 @@ class Server:
         return web.json_response(self.hub.features)
 
     async def extensions(self, request: web.Request) -> web.Response:
-        return web.json_response(extension_urls(frontend_root()))
+        packs = self.custom_nodes.extension_urls() if self.custom_nodes is not None else []
+        return web.json_response(extension_urls(frontend_root()) + packs)
 
 
 # --- helpers used by the handlers ---------------------------------------------------------------
@@ -428,12 +471,13 @@ def editor_regions(wf: Workflow, extra: dict, registry: Any) -> Workflow:
     """The editor queues an API prompt and sends its UI graph along in
     `extra_data.extra_pnginfo.workflow`; ComfyUI ignores groups, but here a precision-tagged group
     of that graph (DESIGN §3) is a region of the prompt: its node ids are the prompt's ids.
-    A UI graph that does not convert (subgraphs...) leaves the prompt without regions; one whose
+    Subgraph regions count too (the prompt's ids are the frontend's `"10:3"` execution ids).
+    A UI graph that does not convert (legacy group nodes...) leaves the prompt without regions; one whose
     precision tags do not parse is rejected (`InvalidPrecision`), as `mixgraph validate` would."""
     pnginfo = extra.get("extra_pnginfo")
     ui = pnginfo.get("workflow") if isinstance(pnginfo, dict) else None
     if wf.source != "api" or wf.precision.regions or not isinstance(ui, dict) \
-            or not ui.get("groups"):
+            or not (ui.get("groups") or (ui.get("definitions") or {}).get("subgraphs")):
         return wf
     try:
         regions = load_workflow(ui, registry).precision.regions
@@ -502,6 +546,8 @@ def system_stats(env: Env) -> dict:
         devices.append({"name": str(device), "type": device.type, "index": device.index,
                         "vram_total": ram_total, "vram_free": ram_free,
                         "torch_vram_total": ram_total, "torch_vram_free": ram_free})
+    from mixgraph.graph.precision import hardware_section
+    devices[0]["mixgraph_precision"] = hardware_section(str(device))  # native bf16/f16/int8
     return {"system": {"os": os.name, "ram_total": ram_total, "ram_free": ram_free,
                        "comfyui_version": COMFYUI_API_VERSION, "mixgraph_version": ours,
                        "required_frontend_version": frontend,
@@ -525,13 +571,20 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
                max_upload: int = DEFAULT_MAX_UPLOAD, user_dir: str | os.PathLike | None = None,
                unload_hooks: tuple[Callable[[], Any], ...] | None = None,
                jobs_db: str | os.PathLike | None = None,
-               max_history: int = MAX_HISTORY) -> web.Application:
+               max_history: int = MAX_HISTORY, cors_origin: str | None = None,
+               custom_nodes: LoadReport | None = None, cache: Any = None) -> web.Application:
     """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
     (unless `insecure`). `registry` defaults to the node library; `executor` to a new one.
     `user_dir` is the user's folder (settings), `./user/default` by default, inside the user
     directory that also holds the job store: `jobs_db` defaults to
-    `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup."""
+    `<user_dir>/../mixgraph/jobs.sqlite3`; it is opened (and its queue taken over) at startup.
+    `cors_origin`: the origin `--enable-cors-header` trusts (`ui.security.check_cors`).
+    `custom_nodes`: the loaded custom node packs (ui.custom_nodes.load_packs), whose routes,
+    WEB_DIRECTORY files and WebSocket messages the app serves.
+
+    `cache`: the new executor's output cache (`graph.cache.make_cache`; default mode if None)."""
     check_bind(host, token, insecure)
+    check_cors(cors_origin, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
     if registry is None and executor is None:
         from mixgraph.ui.api import default_registry
@@ -540,20 +593,22 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
             from mixgraph.nodes.models import store
             hooks = (store.clear,)
     if executor is None:
-        executor = Executor(registry, env)
+        executor = Executor(registry, env, cache)
     registry = executor.registry if registry is None else registry
     user = Path(user_dir) if user_dir is not None else Path("user") / "default"
     server = Server(env, registry, executor, max_upload, user, hooks,
                     Path(jobs_db) if jobs_db is not None else user.parent / "mixgraph" / DB_NAME,
-                    max_history)
+                    max_history, custom_nodes)
 
     app = web.Application(client_max_size=max_upload + (1 << 20), middlewares=[
-        security_middleware(token=token, loopback_only=is_loopback(host) and token is None
-                            and not insecure)])
+        security_middleware(token=token, loopback_only=bind_is_loopback(host) and token is None
+                            and not insecure, cors_origin=cors_origin)])
     app[SERVER_KEY] = server
     for method, path, handler in server.routes():
         app.router.add_route(method, path, handler)
         app.router.add_route(method, "/api" + path, handler)
+    if custom_nodes is not None:
+        custom_node_packs.attach_to_app(app, custom_nodes, server.hub.send)
     ours = Path(__file__).with_name("web")
     if ours.is_dir():
         app.router.add_static("/extensions/mixgraph", ours)
@@ -587,11 +642,16 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
 def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
           input: str | None = None, output: str | None = None, token: str | None = None,
           insecure: bool = False, device: str | None = None,
-          max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY) -> int:
+          max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY,
+          temp: str | None = None, user_dir: str | None = None, cors_origin: str | None = None,
+          extra_model_paths: dict[str, tuple] | None = None, settings: dict | None = None,
+          custom_nodes_args: Any = None, cache: Any = None) -> int:
     """Run the server until Ctrl-C. Returns an exit code (2: refused configuration, or a job
-    store that cannot be used)."""
+    store that cannot be used). `host` may list several addresses, comma-separated; the other
+    keywords come from ComfyUI's flags (`ui.comfy_flags`)."""
     try:
         check_bind(host, token, insecure)
+        check_cors(cors_origin, token, insecure)
     except SecurityError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -600,7 +660,10 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    env = Env.from_args(models=models, input=input, output=output, device=device)
+    env = dataclasses.replace(Env.from_args(models=models, input=input, output=output, temp=temp,
+                                            device=device),
+                              extra_model_paths=tuple((extra_model_paths or {}).items()),
+                              settings=tuple((settings or {}).items()))
     try:
         for folder, what in ((env.input, "input folder"), (env.output, "output folder"),
                              (env.temp, "temp folder")):
@@ -610,26 +673,41 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
         return 2
     if not logging.getLogger().handlers:     # keep warnings on stderr once the log panel's
         logging.basicConfig(format="%(message)s")    # handler stops Python's last-resort one
+    from mixgraph.ui.api import default_registry
+    packs = custom_node_packs.load_from_args(custom_nodes_args, default_registry(), env)
+    for line in packs.messages():                        # each failed pack, with its error
+        print(f"warning: {line}", file=sys.stderr)
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
-                     max_history=max_history)
+                     max_history=max_history, user_dir=user_dir, cors_origin=cors_origin,
+                     custom_nodes=packs, cache=cache)
     try:            # before listening: a damaged job store is a clear error, not a traceback
         app[SERVER_KEY].queue.open()
     except JobStoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    shown = f"[{host}]" if ":" in host else host
+    hosts = [h.strip() for h in host.split(",") if h.strip()]
+    shown = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
-    if token is None and not is_loopback(host):
+    if token is None and not bind_is_loopback(host):
         print("warning: listening beyond localhost without a token (--insecure)", file=sys.stderr)
-    web.run_app(app, host=host, port=port, print=lambda _: print(f"mixgraph serving on {url}",
-                                                                 file=sys.stderr))
+    web.run_app(app, host=hosts if len(hosts) > 1 else hosts[0], port=port,
+                print=lambda _: print(f"mixgraph serving on {url}", file=sys.stderr))
     return 0
 
 
 def cli_main(args: Any) -> int:
-    """`mixgraph serve` (ui/cli.py calls this with its parsed arguments)."""
-    return serve(host=args.host, port=args.port, models=args.models, input=args.input,
-                 output=getattr(args, "output", None), token=getattr(args, "token", None),
+    """`mixgraph serve` (ui/cli.py calls this with its parsed arguments, ComfyUI's flags
+    included: `ui.comfy_flags.serve_options` maps them; the cache flags pick the cache mode)."""
+    from mixgraph.ui.comfy_flags import FlagError, cache_from_args, serve_options
+    try:
+        options, notes = serve_options(args)
+        cache = cache_from_args(args)
+    except (FlagError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(note, file=sys.stderr)
+    return serve(**options, cache=cache, token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
-                 device=getattr(args, "device", None),
-                 max_history=getattr(args, "max_history", None) or MAX_HISTORY)
+                 max_history=getattr(args, "max_history", None) or MAX_HISTORY,
+                 custom_nodes_args=args)

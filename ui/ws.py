@@ -181,7 +181,8 @@ class Hub:
 
 def encode_preview(image: Any, max_side: int = 512) -> bytes | None:
     """A preview (PIL image, or float tensor/array [H,W,3] / [1,H,W,3] in 0..1) as JPEG bytes;
-    None if it is not an image."""
+    None if it is not an image. Arrays are shrunk to `max_side`; a PIL image is sent at its own
+    size (the sampler previewer already sized it by `--preview-size`)."""
     import io
 
     import numpy as np
@@ -198,8 +199,8 @@ def encode_preview(image: Any, max_side: int = 512) -> bytes | None:
             return None
         arr = np.clip(arr * 255.0, 0, 255).astype(np.uint8)
         image = Image.fromarray(arr[..., :3] if arr.shape[-1] != 1 else arr[..., 0])
+        image.thumbnail((max_side, max_side))
     image = image.convert("RGB")
-    image.thumbnail((max_side, max_side))
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=85)
     return buf.getvalue()

@@ -295,6 +295,42 @@ def weight_bytes(module: nn.Module) -> int:
     return total
 
 
+def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
+    """(held, per_use): the bytes of weights the weight store holds for `module` under `policy`
+    (storage dtype; keep-f32 parts f32; `keep_stored` tables 0, since they stay lazily paged views
+    of the file and only looked-up rows are read), and the bytes `apply_precision` adds on each
+    use (int8 layers and their scales; fp8 storage's vectors in the compute dtype). Reads shapes
+    only, so a module built on the meta device answers for a full-size model without weights.
+    `mixgraph estimate` builds its weight figures from this; the rules mirror `apply_precision`
+    and `store.dtype_rule`."""
+    kept = _keep_f32_names(module)
+    as_stored = _matched_names(module, "keep_stored")
+    storage, compute = policy.storage, policy.compute
+    size = {dt: torch.empty((), dtype=dt).element_size() for dt in (*STORAGE_DTYPES,)}
+    held = per_use = 0
+    seen: set[int] = set()
+    for name, m in module.named_modules():
+        for pname, p in m._parameters.items():
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = p.numel()
+            if name in as_stored and type(m) is nn.Embedding:
+                continue
+            if name in kept or type(m) not in _CAST_CLASSES:
+                held += n * 4
+            elif policy.int8 and type(m) is nn.Linear:
+                held += n * 4  # the store keeps the f32 weights the int8 copy is made from
+                per_use += n if pname == "weight" else 0
+                per_use += m.out_features * 4 if pname == "weight" else 0
+            elif storage in FP8_DTYPES and (isinstance(m, _NORMS) or p.ndim < 2):
+                held += n * size[storage]
+                per_use += n * size[compute]
+            else:
+                held += n * size[storage]
+    return held, per_use
+
+
 # ---------------------------------------------------------------------------------------------
 # helpers
 

@@ -69,6 +69,12 @@ class ModelHandle:
     kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner"; prediction: "eps" | "v_prediction" | "x0" |
     "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by UNETLoader
     (read by the resolver, not applied here).
+
+    Patches, three kinds (ARCHITECTURE.md, "Model patches"): ``patches`` change weights and are
+    merged at materialization (LoRA, attention multipliers); ``unet_patches`` act inside every
+    UNet call (``unet_patches.py``: FreeU); ``sampler_patches`` act in the CFG denoiser
+    (``sampling/cfg_patches.py``: RescaleCFG, CFGZeroStar, PAG). The last two are passed per call,
+    never stored on the shared module.
     """
 
     source: WeightSource
@@ -80,6 +86,12 @@ class ModelHandle:
     patches: tuple = ()
     precision: PolicyLike | None = None
     weight_dtype: torch.dtype | None = None
+    unet_patches: tuple = ()
+    sampler_patches: tuple = ()
+    # (kind "edm" | "v", sigma_min, sigma_max): a continuous-time schedule (ModelSamplingContinuous*)
+    continuous_sampling: tuple | None = None
+    # compute dtype pinned by ModelComputeDtype (read by the resolver, not applied here)
+    compute_dtype: torch.dtype | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
@@ -90,10 +102,21 @@ class ModelHandle:
         return dataclasses.replace(self, patches=self.patches + tuple(patches))
 
     def with_precision(self, policy: PolicyLike | None) -> "ModelHandle":
-        return dataclasses.replace(self, precision=policy)
+        """Pin the whole policy; it replaces an earlier compute-dtype pin (the later node wins)."""
+        return dataclasses.replace(self, precision=policy, compute_dtype=None)
 
-    def with_sampling(self, prediction: str, zsnr: bool = False) -> "ModelHandle":
-        return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr))
+    def with_compute_dtype(self, dtype: torch.dtype | None) -> "ModelHandle":
+        """Pin only the compute dtype (None: no pin); storage and flags stay as resolved."""
+        return dataclasses.replace(self, compute_dtype=dtype)
+
+    def with_unet_patch(self, patch) -> "ModelHandle":
+        return dataclasses.replace(self, unet_patches=self.unet_patches + (patch,))
+
+    def with_sampler_patch(self, patch) -> "ModelHandle":
+        return dataclasses.replace(self, sampler_patches=self.sampler_patches + (patch,))
+
+    def with_sampling(self, prediction: str, zsnr: bool = False, continuous: tuple | None = None) -> "ModelHandle":
+        return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr), continuous_sampling=continuous)
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Our module's weight keys → shapes (header only), e.g. for mapping a LoRA."""
@@ -111,8 +134,23 @@ class UNetRunner:
         self.latent_scale = handle.latent_format.scale_factor
         self.in_channels = handle.config.in_channels
         self.kind = handle.kind
+        self.sampler_patches = handle.sampler_patches
+        self.continuous_sampling = handle.continuous_sampling
 
-    def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None) -> Tensor:
+    @property
+    def wants_sigma(self) -> bool:
+        """Whether a UNet patch of the handle depends on the noise level (``at_sigma``)."""
+        return any(hasattr(p, "at_sigma") for p in self.handle.unet_patches)
+
+    def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None,
+             patches: tuple = (), sigma: float | None = None) -> Tensor:
+        """``patches``: forward-time patches for this call, after the handle's own. ``sigma``: the
+        evaluated noise level, bound into patches that depend on it (``at_sigma``)."""
+        every = self.handle.unet_patches + tuple(patches)
+        if sigma is not None:
+            every = tuple(p.at_sigma(sigma) if hasattr(p, "at_sigma") else p for p in every)
+        if every:
+            return self.model(x, timesteps, context, y, control, every)
         return self.model(x, timesteps, context, y, control)
 
     def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False) -> Tensor | None:
@@ -133,7 +171,9 @@ class UNetRunner:
         if pooled is None:
             pooled = torch.zeros(1, adm_ch - n_numbers * 256)
         if self.kind == "sdxl_refiner":
-            score = size.aesthetic_score if size is not None else (2.5 if negative else 6.0)
+            score = size.aesthetic_score if size is not None else None
+            if score is None:
+                score = 2.5 if negative else 6.0
             return sdxl_refiner_adm(pooled, width, height, crop_w, crop_h, score)
         tw = float(size.target_width) if size and size.target_width is not None else width
         th = float(size.target_height) if size and size.target_height is not None else height
@@ -173,8 +213,11 @@ class ClipHandle:
         return tuple(n for n in ("clip_l", "clip_g", "clip_h") if getattr(self, n) is not None)
 
     def encode(
-        self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None
+        self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None,
+        texts: dict[str, str] | None = None,
     ) -> tuple[Cond, ...]:
+        """CONDITIONING for `text`; `texts` gives some encoders their own prompt (SDXL's
+        text_l / text_g, see ``text_encode.encode_prompt``)."""
         models = {}
         for name in self.encoders:
             patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
@@ -184,7 +227,8 @@ class ClipHandle:
             models[name] = apply_precision(module, policy)
         encoders = TextEncoders(self.kind, **models)
         return encode_prompt(
-            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn
+            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn,
+            texts=texts,
         )
 
     def with_layer(self, n: int | None) -> "ClipHandle":

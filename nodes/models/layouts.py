@@ -1,6 +1,6 @@
 """Key layouts of weight sources: how a source's stored tensor names become our modules' names.
 
-A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``controlnet``,
+A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``controlnet``, ``controlnet_diff``,
 ``diffusers_unet``, ``diffusers_vae``); ``reader_for_source`` turns that into the renaming the
 loader applies to headers (to derive configs), the handles apply to shapes, and the weight store
 applies when it reads tensors. Its own module, so those three need not import one another for it.
@@ -13,7 +13,7 @@ from mixgraph.nodes.models.controlnet import convert_controlnet_state_dict
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 
-__all__ = ["hf_clip_rename", "reader_for_source"]
+__all__ = ["hf_clip_rename", "reader_for_source", "convert_diff_controlnet", "DIFF_MARKERS"]
 
 
 def hf_clip_rename(key: str) -> str | None:
@@ -41,12 +41,23 @@ def reader_for_source(source: WeightSource):
         return None, lambda sd: open_clip_to_hf(sd, "")
     if layout == "controlnet":
         return None, convert_controlnet_state_dict
+    if layout == "controlnet_diff":
+        return None, convert_diff_controlnet
     keys = _source_keys(source)
     if layout == "diffusers_unet":
         return diffusers_unet_rename(keys), None
     if layout == "diffusers_vae":
         return diffusers_vae_rename(keys), None
     raise ValueError(f"unknown weight layout {layout!r}")
+
+
+def convert_diff_controlnet(sd):
+    """A diff ControlNet (its ``difference`` marker key dropped) -> our keys; the base model's
+    weights are added by a merge patch (``loader.load_diff_controlnet``)."""
+    return convert_controlnet_state_dict({k: v for k, v in sd.items() if k not in DIFF_MARKERS})
+
+
+DIFF_MARKERS = ("difference", "control_model.difference")
 
 
 def _source_keys(source: WeightSource) -> list[str]:

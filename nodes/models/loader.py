@@ -38,10 +38,12 @@ import torch
 from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip
 from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
+from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family, family_of_file, refusal
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
-from mixgraph.nodes.models.layouts import hf_clip_rename, reader_for_source
+from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
+from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
-from mixgraph.nodes.models.unet import UNetConfig, unet_config_from_state_dict
+from mixgraph.nodes.models.unet import UNetConfig, UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.models.vae import VAEConfig
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "load_vae",
     "load_clip",
     "load_controlnet",
+    "load_diff_controlnet",
     "detect_unet_kind",
 ]
 
@@ -96,6 +99,19 @@ def _renamed_info(info: Info, rename) -> dict[str, TensorInfo]:
 
 # --------------------------------------------------------------------------------------------
 # detection
+
+
+def _refuse_family(name: str, info: Info) -> None:
+    """Model families other than SD 1.x / 2.x / SDXL stop here (``families.py``)."""
+    family = detect_family(info)
+    if family is not None:
+        raise UnsupportedFamilyError(refusal(family, name))
+
+
+def _refuse_folder(p: Path) -> None:
+    family = family_of_file(p) if p.is_dir() else None
+    if family is not None:
+        raise UnsupportedFamilyError(refusal(family, p.name))
 
 
 def _describe(info: Info) -> str:
@@ -180,10 +196,12 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
     """
     p = Path(path)
     if p.is_dir():
+        _refuse_folder(p)
         if not _is_diffusers_folder(p):
             raise ValueError(f"{p}: a folder that is not a diffusers model (no unet/ subfolder)")
         return _load_diffusers_folder(p, prediction)
     info = inspect_file(p)
+    _refuse_family(p.name, info)
     n_unet = sum(k.startswith(UNET_PREFIX) for k in info)
     if n_unet <= 5:
         raise ValueError(
@@ -271,9 +289,11 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {tuple(WEIGHT_DTYPES)}, got {weight_dtype!r}")
     p = Path(path)
+    _refuse_folder(p)
     if _is_diffusers_folder(p):
         p = _find_weights(p / "unet", "diffusion_pytorch_model")
     info = inspect_file(p)
+    _refuse_family(p.name, info)
     if sum(k.startswith(UNET_PREFIX) for k in info) > 5:
         source, sub = WeightSource.from_file(p, UNET_PREFIX), _sub(UNET_PREFIX, info)
     elif "input_blocks.0.0.weight" in info:
@@ -310,6 +330,7 @@ def load_vae(path: str | os.PathLike, kind: str | None = None) -> VaeHandle:
     if p.is_dir():
         p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
+    _refuse_family(p.name, info)
     if f"{VAE_PREFIX}decoder.conv_in.weight" in info:
         source = WeightSource.from_file(p, VAE_PREFIX)
     elif "decoder.conv_in.weight" in info and "encoder.down.0.block.0.conv1.weight" in info:
@@ -336,6 +357,7 @@ _STANDALONE_CLIP_PREFIXES = (
 def _standalone_clip_source(path: Path, role: str | None = None):
     """(source, config) for a text-encoder file; role None = guess from the width."""
     info = inspect_file(path)
+    _refuse_family(path.name, info)
     for prefix, _ in _STANDALONE_CLIP_PREFIXES:
         if is_open_clip(info, prefix):
             layout = "open_clip"
@@ -380,7 +402,8 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
             a, b = b, a
         la, lb = _standalone_clip_source(Path(a[0].path), "clip_l"), _standalone_clip_source(Path(b[0].path), "clip_g")
         return _clip_handle("sdxl", {"clip_l": la[0], "clip_g": lb[0]}, {"clip_l": la[1], "clip_g": lb[1]})
-    raise NotImplementedError(f"CLIP type {type!r}: not supported yet (supported: stable_diffusion, sdxl)")
+    raise NotImplementedError(f"CLIP type {type!r}: not supported yet (mixgraph runs SD 1.x, SD 2.x and SDXL: "
+                              f"types stable_diffusion, sdxl)")
 
 
 def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
@@ -390,5 +413,27 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     if p.is_dir():
         p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
+    _refuse_family(p.name, info)
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
+
+
+def load_diff_controlnet(path: str | os.PathLike, model: ModelHandle) -> ControlNetHandle:
+    """DiffControlNetLoader: a file with the ``difference`` marker stores ControlNet − UNet for the
+    weights they share; ComfyUI adds the model's UNet weights to every ``control_model.*`` key whose
+    ``diffusion_model.*`` counterpart exists. Here that addition is a merge patch (strengths 1, 1)
+    on the handle, so the model's shared weights are never touched. Other files load as
+    ControlNetLoader does (the model is unused)."""
+    p = Path(path)
+    if p.is_dir():
+        p = _find_weights(p, "diffusion_pytorch_model")
+    info = inspect_file(p)
+    if not any(k in info for k in DIFF_MARKERS):
+        return load_controlnet(p)
+    if not any(k.startswith("control_model.") for k in info):
+        raise ValueError(f"{p}: a diff ControlNet without control_model.* keys is not supported yet")
+    cfg = controlnet_config_from_state_dict(convert_diff_controlnet(info))
+    add_model = MergePatch("controlnet", model.source, model.config, tuple(model.patches), (1.0, 1.0),
+                           kind="unet", build=UNetModel)
+    return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet_diff"), config=cfg,
+                            patches=(add_model,))

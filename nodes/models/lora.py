@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from mixgraph.nodes.models.lora_keys import CLIP_TARGETS, group_modules, is_text_encoder_name, model_lookup
+from mixgraph.nodes.models.merge import MergePatch, merged_weight, warn_mismatches
 
 __all__ = [
     "TARGETS",
@@ -266,6 +267,16 @@ class LoraPatch:
     target: str  # "unet" | "clip_l" | "clip_g" | "clip_h"
 
 
+@dataclass(frozen=True)
+class ScalePatch:
+    """Multiplies every weight whose key ends with a given suffix by its factor, in the patch
+    order (ComfyUI's ``add_patches({key: (None,)}, 0.0, factor)``: the attention-multiply nodes).
+    Hashable like ``LoraPatch``, so a scaled model is cached as its own weight-store entry."""
+
+    target: str  # "unet" | "clip_l" | "clip_g" | "clip_h"
+    factors: tuple[tuple[str, float], ...]  # (key suffix, factor)
+
+
 # --------------------------------------------------------------------------------------------
 # one module's tensors -> its adapter
 
@@ -455,7 +466,8 @@ def _describe_shape(ad: Adapter) -> str:
 
 
 def apply_patches(
-    state_dict: Mapping[str, Tensor], patches: Iterable[LoraPatch], *, target: str | None = None
+    state_dict: Mapping[str, Tensor], patches: Iterable[LoraPatch], *, target: str | None = None,
+    others: Mapping[MergePatch, Mapping[str, Tensor]] | None = None,
 ) -> dict[str, Tensor]:
     """A new state dict with every patch merged, in order (the input is not modified).
 
@@ -464,11 +476,27 @@ def apply_patches(
     every patch whose keys are present. For each patched key: W32 = W.float(); for each patch,
     W32 += (strength · scale) · Δ (Δ from the adapter's formula, scale alpha/rank); then the
     result is cast back to W's dtype once. A patched key missing from ``state_dict`` or with the
-    wrong shape raises ValueError naming the LoRA.
+    wrong shape raises ValueError naming the LoRA. A ``MergePatch`` (``nodes.models.merge``) blends
+    in the other model's materialized state dict, given in ``others``, in the same float32 pass.
     """
-    work: dict[str, list[tuple[float, Adapter, LoraPatch]]] = {}
+    work: dict[str, list[tuple[float, Adapter | None, LoraPatch | ScalePatch]]] = {}
     for p in patches:
         if target is not None and p.target != target:
+            continue
+        if isinstance(p, MergePatch):
+            other = (others or {}).get(p)
+            if other is None:
+                raise ValueError(f"model merge ({p.target}): the second model's weights were not given")
+            for key in state_dict:
+                pair = p.strengths_for(key) if key in other else None
+                if pair is not None:
+                    work.setdefault(key, []).append((pair, other[key], p))
+            continue
+        if isinstance(p, ScalePatch):
+            for key in state_dict:
+                for suffix, factor in p.factors:
+                    if factor != 1.0 and key.endswith(suffix):
+                        work.setdefault(key, []).append((factor, None, p))
             continue
         if p.strength == 0.0:
             continue
@@ -480,16 +508,26 @@ def apply_patches(
                 )
             work.setdefault(key, []).append((p.strength, ad, p))
     out = dict(state_dict)
+    mismatched: dict[MergePatch, list[str]] = {}
     for key, items in work.items():
         w = state_dict[key]
         w32 = w.to(torch.float32, copy=True)
         for strength, ad, p in items:
+            if isinstance(p, MergePatch):
+                if not merged_weight(w32, ad, *strength):
+                    mismatched.setdefault(p, []).append(key)
+                continue
+            if ad is None:  # ScalePatch
+                w32 *= strength
+                continue
             if not _fits(ad, tuple(w.shape)):
                 raise ValueError(
                     f"LoRA {p.lora.name!r}: {key} has shape {list(w.shape)}, the LoRA gives {_describe_shape(ad)}"
                 )
             w32 += _scaled_delta(ad, w.shape, strength)
         out[key] = w32.to(w.dtype)
+    for p, keys in mismatched.items():
+        warn_mismatches(p, keys, {k: tuple(others[p][k].shape) for k in keys})
     return out
 
 

@@ -17,7 +17,8 @@ whose parameters are the cached tensors for ``(source, storage dtype, patches)``
   and only once when the first use is at least as wide as the file.
 - Patches (LoRA) are merged into a copy of the unpatched entry by ``nodes.models.lora.apply_patches``
   (float32 merge, one cast back to the storage dtype, as ComfyUI); two workflows with the same
-  LoRA stack share the merged entry.
+  LoRA stack share the merged entry. A ``MergePatch`` (model merging) materializes the other
+  model it names through this same store first, in the same storage dtype.
 - Parameters of modules named in the model class's ``keep_f32`` patterns are stored in float32
   whatever the storage dtype (they are tiny and must stay exact).
 """
@@ -38,6 +39,7 @@ from torch import nn
 
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.lora import apply_patches
+from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import WeightSource, read_source, source_dtypes
 
 __all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule"]
@@ -227,7 +229,12 @@ class WeightStore:
                 return entry.tensors
             if patches:
                 base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename)
-                tensors = apply_patches(base, patches, target=kind)
+                others = {  # merges: the other model, materialized (and cached) in the same dtype
+                    p: self.state_dict(p.kind or kind, p.source, p.config, storage_dtype, tuple(p.patches),
+                                       rule if p.build is None else dtype_rule(_build_meta(p.build, p.config)))
+                    for p in patches if isinstance(p, MergePatch) and p.target == kind
+                }
+                tensors = apply_patches(base, patches, target=kind, others=others)
                 self.stats.patched += 1
                 self._put(key, _Entry(tensors, _nbytes(tensors), exact=False))
                 return tensors

@@ -109,21 +109,39 @@ def encode_prompt(
     layer_idx: int | None = None,
     embedding_lookup: EmbeddingLookup | None = None,
     warn: Callable[[str], None] | None = None,
+    texts: Mapping[str, str] | None = None,
 ) -> tuple[Cond, ...]:
     """CLIPTextEncode: one Cond with cross_attn [1, 77*chunks, D] and pooled [1, P].
 
     `layer_idx`: CLIPSetLastLayer's stop_at_clip_layer (-1 last, -2 penultimate), or None for the
     model's default. `embedding_lookup(name)` resolves ``embedding:name``. `warn` receives
     user-facing warnings (missing or mismatched embeddings); default: this module's logger.
+    `texts`: a prompt per encoder name ("clip_l", "clip_g") replacing `text` for that encoder
+    (CLIPTextEncodeSDXL's text_l / text_g); when the encoders then get different chunk counts,
+    the shorter ones are padded with chunks of the empty prompt, as ComfyUI does.
     """
     warn = warn or logger.warning
+    specs = ENCODER_SPECS[encoders.kind]
+    unknown = sorted(set(texts or {}) - {s.name for s in specs})
+    if unknown:
+        raise ValueError(f"{encoders.kind} text encoding has no encoder {', '.join(unknown)}")
+    tokenized = [
+        tokenizer.tokenize_with_weights(
+            (texts or {}).get(spec.name, text), pad_token=spec.pad_token, embedding_lookup=embedding_lookup,
+            embedding_key=spec.name, warn=warn,
+        )
+        for spec in specs
+    ]
+    n_chunks = max(len(c) for c in tokenized)
+    for spec, chunks in zip(specs, tokenized):
+        if len(chunks) < n_chunks:
+            empty = tokenizer.tokenize_with_weights("", pad_token=spec.pad_token)
+            while len(chunks) < n_chunks:
+                chunks.extend(empty)
     outs: list[Tensor] = []
     pooled: Tensor | None = None
-    for spec in ENCODER_SPECS[encoders.kind]:
+    for spec, chunks in zip(specs, tokenized):
         model = getattr(encoders, spec.name)
-        chunks = tokenizer.tokenize_with_weights(
-            text, pad_token=spec.pad_token, embedding_lookup=embedding_lookup, embedding_key=spec.name, warn=warn
-        )
         z, pooled = _encode_chunks(model, chunks, spec, layer_idx, warn)
         outs.append(z)
     cut = min(z.shape[1] for z in outs)

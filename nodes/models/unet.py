@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mixgraph.nodes.models.attention import attention
+from mixgraph.nodes.models.unet_patches import attention_replacements
 from mixgraph.nodes.payloads.conditioning import Control
 
 GROUPS = 32  # GroupNorm groups everywhere in the LDM UNet
@@ -163,9 +164,12 @@ class CrossAttention(nn.Module):
         self.to_v = nn.Linear(context_dim, inner, bias=False)
         self.to_out = nn.Sequential(nn.Linear(inner, query_dim), nn.Dropout(0.0))
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None, replace=None) -> Tensor:
+        """``replace(q, k, v, heads)``: a forward-time patch's attention (unet_patches.py)."""
         context = x if context is None else context
         q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
+        if replace is not None:
+            return self.to_out(replace(q, k, v, self.heads))
         return self.to_out(attention(q, k, v, self.heads, upcast=self.upcast_attention))
 
 
@@ -200,9 +204,10 @@ class BasicTransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.norm3 = nn.LayerNorm(dim)
 
-    def forward(self, x: Tensor, context: Tensor | None) -> Tensor:
-        x = x + self.attn1(self.norm1(x))
-        x = x + self.attn2(self.norm2(x), context)
+    def forward(self, x: Tensor, context: Tensor | None, attn: dict | None = None) -> Tensor:
+        attn = attn or {}
+        x = x + self.attn1(self.norm1(x), replace=attn.get("attn1"))
+        x = x + self.attn2(self.norm2(x), context, replace=attn.get("attn2"))
         return x + self.ff(self.norm3(x))
 
 
@@ -219,7 +224,7 @@ class SpatialTransformer(nn.Module):
         )
         self.proj_out = nn.Linear(inner, channels) if linear else nn.Conv2d(inner, channels, 1)
 
-    def forward(self, x: Tensor, context: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None, attn: dict | None = None) -> Tensor:
         b, _, h, w = x.shape
         x_in = x
         x = self.norm(x)
@@ -229,7 +234,7 @@ class SpatialTransformer(nn.Module):
         if self.linear:
             x = self.proj_in(x)
         for block in self.transformer_blocks:
-            x = block(x, context)
+            x = block(x, context, attn)
         if self.linear:
             x = self.proj_out(x)
         x = x.transpose(1, 2).reshape(b, -1, h, w)  # [B, H*W, C] -> [B, C, H, W]
@@ -242,12 +247,12 @@ class EmbedSequential(nn.ModuleList):
     """One LDM block: layers run in order, each fed what it needs (emb, context, target size)."""
 
     def forward(self, x: Tensor, emb: Tensor, context: Tensor | None,
-                size: tuple[int, int] | None = None) -> Tensor:
+                size: tuple[int, int] | None = None, attn: dict | None = None) -> Tensor:
         for layer in self:
             if isinstance(layer, ResBlock):
                 x = layer(x, emb)
             elif isinstance(layer, SpatialTransformer):
-                x = layer(x, context)
+                x = layer(x, context, attn)
             elif isinstance(layer, Upsample):
                 x = layer(x, size)
             else:
@@ -347,9 +352,10 @@ class UNetModel(nn.Module):
         self.out = nn.Sequential(nn.GroupNorm(GROUPS, ch), nn.SiLU(), nn.Conv2d(ch, c.out_channels, 3, padding=1))
 
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor | None, y: Tensor | None = None,
-                control: Control | None = None) -> Tensor:
+                control: Control | None = None, patches: tuple = ()) -> Tensor:
         """x: [B, in_channels, H, W]; timesteps: [B] (0..999); context: [B, T, context_dim];
-        y: [B, adm_in_channels] for SDXL-style models. Returns [B, out_channels, H, W]."""
+        y: [B, adm_in_channels] for SDXL-style models. Returns [B, out_channels, H, W].
+        ``patches``: forward-time patches for this call only (``unet_patches.py``)."""
         if (y is None) != (self.config.adm_in_channels is None):
             raise ValueError(
                 f"UNet: adm_in_channels={self.config.adm_in_channels} but y is "
@@ -366,19 +372,31 @@ class UNetModel(nn.Module):
 
         hs: list[Tensor] = []
         h = x
-        for block in self.input_blocks:
-            h = block(h, emb, context)
+        in_patches = [p for p in patches if hasattr(p, "input_block")]
+        for i, block in enumerate(self.input_blocks):
+            h = block(h, emb, context, attn=attention_replacements(patches, ("input", i)))
+            for p in in_patches:
+                if not p.after_skip:
+                    h = p.input_block(h, i)
             hs.append(h)
-        h = self.middle_block(h, emb, context)
+            for p in in_patches:
+                if p.after_skip:
+                    h = p.input_block(h, i)
+        h = self.middle_block(h, emb, context, attn=attention_replacements(patches, ("middle", 0)))
         if control is not None:
             # residuals go to the skips only; the main path into the middle block is unchanged
             hs = [s if r is None else s + r.to(s.dtype) for s, r in zip(hs, control.input)]
             if control.middle is not None:
                 h = h + control.middle.to(h.dtype)
-        for block in self.output_blocks:
+        out_patches = [p for p in patches if hasattr(p, "output_block")]
+        for i, block in enumerate(self.output_blocks):
+            skip = hs.pop()
+            for p in out_patches:
+                h, skip = p.output_block(h, skip, i)
             # [B, C, H, W] + skip [B, C_skip, H, W] -> [B, C + C_skip, H, W]
-            h = torch.cat([h, hs.pop()], dim=1)
-            h = block(h, emb, context, hs[-1].shape[-2:] if hs else None)
+            h = torch.cat([h, skip], dim=1)
+            h = block(h, emb, context, hs[-1].shape[-2:] if hs else None,
+                      attn=attention_replacements(patches, ("output", i)))
         return self.out(h)
 
 

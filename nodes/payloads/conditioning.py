@@ -22,8 +22,8 @@ class SizeCond:
     """SDXL ADM size/crop/aesthetic conditioning (Podell et al. 2023, "SDXL", sec. 2.2).
 
     Pixel units. ``None`` for width/height/target means "latent size × 8" at sampling time, as in
-    ComfyUI; crops default to 0. ``aesthetic_score`` is used by the refiner only (ComfyUI default
-    6.0 for the positive, 2.5 when a refiner negative sets it).
+    ComfyUI; crops default to 0. ``aesthetic_score`` is used by the refiner only; None means
+    ComfyUI's default by prompt type (6.0 for the positive, 2.5 for the negative).
     """
 
     width: int | None = None
@@ -32,7 +32,7 @@ class SizeCond:
     crop_h: int = 0
     target_width: int | None = None
     target_height: int | None = None
-    aesthetic_score: float = 6.0
+    aesthetic_score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,13 @@ class Cond:
     size:        SDXL ADM size conditioning, or None (defaults derived from the latent).
     timestep_range: (start_percent, end_percent) of sampling progress where this cond is active
                  (ConditioningSetTimestepRange); (0, 1) = always.
+    area_fraction: (h, w, y, x) as fractions of the latent (ConditioningSetAreaPercentage),
+                 resolved to ``area`` at sampling time; at most one of area / area_fraction set.
+    mask_strength: multiplies ``mask`` (ConditioningSetMask's strength).
+    set_area_to_bounds: the cond's area is the bounding box of its mask (min 8 latent px).
+    concat_latent: [B, C, h, w] unscaled latent an inpaint model gets as its masked image instead
+                 of the sampled latent (InpaintModelConditioning), or None.
+    concat_mask: [B, 1, H, W] mask (any size) an inpaint model gets instead of the noise mask.
     """
 
     cross_attn: torch.Tensor
@@ -122,6 +129,11 @@ class Cond:
     control_apply_to_uncond: bool = False
     size: SizeCond | None = None
     timestep_range: tuple[float, float] = (0.0, 1.0)
+    area_fraction: tuple[float, float, float, float] | None = None
+    mask_strength: float = 1.0
+    set_area_to_bounds: bool = False
+    concat_latent: torch.Tensor | None = None
+    concat_mask: torch.Tensor | None = None
 
 
 Conditioning = tuple[Cond, ...]

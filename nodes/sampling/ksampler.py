@@ -1,25 +1,31 @@
-"""KSampler glue: ComfyUI's ``common_ksampler`` for one LATENT (KSampler / KSamplerAdvanced).
+"""The sampling glue: ComfyUI's ``common_ksampler`` (KSampler / KSamplerAdvanced) and
+``sample_custom`` (SamplerCustom / SamplerCustomAdvanced), one core for both.
 
-steps → sigmas (scheduler, denoise, advanced cuts), initial noise, latent scaling, the inpaint
-noise mask, the CFG denoiser, progress/cancel, and back to an unscaled LATENT.
+``sample`` turns steps into sigmas (scheduler, denoise, advanced cuts) and calls
+``sample_custom``, which owns latent scaling, noising to σ0, the inpaint noise mask, the guidance
+denoiser (``guidance.build_denoiser``), progress/cancel and the way back to an unscaled LATENT.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
-from .noise import prepare_inpaint_noise, prepare_noise
-from .parameterization import CFGDenoiser, ModelSampling
+from mixgraph.nodes.payloads.sampling import Guidance
+from mixgraph.nodes.payloads.sampling import Sampler as SamplerSpec
+from .cfg_patches import denoise_mask_patches
+from .guidance import build_denoiser
+from .noise import initial_noise, prepare_inpaint_noise
+from .parameterization import ModelSampling
 from .samplers import DISCARD_PENULTIMATE_SIGMA_SAMPLERS, get_sampler
 from .schedules import calculate_sigmas
 
-__all__ = ["sample", "compute_sigmas", "cut_sigmas", "InpaintDenoiser", "prepare_mask"]
+__all__ = ["sample", "sample_custom", "add_noise", "compute_sigmas", "cut_sigmas", "InpaintDenoiser", "prepare_mask"]
 
 
 def compute_sigmas(
@@ -75,29 +81,43 @@ class InpaintDenoiser:
     """Keeps the unmasked region on the input latent (ComfyUI ``KSamplerX0Inpaint``): before each
     model call the region where mask = 0 is replaced by latent + σ·noise (the input re-noised to
     the current level with the sampling noise, or ddim's separate seed+1 noise), and the
-    prediction there is replaced by the input latent."""
+    prediction there is replaced by the input latent.
+
+    ``mask_patches`` (sampler patches of stage "denoise_mask", e.g. DifferentialDiffusion)
+    rewrite the mask before each call, given the current sigma and the run's ``sigmas``."""
 
     def __init__(self, inner, latent_image: torch.Tensor, noise: torch.Tensor,
-                 denoise_mask: torch.Tensor, model_sampling: ModelSampling):
+                 denoise_mask: torch.Tensor, model_sampling: ModelSampling,
+                 mask_patches: Sequence = (), sigmas: torch.Tensor | None = None):
         self.inner = inner
         self.latent_image = latent_image
         self.noise = noise
         self.mask = denoise_mask
         self.ms = model_sampling
+        self.mask_patches = tuple(mask_patches)
+        self.sigmas = sigmas
 
-    def _blend_in(self, x, sigma):
+    def _mask_at(self, sigma):
+        mask = self.mask
+        for p in self.mask_patches:
+            mask = p.mask(sigma, mask, self.sigmas, self.ms)
+        return mask
+
+    def _blend_in(self, x, sigma, mask):
         renoised = self.ms.noise_scaling(sigma, self.noise, self.latent_image)
-        return x * self.mask + renoised * (1.0 - self.mask)
+        return x * mask + renoised * (1.0 - mask)
 
-    def _blend_out(self, out):
-        return out * self.mask + self.latent_image * (1.0 - self.mask)
+    def _blend_out(self, out, mask):
+        return out * mask + self.latent_image * (1.0 - mask)
 
     def __call__(self, x, sigma, **extra):
-        return self._blend_out(self.inner(self._blend_in(x, sigma), sigma, **extra))
+        mask = self._mask_at(sigma)
+        return self._blend_out(self.inner(self._blend_in(x, sigma, mask), sigma, **extra), mask)
 
     def with_uncond(self, x, sigma, **extra):
-        denoised, uncond = self.inner.with_uncond(self._blend_in(x, sigma), sigma, **extra)
-        return self._blend_out(denoised), uncond
+        mask = self._mask_at(sigma)
+        denoised, uncond = self.inner.with_uncond(self._blend_in(x, sigma, mask), sigma, **extra)
+        return self._blend_out(denoised, mask), uncond
 
 
 @torch.no_grad()
@@ -117,56 +137,139 @@ def sample(
     start_step: int | None = None,
     last_step: int | None = None,
     force_full_denoise: bool = False,
-    on_step: Callable[[int, int], None] | None = None,
+    on_step: Callable[..., None] | None = None,
+    preview: Callable[[torch.Tensor], Any] | None = None,
 ) -> Latent:
-    """Run one KSampler; returns a new float32 CPU Latent (mask and batch_index kept).
+    """Run one KSampler (ComfyUI ``common_ksampler``); returns a new float32 CPU Latent (mask and
+    batch_index kept): steps → sigmas (scheduler, denoise, penultimate drop, advanced cuts),
+    then ``sample_custom`` with CFG guidance.
 
     ``on_step(i, total)`` is called once per sampler step with i = 1..total (ComfyUI's progress
-    value); an exception raised there cancels sampling and propagates.
+    value); an exception raised there cancels sampling and propagates. With ``preview`` (x0 →
+    image, ``sampling/preview.py``) it is called as ``on_step(i, total, image)`` with the step's
+    preview of its x0 prediction.
     """
-    sampler = get_sampler(sampler_name)  # fails before any work for unknown names
+    get_sampler(sampler_name)  # fails before any work for unknown names
     ms = ModelSampling.for_model(model)
-    latent_image = latent.samples.float()
-
-    if add_noise:
-        noise = prepare_noise(latent_image, seed, latent.batch_index)
-    else:
-        noise = torch.zeros_like(latent_image)
-
+    noise = initial_noise(latent, seed, add_noise)  # ComfyUI draws it before the sigmas
     sigmas = compute_sigmas(ms, scheduler, sampler_name, steps, denoise)
     if len(sigmas) == 0:
         return replace(latent, samples=latent.samples.float().clone())
     sigmas = cut_sigmas(sigmas, start_step, last_step, force_full_denoise)
     if sigmas is None:
         return replace(latent, samples=latent.samples.float().clone())
+    guidance = Guidance("cfg", (tuple(positive), tuple(negative)), (float(cfg),))
+    out, _ = sample_custom(model, guidance=guidance, sampler=SamplerSpec(sampler_name),
+                           sigmas=sigmas, noise=noise, seed=seed, latent=latent, on_step=on_step,
+                           preview=preview)
+    return out
+
+
+@torch.no_grad()
+def sample_custom(
+    model,
+    *,
+    guidance: Guidance,
+    sampler: SamplerSpec,
+    sigmas: torch.Tensor,
+    noise: torch.Tensor,
+    seed: int,
+    latent: Latent,
+    on_step: Callable[..., None] | None = None,
+    preview: Callable[[torch.Tensor], Any] | None = None,
+) -> tuple[Latent, Latent]:
+    """The one sampling core (ComfyUI ``CFGGuider.sample`` + ``KSAMPLER.sample``), shared by
+    KSampler, SamplerCustom and SamplerCustomAdvanced.
+
+    ``noise`` is the initial noise (``initial_noise``), ``seed`` the seed the sampler's per-step
+    noise is built from (``extra_args["seed"]``). Steps: scale a non-empty latent by the model's
+    latent scale (the empty latent stays 0), noise it to ``sigmas[0]`` (sqrt(1 + σ0²) at full
+    denoise), wrap the guidance denoiser in the inpaint blend when the latent has a noise mask
+    (``ddim``: separate seed + 1 noise), run the sampler with ``sampler.options``, undo the
+    scaling.
+
+    ``on_step``/``preview``: as in ``sample``; the preview sees the x0 prediction in the
+    sampler's (scaled) latent space, as ComfyUI's previewers do.
+
+    Returns (output, denoised_output): the sampled Latent and the last step's x0 prediction
+    (ComfyUI's ``denoised_output``; the output itself when no step ran). Empty ``sigmas``
+    returns the input latent unchanged for both.
+    """
+    fn = get_sampler(sampler.name)
+    if len(sigmas) == 0:
+        same = replace(latent, samples=latent.samples.float().clone())
+        return same, same
+    ms = ModelSampling.for_model(model)
+    latent_image = latent.samples.float()
+    sigmas = sigmas.float()
 
     device = torch.device(getattr(model, "device", "cpu"))
     scale = float(getattr(model, "latent_scale", 1.0))
     if torch.count_nonzero(latent_image) > 0:  # ComfyUI does not scale the empty latent
         latent_image = latent_image * scale
     latent_image = latent_image.to(device)
-    noise = noise.to(device)
+    noise = noise.float().to(device)
     sigmas = sigmas.to(device)
 
     denoise_mask = None
     if latent.noise_mask is not None:
         denoise_mask = prepare_mask(latent.noise_mask.to(device), noise.shape)
 
-    denoiser = CFGDenoiser(model, positive, negative, cfg, latent_image, denoise_mask, ms)
+    denoiser = build_denoiser(guidance, model, latent_image, denoise_mask, ms)
     if denoise_mask is not None:
         inpaint_noise = noise
-        if sampler_name == "ddim":
+        if sampler.name == "ddim":
             inpaint_noise = prepare_inpaint_noise(noise.shape, seed).to(device)
-        denoiser = InpaintDenoiser(denoiser, latent_image, inpaint_noise, denoise_mask, ms)
+        denoiser = InpaintDenoiser(denoiser, latent_image, inpaint_noise, denoise_mask, ms,
+                                   denoise_mask_patches(getattr(model, "sampler_patches", ())), sigmas)
 
     x = ms.noise_scaling(sigmas[0], noise, latent_image, ms.is_max_denoise(sigmas))
     total = len(sigmas) - 1
+    last_x0: list[torch.Tensor] = []
 
     def callback(info):
-        if on_step is not None:
-            on_step(min(int(info["i"]) + 1, total), total)
+        last_x0[:] = [info["denoised"]]
+        if on_step is None:
+            return
+        step = min(int(info["i"]) + 1, total)
+        if preview is None:
+            on_step(step, total)
+        else:
+            on_step(step, total, preview(info["denoised"]))
 
-    out = sampler(denoiser, x, sigmas, extra_args={"seed": seed}, callback=callback)
+    out = fn(denoiser, x, sigmas, extra_args={"seed": seed}, callback=callback,
+             **sampler.kwargs())
     out = ms.inverse_noise_scaling(sigmas[-1], out)
-    out = out / scale
-    return replace(latent, samples=out.float().cpu())
+    result = replace(latent, samples=(out / scale).float().cpu())
+    if not last_x0:
+        return result, result
+    return result, replace(latent, samples=(last_x0[0] / scale).float().cpu())
+
+
+@torch.no_grad()
+def add_noise(model, noise: torch.Tensor, sigmas: torch.Tensor, latent: Latent) -> Latent:
+    """ComfyUI's AddNoise: noise the latent to the level of a sigma span without sampling.
+
+    The noise level is |σ_first − σ_last| (σ_first for a single sigma); the latent is scaled by
+    the model's latent scale unless it is all zero, noised as ``latent + noise·level`` (the
+    model's ``noise_scaling``), scaled back, and NaN/±inf replaced by 0. Empty ``sigmas`` returns
+    the latent unchanged. ``model`` is anything with ``prediction``/``zsnr`` and a latent scale
+    (a MODEL handle or a SamplerModel).
+    """
+    if len(sigmas) == 0:
+        return latent
+    ms = ModelSampling.for_model(model)
+    scale = _latent_scale(model)
+    level = (sigmas[0] - sigmas[-1]).abs() if len(sigmas) > 1 else sigmas[0]
+    latent_image = latent.samples.float()
+    if torch.count_nonzero(latent_image) > 0:
+        latent_image = latent_image * scale
+    noisy = ms.noise_scaling(level.float(), noise.float(), latent_image) / scale
+    return replace(latent, samples=torch.nan_to_num(noisy, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def _latent_scale(model) -> float:
+    if hasattr(model, "latent_scale"):
+        return float(model.latent_scale)
+    fmt = getattr(model, "latent_format", None)
+    return float(fmt.scale_factor) if fmt is not None else 1.0

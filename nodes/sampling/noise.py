@@ -8,8 +8,8 @@ Three sources, each matching ComfyUI so seeds reproduce its images:
   from the global generator after a KSampler (custom nodes, ``randn_like`` in churn) sees that
   state, so parity needs the same side effect. Everything else gets an explicit generator.
 * ``default_noise_sampler``: per-step noise for ancestral samplers, a ``torch.Generator`` on x's
-  device seeded with the node's seed (+1 on the CPU so the per-step noise is not a copy of the
-  initial noise, which comes from the same CPU generator algorithm).
+  device seeded with the node's seed itself (ComfyUI 0.3.64; its docstring states the convention
+  exactly).
 * ``BrownianTreeNoiseSampler``: Brownian-motion increments from ``torchsde.BrownianTree``
   (Li et al. 2020, "Scalable Gradients for Stochastic Differential Equations"), used by the SDE
   samplers so the noise is a consistent function of the sigma interval (Kidger et al. 2021,
@@ -37,6 +37,7 @@ __all__ = [
     "BrownianTreeNoiseSampler",
     "brownian_noise_sampler",
     "prepare_inpaint_noise",
+    "initial_noise",
 ]
 
 NoiseSampler = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -66,16 +67,29 @@ def prepare_noise(
 
 
 def default_noise_sampler(x: torch.Tensor, seed: int | None = None) -> NoiseSampler:
-    """Independent N(0, 1) draws shaped like x, from a generator on x's device.
+    """Per-step noise of the ancestral samplers, in ComfyUI 0.3.64's convention
+    (``comfy/k_diffusion/sampling.py: default_noise_sampler``; comfy-conventions 6.2):
 
+    * one ``torch.Generator(device=x.device)``, created once per sampler run and seeded with
+      ``manual_seed(seed)``, where ``seed`` is the sampling node's seed unchanged (KSampler
+      ``seed``, KSamplerAdvanced / SamplerCustom ``noise_seed``, RandomNoise ``noise_seed``,
+      passed as ``extra_args["seed"]``);
+    * each call draws ``torch.randn(x.shape, dtype=x.dtype, device=x.device, generator=g)``: one
+      draw of the whole batch per call, in call order (one per step for euler_ancestral, one
+      per step after the second model call for dpm_2_ancestral / dpmpp_2s_ancestral; the
+      ``sigma``/``sigma_next`` arguments are ignored).
+
+    On the CPU this generator is the same algorithm, seeded alike, as the one ``prepare_noise``
+    draws the initial noise from, so the first per-step draw equals the initial noise of a
+    [B, C, H, W] latent bit for bit. That is what ComfyUI 0.3.64 does (its later fix, PR 11528,
+    adds 1 to the seed on the CPU; mixgraph targets 0.3.64 and matches it). On CUDA the stream is
+    CUDA's Philox generator, so ancestral results depend on the device, as in ComfyUI.
     ``seed=None`` draws from the global generator (k-diffusion's behaviour without a seed).
     """
     generator = None
     if seed is not None:
-        if x.device.type == "cpu":
-            seed += 1
         generator = torch.Generator(device=x.device)
-        generator.manual_seed(seed)
+        generator.manual_seed(int(seed))
 
     def sample(sigma, sigma_next):
         return torch.randn(x.shape, dtype=x.dtype, device=x.device, generator=generator)
@@ -154,3 +168,12 @@ def prepare_inpaint_noise(shape: Sequence[int], seed: int) -> torch.Tensor:
     CPU. Touches the global RNG for the same parity reason as ``prepare_noise``."""
     generator = torch.manual_seed(seed + 1)
     return torch.randn(tuple(shape), generator=generator, device="cpu")
+
+
+def initial_noise(latent, seed: int, add: bool = True) -> torch.Tensor:
+    """A LATENT's initial noise: ``prepare_noise`` from ``seed`` (honouring ``batch_index``), or
+    zeros of the same shape when ``add`` is False (ComfyUI ``Noise_EmptyNoise``)."""
+    samples = latent.samples.float()
+    if not add:
+        return torch.zeros_like(samples, device="cpu")
+    return prepare_noise(samples, seed, latent.batch_index)

@@ -9,6 +9,7 @@ timestep, and
 * v_prediction (Salimans & Ho 2022, "Progressive Distillation"):
                                    D = x/(σ²+1) − v̂·σ/sqrt(σ²+1)
 * x0:                              D = x̂0
+* img_to_img (ComfyUI's IMG_TO_IMG): x0, with the UNet given x itself (no c_in scaling)
 * lcm (Luo et al. 2023, "Latent Consistency Models"; ComfyUI's ModelSamplingDiscrete "lcm"):
   the eps x0 estimate mixed with the input by the consistency-model boundary condition,
   c_skip = σ_d²/((10t)² + σ_d²), c_out = 10t/sqrt((10t)² + σ_d²), σ_d = 0.5, on the distilled
@@ -29,17 +30,27 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from mixgraph.nodes.models.resize import center_crop
 from mixgraph.nodes.payloads.conditioning import Cond, Control
+from .cfg_patches import GuidanceArgs, guide, needs_uncond
+from .schedule_continuous import ContinuousSchedule
 from .schedules import DiscreteSchedule
 
-__all__ = ["ModelSampling", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
+__all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
 
-PREDICTIONS = ("eps", "v_prediction", "x0", "lcm")
+PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img", "edm")
 
 # What pixel value 0 (grey after the VAE's [-1, 1] mapping) encodes to in the SD1/SD2 latent,
 # already multiplied by the latent scale: the "masked image" a 9-channel inpaint model sees when
 # no mask is given (ComfyUI blank_inpaint_image_like).
 _BLANK_INPAINT = (0.8223, -0.6876, 0.6364, 0.1380)
+
+
+def repeat_to_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """Tile or cut dim 0 to ``batch`` entries."""
+    if t.shape[0] < batch:
+        t = t.repeat(-(-batch // t.shape[0]), *([1] * (t.ndim - 1)))
+    return t[:batch]
 
 
 def _bcast(sigma: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -52,21 +63,34 @@ class ModelSampling:
 
     sigma_data = 1.0
 
-    def __init__(self, prediction: str = "eps", zsnr: bool = False):
+    def __init__(self, prediction: str = "eps", zsnr: bool = False, continuous: tuple | None = None):
+        """``continuous``: (kind "edm" | "v", sigma_min, sigma_max) for a continuous-time schedule
+        (``schedule_continuous.py``, the ModelSamplingContinuous* nodes); "edm" prediction
+        (Karras et al. 2022, D = c_skip·x + c_out·F with σ_data = 0.5) only with one."""
         if prediction not in PREDICTIONS:
             raise NotImplementedError(
                 f"prediction type {prediction!r}: not supported yet (supported: "
                 f"{', '.join(PREDICTIONS)})"
             )
         self.prediction = prediction
-        self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
+        if continuous:
+            kind, sigma_min, sigma_max = continuous
+            self.schedule = ContinuousSchedule(kind, float(sigma_min), float(sigma_max))
+        else:
+            if prediction == "edm":
+                raise NotImplementedError("prediction type 'edm' on the discrete schedule: not supported yet "
+                                          "(it needs a continuous schedule: ModelSamplingContinuousEDM)")
+            self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
+        if prediction == "edm":
+            self.sigma_data = 0.5
 
     @classmethod
     def for_model(cls, model) -> "ModelSampling":
         existing = getattr(model, "model_sampling", None)
         if isinstance(existing, ModelSampling):
             return existing
-        return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)))
+        return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)),
+                   getattr(model, "continuous_sampling", None))
 
     # schedule pass-throughs
     @property
@@ -85,6 +109,8 @@ class ModelSampling:
 
     # parameterisation
     def calculate_input(self, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.prediction == "img_to_img":
+            return x
         sigma = _bcast(sigma, x.ndim)
         return x / (sigma**2 + self.sigma_data**2) ** 0.5
 
@@ -99,7 +125,10 @@ class ModelSampling:
             return model_input * sd2 / (s**2 + sd2) - model_output * s * self.sigma_data / (
                 s**2 + sd2
             ) ** 0.5
-        if self.prediction == "x0":
+        if self.prediction == "edm":
+            sd = self.sigma_data
+            return model_input * sd**2 / (s**2 + sd**2) + model_output * s * sd / (s**2 + sd**2) ** 0.5
+        if self.prediction in ("x0", "img_to_img"):
             return model_output
         # lcm
         t = self.timestep(torch.as_tensor(sigma)).reshape(-1).to(model_output.dtype)
@@ -150,9 +179,45 @@ class _Entry:
     context: torch.Tensor  # [1, T, D]
     y: torch.Tensor | None  # [1, adm] or None
     area: tuple[int, int, int, int] | None  # (h, w, y, x) latent px
-    mask: torch.Tensor | None  # [Bm, H, W] resized to the latent
+    mask: torch.Tensor | None  # [Bm, H, W] resized to the latent, times mask_strength
     sigma_start: float | None  # active while sigma_end <= σ <= sigma_start
     sigma_end: float | None
+    concat: torch.Tensor | None = None  # [B, 1+C, H, W] inpaint-model channels, or None
+
+
+def _mask_bounds(mask: torch.Tensor) -> tuple[int, int, int, int]:
+    """(h, w, y, x) of the box holding every nonzero pixel of any mask in the batch, at least
+    8 x 8 latent px; (8, 8, 0, 0) for an empty mask (ComfyUI ``set_area_to_bounds``)."""
+    nz = torch.nonzero(mask.abs().amax(dim=0))  # [N, 2] (y, x) of [H, W]
+    if nz.shape[0] == 0:
+        return (8, 8, 0, 0)
+    y0, x0 = (int(v) for v in nz.min(dim=0).values)
+    y1, x1 = (int(v) for v in nz.max(dim=0).values)
+    return (max(8, y1 - y0 + 1), max(8, x1 - x0 + 1), y0, x0)
+
+
+def resolve_area_and_mask(c: Cond, hw: tuple[int, int], device=None) -> Cond:
+    """A cond's percentage area in latent px and its mask resized (bilinear) to the latent as
+    [Bm, H, W]; with ``set_area_to_bounds`` the area becomes the mask's bounding box (ComfyUI
+    ``resolve_areas_and_cond_masks_multidim``, run before conds are paired across CFG sides)."""
+    H, W = hw
+    changes: dict = {}
+    if c.area_fraction is not None:
+        fh, fw, fy, fx = c.area_fraction
+        changes.update(area_fraction=None, area=(max(1, round(fh * H)), max(1, round(fw * W)),
+                                                 round(fy * H), round(fx * W)))
+    if c.mask is not None:
+        m = c.mask.to(device=device, dtype=torch.float32)
+        if m.ndim == 2:
+            m = m.unsqueeze(0)  # [1, H, W]
+        if tuple(m.shape[-2:]) != (H, W):
+            m = F.interpolate(m.unsqueeze(1), size=(H, W), mode="bilinear",
+                              align_corners=False).squeeze(1)  # [Bm, H, W]
+        changes["mask"] = m
+        if c.set_area_to_bounds:
+            changes["area"] = _mask_bounds(m)
+            changes["area_fraction"] = None
+    return replace(c, **changes) if changes else c
 
 
 def _contains(outer: tuple, inner: tuple) -> bool:
@@ -191,7 +256,8 @@ def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
                     continue
                 dst.append(
                     replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
-                            size=smallest.size)
+                            size=smallest.size, concat_latent=smallest.concat_latent,
+                            concat_mask=smallest.concat_mask)
                 )
 
 
@@ -214,79 +280,117 @@ def _apply_control_to_uncond(positive: list[Cond], negative: list[Cond]) -> None
             negative.append(replace(o, control=cnet))
 
 
-class CFGDenoiser:
-    """x0 denoiser with classifier-free guidance over ComfyUI-style conditioning lists.
+class CondDenoiser:
+    """Resolves several conditioning lists against a latent and evaluates them
+    (``calc_cond_batch``); subclasses combine the per-list x0 predictions into one (the guidance
+    rule: ``CFGDenoiser`` here, DualCFG and Perp-Neg in ``guidance.py``). ComfyUI's
+    ``CFGGuider.inner_set_conds`` + ``process_conds`` with named lists, in its order.
 
     Args:
         model: a ``SamplerModel`` (see ARCHITECTURE.md): ``unet``, ``adm``, ``in_channels``.
-        positive, negative: CONDITIONING tuples.
-        cfg: guidance scale; at cfg == 1 (isclose) the negative is not evaluated.
+        cond_lists: one CONDITIONING tuple per list (e.g. positive, negative).
+        negatives: per list, whether it is a "negative" prompt (SDXL ADM defaults).
         latent_image: [B, C, H, W] the process_in-scaled input latent (for the inpaint concat).
         denoise_mask: [B, C, H, W] noise mask at latent size (1 = resample), or None.
         model_sampling: parameterisation + schedule; default from ``model.prediction/zsnr``.
+        control_to_uncond: (positive index, negative index) for ControlNetApply's
+            ``control_apply_to_uncond``; None to skip.
 
     9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
     ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
     and masked latent = ``latent_image`` (already scaled; VAEEncodeForInpaint greys the masked
     pixels before encoding); without a noise mask: mask = 1 and the masked latent is the blank
-    grey latent. The concat is cropped with the cond's area like the input.
+    grey latent. The concat is cropped with the cond's area like the input. 8-channel
+    instruct-pix2pix models get ``cat([c_in·x (4), image latent (4)])`` (``_ip2p_concat``).
     """
 
     def __init__(
         self,
         model,
-        positive: Sequence[Cond],
-        negative: Sequence[Cond],
-        cfg: float,
+        cond_lists: Sequence[Sequence[Cond]],
+        negatives: Sequence[bool],
         latent_image: torch.Tensor,
         denoise_mask: torch.Tensor | None = None,
         model_sampling: ModelSampling | None = None,
+        control_to_uncond: tuple[int, int] | None = (0, 1),
     ):
         self.model = model
         self.ms = model_sampling or ModelSampling.for_model(model)
-        self.cfg = float(cfg)
         self.device = latent_image.device
         B, C, H, W = latent_image.shape
         self.latent_hw = (H, W)
 
-        pos, neg = list(positive), list(negative)
-        lists = [pos, neg]
+        # Areas and masks are resolved before conds are paired across the lists (ComfyUI's order).
+        lists = [[resolve_area_and_mask(c, (H, W), self.device) for c in conds]
+                 for conds in cond_lists]
         _add_same_area_opposites(lists)
-        _apply_control_to_uncond(pos, neg)
-        self.positive = [self._resolve(c) for c in pos]
-        self.negative = [self._resolve(c, negative=True) for c in neg]
-
+        if control_to_uncond is not None:
+            _apply_control_to_uncond(lists[control_to_uncond[0]], lists[control_to_uncond[1]])
         self.concat = None
+        self._latent_image = latent_image
+        self._denoise_mask = denoise_mask
+        self._inpaint = False
+        self._ip2p = False
         extra = int(getattr(model, "in_channels", C)) - C
-        if extra > 0:
+        if extra == C:
+            self._ip2p = True
+            self.concat = self._ip2p_concat(None)
+        elif extra > 0:
             if extra != C + 1:
                 raise NotImplementedError(
                     f"a {C + extra}-channel model with a {C}-channel latent: only inpaint "
-                    f"concat (mask + masked latent, {2 * C + 1} channels) is supported yet"
+                    f"concat (mask + masked latent, {2 * C + 1} channels) and instruct-pix2pix "
+                    f"concat (image latent, {2 * C} channels) are supported yet"
                 )
-            if denoise_mask is not None:
-                m = denoise_mask[:, :1]  # [B,1,H,W]
-                if m.shape[-2:] != (H, W):
-                    m = F.interpolate(m, size=(H, W), mode="bilinear")
-                mask = m.round()
-                masked = latent_image
-            else:
-                mask = torch.ones_like(latent_image[:, :1])
-                masked = blank_inpaint_latent(latent_image)
-            self.concat = torch.cat([mask, masked], dim=1)  # [B, 1+C, H, W]
+            self._inpaint = True
+            self.concat = self._inpaint_concat(None, None)
+        self.lists = [[self._resolve(c, negative=neg) for c in conds]
+                      for conds, neg in zip(lists, negatives)]
+
+    def _inpaint_concat(self, concat_latent, concat_mask) -> torch.Tensor:
+        """[B, 1+C, H, W] = cat(mask, masked latent) for a 9-channel inpaint model (ComfyUI
+        ``BaseModel.concat_cond``): the cond's InpaintModelConditioning latent (scaled here) and
+        mask when set, else the sampled latent and its noise mask, else all-ones and grey."""
+        latent_image = self._latent_image
+        B, C, H, W = latent_image.shape
+        scale = float(getattr(self.model, "latent_scale", 1.0))
+        masked = latent_image
+        if concat_latent is not None:
+            masked = concat_latent.to(self.device, torch.float32) * scale
+            if tuple(masked.shape[-2:]) != (H, W):
+                masked = F.interpolate(masked, size=(H, W), mode="bilinear")
+            masked = repeat_to_batch(masked, B)
+        m = concat_mask if concat_mask is not None else self._denoise_mask
+        if m is None:
+            return torch.cat([torch.ones_like(latent_image[:, :1]),
+                              blank_inpaint_latent(latent_image) if concat_latent is None else masked], dim=1)
+        m = m.to(self.device, torch.float32)
+        m = m[:, :1] if m.ndim == 4 else m
+        m = m.reshape(-1, 1, m.shape[-2], m.shape[-1])  # [Bm, 1, h, w]
+        if tuple(m.shape[-2:]) != (H, W):
+            m = F.interpolate(m, size=(H, W), mode="bilinear")
+        return torch.cat([repeat_to_batch(m.round(), B), masked], dim=1)  # [B, 1+C, H, W]
+
+    def _ip2p_concat(self, concat_latent) -> torch.Tensor:
+        """[B, C, H, W] for an 8-channel instruct-pix2pix model (ComfyUI ``IP2P.concat_cond``):
+        the cond's InstructPixToPixConditioning latent as encoded (unscaled: SD1.x and diffusers
+        SDXL ip2p models take it raw), cropped to the sampled latent's aspect ratio around its
+        centre and resized bilinearly when its size differs, repeated to the batch; zeros when
+        no cond carries one."""
+        latent_image = self._latent_image
+        B, C, H, W = latent_image.shape
+        if concat_latent is None:
+            return torch.zeros_like(latent_image)
+        image = concat_latent.to(self.device, torch.float32)
+        if tuple(image.shape[1:]) != (C, H, W):
+            image = F.interpolate(center_crop(image, W, H), size=(H, W), mode="bilinear")
+        return repeat_to_batch(image, B)
 
     # -- preparation
     def _resolve(self, c: Cond, negative: bool = False) -> _Entry:
+        """`c` (areas and masks already resolved) as an evaluation entry."""
         H, W = self.latent_hw
-        mask = None
-        if c.mask is not None:
-            m = c.mask.to(self.device, torch.float32)
-            if m.ndim == 2:
-                m = m.unsqueeze(0)
-            if m.shape[-2:] != (H, W):
-                m = F.interpolate(m.unsqueeze(1), size=(H, W), mode="bilinear",
-                                  align_corners=False).squeeze(1)  # [Bm,H,W]
-            mask = m
+        mask = None if c.mask is None else c.mask * c.mask_strength
         area = None
         if c.area is not None:
             h, w, y, x = (int(v) for v in c.area)
@@ -302,21 +406,13 @@ class CFGDenoiser:
         s_start = s_end = None
         if (start, end) != (0.0, 1.0):
             s_start, s_end = self.ms.percent_to_sigma(start), self.ms.percent_to_sigma(end)
+        concat = self.concat
+        if self._inpaint and (c.concat_latent is not None or c.concat_mask is not None):
+            concat = self._inpaint_concat(c.concat_latent, c.concat_mask)
+        elif self._ip2p and c.concat_latent is not None:
+            concat = self._ip2p_concat(c.concat_latent)
         return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
-                      s_start, s_end)
-
-    # -- evaluation
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
-        if math.isclose(self.cfg, 1.0):
-            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
-            return cond
-        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
-        return uncond + (cond - uncond) * self.cfg
-
-    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
-        """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
-        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
-        return uncond + (cond - uncond) * self.cfg, uncond
+                      s_start, s_end, concat)
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -349,8 +445,9 @@ class CFGDenoiser:
                             mult.narrow(2 + dim, size - 1 - t, 1).mul_(f)
         return inp, mult, area
 
-    def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor):
-        """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch)."""
+    def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor, unet_patches=()):
+        """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch);
+        ``unet_patches``: forward-time UNet patches for these evaluations only."""
         outs = [torch.zeros_like(x) for _ in cond_lists]
         counts = [torch.ones_like(x) * 1e-37 for _ in cond_lists]
         to_run = []
@@ -364,7 +461,7 @@ class CFGDenoiser:
             group = [k for k in range(len(to_run)) if self._can_batch(to_run[k], first)]
             group.reverse()  # ComfyUI pops from the back: batch order is reversed
             batch = [to_run.pop(k) for k in group]
-            outputs = self._run(batch, sigma)
+            outputs = self._run(batch, sigma, unet_patches)
             for (e, (inp, mult, area), idx), out in zip(batch, outputs):
                 if area is None:
                     outs[idx] += out * mult
@@ -382,6 +479,8 @@ class CFGDenoiser:
         eb, (ib, _, _), _ = b
         if ia.shape != ib.shape or ea.cond.control is not eb.cond.control:
             return False
+        if (ea.concat is None) != (eb.concat is None):
+            return False
         if (ea.y is None) != (eb.y is None) or (ea.y is not None and ea.y.shape != eb.y.shape):
             return False
         ta, tb = ea.context.shape, eb.context.shape
@@ -389,7 +488,7 @@ class CFGDenoiser:
             return False
         return math.lcm(ta[1], tb[1]) // min(ta[1], tb[1]) <= 4
 
-    def _run(self, batch, sigma: torch.Tensor) -> list[torch.Tensor]:
+    def _run(self, batch, sigma: torch.Tensor, unet_patches=()) -> list[torch.Tensor]:
         """One UNet call for a batch of compatible conds; returns each cond's x0 prediction."""
         n = len(batch)
         inputs = [p[0] for _, p, _ in batch]
@@ -412,13 +511,74 @@ class CFGDenoiser:
             percent = self.ms.schedule.sigma_to_percent(float(sigma.reshape(-1)[0]))
             control = chain.residuals(xc, t, context, y, sig, percent)
         unet_in = xc
-        if self.concat is not None:
+        if batch[0][0].concat is not None:
             crops = []
-            for _, (_, _, area), _ in batch:
-                c = self.concat[:b] if self.concat.shape[0] >= b else self.concat.expand(b, -1, -1, -1)
+            for e, (_, _, area), _ in batch:
+                c = e.concat[:b] if e.concat.shape[0] >= b else e.concat.expand(b, -1, -1, -1)
                 if area is not None:
                     c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
             unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + 1 + C, h, w]
-        out = self.model.unet(unet_in, t, context, y=y, control=control).float()
+        if getattr(self.model, "wants_sigma", False):
+            out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches),
+                                  sigma=float(sig.reshape(-1)[0]))
+        elif unet_patches:
+            out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
+        else:
+            out = self.model.unet(unet_in, t, context, y=y, control=control)
+        out = out.float()
         return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))
+
+
+class CFGDenoiser(CondDenoiser):
+    """x0 denoiser with classifier-free guidance (Ho & Salimans 2022) on x0 predictions,
+    ``uncond + (cond − uncond)·cfg``; at cfg == 1 (isclose) the negative is not evaluated
+    (ComfyUI's cfg1 optimisation). KSampler's and CFGGuider's rule."""
+
+    def __init__(
+        self,
+        model,
+        positive: Sequence[Cond],
+        negative: Sequence[Cond],
+        cfg: float,
+        latent_image: torch.Tensor,
+        denoise_mask: torch.Tensor | None = None,
+        model_sampling: ModelSampling | None = None,
+    ):
+        super().__init__(model, (positive, negative), (False, True), latent_image, denoise_mask,
+                         model_sampling)
+        self.positive, self.negative = self.lists
+        self.cfg = float(cfg)
+        self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
+        self.patch_state: dict = {}  # per-run state of sampler patches (APG momentum)
+        self._skip_cfg1 = not needs_uncond(self.sampler_patches)
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
+        if self._skip_cfg1 and math.isclose(self.cfg, 1.0):
+            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            if self.sampler_patches:
+                return self._guide(x, sigma, cond, torch.zeros_like(cond), has_uncond=False)
+            return cond
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        if self.sampler_patches:
+            return self._guide(x, sigma, cond, uncond)
+        return uncond + (cond - uncond) * self.cfg
+
+    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
+        """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        if self.sampler_patches:
+            return self._guide(x, sigma, cond, uncond), uncond
+        return uncond + (cond - uncond) * self.cfg, uncond
+
+    def _guide(self, x, sigma, cond, uncond, has_uncond: bool = True) -> torch.Tensor:
+        """The model's sampler patches (sampling/cfg_patches.py) in place of the CFG formula."""
+        def evaluate(unet_patches):
+            return self.calc_cond_batch([self.positive], x, sigma, unet_patches)[0]
+
+        def evaluate_negative(x_in, unet_patches):
+            return self.calc_cond_batch([self.negative], x_in, sigma, unet_patches)[0]
+
+        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate, evaluate_negative,
+                            self.patch_state, has_uncond)
+        return guide(self.sampler_patches, args)

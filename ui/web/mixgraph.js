@@ -20,9 +20,12 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
-const SPECS = ["auto", "f32", "bf16", "f16", "bf16:f32", "f16+upcast", "fp8_e4m3fn:bf16", "int8"];
+// Presets first (auto = balanced; what each resolves to per model type on the server's device is
+// in /system_stats: devices[0].mixgraph_precision.presets), then plain SPECs.
+const SPECS = ["auto", "quality", "balanced", "memory", "fast", "f32", "bf16", "f16", "bf16:f32",
+               "f16+upcast", "fp8_e4m3fn:bf16", "int8"];
 // The tag graph/ui_format.py recognises in a group title.
-const TAG = /\[\s*((?:auto|f32|fp32|bf16|f16|fp16|fp8_?\w*|int8)(?:[:+][\w.:+]*)?)\s*\]/i;
+const TAG = /\[\s*((?:auto|quality|balanced|memory|fast|f32|fp32|bf16|f16|fp16|fp8_?\w*|int8)(?:[:+][\w.:+]*)?)\s*\]/i;
 const nanFallbacks = new Map();
 const DEFAULT_TEMPLATE = "txt2img_shapes";
 let defaultGraph = null;

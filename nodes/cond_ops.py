@@ -1,0 +1,115 @@
+"""Plain functions on CONDITIONING payloads for the conditioning nodes (ComfyUI ``nodes.py``):
+averaging, concatenation, percentage areas, masks, timestep ranges and the inpaint-model concat.
+
+Every function returns new ``Cond``s (``dataclasses.replace``); inputs are never modified.
+What these fields mean at sampling time is applied in ``nodes/sampling/parameterization.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from mixgraph.nodes.payloads.conditioning import Cond
+
+logger = logging.getLogger(__name__)
+
+Conditioning = tuple[Cond, ...]
+
+
+def _first(conds: Conditioning, node: str, name: str) -> Cond:
+    if not conds:
+        raise ValueError(f"{node}: {name} is an empty conditioning")
+    if len(conds) > 1:
+        logger.warning("%s: %s holds %d conds; only the first is applied", node, name, len(conds))
+    return conds[0]
+
+
+def average(to: Conditioning, frm: Conditioning, to_strength: float) -> Conditioning:
+    """ConditioningAverage: ``to·s + from·(1 − s)`` per token; ``from`` is cut or zero-padded to
+    each ``to`` cond's token count. Pooled outputs mix the same way (a missing ``to`` pooled
+    counts as ``from``'s)."""
+    src = _first(frm, "ConditioningAverage", "conditioning_from")
+    out = []
+    for c in to:
+        t1 = c.cross_attn
+        t0 = src.cross_attn[:, : t1.shape[1]]
+        if t0.shape[1] < t1.shape[1]:
+            pad = torch.zeros(1, t1.shape[1] - t0.shape[1], t1.shape[2], dtype=t0.dtype)
+            t0 = torch.cat([t0, pad], dim=1)  # [1, T1, D]
+        mixed = t1 * to_strength + t0 * (1.0 - to_strength)
+        pooled_to = c.pooled if c.pooled is not None else src.pooled
+        pooled = c.pooled
+        if src.pooled is not None and pooled_to is not None:
+            pooled = pooled_to * to_strength + src.pooled * (1.0 - to_strength)
+        out.append(dataclasses.replace(c, cross_attn=mixed, pooled=pooled))
+    return tuple(out)
+
+
+def concat(to: Conditioning, frm: Conditioning) -> Conditioning:
+    """ConditioningConcat: ``from``'s tokens appended to each ``to`` cond ([1, T1 + T2, D])."""
+    src = _first(frm, "ConditioningConcat", "conditioning_from")
+    out = []
+    for c in to:
+        if c.cross_attn.shape[-1] != src.cross_attn.shape[-1]:
+            raise ValueError(f"ConditioningConcat: token widths differ ({c.cross_attn.shape[-1]} "
+                             f"vs {src.cross_attn.shape[-1]}); both must come from the same CLIP")
+        out.append(dataclasses.replace(c, cross_attn=torch.cat([c.cross_attn, src.cross_attn], dim=1)))
+    return tuple(out)
+
+
+def set_area_percentage(conds: Conditioning, width: float, height: float, x: float, y: float,
+                        strength: float) -> Conditioning:
+    """ConditioningSetAreaPercentage: an area in fractions of the latent, resolved when sampling."""
+    return tuple(dataclasses.replace(c, area=None, area_fraction=(height, width, y, x),
+                                     strength=strength, set_area_to_bounds=False) for c in conds)
+
+
+def set_strength(conds: Conditioning, strength: float) -> Conditioning:
+    """ConditioningSetAreaStrength."""
+    return tuple(dataclasses.replace(c, strength=strength) for c in conds)
+
+
+def set_mask(conds: Conditioning, mask: torch.Tensor, strength: float, set_cond_area: str) -> Conditioning:
+    """ConditioningSetMask: a [B, H, W] weight mask (resized to the latent when sampling);
+    "mask bounds" makes the cond's area the mask's bounding box."""
+    if mask.ndim < 3:
+        mask = mask.unsqueeze(0)  # [H, W] -> [1, H, W]
+    bounds = set_cond_area != "default"
+    return tuple(dataclasses.replace(c, mask=mask, set_area_to_bounds=bounds, mask_strength=strength)
+                 for c in conds)
+
+
+def set_timestep_range(conds: Conditioning, start: float, end: float) -> Conditioning:
+    """ConditioningSetTimestepRange: active while sampling progress is within [start, end]."""
+    return tuple(dataclasses.replace(c, timestep_range=(float(start), float(end))) for c in conds)
+
+
+def set_size(conds: Conditioning, size) -> Conditioning:
+    """SDXL size / aesthetic conditioning (CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner)."""
+    return tuple(dataclasses.replace(c, size=size) for c in conds)
+
+
+def set_concat(conds: Conditioning, latent: torch.Tensor, mask: torch.Tensor) -> Conditioning:
+    return tuple(dataclasses.replace(c, concat_latent=latent, concat_mask=mask) for c in conds)
+
+
+def inpaint_pixels(pixels: torch.Tensor, mask: torch.Tensor, multiple: int = 8
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """InpaintModelConditioning's pixel preparation: the mask resized (bilinear) to the image as
+    [B, 1, H, W]; image and mask center-cropped to a multiple of ``multiple``; masked pixels
+    (mask rounded to 1) set to grey 0.5. Returns (greyed pixels [B, H', W', C], mask)."""
+    h, w = pixels.shape[1], pixels.shape[2]
+    m = F.interpolate(mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float(), size=(h, w),
+                      mode="bilinear")  # [Bm, 1, H, W]
+    hh, ww = (h // multiple) * multiple, (w // multiple) * multiple
+    if (hh, ww) != (h, w):
+        oy, ox = (h % multiple) // 2, (w % multiple) // 2
+        pixels = pixels[:, oy:oy + hh, ox:ox + ww, :]
+        m = m[:, :, oy:oy + hh, ox:ox + ww]
+    keep = (1.0 - m.round()).squeeze(1).unsqueeze(-1)  # [Bm, H, W, 1]
+    rgb = (pixels[..., :3] - 0.5) * keep + 0.5
+    return torch.cat([rgb, pixels[..., 3:]], dim=-1), m

@@ -1,0 +1,112 @@
+"""Guidance rules beyond plain CFG, and the one place a ``Guidance`` payload becomes a denoiser.
+
+* CFG (Ho & Salimans 2022): ``parameterization.CFGDenoiser`` (KSampler, CFGGuider, BasicGuider).
+* Dual CFG (ComfyUI ``DualCFGGuider``), three lists (cond1, cond2, negative), scales
+  (c1 = cfg_conds, c2 = cfg_cond2_negative), on x0 predictions P1, P2, N:
+  regular ``N + c2·(P2 − N) + c1·(P1 − P2)``; nested ``N + c2·((P2 + c1·(P1 − P2)) − N)``.
+  Regular skips N when c2 ≈ 1 and also P2 when c1 ≈ 1 (a skipped list predicts 0, as in
+  ComfyUI's ``calc_cond_batch``, and drops out of the formula).
+* Perp-Neg (Armandpour et al. 2023, "Re-imagine the Negative Prompt Algorithm: Transform 2D
+  Diffusion into 3D, alleviate Janus problem and Beyond"), lists (positive, negative, empty),
+  scales (cfg, neg_scale): with p = P − E and n = N − E,
+  ``E + cfg·(p − neg_scale·(n − (⟨n, p⟩/‖p‖²)·p))``, the inner product and norm taken over the
+  whole batch tensor as ComfyUI does. N is skipped when neg_scale ≈ 0 and E too when cfg ≈ 1.
+
+``with_uncond`` gives the CFG++ samplers the prediction ComfyUI's post-CFG hook reports as
+``uncond_denoised``: N (regular dual CFG and Perp-Neg), P2 (nested dual CFG); every list is then
+evaluated, as ComfyUI's CFG++ samplers disable the cfg1 optimisation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mixgraph.nodes.payloads.sampling import Guidance
+from .parameterization import CFGDenoiser, CondDenoiser, ModelSampling
+
+__all__ = ["DualCFGDenoiser", "PerpNegDenoiser", "build_denoiser", "perp_neg"]
+
+
+def _zeros_for_skipped(den: CondDenoiser, x, sigma, lists):
+    """calc_cond_batch over the lists that are not None; a None list predicts zeros."""
+    active = [lst for lst in lists if lst is not None]
+    outs = iter(den.calc_cond_batch(active, x, sigma)) if active else iter(())
+    return [next(outs) if lst is not None else torch.zeros_like(x) for lst in lists]
+
+
+class DualCFGDenoiser(CondDenoiser):
+    def __init__(self, model, cond1, cond2, negative, cfg_conds: float, cfg_cond2_negative: float,
+                 nested: bool, latent_image, denoise_mask=None, model_sampling=None):
+        # ComfyUI marks cond2 ("middle") as a negative prompt; controls go positive -> negative.
+        super().__init__(model, (cond1, cond2, negative), (False, True, True), latent_image,
+                         denoise_mask, model_sampling, control_to_uncond=(0, 2))
+        self.positive, self.middle, self.negative = self.lists
+        self.cfg1, self.cfg2, self.nested = float(cfg_conds), float(cfg_cond2_negative), nested
+
+    def _predict(self, x, sigma, all_lists: bool):
+        neg, mid, pos = self.negative, self.middle, self.positive
+        if not self.nested and not all_lists and math.isclose(self.cfg2, 1.0):
+            neg = None
+            if math.isclose(self.cfg1, 1.0):
+                mid = None
+        n, m, p = _zeros_for_skipped(self, x, sigma, [neg, mid, pos])
+        if self.nested:
+            text = m + (p - m) * self.cfg1
+            return n + self.cfg2 * (text - n), m
+        return n + (m - n) * self.cfg2 + (p - m) * self.cfg1, n
+
+    def __call__(self, x, sigma, seed=None, **_):
+        return self._predict(x, sigma, all_lists=False)[0]
+
+    def with_uncond(self, x, sigma, seed=None, **_):
+        return self._predict(x, sigma, all_lists=True)
+
+
+def perp_neg(pos: torch.Tensor, neg: torch.Tensor, empty: torch.Tensor, neg_scale: float,
+             cfg: float) -> torch.Tensor:
+    """Perp-Neg combination of x0 predictions (module docstring)."""
+    p, n = pos - empty, neg - empty
+    perp = n - (torch.mul(n, p).sum() / torch.norm(p) ** 2) * p
+    return empty + cfg * (p - perp * neg_scale)
+
+
+class PerpNegDenoiser(CondDenoiser):
+    def __init__(self, model, positive, negative, empty, cfg: float, neg_scale: float,
+                 latent_image, denoise_mask=None, model_sampling=None):
+        # ComfyUI's list order: positive, empty_negative_prompt, negative.
+        super().__init__(model, (positive, empty, negative), (False, True, True), latent_image,
+                         denoise_mask, model_sampling, control_to_uncond=(0, 2))
+        self.positive, self.empty, self.negative = self.lists
+        self.cfg, self.neg_scale = float(cfg), float(neg_scale)
+
+    def _predict(self, x, sigma, all_lists: bool):
+        neg, empty = self.negative, self.empty
+        if not all_lists and math.isclose(self.neg_scale, 0.0):
+            neg = None
+            if math.isclose(self.cfg, 1.0):
+                empty = None
+        p, n, e = _zeros_for_skipped(self, x, sigma, [self.positive, neg, empty])
+        return perp_neg(p, n, e, self.neg_scale, self.cfg), n
+
+    def __call__(self, x, sigma, seed=None, **_):
+        return self._predict(x, sigma, all_lists=False)[0]
+
+    def with_uncond(self, x, sigma, seed=None, **_):
+        return self._predict(x, sigma, all_lists=True)
+
+
+def build_denoiser(guidance: Guidance, model, latent_image: torch.Tensor,
+                   denoise_mask: torch.Tensor | None, model_sampling: ModelSampling):
+    """The sampler-contract denoiser for ``guidance`` on ``model`` (a SamplerModel)."""
+    args = (latent_image, denoise_mask, model_sampling)
+    if guidance.kind == "cfg":
+        positive, negative = guidance.conds
+        return CFGDenoiser(model, positive, negative, guidance.scales[0], *args)
+    if guidance.kind == "dual_cfg":
+        cond1, cond2, negative = guidance.conds
+        return DualCFGDenoiser(model, cond1, cond2, negative, *guidance.scales, guidance.nested,
+                               *args)
+    positive, negative, empty = guidance.conds
+    return PerpNegDenoiser(model, positive, negative, empty, *guidance.scales, *args)

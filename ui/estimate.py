@@ -1,0 +1,624 @@
+"""Memory predicted before a run: `mixgraph estimate WF.json [--precision SPEC] [--json]`, the
+`memory` part of `validate --json`, `POST /mixgraph/estimate`, and the refusal of a prompt that
+cannot fit (server and CLI) with the preset that would.
+
+The model of one run's peak resident memory:
+
+    peak = BASE_BYTES                      the interpreter, torch and the node library
+         + weights held at the node        every model loaded so far stays in the weight store
+                                           (per file component, storage dtype and LoRA stack:
+                                           `cast.precision_bytes`, from shapes only)
+         + ACTIVATION_FACTOR * activations the largest live set of tensors while the node's model
+                                           runs at the workflow's size and batch, traced on fake
+                                           tensors (no memory, no arithmetic: `trace_peak`), plus
+                                           what each use of the model adds (int8 layers)
+         + outputs                         cached LATENT/IMAGE outputs of the nodes before it
+
+taken as the maximum over the nodes, in run order. Weights come from each file's header (the
+loaders read nothing else), so estimating a 7 GB checkpoint costs milliseconds plus one traced
+forward per distinct (model, policy, shape), about a second on a CPU for an SD1.5 UNet.
+BASE_BYTES and ACTIVATION_FACTOR are calibrated against measured peak RSS of full-size SD1.5
+runs (benchmarks/bench_hardware.py, numbers in benchmarks/README.md).
+
+Nodes the model knows: the loaders (CheckpointLoaderSimple, CheckpointLoader, UNETLoader,
+VAELoader, CLIPLoader, DualCLIPLoader, ControlNetLoader), pass-through model nodes (LoRA,
+precision pins, anything whose output is the model type of an input), the samplers (KSampler,
+KSamplerAdvanced; batch doubled for CFG, plus every ControlNet applied in the workflow), VAE
+decode/encode (whole and tiled) and text encoding. Sizes come from EmptyLatentImage,
+LatentUpscale(By), ImageScale(By) and LoadImage (the image header); a node whose size cannot be
+followed is estimated at 512x512 and says so in `assumed`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from mixgraph.graph.precision import (PRESETS, DeviceCaps, Policy, PrecisionError, Resolver,
+                                      parse_precision_arg, resolve)
+from mixgraph.graph.prompt import Link, Workflow, WorkflowError
+
+__all__ = ["estimate", "estimate_presets", "trace_peak", "available_bytes", "BASE_BYTES",
+           "ACTIVATION_FACTOR", "refusal", "format_estimate", "memory_section", "system_section",
+           "InsufficientMemory", "cli_main"]
+
+#: RSS of a process that has imported torch and the node library and run nothing (measured:
+#: 0.40-0.45 GiB on x86-64 Linux with torch 2.13 CPU).
+BASE_BYTES = 430 * 2**20
+#: measured peak RSS growth of a node / its traced activation peak (allocator slack, oneDNN
+#: scratch and weight reorders, the tensors the trace cannot see): calibrated on SD1.5 full size.
+ACTIVATION_FACTOR = 1.5
+#: half compute that the device only emulates (bf16 on a CPU without AVX512-BF16/AMX) holds
+#: more than the trace sees (f32 working copies, weight reorders): this fraction of the model's
+#: stored weight bytes on top, per use. Calibrated on one point (SD1.5 full size, bf16, 256 px, on
+#: a Zen 3 EPYC: measured 3.29 GiB against 2.48 GiB without it).
+EMULATED_HALF_FACTOR = 0.5
+DEFAULT_SIDE = 512
+#: `MIXGRAPH_MEMORY_CHECK=0` turns the refusal of runs that would not fit off.
+MEMORY_CHECK_ENV = "MIXGRAPH_MEMORY_CHECK"
+
+_LOADERS = {   # class -> (folder, file inputs, {output slot: socket type})
+    "CheckpointLoaderSimple": ("checkpoints", ("ckpt_name",), {0: "MODEL", 1: "CLIP", 2: "VAE"}),
+    "CheckpointLoader": ("checkpoints", ("ckpt_name",), {0: "MODEL", 1: "CLIP", 2: "VAE"}),
+    "UNETLoader": ("diffusion_models", ("unet_name",), {0: "MODEL"}),
+    "VAELoader": ("vae", ("vae_name",), {0: "VAE"}),
+    "CLIPLoader": ("text_encoders", ("clip_name",), {0: "CLIP"}),
+    "DualCLIPLoader": ("text_encoders", ("clip_name1", "clip_name2"), {0: "CLIP"}),
+    "ControlNetLoader": ("controlnet", ("control_net_name",), {0: "CONTROL_NET"}),
+}
+_SAMPLERS = {"KSampler": "latent_image", "KSamplerAdvanced": "latent_image"}
+_VAE_NODES = {"VAEDecode": ("samples", "decode"), "VAEDecodeTiled": ("samples", "decode"),
+              "VAEEncode": ("pixels", "encode"), "VAEEncodeTiled": ("pixels", "encode"),
+              "VAEEncodeForInpaint": ("pixels", "encode")}
+
+
+# --------------------------------------------------------------------------------------------
+# tracing activations on fake tensors
+
+
+class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the bytes of tensor storages created under it that are still alive; `peak` is the
+    most at once. A storage is freed when the last tensor that viewed it dies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self._refs: dict[int, int] = {}
+        self._size: dict[int, int] = {}
+
+    def _drop(self, key: int) -> None:
+        self._refs[key] -= 1
+        if self._refs[key] == 0:
+            self.live -= self._size.pop(key)
+            del self._refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                key = t.untyped_storage()._cdata
+                if key not in self._refs:
+                    self._refs[key] = 0
+                    self._size[key] = t.untyped_storage().nbytes()
+                    self.live += self._size[key]
+                    self.peak = max(self.peak, self.live)
+                self._refs[key] += 1
+                weakref.finalize(t, self._drop, key)
+        return out
+
+
+def trace_peak(build, policy: Policy, run) -> int:
+    """Peak bytes of the tensors `run(module)` creates, for the module `build()` returns with
+    `policy` applied; on fake CPU tensors, so nothing is allocated or computed (weights excluded:
+    they are counted as weights)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mixgraph.nodes.models.cast import apply_precision
+
+    with torch.device("meta"):
+        module = build()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        module = apply_precision(module.to_empty(device="cpu"), policy)
+        with _LiveBytes() as live, torch.inference_mode():
+            out = run(module)
+            del out
+    return live.peak
+
+
+def _policy_key(p: Policy) -> tuple:
+    return (p.storage, p.compute, p.upcast_attention, p.f32_norms, p.int8)
+
+
+@functools.lru_cache(maxsize=64)
+def _unet_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, tokens: int) -> int:
+    from mixgraph.nodes.models.unet import UNetModel
+
+    cfg = config
+    policy = Policy(*pkey)
+
+    def run(m):
+        y = torch.empty(batch, cfg.adm_in_channels) if cfg.adm_in_channels else None
+        return m(torch.empty(batch, cfg.in_channels, h, w), torch.empty(batch),
+                 torch.empty(batch, tokens, cfg.context_dim or 768), y)
+    return trace_peak(lambda: UNetModel(cfg), policy, run)
+
+
+@functools.lru_cache(maxsize=64)
+def _vae_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, mode: str, down: int) -> int:
+    from mixgraph.nodes.models.vae import AutoencoderKL
+
+    policy = Policy(*pkey)
+    if mode == "decode":
+        return trace_peak(lambda: AutoencoderKL(config), policy,
+                          lambda m: m.decode(torch.empty(batch, config.z_channels if not
+                                                         config.use_quant_conv else config.embed_dim,
+                                                         h // down, w // down)))
+    return trace_peak(lambda: AutoencoderKL(config), policy,
+                      lambda m: m.encode(torch.empty(batch, 3, h, w)))
+
+
+@functools.lru_cache(maxsize=64)
+def _controlnet_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, down: int) -> int:
+    from mixgraph.nodes.models.controlnet import ControlNetModel
+
+    policy = Policy(*pkey)
+
+    def run(m):
+        y = torch.empty(batch, config.unet.adm_in_channels) if config.unet.adm_in_channels else None
+        return m(torch.empty(batch, config.unet.in_channels, h // down, w // down),
+                 torch.empty(batch, config.hint_channels, h, w), torch.empty(batch),
+                 torch.empty(batch, 77, config.unet.context_dim or 768), y)
+    return trace_peak(lambda: ControlNetModel(config), policy, run)
+
+
+# --------------------------------------------------------------------------------------------
+# models, weights and sizes of one workflow
+
+
+@dataclass(frozen=True)
+class _Component:
+    """One loaded model: which loader node and output, its handle (header only)."""
+
+    loader: str
+    socket: str
+    handle: Any
+    patched: bool = False
+    pinned: Any = None          # a Set*Precision node's policy on the way
+    storage: Any = None         # UNETLoader's weight_dtype
+
+
+@functools.lru_cache(maxsize=32)
+def _load(class_type: str, paths: tuple[str, ...], mtimes: tuple[int, ...], extra: str) -> tuple:
+    from mixgraph.nodes.models import loader
+
+    if class_type in ("CheckpointLoaderSimple", "CheckpointLoader"):
+        return loader.load_checkpoint(paths[0])
+    if class_type == "UNETLoader":
+        return (loader.load_unet(paths[0], weight_dtype=extra),)
+    if class_type == "VAELoader":
+        return (loader.load_vae(paths[0]),)
+    if class_type in ("CLIPLoader", "DualCLIPLoader"):
+        return (loader.load_clip(list(paths), extra),)
+    return (loader.load_controlnet(paths[0]),)
+
+
+def _modules(socket: str, handle: Any) -> list:
+    """Builders of the modules a handle materializes (each on the meta device when called)."""
+    if socket == "MODEL":
+        from mixgraph.nodes.models.unet import UNetModel
+        return [lambda: UNetModel(handle.config)]
+    if socket == "VAE":
+        from mixgraph.nodes.models.vae import AutoencoderKL
+        return [lambda: AutoencoderKL(handle.config)]
+    if socket == "CONTROL_NET":
+        from mixgraph.nodes.models.controlnet import ControlNetModel
+        return [lambda: ControlNetModel(handle.config)]
+    if socket == "CLIP":
+        from mixgraph.nodes.models.clip import CLIPTextModel
+        cfgs = [getattr(handle, f"{r}_config", None) for r in ("clip_l", "clip_g", "clip_h")]
+        return [functools.partial(CLIPTextModel, c) for c in cfgs if c is not None]
+    return []
+
+
+@functools.lru_cache(maxsize=128)
+def _weight_bytes(socket: str, handle: Any, pkey: tuple) -> tuple[int, int]:
+    from mixgraph.nodes.models.cast import precision_bytes
+
+    held = per_use = 0
+    for build in _modules(socket, handle):
+        with torch.device("meta"):
+            module = build()
+        h, u = precision_bytes(module, Policy(*pkey))
+        held, per_use = held + h, per_use + u
+    return held, per_use
+
+
+class _Graph:
+    """What the estimate needs from a workflow: each node's model inputs traced back to their
+    loader, and the pixel size and batch of its LATENT/IMAGE inputs."""
+
+    def __init__(self, wf: Workflow, registry: Any, env: Any):
+        self.wf, self.registry, self.env = wf, registry, env
+        self._sizes: dict[tuple[str, int], tuple[int, int, int, bool]] = {}
+
+    def inputs_of(self, nid: str) -> dict[str, Any]:
+        return self.wf.prompt[nid].inputs
+
+    def input_type(self, nid: str, name: str) -> str | None:
+        spec = self.registry.get(self.wf.prompt[nid].class_type)
+        inp = spec.input_map.get(name) if spec is not None else None
+        return inp.type if inp is not None else None
+
+    def component(self, link: Link, socket: str, depth: int = 0) -> _Component | None:
+        """Follow a model link up to its loader, noting LoRA and precision pins on the way."""
+        nid = link.node_id
+        call = self.wf.prompt.get(nid)
+        if call is None or depth > 200:
+            return None
+        ct = call.class_type
+        if ct in _LOADERS:
+            folder, names, outs = _LOADERS[ct]
+            if outs.get(link.slot) is None:
+                return None
+            from mixgraph.nodes import folders
+            paths = tuple(str(folders.resolve(self.env, folder, call.inputs[n])) for n in names)
+            extra = str(call.inputs.get("weight_dtype", call.inputs.get("type", "stable_diffusion")))
+            mtimes = tuple(os.stat(p).st_mtime_ns for p in paths)
+            handles = _load(ct, paths, mtimes, extra)
+            storage = getattr(handles[link.slot], "weight_dtype", None)
+            return _Component(f"{nid}:{link.slot}", outs[link.slot], handles[link.slot],
+                              storage=storage)
+        for name, value in call.inputs.items():
+            if isinstance(value, Link) and self.input_type(nid, name) == socket:
+                up = self.component(value, socket, depth + 1)
+                if up is None:
+                    return None
+                if ct.startswith("Lora"):
+                    up = _replace(up, patched=True)
+                if ct.startswith("Set") and ct.endswith("Precision") and up.pinned is None:
+                    from mixgraph.nodes.precision_nodes import policy_from
+                    up = _replace(up, pinned=policy_from(
+                        call.inputs.get("storage", "bf16"), call.inputs.get("compute", "bf16"),
+                        bool(call.inputs.get("upcast_attention")), bool(call.inputs.get("f32_norms"))))
+                return up
+        return None
+
+    def size(self, link: Any, depth: int = 0) -> tuple[int, int, int, bool]:
+        """(batch, height px, width px, assumed) of a LATENT or IMAGE output."""
+        if not isinstance(link, Link) or depth > 200:
+            return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
+        key = (link.node_id, link.slot)
+        if key not in self._sizes:
+            self._sizes[key] = self._size(link, depth)
+        return self._sizes[key]
+
+    def _size(self, link: Link, depth: int) -> tuple[int, int, int, bool]:
+        call = self.wf.prompt.get(link.node_id)
+        if call is None:
+            return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
+        ins, ct = call.inputs, call.class_type
+
+        def num(name: str, default: float) -> float:
+            v = ins.get(name, default)
+            return float(v) if isinstance(v, (int, float)) else default
+
+        def upstream() -> tuple[int, int, int, bool]:
+            for name, value in ins.items():
+                if isinstance(value, Link) and self.input_type(link.node_id, name) in ("LATENT", "IMAGE"):
+                    return self.size(value, depth + 1)
+            return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
+
+        if ct == "EmptyLatentImage":
+            return int(num("batch_size", 1)), int(num("height", 512)), int(num("width", 512)), False
+        if ct in ("LatentUpscale", "ImageScale"):
+            b, h, w, a = upstream()
+            nw, nh = int(num("width", 0)), int(num("height", 0))
+            if nw == 0 and nh == 0:
+                return b, h, w, a
+            nw = nw or max(1, round(w * nh / h))
+            nh = nh or max(1, round(h * nw / w))
+            return b, nh, nw, a
+        if ct in ("LatentUpscaleBy", "ImageScaleBy"):
+            b, h, w, a = upstream()
+            s = num("scale_by", 1.0)
+            return b, round(h * s), round(w * s), a
+        if ct in ("LoadImage", "LoadImageMask") and isinstance(ins.get("image"), str):
+            try:
+                from PIL import Image
+                with Image.open(Path(self.env.input) / ins["image"]) as im:
+                    return 1, im.height, im.width, False
+            except (OSError, ValueError):
+                return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
+        return upstream()
+
+
+def _replace(c: _Component, **kw: Any) -> _Component:
+    import dataclasses
+    return dataclasses.replace(c, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# the estimate
+
+
+def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
+             caps: DeviceCaps | None = None, order: Sequence[str] | None = None) -> dict:
+    """The predicted peak memory of running `wf` under `precision` (a `--precision` argument,
+    None: the workflow's own settings), per node and in total. `order` is the validated run order
+    (default: the prompt's order). Raises PrecisionError for a bad SPEC, FolderError for a missing
+    file (validation reports those first)."""
+    device = env.device or "cpu"
+    default, types = parse_precision_arg(precision, device)
+    resolver = Resolver(wf.precision, types, default, device, caps=caps)
+    graph = _Graph(wf, registry, env)
+    controls: list[tuple[str, _Component]] = []
+    held: dict[tuple, int] = {}                   # weight store entries: key -> bytes
+    outputs = 0
+    nodes: dict[str, dict] = {}
+    peak, peak_node = BASE_BYTES, None
+    for nid in (order or list(wf.prompt)):
+        call = wf.prompt[nid]
+        ct = call.class_type
+        entry: dict[str, Any] = {"class_type": ct, "weights_bytes": 0, "activation_bytes": 0,
+                                 "policy": {}}
+        uses: list[tuple[str, _Component, Any]] = []
+        for name, value in call.inputs.items():
+            socket = graph.input_type(nid, name)
+            if isinstance(value, Link) and socket in ("MODEL", "CLIP", "VAE", "CONTROL_NET"):
+                comp = graph.component(value, socket)
+                if comp is not None:
+                    uses.append((socket, comp, name))
+        activation = 0
+        for socket, comp, _name in uses:
+            policy = resolve(resolver.policy(nid, socket), pinned=comp.pinned, storage=comp.storage)
+            entry["policy"][socket] = policy.spec
+            pkey = _policy_key(policy)
+            if socket == "CONTROL_NET":
+                controls.append((nid, comp))
+                continue
+            store_key = (comp.loader, socket, policy.storage, policy.int8, comp.patched)
+            w_held, w_use = _weight_bytes(socket, comp.handle, pkey)
+            if store_key not in held:
+                held[store_key] = w_held
+                entry["weights_bytes"] += w_held
+            activation += w_use
+            if policy.is_half and not resolver.caps.native(policy.compute):
+                activation += EMULATED_HALF_FACTOR * w_held / ACTIVATION_FACTOR
+            if socket == "MODEL" and ct in _SAMPLERS:
+                b, h, w, assumed = graph.size(call.inputs.get(_SAMPLERS[ct]))
+                cfg = call.inputs.get("cfg", 8.0)
+                batch = b * (1 if cfg == 1 else 2)
+                down = 8
+                act = _unet_peak(comp.handle.config, pkey, batch, max(1, h // down),
+                                 max(1, w // down), 77)
+                for cn_nid, cn in controls:
+                    cpol = resolve(resolver.policy(cn_nid, "CONTROL_NET"), pinned=cn.pinned)
+                    ckey = (cn.loader, "CONTROL_NET", cpol.storage, cpol.int8, cn.patched)
+                    c_held, c_use = _weight_bytes("CONTROL_NET", cn.handle, _policy_key(cpol))
+                    if ckey not in held:
+                        held[ckey] = c_held
+                        entry["weights_bytes"] += c_held
+                    act += c_use + _controlnet_peak(cn.handle.config, _policy_key(cpol), batch,
+                                                    h, w, down)
+                activation += act
+                entry["size"] = [b, h, w]
+                if assumed:
+                    entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
+                outputs += b * 4 * (h // 8) * (w // 8) * 4
+            elif socket == "VAE" and ct in _VAE_NODES:
+                inp, mode = _VAE_NODES[ct]
+                b, h, w, assumed = graph.size(call.inputs.get(inp))
+                if ct.endswith("Tiled"):
+                    tile = int(call.inputs.get("tile_size", 512))
+                    th, tw = min(h, tile), min(w, tile)
+                    act = _vae_peak(comp.handle.config, pkey, 1, th, tw, mode, 8) + b * h * w * 3 * 4
+                else:
+                    act = _vae_peak(comp.handle.config, pkey, b, h, w, mode, 8)
+                activation += act
+                entry["size"] = [b, h, w]
+                if assumed:
+                    entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
+                outputs += b * h * w * 3 * 4 if mode == "decode" else b * 4 * (h // 8) * (w // 8) * 4
+        resident = sum(held.values())
+        node_peak = BASE_BYTES + resident + outputs + int(ACTIVATION_FACTOR * activation)
+        entry.update(activation_bytes=int(ACTIVATION_FACTOR * activation), resident_bytes=resident,
+                     peak_bytes=node_peak)
+        if not entry["policy"]:
+            del entry["policy"]
+        nodes[nid] = entry
+        if node_peak > peak:
+            peak, peak_node = node_peak, nid
+    return {"peak_bytes": peak, "peak_node": peak_node, "base_bytes": BASE_BYTES,
+            "weights_bytes": sum(held.values()), "precision": precision or "workflow",
+            "resolved": resolver.describe(), "nodes": nodes}
+
+
+def estimate_presets(wf: Workflow, registry: Any, env: Any, caps: DeviceCaps | None = None,
+                     order: Sequence[str] | None = None) -> dict[str, int]:
+    """{preset: predicted peak bytes} with each preset as the run's default (regions and pins in
+    the workflow still apply)."""
+    return {p: estimate(wf, registry, env, p, caps, order)["peak_bytes"] for p in PRESETS}
+
+
+def available_bytes(device: str = "cpu") -> int | None:
+    """Memory a new run can use: CUDA's free memory; on a CPU, MemAvailable, capped by the
+    cgroup's limit (a container) when there is one. None when it cannot be read."""
+    d = torch.device(device)
+    if d.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(d.index or 0)[0])
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            room = int(limit) - used
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
+            order: Sequence[str] | None = None, held_bytes: int = 0,
+            available: int | None = None) -> str | None:
+    """A message when the run cannot fit in the memory there is, naming the estimate and the
+    preset that would fit; None when it fits (or memory cannot be read). `held_bytes`: memory
+    this process already holds that the run can reuse (the weight store, the process itself)."""
+    device = env.device or "cpu"
+    if os.environ.get(MEMORY_CHECK_ENV, "1") == "0" or torch.device(device).type != "cpu":
+        return None     # the model is of a CPU run's resident memory
+    available = available_bytes(device) if available is None else available
+    if available is None:
+        return None
+    room = available + held_bytes + BASE_BYTES    # this process already holds its base
+    if _upper_bound(wf, registry, env) <= room:
+        return None     # fits even by a coarse bound: no tracing needed
+    try:
+        est = estimate(wf, registry, env, precision, order=order)
+    except (PrecisionError, ValueError, OSError):
+        return None  # validation reports bad SPECs and missing files itself
+    if est["peak_bytes"] <= room:
+        return None
+    presets = estimate_presets(wf, registry, env, order=order)
+    fitting = [p for p in ("balanced", "memory", "fast", "quality") if presets[p] <= room]
+    hint = (f"--precision {fitting[0]} would fit ({_gib(presets[fitting[0]])})" if fitting else
+            f"no preset fits (the smallest: memory, {_gib(presets['memory'])}); use a smaller "
+            f"size or batch, or VAEDecodeTiled")
+    node = est["peak_node"]
+    where = f" at node {node} ({wf.prompt[node].class_type})" if node else ""
+    return (f"not enough memory: this run needs about {_gib(est['peak_bytes'])}{where}, "
+            f"{_gib(room)} is available; {hint}")
+
+
+def _upper_bound(wf: Workflow, registry: Any, env: Any) -> float:
+    """A quick bound above the estimate, from file sizes and pixel counts only: every model file
+    held 4 times over (an fp8 file computing in f32) and 16 KiB per pixel of the largest
+    latent or image (the traced peaks are below 4 KiB per pixel for SD1.5/SDXL VAEs and UNets)."""
+    from mixgraph.nodes import folders
+
+    graph = _Graph(wf, registry, env)
+    files = 0
+    pixels = DEFAULT_SIDE * DEFAULT_SIDE
+    for nid, call in wf.prompt.items():
+        if call.class_type in _LOADERS:
+            folder, names, _ = _LOADERS[call.class_type]
+            for n in names:
+                try:
+                    path = folders.resolve(env, folder, call.inputs[n])
+                    files += sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) \
+                        if path.is_dir() else path.stat().st_size
+                except (KeyError, ValueError, OSError, TypeError):
+                    return float("inf")
+        for name, value in call.inputs.items():
+            if isinstance(value, Link) and graph.input_type(nid, name) in ("LATENT", "IMAGE"):
+                b, h, w, _ = graph.size(value)
+                pixels = max(pixels, b * h * w)
+    return BASE_BYTES + 4 * files + 16384 * 2 * pixels
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def format_estimate(est: dict, presets: dict[str, int] | None, available: int | None) -> str:
+    """The human table of `mixgraph estimate`."""
+    lines = [f"{'node':>6}  {'class':<24} {'weights+':>10} {'activations':>12} {'peak':>10}  policy"]
+    for nid, e in est["nodes"].items():
+        if not (e["weights_bytes"] or e["activation_bytes"]):
+            continue
+        pol = ", ".join(f"{k}={v}" for k, v in e.get("policy", {}).items())
+        note = f"  ({e['assumed']})" if "assumed" in e else ""
+        lines.append(f"{nid:>6}  {e['class_type'][:24]:<24} {_gib(e['weights_bytes']):>10} "
+                     f"{_gib(e['activation_bytes']):>12} {_gib(e['peak_bytes']):>10}  {pol}{note}")
+    lines.append(f"peak: {_gib(est['peak_bytes'])} (weights {_gib(est['weights_bytes'])}, "
+                 f"process {_gib(est['base_bytes'])}) under {est['precision']}")
+    if presets:
+        lines.append("presets: " + ", ".join(f"{p} {_gib(b)}" for p, b in presets.items()))
+    if available is not None:
+        lines.append(f"available: {_gib(available)}")
+    return "\n".join(lines)
+
+
+class InsufficientMemory(WorkflowError):
+    """A prompt refused at validation because its estimated peak memory exceeds what is
+    available; the message names the estimate and a preset that would fit."""
+
+    error_type = "insufficient_memory"
+
+
+def memory_section(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
+                   order: Sequence[str] | None = None) -> dict:
+    """The estimate as `validate --json` and `POST /mixgraph/estimate` give it: `peak_bytes`
+    at the top, per-node figures, each preset's peak and the available memory; an estimate that
+    cannot be made is `{"error": ...}`."""
+    try:
+        est = estimate(wf, registry, env, precision, order=order)
+        presets = estimate_presets(wf, registry, env, order=order)
+    except (PrecisionError, ValueError, OSError) as e:
+        return {"error": str(e)}
+    available = available_bytes(env.device or "cpu")
+    return {**est, "presets": presets, "available_bytes": available,
+            "fits": None if available is None else est["peak_bytes"] <= available + BASE_BYTES}
+
+
+def system_section(device: str = "cpu") -> dict:
+    """`mixgraph nodes --system`: memory and what the device computes natively (the same
+    `precision` section `/system_stats` gives each device)."""
+    from mixgraph.graph.precision import hardware_section
+
+    import sys
+    return {"system": {"python_version": sys.version, "pytorch_version": torch.__version__,
+                       "available_bytes": available_bytes(device)},
+            "devices": [{"name": device, "mixgraph_precision": hardware_section(device)}]}
+
+
+def cli_main(args: Any, registry: Any) -> int:
+    """`mixgraph estimate WF.json [--precision SPEC] [--set ...] [--json]`: exit 0 when the run
+    fits, 1 when it does not, 2 for a workflow or argument that is not valid."""
+    import json
+    import sys
+
+    from mixgraph.graph.env import Env, check_device
+    from mixgraph.graph.validate import format_problems
+    from mixgraph.ui.api import set_inputs, validate_file
+
+    problem = check_device(args.device)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    env = Env.from_args(models=args.models, input=args.input, device=args.device)
+    try:
+        parse_precision_arg(args.precision, env.device or "cpu")
+        wf, v = validate_file(args.workflow, registry, env)
+        if args.set:
+            from mixgraph.graph.validate import validate
+            wf = set_inputs(wf, args.set)
+            v = validate(wf.prompt, registry, env)
+    except (WorkflowError, PrecisionError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not v.clean:
+        print(f"invalid workflow {args.workflow}:\n{format_problems(v)}", file=sys.stderr)
+        return 2
+    section = memory_section(wf, registry, env, args.precision, order=v.order)
+    if "error" in section:
+        print(f"error: {section['error']}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(section, indent=1, default=str))
+    else:
+        print(format_estimate(section, section["presets"], section["available_bytes"]))
+    return 0 if section["fits"] is not False else 1
