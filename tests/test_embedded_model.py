@@ -24,7 +24,18 @@ CASES = [
     ("a yellow triangle at the bottom on a black background", "ddim", "ddim_uniform", 3),
     ("a purple square on the right on a yellow background", "uni_pc", "normal", 4),
     ("a white circle on a pink background", "heun", "normal", 5),
+    ("a large orange triangle on a cyan background", "euler", "karras", 6),
+    ("a pink square at the top on a green background", "dpmpp_2m", "normal", 7),
+    ("a small cyan triangle on a purple background", "euler_ancestral", "karras", 8),
+    ("a black circle on the left on an orange background", "ddim", "ddim_uniform", 9),
+    ("a blue square at the bottom right on a white background", "uni_pc", "karras", 10),
+    ("a large red triangle on a yellow background", "heun", "karras", 11),
 ]
+# Measured on 200 held-out captions (README, "The embedded model"): shape colour 99.5%,
+# background 100%, shape class 76.5% (9 of these 12). The thresholds leave room for a case or
+# two that other CPUs' kernels tip the other way; a model or a path that does not draw the
+# prompt fails them (a model at chance gets about 1 colour pair and 4 shapes right).
+MIN_COLORS, MIN_SHAPES = len(CASES) - 1, 8
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +60,17 @@ def test_embedded_model_is_a_small_sd1_checkpoint_found_by_shapes():
     assert vae is not None and vae.config.downscale == 8
 
 
-@pytest.mark.parametrize("prompt,sampler,scheduler,seed", CASES)
-def test_embedded_model_draws_the_prompt(executor, tmp_path, prompt, sampler, scheduler, seed):
-    verdict = check_image(_draw(executor, tmp_path, prompt, sampler, scheduler, seed))
-    want = parse_caption(prompt)
-    assert verdict.color == want["color"], verdict
-    assert verdict.background == want["background"], verdict
-    assert verdict.shape == want["shape"], verdict
+def test_embedded_model_draws_the_prompt_with_several_samplers(executor, tmp_path):
+    rows = []
+    for prompt, sampler, scheduler, seed in CASES:
+        verdict = check_image(_draw(executor, tmp_path, prompt, sampler, scheduler, seed))
+        want = parse_caption(prompt)
+        rows.append((prompt, sampler, want, verdict))
+    colors = sum(v.color == w["color"] and v.background == w["background"] for _, _, w, v in rows)
+    shapes = sum(v.shape == w["shape"] for _, _, w, v in rows)
+    report = "\n".join(f"{p!r} ({s}): {v}" for p, s, _, v in rows)
+    assert colors >= MIN_COLORS, report
+    assert shapes >= MIN_SHAPES, report
 
 
 def test_embedded_model_follows_the_prompt_not_the_seed(executor, tmp_path):
