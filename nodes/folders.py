@@ -2,7 +2,9 @@
 
 Folder keys and aliases are ComfyUI's (DESIGN §6). Combo values are paths relative to a folder
 root, with "/" separators. An `extra_model_paths.yaml` (next to the models folder, or named by the
-env setting `extra_model_paths`) adds roots from an existing ComfyUI or A1111 install.
+env setting `extra_model_paths`) adds roots from an existing ComfyUI or A1111 install. Every
+folder ends with its namesake under `nodes/models/data/models` (the embedded model and what was
+made for it), so those are listed, and load, everywhere (a user file of the same name wins).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
+
+from mixgraph.nodes.models.shapes import EMBEDDED_MODELS
 
 FOLDERS: dict[str, tuple[str, ...]] = {
     # key: (subfolder names searched, first is canonical)
@@ -93,6 +97,7 @@ def roots(env: Any, folder: str) -> list[Path]:
         for name in FOLDERS[folder]:
             found.append(Path(base) / name)
     found.extend(_extra_roots(env).get(folder, []))
+    found.append(EMBEDDED_MODELS / FOLDERS[folder][0])  # models that ship with mixgraph, last
     return found
 
 

@@ -57,12 +57,13 @@ def _get_json(url: str, timeout: float = 5.0):
         return json.loads(r.read())
 
 
-def _start_server(tmp: Path, deadline: float) -> tuple[subprocess.Popen, str]:
+def _start_server(tmp: Path, deadline: float, returning: bool = True) -> tuple[subprocess.Popen, str]:
     from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
     write_sd15_checkpoint(tmp / "models" / "checkpoints" / "sd15.safetensors", "tiny")
     user = tmp / "user" / "default"          # `mixgraph serve`'s user folder, under its cwd
-    user.mkdir(parents=True)                 # a returning user: no first-run template browser
-    (user / "comfy.settings.json").write_text(json.dumps({"Comfy.TutorialCompleted": True}))
+    user.mkdir(parents=True)
+    if returning:                            # a returning user (else: a first start)
+        (user / "comfy.settings.json").write_text(json.dumps({"Comfy.TutorialCompleted": True}))
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
@@ -227,6 +228,85 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
     assert not problems, "\n".join(problems)
 
 
+def test_editor_browser_first_start_opens_default_workflow_and_run_draws_it(tmp_path):
+    """A new user's first screen: mixgraph's default workflow (txt2img on the embedded model), no
+    template browser over it, no missing nodes, no console errors (no requests to other hosts);
+    the template browser lists workflows/; pressing Run draws the prompt's picture."""
+    sync_playwright = _browser_or_skip()
+    deadline = time.monotonic() + 90
+    proc, url = _start_server(tmp_path, time.monotonic() + 30, returning=False)
+    problems: list[str] = []
+    watching = [True]
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.set_default_timeout(45_000)
+                page.on("pageerror", lambda e: watching[0] and problems.append(f"page error: {e}"))
+                page.on("console", lambda m: watching[0] and m.type == "error"
+                        and problems.append(f"console error: {m.text[:300]}"))
+                page.on("request", lambda r: watching[0] and not r.url.startswith((url, "data:", "blob:"))
+                        and problems.append(f"request to another host: {r.url}"))
+                page.goto(url + "/", wait_until="domcontentloaded")
+                page.wait_for_function("() => !!(window.app?.graph && window.mixgraph?.loaded"
+                                       " && window.LiteGraph?.registered_node_types?.KSampler)")
+                page.wait_for_function("() => !document.getElementById('splash-loader')")
+                page.wait_for_function("() => window.app.graph.nodes.length > 0")
+                nodes = page.evaluate("""() => window.app.graph.nodes.map(n => [String(n.id), n.type,
+                    !!(n.has_errors || !LiteGraph.registered_node_types[n.type])])""")
+                from mixgraph.ui.demo import DEFAULT_PROMPT, demo_workflow
+                default = demo_workflow()
+                assert sorted(nodes) == sorted([k, v["class_type"], False] for k, v in default.items())
+                assert page.evaluate("() => window.app.graph.getNodeById(6).widgets[0].value") \
+                    == DEFAULT_PROMPT
+                assert page.locator(".p-dialog").count() == 0, "a dialog covers the first screen"
+
+                # The template browser lists the workflows of workflows/ by their README titles.
+                page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+                dialog = page.locator(".p-dialog").first
+                dialog.get_by_text("Text to image (embedded model)").first.wait_for()
+                dialog.get_by_text("ControlNet on the embedded model").first.wait_for()
+                page.keyboard.press("Escape")
+                page.wait_for_function("() => document.querySelectorAll('.p-dialog').length === 0")
+
+                # Run, as a user would: the button in the queue bar.
+                page.evaluate("""() => {
+                    const api = window.comfyAPI.api.api;
+                    const finish = (e) => { window.__mixgraphDone ??= e.detail; };
+                    api.addEventListener('execution_success', finish);
+                    api.addEventListener('execution_error', finish);
+                }""")
+                page.get_by_role("button", name="Run", exact=True).first.click()
+                left = max(1.0, deadline - time.monotonic()) * 1000
+                detail = page.wait_for_function("() => window.__mixgraphDone", timeout=left).json_value()
+                assert "exception_message" not in detail, detail
+                entry = _get_json(url + f"/api/history/{detail['prompt_id']}")[detail["prompt_id"]]
+                image = entry["outputs"]["9"]["images"][0]
+                # the picture appears in the Save Image node
+                page.wait_for_function("() => (window.app.graph.getNodeById(9).imgs || []).length > 0")
+                from PIL import Image
+                import numpy as np
+                from mixgraph.nodes.models.shapes import check_image, parse_caption
+                with Image.open(tmp_path / "output" / image["subfolder"] / image["filename"]) as im:
+                    verdict = check_image(np.asarray(im.convert("RGB")))
+                want = parse_caption(DEFAULT_PROMPT)
+                assert (verdict.color, verdict.background, verdict.shape) == \
+                    (want["color"], want["background"], want["shape"]), verdict
+                page.screenshot(path=str(tmp_path / "first_screen.png"))
+                watching[0] = False
+            finally:
+                browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    assert not problems, "\n".join(problems)
+
+
 # --- the editor's startup endpoints, without a browser -------------------------------------------
 
 def test_editor_startup_endpoints_jobs_and_stubs(tmp_path):
@@ -238,6 +318,7 @@ def test_editor_startup_endpoints_jobs_and_stubs(tmp_path):
     from mixgraph.graph.env import Env
     from mixgraph.graph.executor import Executor
     from tests import toy_nodes as toy
+    from mixgraph.nodes.models.shapes import EMBEDDED_CHECKPOINT
     from mixgraph.ui.server import SERVER_KEY, create_app
 
     for d in ("in", "out", "temp", "models/checkpoints/sub"):
@@ -273,18 +354,22 @@ def test_editor_startup_endpoints_jobs_and_stubs(tmp_path):
             assert detail["workflow"]["prompt"] == prompt and "execution_status" in detail
             assert (await c.get("/api/jobs/unknown")).status == 404
 
-            assert await (await c.get("/templates/index.json")).json() == []
-            assert await (await c.get("/templates/index.fr.json")).json() == []
+            index = await (await c.get("/templates/index.json")).json()
+            names = [t["name"] for t in index[0]["templates"]]
+            assert names[0] == "txt2img_shapes" and "txt2img_sd15" in names  # workflows/, default first
+            assert await (await c.get("/templates/index.fr.json")).json() == index
             assert await (await c.get("/templates/index_logo.json")).json() == {}
             assert (await c.get("/templates/other.json")).status == 404
             assert await (await c.get("/api/global_subgraphs")).json() == {}
             folders = await (await c.get("/api/experiment/models")).json()
             assert {"name": "checkpoints", "folders": [str(tmp_path / "models/checkpoints"),
-                                                       str(tmp_path / "models/Stable-diffusion")]
+                                                       str(tmp_path / "models/Stable-diffusion"),
+                                                       str(EMBEDDED_CHECKPOINT.parent)]
                     } in folders
             files = await (await c.get("/api/experiment/models/checkpoints")).json()
             assert [(f["name"], f["pathIndex"], f["size"]) for f in files] == \
-                [("sub/a.safetensors", 0, 3)]
+                [("mixgraph-shapes.safetensors", 2, EMBEDDED_CHECKPOINT.stat().st_size),
+                 ("sub/a.safetensors", 0, 3)]
             assert (await c.get("/api/experiment/models/nope")).status == 404
             assert await (await c.get("/internal/files/output")).json() == ["new.png", "old.png"]
             assert (await c.get("/internal/files/models")).status == 400
@@ -305,5 +390,46 @@ def test_editor_startup_endpoints_jobs_and_stubs(tmp_path):
             assert await (await c.get("/api/userdata?dir=subgraphs")).json() == []
             stats = await (await c.get("/api/system_stats")).json()
             assert "--disable-api-nodes" in stats["system"]["argv"]
+
+    asyncio.run(main())
+
+
+def test_editor_templates_serve_workflows_graphs_and_thumbnails(tmp_path):
+    """/templates/*: the index of workflows/ (README titles), each as an editor graph that the
+    server's own UI-format reader turns back into the file's prompt, and a PNG thumbnail."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from mixgraph.graph.env import Env
+    from mixgraph.graph.ui_format import convert_ui
+    from mixgraph.ui.api import default_registry, load
+    from mixgraph.ui.server import create_app
+
+    env = Env(models=(tmp_path / "models",), input=tmp_path / "in", output=tmp_path / "out",
+              temp=tmp_path / "temp")
+    registry = default_registry()
+    workflows = ROOT / "workflows"
+
+    async def main():
+        app = create_app(env, registry=registry, user_dir=tmp_path / "user")
+        async with TestServer(app) as server, TestClient(server) as c:
+            index = await (await c.get("/templates/index.json")).json()
+            templates = index[0]["templates"]
+            assert templates[0]["name"] == "txt2img_shapes"
+            assert {t["name"] for t in templates} == {p.stem for p in workflows.glob("*.json")}
+            for t in templates:
+                assert t["title"] and t["description"] and t["mediaSubtype"] == "png"
+                r = await c.get(f"/templates/{t['name']}-1.png")
+                assert r.status == 200 and (await r.read())[:8] == b"\x89PNG\r\n\x1a\n", t["name"]
+                graph = await (await c.get(f"/templates/{t['name']}.json")).json()
+                assert graph["nodes"] and graph["version"] == 0.4
+                back = convert_ui(graph, registry)
+                want = load(workflows / f"{t['name']}.json", registry)
+                assert {k: (v.class_type, v.inputs) for k, v in back.prompt.items()} == \
+                    {k: (v.class_type, v.inputs) for k, v in want.prompt.items()}, t["name"]
+            assert (await c.get("/templates/nothing.json")).status == 404
+            assert (await c.get("/templates/nothing-1.png")).status == 404
+            assert (await c.get("/templates/..%2Fsecret.json")).status == 404
 
     asyncio.run(main())

@@ -513,7 +513,8 @@ def test_server_object_info_system_and_model_listings(env):
         assert await (await c.get("/embeddings")).json() == ["easyneg"]
         folders = await (await c.get("/models")).json()
         assert "checkpoints" in folders and "loras" in folders
-        assert await (await c.get("/models/checkpoints")).json() == ["sub/m.safetensors", "t.safetensors"]
+        assert await (await c.get("/models/checkpoints")).json() == [  # + the embedded model
+            "mixgraph-shapes.safetensors", "sub/m.safetensors", "t.safetensors"]
         r = await c.get("/view_metadata/checkpoints", params={"filename": "t.safetensors"})
         assert await r.json() == {"ss_network_dim": "4"}
         r = await c.get("/view_metadata/checkpoints", params={"filename": "../../in/t.safetensors"})

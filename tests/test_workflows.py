@@ -48,10 +48,15 @@ OVERRIDES = {
     "precision_f32_text_bf16_unet.json": {**SMALL_TXT2IMG, "5.width": 32, "5.height": 32,
                                           "3.steps": 2},
     "ui_txt2img_bf16_group.json": {**SMALL_TXT2IMG, "5.width": 32, "5.height": 32, "3.steps": 2},
+    # on the embedded model and what was made for it (nodes/models/data/models), at their size
+    "txt2img_shapes.json": {"3.steps": 3},
+    "lora_shapes.json": {"3.steps": 3},
+    "controlnet_shapes.json": {"3.steps": 3},
     "custom_sampling_sd15.json": {"5.width": SIZE, "5.height": SIZE, "11.steps": 4, "15.step": 2},
     "unclip_sd21.json": SMALL_TXT2IMG,
 }
-EXPECTED_SIZE = {"hires_fix_sd15.json": 96, "precision_bf16_unet_f32_vae.json": 32,
+EXPECTED_SIZE = {"txt2img_shapes.json": 256, "lora_shapes.json": 256, "controlnet_shapes.json": 256,
+                 "hires_fix_sd15.json": 96, "precision_bf16_unet_f32_vae.json": 32,
                  "precision_f16_vae_fallback.json": 32, "precision_phase.json": 32,
                  "precision_f32_text_bf16_unet.json": 32, "ui_txt2img_bf16_group.json": 32}
 EXPECTED_PRECISION = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -27,7 +28,7 @@ import torch
 from mixgraph.nodes.models import shapes as S
 from mixgraph.ui import api
 from mixgraph.ui.bench_precision import psnr, ssim
-from mixgraph.ui.demo import demo_workflow
+from mixgraph.ui.demo import DEMO_CHECKPOINT, demo_workflow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,9 +41,13 @@ def held_out_prompts(n: int, seed: int = 0) -> list[tuple[S.Scene, str]]:
 
 
 class Runner:
-    def __init__(self) -> None:
+    def __init__(self, checkpoint: Path | None = None) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="mixgraph-eval-")
         self.executor = api.default_executor()
+        if checkpoint is not None:  # a user file of the same name comes before the embedded one
+            folder = Path(self.tmp.name) / "models" / "checkpoints"
+            folder.mkdir(parents=True)
+            shutil.copyfile(checkpoint, folder / DEMO_CHECKPOINT)  # (a symlink out of the folder is refused)
 
     def image(self, wf: dict, precision: str | None = None) -> np.ndarray:
         """The decoded 64x64 picture (VAEDecode's output), float 0..1 [64, 64, 3]."""
@@ -60,6 +65,9 @@ def score(verdicts: list[tuple[S.Scene, S.Verdict]]) -> dict:
         "both_colors": sum(v.color == s.color and v.background == s.background for s, v in verdicts) / n,
         "shape": sum(v.shape == s.shape for s, v in verdicts) / n,
         "position": sum(v.position == s.position for s, v in verdicts) / n,
+        "shape_by_size": {size: round(sum(v.shape == s.shape for s, v in verdicts if s.size == size)
+                                      / max(1, sum(s.size == size for s, _ in verdicts)), 3)
+                          for size in S.SIZES},
     }
 
 
@@ -69,11 +77,13 @@ def quality(args, runner: Runner) -> dict:
     for i, (scene, prompt) in enumerate(held_out_prompts(args.n)):
         wf = demo_workflow(prompt, seed=1000 + i)
         wf["3"]["inputs"].update(sampler_name=args.sampler, scheduler=args.scheduler, steps=args.steps)
+        if args.cfg is not None:
+            wf["3"]["inputs"]["cfg"] = args.cfg
         verdicts.append((scene, S.check_image(runner.image(wf))))
         if (i + 1) % 25 == 0:
             print(f"quality {i + 1}/{args.n}: {score(verdicts)}  {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
     out = score(verdicts)
-    out["sampler"] = f"{args.sampler}/{args.scheduler}, {args.steps} steps, cfg 5"
+    out["sampler"] = f"{args.sampler}/{args.scheduler}, {args.steps} steps, cfg {args.cfg or demo_workflow()['3']['inputs']['cfg']}"
     out["confusions"] = sorted({f"{s.shape}->{v.shape}" for s, v in verdicts if v.shape != s.shape})[:12]
     return out
 
@@ -158,9 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sampler", default="euler")
     p.add_argument("--scheduler", default="normal")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--cfg", type=float)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--checkpoint", type=Path, help="evaluate this file instead of the embedded model")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (more than the free cores slows it down)")
     args = p.parse_args(argv)
-    runner = Runner()
+    torch.set_num_threads(args.threads)
+    runner = Runner(args.checkpoint)
     result = {}
     for what in (("quality", "precision", "lora", "controlnet") if args.what == "all" else (args.what,)):
         args.n = args.n or {"quality": 200, "precision": 24}.get(what)

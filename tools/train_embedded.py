@@ -7,7 +7,7 @@ A tiny Stable Diffusion 1.x: the real architecture and single-file key layout (K
 ``mixgraph.nodes.models.shapes``. The loader finds every size from the tensor shapes, as for any
 checkpoint; nothing in mixgraph knows this model is special.
 
-Three phases, each resumable (state in ``--work``; a killed run started again with the same
+Four phases, each resumable (state in ``--work``; a killed run started again with the same
 arguments continues from the last saved step, with the same data stream):
 
 1. VAE: reconstruction (L1 + MSE) and a small KL term on the 64x64 pictures. Afterwards the latent
@@ -22,6 +22,9 @@ arguments continues from the last saved step, with the same data stream):
    v-predicting one predicts the picture there (``--prediction eps`` trains the former, with an
    added x0 error term). min-SNR-5 loss weighting, 10% empty captions (classifier-free guidance works), an
    exponential moving average of the weights is what gets saved.
+4. At the same time, in a second process on the second core, the decoder alone trains on, the
+   encoder frozen so the latents the UNet learns do not move, with the error along shape outlines
+   weighted 5x: a shape's class is in its corners, a few pixels each (`refine_decoder`).
 
 The text encoder is trained jointly rather than frozen: a random frozen transformer would have
 to carry which colour belongs to the shape and which to the background through random mixing;
@@ -190,7 +193,7 @@ def train_vae(args, work: Path) -> AutoencoderKL:
         log(f"vae: resuming at step {step}")
     t0, acc, n_acc = time.time(), [0.0, 0.0], 0
     while step < args.vae_steps:
-        lr = 1e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_lr_steps)))
+        lr = args.vae_lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_lr_steps)))
         for g in opt.param_groups:
             g["lr"] = lr
         _, x = scene_batch(args.seed * 1_000_003 + step, args.vae_batch)
@@ -237,6 +240,69 @@ def normalise_latents(vae: AutoencoderKL, args) -> None:
     rec = vae.decoder(vae.post_quant_conv(vae.quant_conv(vae.encoder(x[:64]))[:, :4]))
     psnr = -10 * math.log10(F.mse_loss((rec + 1) / 2, (x[:64] + 1) / 2).item())
     log(f"vae: latent mean {mu.tolist()} std {sd.tolist()} re-scaled; reconstruction PSNR {psnr:.1f} dB")
+
+
+def edge_weighted_loss(vae: AutoencoderKL, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Reconstruction error with the pixels along the shape's outline weighted 5x: the class of
+    a shape is in its corners (a triangle's tip, a square's corners), a few pixels each, which an
+    unweighted loss leaves to the last steps."""
+    with torch.no_grad():
+        moments = vae.quant_conv(vae.encoder(x))
+        mean, logvar = moments.chunk(2, dim=1)
+        z = mean + torch.exp(0.5 * logvar.clamp(-30, 20)) * torch.randn(mean.shape, generator=gen)
+        spread = F.max_pool2d(x, 3, 1, 1) + F.max_pool2d(-x, 3, 1, 1)  # local max - local min
+        weight = 1.0 + 4.0 * (spread.abs().sum(dim=1, keepdim=True) > 0.1).float()
+    y = vae.decoder(vae.post_quant_conv(z))
+    err = (y - x).abs() + (y - x).pow(2)
+    return (err * weight).mean() / weight.mean()
+
+
+def refine_decoder(args, work: Path) -> AutoencoderKL:
+    """Phase 3b, in a second process while the UNet trains (the UNet only needs the encoder's
+    latents, which are fixed by now): more training of the decoder alone, the encoder frozen, so
+    the latent space the UNet learns stays exactly the same. Sharp corners on the smallest shapes
+    (2x2 latent cells) are what the decoder learns last; this buys it the steps for free on the
+    second core."""
+    torch.set_num_threads(args.threads)
+    path = work / "decoder.pt"
+    vae = AutoencoderKL(VAE)
+    vae.load_state_dict(torch.load(work / "vae.pt", weights_only=False)["model"])
+    trained = list(vae.decoder.parameters()) + list(vae.post_quant_conv.parameters())
+    for m in (vae.encoder, vae.quant_conv):
+        m.requires_grad_(False)
+    opt = torch.optim.Adam(trained, lr=args.decoder_lr)
+    step = 0
+    if path.exists():
+        st = torch.load(path, weights_only=False)
+        vae.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step = st["step"]
+        if st.get("done"):
+            return vae
+        log(f"decoder: resuming at step {step}")
+    t0, acc, n_acc = time.time(), 0.0, 0
+    while step < args.decoder_steps:
+        lr = args.decoder_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.decoder_steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        _, x = scene_batch(args.seed * 2_000_029 + 500_000 + step, args.vae_batch)
+        rec = edge_weighted_loss(vae, x, torch.Generator().manual_seed(args.seed + 900_000 + step))
+        rec.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        acc += rec.item()
+        n_acc += 1
+        if step % args.log_every == 0 or step == args.decoder_steps:
+            log(f"decoder step {step:5d}/{args.decoder_steps}  rec {acc / n_acc:.4f}  lr {lr:.1e}  "
+                f"{(time.time() - t0) / 60:.1f} min in this phase")
+            with open(work / "loss.csv", "a") as f:
+                f.write(f"decoder,{step},{acc / n_acc:.5f},\n")
+            acc, n_acc = 0.0, 0
+        if step % args.save_every == 0:
+            save_state(path, model=vae.state_dict(), opt=opt.state_dict(), step=step)
+    save_state(path, model=vae.state_dict(), opt=opt.state_dict(), step=step, done=True)
+    return vae
 
 
 # ----------------------------------------------------------------------------------------------
@@ -385,13 +451,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--work", type=Path, default=ROOT / "build" / "train_embedded")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--vae-steps", type=int, default=800)
-    p.add_argument("--vae-lr-steps", type=int, default=1200, help="length of the VAE's cosine LR schedule")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads; 1 is fastest on a shared 2-core machine (more threads than free cores stall)")
+    p.add_argument("--vae-steps", type=int, default=3600)
+    p.add_argument("--vae-lr-steps", type=int, default=3600, help="length of the VAE's cosine LR schedule")
     p.add_argument("--vae-batch", type=int, default=8)
-    p.add_argument("--vae-crop", type=int, default=64, help="VAE training crop size (pixels)")
-    p.add_argument("--dataset", type=int, default=6400, help="pictures encoded for the UNet phase")
-    p.add_argument("--unet-steps", type=int, default=2000)
+    p.add_argument("--vae-lr", type=float, default=1e-3)
+    p.add_argument("--vae-crop", type=int, default=64,
+                   help="VAE training crop size (pixels); below 64 the decoder's attention sees fewer\n                   positions than at use and full-size colours drift: crops reconstruct worse")
+    p.add_argument("--dataset", type=int, default=12800, help="pictures encoded for the UNet phase")
+    p.add_argument("--unet-steps", type=int, default=5400)
+    p.add_argument("--decoder-steps", type=int, default=4000,
+                   help="decoder-only steps, run in a second process while the UNet trains (0: none)")
+    p.add_argument("--decoder-lr", type=float, default=5e-4)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--prediction", choices=("v", "eps"), default="v")
@@ -404,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.vae_steps, args.dataset, args.unet_steps, args.log_every, args.save_every = 20, 256, 20, 5, 10
+        args.decoder_steps = 10
     torch.set_num_threads(args.threads)
     args.start = time.time()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -415,7 +488,18 @@ def main(argv: list[str] | None = None) -> int:
     log(f"training the embedded model: {args.threads} threads, work dir {args.work}")
     vae = train_vae(args, args.work)
     latents, scenes = encode_dataset(vae, args, args.work)
+    second = None
+    if args.decoder_steps:  # the decoder refines on the second core while the UNet trains
+        import multiprocessing
+
+        second = multiprocessing.get_context("spawn").Process(target=refine_decoder, args=(args, args.work))
+        second.start()
     unet, clip = train_unet(args, args.work, latents, scenes)
+    if second is not None:
+        second.join()
+        if second.exitcode != 0:
+            raise SystemExit(f"the decoder phase failed (exit code {second.exitcode}); run again to resume it")
+        vae = refine_decoder(args, args.work)  # done: loads the refined decoder
     write_checkpoint(args.out, unet, clip, vae, args)
     check_layout(args.out, args)
     log(f"done in {(time.time() - args.start) / 60:.1f} min")

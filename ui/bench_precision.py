@@ -286,15 +286,21 @@ def bench_precision(workflow: str, precisions: Sequence[str], *, models: str | N
             cfg = {"workflow": os.path.abspath(workflow), "spec": spec, "models": models,
                    "input": input, "output": out_dir, "device": device, "images": images_path}
             row: dict[str, Any] = {"precision": spec}
+            print(f"bench precision [{i + 1}/{len(runs)}] {spec}{' (reference)' if i == 0 else ''}: "
+                  "running in a fresh process...", file=sys.stderr, flush=True)
             try:
                 res = run_child(["-m", "mixgraph.ui.bench_precision", "child", json.dumps(cfg)])
             except RuntimeError as e:
+                print(f"bench precision [{i + 1}/{len(runs)}] {spec}: failed", file=sys.stderr, flush=True)
                 row.update(status="error", error=str(e).splitlines()[-1] if str(e) else "failed")
                 rows.append(row)
                 if i == 0:
                     raise
                 continue
             images = torch.load(images_path)
+            per_step = f", {res['s_per_step']:.3f} s/step" if res["s_per_step"] else ""
+            print(f"bench precision [{i + 1}/{len(runs)}] {spec}: {res['seconds']:.2f} s{per_step}",
+                  file=sys.stderr, flush=True)
             if reference is None:
                 reference = images
             row.update(status="ok", seconds=res["seconds"], s_per_step=res["s_per_step"],

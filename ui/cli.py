@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -117,8 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py), --base-directory too
     _custom_nodes(p, base_directory=False)
 
-    p = sub.add_parser("demo", help="run the default workflow on the embedded model")
-    p.add_argument("--prompt", metavar="TEXT")
+    from mixgraph.ui.demo import help_text
+    p = sub.add_parser("demo", help="run the default workflow on the embedded model", description=help_text())
+    p.add_argument("--prompt", metavar="TEXT", help="what to draw (default: a blue circle on a yellow background)")
+    p.add_argument("--seed", type=int, metavar="N", help="noise seed (default 42)")
     p.add_argument("--output", metavar="DIR")
     p.add_argument("--device", metavar="D")
     _common(p)
@@ -266,7 +267,8 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     if problem:     # refused before it runs, rather than killed by the OOM killer mid-run
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_INVALID
-    bar = _ProgressBar(disable=args.quiet)
+    from mixgraph.ui.progress import ProgressBar
+    bar = ProgressBar(disable=args.quiet)
     report = None
     code = EXIT_OK
     try:
@@ -352,48 +354,6 @@ def _cmd_nodes(args: argparse.Namespace, registry: Any) -> int:
         print(cat)
         print("\n".join(sorted(by_cat[cat])))
     return EXIT_OK
-
-
-class _ProgressBar:
-    """tqdm over the nodes that execute; the current node's step progress as a postfix."""
-
-    def __init__(self, disable: bool = False):
-        self.disable = disable
-        self.bar = None
-        self._last = 0.0
-        self._current: str | None = None
-
-    def __call__(self, event: Any) -> None:
-        from mixgraph.graph import events as ev
-        if self.disable:
-            if isinstance(event, (ev.Warning, ev.NanFallback)):
-                print(f"warning: {event.message}", file=sys.stderr)
-            return
-        if isinstance(event, ev.ExecutionStart):
-            from tqdm import tqdm
-            self.bar = tqdm(total=len(event.planned), unit="node", file=sys.stderr, leave=False,
-                            dynamic_ncols=True)
-        elif self.bar is None:
-            return
-        elif isinstance(event, ev.Executing):
-            if self.bar.n < self.bar.total and self._current is not None:
-                self.bar.update(1)
-            self._current = event.node
-            if event.node is not None:
-                self.bar.set_description(f"{event.node} {event.class_type}", refresh=False)
-                self.bar.set_postfix_str("", refresh=True)
-        elif isinstance(event, ev.Progress):
-            now = time.monotonic()
-            if now - self._last > 0.1 or event.value >= event.max:
-                self._last = now
-                self.bar.set_postfix_str(f"{event.value}/{event.max}", refresh=True)
-        elif isinstance(event, (ev.Warning, ev.NanFallback)):
-            self.bar.write(f"warning: {event.message}", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
 
 
 if __name__ == "__main__":  # pragma: no cover

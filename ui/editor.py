@@ -7,8 +7,7 @@
 * `/internal/logs`, `/internal/logs/raw`, `PATCH /internal/logs/subscribe`: the log panel, fed by
   the `mixgraph` loggers (the last `LOG_LINES` records; subscribers get `logs` WS messages).
 * `/internal/folder_paths`, `/internal/files/{output|input|temp}` (newest first, not recursive).
-* `/templates/index.json` (and `index.<locale>.json`, `index_logo.json`): the template browser;
-  mixgraph ships no ComfyUI templates, so the lists are empty. Served at the root, not `/api`.
+The template browser (`/templates/...`) is `ui.templates`.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import collections
 import datetime
 import logging
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -28,7 +26,7 @@ from aiohttp import web
 from mixgraph.graph.safe_json import JsonError
 from mixgraph.ui.security import read_json
 
-__all__ = ["EditorRoutes", "LogBuffer", "template_routes", "LOG_LINES"]
+__all__ = ["EditorRoutes", "LogBuffer", "LOG_LINES"]
 
 LOG_LINES = 1000
 _TERMINAL = {"cols": 120, "rows": 40}
@@ -160,19 +158,3 @@ def _newest_first(folder: Path) -> list[str]:
     entries = [e for e in os.scandir(folder) if e.is_file()]
     return [e.name for e in sorted(entries, key=lambda e: e.stat().st_mtime, reverse=True)]
 
-
-_TEMPLATE_INDEX = re.compile(r"index(\.[A-Za-z_-]{2,10})?\.json")
-
-
-def template_routes() -> list[tuple[str, str, Any]]:
-    """`/templates/index*.json`: an empty template catalogue (mixgraph ships no templates)."""
-
-    async def templates(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        if name == "index_logo.json":
-            return web.json_response({})
-        if _TEMPLATE_INDEX.fullmatch(name):
-            return web.json_response([])
-        raise web.HTTPNotFound(text="mixgraph ships no workflow templates")
-
-    return [("GET", "/templates/{name}", templates)]

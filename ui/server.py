@@ -34,9 +34,10 @@ from mixgraph.graph.prompt import InvalidPrecision, Workflow, WorkflowError
 from mixgraph.graph.safe_json import JsonError, loads as json_loads
 from mixgraph.graph.validate import validate
 from mixgraph.graph.workflow import dump_api, load_workflow
-from mixgraph.ui.editor import EditorRoutes, LogBuffer, template_routes
+from mixgraph.ui.editor import EditorRoutes, LogBuffer
 from mixgraph.ui.files import convert_image, header_safe, safetensors_metadata, store_upload
 from mixgraph.ui.frontend import UserData, frontend_root, index_handler, user_css
+from mixgraph.ui.templates import template_routes
 from mixgraph.ui.jobs import JobRoutes
 from mixgraph.ui.jobstore import DB_NAME, MAX_HISTORY, JobStore, JobStoreError
 from mixgraph.ui.queue import PromptQueue, QueueItem
@@ -627,7 +628,7 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     web_root = frontend_root()
     app.router.add_get("/", index_handler(web_root))
     app.router.add_get("/user.css", user_css)
-    for method, path, handler in template_routes():
+    for method, path, handler in template_routes(registry, env):
         app.router.add_route(method, path, handler)
     if web_root is not None:
         app.router.add_static("/", web_root)

@@ -1,8 +1,7 @@
 """The world of the embedded model: coloured shapes on coloured backgrounds.
 
-The embedded checkpoint ``data/models/checkpoints/mixgraph-shapes.safetensors`` is trained (by
-``tools/train_embedded.py``; not shipped yet: no run has passed the quality check) on pictures
-drawn here from captions such as
+The checkpoint shipped in ``data/models/checkpoints/mixgraph-shapes.safetensors`` was trained (by
+``tools/train_embedded.py``) on pictures drawn here from captions such as
 "a small red circle at the top left on a blue background". This module is the one home of that
 world's vocabulary (`COLORS`, `SHAPES`, `SIZES`, `POSITIONS`), the caption grammar
 (`caption`, `parse_caption`), the procedural renderer (`render`), the split of attribute
@@ -30,8 +29,8 @@ __all__ = [
 ]
 
 IMAGE_SIZE = 64
-#: Where the models made for mixgraph go, in a models-folder layout (checkpoints/, loras/,
-#: controlnet/): the training tools write there.
+#: Models that ship with mixgraph, in a models-folder layout (checkpoints/, loras/, controlnet/):
+#: every models folder lists them after the user's own files (nodes.folders).
 EMBEDDED_MODELS = Path(__file__).parent / "data" / "models"
 #: The trained checkpoint (tools/train_embedded.py).
 EMBEDDED_CHECKPOINT = EMBEDDED_MODELS / "checkpoints" / "mixgraph-shapes.safetensors"

@@ -8,6 +8,12 @@
 //   produced non-finite values and was re-run in f32), the node gets an orange badge and the
 //   editor shows a toast. `mixgraph.warning` messages become toasts too.
 //
+// * The default graph: the editor's own default (a model family mixgraph does not run) is
+//   replaced, in place, by the server's default template (`/templates/txt2img_shapes.json`:
+//   txt2img on the embedded model), so a first start, "Load Default Workflow" and a new tab all
+//   open on a graph that runs. A first start also skips the editor's first-run tutorial (a blank
+//   canvas under the template browser) by marking it completed.
+//
 // window.mixgraph (also used by tests): {loaded, version, specs, precisionOf(group),
 // setGroupPrecision(group, spec|null), nanFallbacks (node id -> event data)}.
 
@@ -21,6 +27,30 @@ const SPECS = ["auto", "quality", "balanced", "memory", "fast", "f32", "bf16", "
 // The tag graph/ui_format.py recognises in a group title.
 const TAG = /\[\s*((?:auto|quality|balanced|memory|fast|f32|fp32|bf16|f16|fp16|fp8_?\w*|int8)(?:[:+][\w.:+]*)?)\s*\]/i;
 const nanFallbacks = new Map();
+const DEFAULT_TEMPLATE = "txt2img_shapes";
+let defaultGraph = null;
+
+// Replace the editor's default graph object in place (the editor keeps a reference to it).
+async function installDefaultGraph() {
+  try {
+    const url = api.fileURL ? api.fileURL(`/templates/${DEFAULT_TEMPLATE}.json`)
+                            : `/templates/${DEFAULT_TEMPLATE}.json`;
+    const res = await fetch(url);
+    if (!res.ok) return;
+    defaultGraph = await res.json();
+    const holder = window.comfyAPI?.defaultGraph;
+    const target = holder?.defaultGraph;
+    if (target && typeof target === "object") {
+      for (const key of Object.keys(target)) delete target[key];
+      Object.assign(target, structuredClone(defaultGraph));
+      holder.defaultGraphJSON = JSON.stringify(defaultGraph);
+    }
+  } catch (e) {
+    console.warn("[mixgraph] default graph not installed:", e);
+  }
+}
+
+await installDefaultGraph();
 
 function precisionOf(group) {
   const fromProps = group?.properties?.precision;
@@ -128,7 +158,11 @@ app.registerExtension({
   init() {
     keepGroupProperties();
   },
-  setup() {
+  async setup() {
+    const settings = app.extensionManager?.setting;
+    if (settings && !settings.get("Comfy.TutorialCompleted")) {
+      await settings.set("Comfy.TutorialCompleted", true);
+    }
     api.addEventListener("mixgraph.nan_fallback", onNanFallback);
     api.addEventListener("mixgraph.warning", (e) =>
       toast("warn", "mixgraph", e.detail?.message ?? ""));
@@ -143,4 +177,5 @@ app.registerExtension({
 });
 
 window.mixgraph = { loaded: true, version: 1, specs: SPECS, precisionOf, setGroupPrecision,
-                    nanFallbacks };
+                    nanFallbacks, defaultTemplate: DEFAULT_TEMPLATE,
+                    get defaultGraph() { return defaultGraph; } };
