@@ -107,7 +107,8 @@ def test_custom_nodes_object_info_v1_shape(loaded, env):
                                                                        "forceInput": True}]
     assert info["MgSplit"]["output_is_list"] == [True]
     assert info["MgCountB"]["experimental"] is True and "deprecated" not in info["MgCountB"]
-    assert info["MgFolders"]["input"]["required"]["ckpt"] == [["tiny.safetensors"]]
+    assert info["MgFolders"]["input"]["required"]["ckpt"] == [["mixgraph-shapes.safetensors",
+                                                                "tiny.safetensors"]]
 
 
 def test_custom_nodes_object_info_v3_shape(loaded, env):

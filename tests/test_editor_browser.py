@@ -57,6 +57,15 @@ def _get_json(url: str, timeout: float = 5.0):
         return json.loads(r.read())
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def _start_server(tmp: Path, deadline: float, returning: bool = True) -> tuple[subprocess.Popen, str]:
     from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
     write_sd15_checkpoint(tmp / "models" / "checkpoints" / "sd15.safetensors", "tiny")
@@ -219,12 +228,7 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
             finally:
                 browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _stop(proc)
     assert not problems, "\n".join(problems)
 
 
@@ -264,11 +268,10 @@ def test_editor_browser_first_start_opens_default_workflow_and_run_draws_it(tmp_
 
                 # The template browser lists the workflows of workflows/ by their README titles.
                 page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
-                dialog = page.locator(".p-dialog").first
-                dialog.get_by_text("Text to image (embedded model)").first.wait_for()
-                dialog.get_by_text("ControlNet on the embedded model").first.wait_for()
+                page.get_by_text("Text to image (embedded model)").first.wait_for()
+                page.get_by_text("ControlNet on the embedded model").first.wait_for()
                 page.keyboard.press("Escape")
-                page.wait_for_function("() => document.querySelectorAll('.p-dialog').length === 0")
+                page.get_by_text("ControlNet on the embedded model").first.wait_for(state="hidden")
 
                 # Run, as a user would: the button in the queue bar.
                 page.evaluate("""() => {
@@ -298,12 +301,7 @@ def test_editor_browser_first_start_opens_default_workflow_and_run_draws_it(tmp_
             finally:
                 browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _stop(proc)
     assert not problems, "\n".join(problems)
 
 

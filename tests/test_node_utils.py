@@ -25,7 +25,9 @@ def test_folders_list_files_relative_sorted_with_aliases(tmp_path):
     (tmp_path / "models/checkpoints/notes.txt").write_text("x")
     (tmp_path / "models/unet").mkdir()
     (tmp_path / "models/unet/u.safetensors").write_bytes(b"x")
-    assert folders.list_files(env, "checkpoints") == ["b.safetensors", "sub/a.ckpt"]
+    # the user's files and the embedded model (listed in every models folder), sorted together
+    assert folders.list_files(env, "checkpoints") == ["b.safetensors", "mixgraph-shapes.safetensors",
+                                                      "sub/a.ckpt"]
     assert folders.list_files(env, "diffusion_models") == ["u.safetensors"]
     assert folders.list_files(env, "unet") == ["u.safetensors"]
     assert folders.resolve(env, "checkpoints", "sub/a.ckpt").name == "a.ckpt"
@@ -38,7 +40,8 @@ def test_folders_extra_model_paths_yaml(tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "extra_model_paths.yaml").write_text(
         f"comfyui:\n  base_path: {other}\n  loras: models/loras\n")
-    assert folders.list_files(_env(tmp_path), "loras") == ["x.safetensors"]
+    assert folders.list_files(_env(tmp_path), "loras") == ["mixgraph-shapes-night.safetensors",
+                                                           "x.safetensors"]
 
 
 @pytest.mark.parametrize("bad", ["../x.png", "/etc/passwd", "a/../../x"])
