@@ -251,3 +251,33 @@ def test_server_system_stats_and_estimate_endpoint(tiny, tmp_path):
                                                                           "inputs": {}}}})
             assert r.status == 400
     asyncio.run(body())
+
+
+def test_server_refuses_a_prompt_that_cannot_fit_and_keeps_serving(tiny):
+    """POST /prompt with a batch far beyond this machine's memory: ComfyUI's error body with
+    type `insufficient_memory`, naming the estimate; nothing is queued, and a prompt that fits
+    is still accepted."""
+    from mixgraph.ui.server import create_app
+
+    env = Env.from_args(models=str(tiny / "models"), input=str(tiny / "input"),
+                        output=str(tiny / "output"), temp=str(tiny / "temp"))
+    prompt = json.loads(open("workflows/txt2img_sd15.json").read())
+    prompt["5"]["inputs"].update(width=8192, height=8192, batch_size=4096)
+
+    async def main_():
+        app = create_app(env, user_dir=tiny / "user")
+        async with TestServer(app) as server, TestClient(server) as c:
+            r = await c.post("/prompt", json={"prompt": prompt})
+            body = await r.json()
+            assert r.status == 400, body
+            assert body["error"]["type"] == "insufficient_memory", body
+            assert "GiB" in body["error"]["message"], body
+            queue = await (await c.get("/queue")).json()
+            assert queue["queue_running"] == [] and queue["queue_pending"] == []
+            small = json.loads(open("workflows/txt2img_sd15.json").read())
+            small["5"]["inputs"].update(width=64, height=64)
+            small["3"]["inputs"].update(steps=1)
+            r = await c.post("/prompt", json={"prompt": small})
+            assert r.status == 200, await r.json()
+
+    asyncio.run(main_())
