@@ -152,6 +152,18 @@ def save_state(path: Path, **state) -> None:
     tmp.replace(path)
 
 
+def resume_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, phase: str) -> tuple[int, bool]:
+    """Load a phase's saved state into `model` and `opt`, if there is one: (step, finished)."""
+    if not path.exists():
+        return 0, False
+    st = torch.load(path, weights_only=False)
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["opt"])
+    if not st.get("done"):
+        log(f"{phase}: resuming at step {st['step']}")
+    return st["step"], bool(st.get("done"))
+
+
 def ema_update(ema: torch.nn.Module, model: torch.nn.Module, step: int, decay: float = 0.998) -> None:
     d = min(decay, (1 + step) / (10 + step))
     with torch.no_grad():
@@ -182,15 +194,9 @@ def train_vae(args, work: Path) -> AutoencoderKL:
     with torch.no_grad():  # start with little posterior noise, or the decoder first sees mostly noise
         vae.quant_conv.bias[VAE.embed_dim:] = -6.0
     opt = torch.optim.Adam(vae.parameters(), lr=1e-3)
-    step = 0
-    if path.exists():
-        st = torch.load(path, weights_only=False)
-        vae.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step = st["step"]
-        if st.get("done"):
-            return vae
-        log(f"vae: resuming at step {step}")
+    step, done = resume_state(path, vae, opt, "vae")
+    if done:
+        return vae
     t0, acc, n_acc = time.time(), [0.0, 0.0], 0
     while step < args.vae_steps:
         lr = args.vae_lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_lr_steps)))
@@ -271,15 +277,9 @@ def refine_decoder(args, work: Path) -> AutoencoderKL:
     for m in (vae.encoder, vae.quant_conv):
         m.requires_grad_(False)
     opt = torch.optim.Adam(trained, lr=args.decoder_lr)
-    step = 0
-    if path.exists():
-        st = torch.load(path, weights_only=False)
-        vae.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step = st["step"]
-        if st.get("done"):
-            return vae
-        log(f"decoder: resuming at step {step}")
+    step, done = resume_state(path, vae, opt, "decoder")
+    if done:
+        return vae
     t0, acc, n_acc = time.time(), 0.0, 0
     while step < args.decoder_steps:
         lr = args.decoder_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.decoder_steps)))
