@@ -339,6 +339,8 @@ class Executor:
                     prec = ";".join(f"{t}={policy(where, t).spec}" for t in types)
                 else:
                     prec = ""
+                if plan.output_node:     # its results name files in this run's output folder:
+                    prec += f";output={getattr(env, 'output', '')}"  # another folder: another result
                 if plan.fingerprint is None and not plan.unique_id:
                     keys[nid] = node_key(plan.key_header, lits, links, prec)
                     continue

@@ -50,14 +50,7 @@ def LoadImageMask(ctx, image=Combo(folders.list_images, image_upload=True),
     return (imaging.load_image_mask(_image_path(ctx.env, image), channel),)
 
 
-def _output_folder(env: Any, **_: Any) -> str:
-    """Where the files go is part of what a save did: the same images saved for a run with
-    another output folder are written there, not answered from the cache with the old paths."""
-    return str(env.output)
-
-
-@node(category="image", outputs=(), output_node=True, display_name="Save Image",
-      fingerprint=_output_folder)
+@node(category="image", outputs=(), output_node=True, display_name="Save Image")
 def SaveImage(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"),
               prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
     """Writes PNGs `<prefix>_<counter:05>_.png` with the workflow in their text chunks."""

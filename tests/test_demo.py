@@ -1,5 +1,7 @@
 """`mixgraph demo` and `--version` on the command line."""
 
+from pathlib import Path
+
 from mixgraph import __version__
 from mixgraph.ui.cli import main
 
@@ -21,3 +23,19 @@ def test_demo_refuses_an_unusable_device(tmp_path, capsys):
 def test_cli_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"mixgraph {__version__}"
+
+
+def test_demo_twice_in_one_process_writes_into_each_output_folder(tmp_path):
+    """An output node's cache key includes the run's output folder: the same prompt run again
+    for another folder writes its file there (not the first run's path from the cache)."""
+    from mixgraph.ui import api
+    from mixgraph.ui.demo import demo_workflow
+
+    ex = api.default_executor()
+    wf = demo_workflow("a red square on a green background", seed=3)
+    first = api.run(wf, executor=ex, models=tmp_path / "m", output=tmp_path / "a")
+    second = api.run(wf, executor=ex, models=tmp_path / "m", output=tmp_path / "b")
+    again = api.run(wf, executor=ex, models=tmp_path / "m", output=tmp_path / "b")
+    assert [p.parent for p in map(Path, first.files)] == [tmp_path / "a"]
+    assert [p.parent for p in map(Path, second.files)] == [tmp_path / "b"]
+    assert again.report.to_json()["nodes"]["9"]["status"] == "cached"
