@@ -164,6 +164,29 @@ def resume_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
     return st["step"], bool(st.get("done"))
 
 
+class LossLog:
+    """A phase's loss curve: running means printed every `every` steps (with the rate and the
+    time left) and appended to WORK/loss.csv as `phase,step,value,...`."""
+
+    def __init__(self, phase: str, work: Path, every: int, total: int, first: int, names: tuple[str, ...]):
+        self.phase, self.csv, self.every, self.total, self.first = phase, work / "loss.csv", every, total, first
+        self.names, self.sums, self.n, self.t0 = names, [0.0] * len(names), 0, time.time()
+
+    def add(self, step: int, lr: float, *values: float) -> None:
+        self.sums = [a + v for a, v in zip(self.sums, values)]
+        self.n += 1
+        if step % self.every and step != self.total:
+            return
+        means = [a / self.n for a in self.sums]
+        rate = (time.time() - self.t0) / max(1, step - self.first)
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in zip(self.names, means))
+        log(f"{self.phase:<7} step {step:5d}/{self.total}  {shown}  lr {lr:.1e}  {rate:.2f}s/step, "
+            f"eta {rate * (self.total - step) / 60:.1f} min")
+        with open(self.csv, "a") as f:
+            f.write(",".join([self.phase, str(step)] + [f"{v:.5f}" for v in means]) + "\n")
+        self.sums, self.n = [0.0] * len(self.names), 0
+
+
 def ema_update(ema: torch.nn.Module, model: torch.nn.Module, step: int, decay: float = 0.998) -> None:
     d = min(decay, (1 + step) / (10 + step))
     with torch.no_grad():
@@ -197,7 +220,7 @@ def train_vae(args, work: Path) -> AutoencoderKL:
     step, done = resume_state(path, vae, opt, "vae")
     if done:
         return vae
-    t0, acc, n_acc = time.time(), [0.0, 0.0], 0
+    curve = LossLog("vae", work, args.log_every, args.vae_steps, step, ("rec", "kl"))
     while step < args.vae_steps:
         lr = args.vae_lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_lr_steps)))
         for g in opt.param_groups:
@@ -212,15 +235,7 @@ def train_vae(args, work: Path) -> AutoencoderKL:
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        acc[0] += rec.item()
-        acc[1] += kl.item()
-        n_acc += 1
-        if step % args.log_every == 0 or step == args.vae_steps:
-            log(f"vae  step {step:5d}/{args.vae_steps}  rec {acc[0] / n_acc:.4f}  kl {acc[1] / n_acc:.3f}  "
-                f"lr {lr:.1e}  {time.time() - args.start:.0f}s, {(time.time() - t0) / 60:.1f} min in this phase")
-            with open(work / "loss.csv", "a") as f:
-                f.write(f"vae,{step},{acc[0] / n_acc:.5f},{acc[1] / n_acc:.5f}\n")
-            acc, n_acc = [0.0, 0.0], 0
+        curve.add(step, lr, rec.item(), kl.item())
         if step % args.save_every == 0:
             save_state(path, model=vae.state_dict(), opt=opt.state_dict(), step=step)
     normalise_latents(vae, args)
@@ -280,7 +295,7 @@ def refine_decoder(args, work: Path) -> AutoencoderKL:
     step, done = resume_state(path, vae, opt, "decoder")
     if done:
         return vae
-    t0, acc, n_acc = time.time(), 0.0, 0
+    curve = LossLog("decoder", work, args.log_every, args.decoder_steps, step, ("rec",))
     while step < args.decoder_steps:
         lr = args.decoder_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.decoder_steps)))
         for g in opt.param_groups:
@@ -291,14 +306,7 @@ def refine_decoder(args, work: Path) -> AutoencoderKL:
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        acc += rec.item()
-        n_acc += 1
-        if step % args.log_every == 0 or step == args.decoder_steps:
-            log(f"decoder step {step:5d}/{args.decoder_steps}  rec {acc / n_acc:.4f}  lr {lr:.1e}  "
-                f"{(time.time() - t0) / 60:.1f} min in this phase")
-            with open(work / "loss.csv", "a") as f:
-                f.write(f"decoder,{step},{acc / n_acc:.5f},\n")
-            acc, n_acc = 0.0, 0
+        curve.add(step, lr, rec.item())
         if step % args.save_every == 0:
             save_state(path, model=vae.state_dict(), opt=opt.state_dict(), step=step)
     save_state(path, model=vae.state_dict(), opt=opt.state_dict(), step=step, done=True)
@@ -364,8 +372,7 @@ def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
         # + the x0 error (= eps error / SNR, capped): at the highest noise levels an eps error is
         # amplified ~15x in x0, and that is where the picture's colours are decided
         x0_weight = args.x0_weight * torch.clamp(1.0 / snr, max=100.0)
-    t0, acc, n_acc = time.time(), 0.0, 0
-    first = step
+    curve = LossLog("unet", work, args.log_every, args.unet_steps, step, ("loss",))
     while step < args.unet_steps:
         lr = args.lr * min(1.0, (step + 1) / 200)
         for g in opt.param_groups:
@@ -392,15 +399,7 @@ def train_unet(args, work: Path, latents: torch.Tensor, scenes: list[S.Scene]):
         step += 1
         ema_update(ema_u, unet, step)
         ema_update(ema_c, clip, step)
-        acc += loss.item()
-        n_acc += 1
-        if step % args.log_every == 0 or step == args.unet_steps:
-            rate = (time.time() - t0) / (step - first)
-            log(f"unet step {step:5d}/{args.unet_steps}  loss {acc / n_acc:.4f}  lr {lr:.1e}  "
-                f"{time.time() - args.start:.0f}s, {rate:.2f}s/step, eta {rate * (args.unet_steps - step) / 60:.1f} min")
-            with open(work / "loss.csv", "a") as f:
-                f.write(f"unet,{step},{acc / n_acc:.5f},\n")
-            acc, n_acc = 0.0, 0
+        curve.add(step, lr, loss.item())
         if step % args.save_every == 0 or step == args.unet_steps:
             save_state(path, unet=unet.state_dict(), clip=clip.state_dict(), ema_unet=ema_u.state_dict(),
                        ema_clip=ema_c.state_dict(), opt=opt.state_dict(), step=step)
