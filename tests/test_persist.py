@@ -206,6 +206,7 @@ def _worker(directory: str, wid: int, barrier, results) -> None:
     found = [disk.get(key(n)) for n in other]
     hits = sum(e is not None for e in found)
     wrong = sum(e is not None and not same(e.outputs, value(n)) for n, e in zip(other, found))
+    barrier.wait()    # both have read before either starts evicting (the small budget below)
     # both write and read under a budget of ~8 entries at once: evictions race with reads
     small = DiskCache(directory, max_bytes=8 * disk.totals()[0] // disk.totals()[1], codec=c)
     for i in range(30):
