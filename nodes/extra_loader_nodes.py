@@ -1,5 +1,5 @@
 """More loaders from ComfyUI's nodes.py: DiffusersLoader, DiffControlNetLoader, and
-ImageOnlyCheckpointLoader (img2vid / Zero123 checkpoints), which refuses clearly.
+ImageOnlyCheckpointLoader (Stable Zero123 checkpoints; SVD img2vid / SV3D are refused clearly).
 unCLIPCheckpointLoader lives with the CLIP vision nodes (clip_vision_nodes.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import Any
 from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import Combo, Socket, node
 from mixgraph.nodes import folders
+from mixgraph.nodes.loading import _fingerprint
 from mixgraph.nodes.models import loader
+from mixgraph.nodes.models.safetensors_io import SAFETENSORS_SUFFIXES, WeightFileError, inspect_file
 
 
 def list_diffusers(env: Any) -> list[str]:
@@ -57,18 +59,29 @@ def DiffControlNetLoader(ctx, model=Socket("MODEL"), control_net_name=Combo(fold
     return (loader.load_diff_controlnet(folders.resolve(ctx.env, "controlnet", control_net_name), model),)
 
 
-def _image_only_refusal(node_name: str):
-    def validate(env: Any, **_: Any) -> list[str]:
-        return [f"{node_name}: image-only checkpoints (SVD img2vid, Stable Zero123) are not supported yet; "
-                f"use unCLIPCheckpointLoader for SD2.1 unCLIP, or CheckpointLoaderSimple for the "
-                f"diffusion model alone"]
-
-    return validate
+def _image_only_check(env: Any, **literals: Any) -> list[str]:
+    """Validation from the safetensors header alone (pickles are checked when loaded)."""
+    value = literals.get("ckpt_name")
+    if not isinstance(value, str):
+        return []
+    try:
+        path = folders.resolve(env, "checkpoints", value)
+    except (folders.FolderError, OSError):
+        return []  # the combo check reports a missing file
+    if path.suffix.lower() not in SAFETENSORS_SUFFIXES or not path.is_file():
+        return []
+    try:
+        info = inspect_file(path)
+    except (WeightFileError, OSError):
+        return []  # the loader reports an unreadable file with its cause
+    problem = loader.image_only_problem(f"ckpt_name {value!r}", info)
+    return [f"ImageOnlyCheckpointLoader: {problem}"] if problem else []
 
 
 @node(category="loaders/video_models", outputs=("MODEL", "CLIP_VISION", "VAE"),
       display_name="Image Only Checkpoint Loader (img2vid model)",
-      validate=_image_only_refusal("ImageOnlyCheckpointLoader"))
+      fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_image_only_check)
 def ImageOnlyCheckpointLoader(ctx, ckpt_name=Combo(folders.options("checkpoints"))):
-    raise NotImplementedError("ImageOnlyCheckpointLoader: image-only checkpoints (SVD img2vid, Stable Zero123) "
-                              "are not supported yet")
+    """Loads a Stable Zero123 checkpoint: its UNet (with the camera projection), the CLIP vision
+    tower it holds and its VAE. SVD img2vid / SV3D (video models) are not supported."""
+    return loader.load_image_only_checkpoint(folders.resolve(ctx.env, "checkpoints", ckpt_name))

@@ -34,6 +34,7 @@ from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
+from mixgraph.nodes.models.zero123 import CameraProjectionWeights
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
@@ -95,6 +96,8 @@ class ModelHandle:
     compute_dtype: torch.dtype | None = None
     # SD2.1 unCLIP: the image-embedding noise augmentation that builds y (``unclip.py``)
     unclip: NoiseAugmentor | None = None
+    # Stable Zero123: the camera projection applied to wider conds (``zero123.py``)
+    cc_projection: CameraProjectionWeights | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
@@ -141,6 +144,18 @@ class UNetRunner:
         self.kind = handle.kind
         self.sampler_patches = handle.sampler_patches
         self.continuous_sampling = handle.continuous_sampling
+        self._cc_module = None
+
+    def project_context(self, cross_attn: Tensor) -> Tensor:
+        """A cond's cross-attention tokens as the UNet takes them: Stable Zero123 projects its
+        camera-conditioned image embeddings to the context width (under this runner's policy);
+        every other model takes them as they are. Called once per cond and sampling run."""
+        proj = self.handle.cc_projection
+        if proj is None:
+            return cross_attn
+        if self._cc_module is None:
+            self._cc_module = proj.module(self.policy)
+        return proj.project(self._cc_module, cross_attn)
 
     @property
     def wants_sigma(self) -> bool:

@@ -2,7 +2,7 @@
 
 A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``controlnet``, ``controlnet_diff``,
 ``diffusers_unet``, ``diffusers_vae``,
-``hf_clip_vision``, ``open_clip_vision``); ``reader_for_source`` turns that into the renaming the
+``hf_clip_vision``, ``open_clip_vision``, ``zero123_cc``); ``reader_for_source`` turns that into the renaming the
 loader applies to headers (to derive configs), the handles apply to shapes, and the weight store
 applies when it reads tensors. Its own module, so those three need not import one another for it.
 """
@@ -47,6 +47,8 @@ def reader_for_source(source: WeightSource):
         return None, open_clip_vision_to_hf
     if layout == "controlnet":
         return None, convert_controlnet_state_dict
+    if layout == "zero123_cc":  # Stable Zero123's top-level cc_projection.* only (models/zero123.py)
+        return _zero123_cc_rename, None
     if layout == "controlnet_diff":
         return None, convert_diff_controlnet
     keys = _source_keys(source)
@@ -55,6 +57,10 @@ def reader_for_source(source: WeightSource):
     if layout == "diffusers_vae":
         return diffusers_vae_rename(keys), None
     raise ValueError(f"unknown weight layout {layout!r}")
+
+
+def _zero123_cc_rename(key: str) -> str | None:
+    return key if key.startswith("cc_projection.") else None
 
 
 def convert_diff_controlnet(sd):

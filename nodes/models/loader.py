@@ -48,10 +48,13 @@ from mixgraph.nodes.models.t2i_adapter import is_t2i_adapter, load_t2i_adapter
 from mixgraph.nodes.models.unclip import NoiseAugmentor
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.models.vae import VAEConfig
+from mixgraph.nodes.models.zero123 import CameraProjectionWeights, is_zero123
 
 __all__ = [
     "load_checkpoint",
     "load_unclip_checkpoint",
+    "load_image_only_checkpoint",
+    "image_only_problem",
     "load_unet",
     "load_vae",
     "load_clip",
@@ -82,6 +85,7 @@ WEIGHT_DTYPES = {
 Info = Mapping[str, TensorInfo]
 UNCLIP_ADM = (1536, 2048)  # SD2.1 unCLIP: 2 × the CLIP vision projection (ViT-L 768, ViT-H 1024)
 UNCLIP_VISION_PREFIX = "embedder.model.visual."
+ZERO123_VISION_PREFIX = "cond_stage_model.model.visual."  # ComfyUI's Stable_Zero123.clip_vision_prefix
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,6 +230,8 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
             f"{p.name}: not a Stable Diffusion checkpoint: no UNet under '{UNET_PREFIX}' ({_describe(info)}). "
             f"Standalone UNet, VAE or text-encoder files go in diffusion_models/, vae/ or text_encoders/."
         )
+    if is_zero123(info):  # its cond_stage_model.model.* is a CLIP image tower, not SD2's text encoder
+        return _zero123_model(p, info, prediction), None, _checkpoint_vae(p, info, "sd1")
     unet_source = WeightSource.from_file(p, UNET_PREFIX)
     cfg = unet_config_from_state_dict(info, UNET_PREFIX)
     if any(k.startswith(CLIP_PREFIXES["sdxl"]["clip_g"][0]) for k in info):
@@ -256,10 +262,31 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
             sources[role] = WeightSource.from_file(p, prefix, layout)
             configs[role] = _clip_config(info, sources[role], role)
     clip = _clip_handle(kind, sources, configs) if len(sources) == len(CLIP_PREFIXES[kind]) else None
-    vae = None
-    if f"{VAE_PREFIX}decoder.conv_in.weight" in info:
-        vae = _vae_handle(WeightSource.from_file(p, VAE_PREFIX), info, kind)
-    return model, clip, vae
+    return model, clip, _checkpoint_vae(p, info, kind)
+
+
+def _checkpoint_vae(p: Path, info: Info, kind: str) -> VaeHandle | None:
+    if f"{VAE_PREFIX}decoder.conv_in.weight" not in info:
+        return None
+    return _vae_handle(WeightSource.from_file(p, VAE_PREFIX), info, kind)
+
+
+def _zero123_model(p: Path, info: Info, prediction: str | None) -> ModelHandle:
+    """Stable Zero123's MODEL: an SD 1.x UNet taking 8 channels (latent + input view's latent),
+    eps prediction, SD1 latent format, with the checkpoint's ``cc_projection`` (ComfyUI's
+    ``Stable_Zero123`` config and model)."""
+    cfg = unet_config_from_state_dict(info, UNET_PREFIX)
+    cc = CameraProjectionWeights.from_info(WeightSource.from_file(p, "", "zero123_cc"), info, p.name)
+    if cfg.in_channels != 2 * cfg.out_channels or cfg.adm_in_channels is not None:
+        raise ValueError(f"{p.name}: a cc_projection (Stable Zero123) with a UNet of {cfg.in_channels} input "
+                         f"channels{' and a vector input' if cfg.adm_in_channels else ''}; Stable Zero123's "
+                         f"takes {2 * cfg.out_channels} (latent + the input view's latent) and no vector")
+    if cc.config.out_features != cfg.context_dim:
+        raise ValueError(f"{p.name}: cc_projection gives {cc.config.out_features}-wide context; the UNet "
+                         f"attends to {cfg.context_dim}")
+    return ModelHandle(source=WeightSource.from_file(p, UNET_PREFIX), config=cfg, kind="sd1",
+                       prediction=prediction or "eps", latent_format=latent_format_for("sd1", cfg.out_channels),
+                       cc_projection=cc)
 
 
 def _load_diffusers_folder(root: Path, prediction: str | None):
@@ -309,6 +336,41 @@ def load_unclip_checkpoint(path: str | os.PathLike, prediction: str | None = Non
     p = Path(path)
     vision = None if p.is_dir() else clip_vision_handle(p, inspect_file(p), UNCLIP_VISION_PREFIX)
     return model, clip, vae, vision
+
+
+def image_only_problem(name: str, info: Info) -> str | None:
+    """Why ImageOnlyCheckpointLoader cannot load a file (header only), or None when it can."""
+    family = detect_family(info)
+    if family is not None:
+        return refusal(family, name)
+    if not is_zero123(info):
+        return (f"{name}: no Stable Zero123 camera projection (cc_projection.*) in this file; image-only "
+                f"checkpoints of other kinds (SVD img2vid, SV3D) are not supported yet. Plain SD "
+                f"checkpoints load with CheckpointLoaderSimple, SD2.1 unCLIP with unCLIPCheckpointLoader")
+    if not any(k.startswith(ZERO123_VISION_PREFIX) for k in info):
+        return f"{name}: a Stable Zero123 checkpoint without its CLIP vision tower ({ZERO123_VISION_PREFIX}*)"
+    if f"{VAE_PREFIX}decoder.conv_in.weight" not in info:
+        return f"{name}: a Stable Zero123 checkpoint without its VAE ({VAE_PREFIX}*)"
+    return None
+
+
+def load_image_only_checkpoint(path: str | os.PathLike):
+    """ImageOnlyCheckpointLoader: (MODEL, CLIP_VISION, VAE) of a Stable Zero123 checkpoint. Its
+    CLIP image tower is OpenAI CLIP's ViT-L/14 in OpenCLIP layout under
+    ``cond_stage_model.model.visual.`` (the text tower beside it is not used, as in ComfyUI).
+    SVD img2vid and SV3D files are refused ("model family ... is not supported")."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{p.name}: ImageOnlyCheckpointLoader takes a single checkpoint file, not a folder")
+    info = inspect_file(p)
+    problem = image_only_problem(p.name, info)
+    if problem is not None:
+        error = UnsupportedFamilyError if detect_family(info) or not is_zero123(info) else ValueError
+        raise error(problem)
+    vision = clip_vision_handle(p, info, ZERO123_VISION_PREFIX)
+    if vision is None:
+        raise ValueError(f"{p.name}: the keys under {ZERO123_VISION_PREFIX} are not a CLIP vision tower")
+    return _zero123_model(p, info, None), vision, _checkpoint_vae(p, info, "sd1")
 
 
 def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction: str | None = None) -> ModelHandle:

@@ -427,8 +427,11 @@ class CondDenoiser:
             if gligen is None:
                 gligen = c.gligen.model.runner(getattr(self.model, "policy", None))
                 self._gligen_modules[id(c.gligen.model)] = gligen
-        return _Entry(c, c.cross_attn.to(self.device, torch.float32), y_vec, area, mask,
-                      s_start, s_end, concat, gligen)
+        context = c.cross_attn.to(self.device, torch.float32)
+        project = getattr(self.model, "project_context", None)
+        if project is not None:  # Stable Zero123's camera projection (ComfyUI's extra_conds)
+            context = project(context)
+        return _Entry(c, context, y_vec, area, mask, s_start, s_end, concat, gligen)
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -517,9 +520,10 @@ class CondDenoiser:
         t = self.ms.timestep(sig).float()
         t_len = math.lcm(*(e.context.shape[1] for e, _, _ in batch))
         context = torch.cat([
-            e.context.repeat(1, t_len // e.context.shape[1], 1).expand(b, -1, -1)
+            repeat_to_batch(e.context.repeat(1, t_len // e.context.shape[1], 1), b)
             for e, _, _ in batch
-        ])  # [n*B, T, D]; repeating tokens leaves attention unchanged
+        ])  # [n*B, T, D]; repeating tokens leaves attention unchanged; a cond with one entry per
+        # image (Stable Zero123's batched cameras) is cut or tiled to the batch, as ComfyUI
         y = None
         if batch[0][0].y is not None:
             y = torch.cat([e.y.expand(b, -1) for e, _, _ in batch])  # [n*B, adm]
