@@ -110,6 +110,18 @@ def test_image_only_loader_refuses_a_bad_projection(tmp_path):
         loader.load_image_only_checkpoint(tmp_path / "bad.safetensors")
 
 
+def test_model_save_keeps_the_camera_projection(models, tmp_path):
+    from mixgraph.nodes.models import save
+
+    model, _vision, vae = loader.load_image_only_checkpoint(_ckpt(models))
+    sd = save.checkpoint_state_dict(model, None, vae)
+    assert torch.equal(sd["cc_projection.weight"], models[1]["cc"]["weight"])
+    assert torch.equal(sd["cc_projection.bias"], models[1]["cc"]["bias"])
+    save.write_safetensors(tmp_path / "resaved.safetensors", sd)
+    again, clip, _vae = loader.load_checkpoint(tmp_path / "resaved.safetensors")
+    assert clip is None and again.cc_projection.config == model.cc_projection.config
+
+
 # --- the conditioning nodes -------------------------------------------------------------------
 
 
@@ -201,7 +213,8 @@ def test_cc_projection_and_view_latent_reach_the_unet(models):
     file's tensors: context = cc_projection(cond), input = cat(c_in·x, view latent)."""
     _root, parts = models
     model, _vision, _vae = loader.load_image_only_checkpoint(_ckpt(models))
-    runner = model.runner(F32)
+    with torch.inference_mode():  # as the sampler node does: the weight store keeps inference tensors
+        runner = model.runner(F32)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 4, 4, 4, generator=gen)
     view = torch.randn(1, 4, 4, 4, generator=gen)
@@ -210,8 +223,9 @@ def test_cc_projection_and_view_latent_reach_the_unet(models):
     cond = Cond(cross_attn=torch.cat([embed.expand(2, -1, -1), cams], dim=-1), concat_latent=view)
     neg = Cond(cross_attn=torch.zeros(1, 1, EMBED), concat_latent=torch.zeros_like(view))
     sigma = torch.tensor([3.0])
-    d = CondDenoiser(runner, [(cond,), (neg,)], [False, True], x)
-    got_pos, got_neg = d.calc_cond_batch(d.lists, x, sigma)
+    with torch.inference_mode():
+        d = CondDenoiser(runner, [(cond,), (neg,)], [False, True], x)
+        got_pos, got_neg = d.calc_cond_batch(d.lists, x, sigma)
 
     ms, unet = ModelSampling("eps"), _reference_unet(parts)
     c_in, t = ms.calculate_input(sigma, x), ms.timestep(sigma).float().expand(2)
@@ -226,9 +240,11 @@ def test_cc_projection_and_view_latent_reach_the_unet(models):
 
 def test_cc_projection_refuses_a_cond_of_another_width(models):
     model, _vision, _vae = loader.load_image_only_checkpoint(_ckpt(models))
-    runner = model.runner(F32)
+    with torch.inference_mode():
+        runner = model.runner(F32)
     with pytest.raises(ValueError, match=r"Stable Zero123: a conditioning 20 wide; .*\(36 wide"):
-        runner.project_context(torch.zeros(1, 77, 20))
+        with torch.inference_mode():
+            runner.project_context(torch.zeros(1, 77, 20))
     plain = torch.ones(1, 77, CONTEXT)
     assert runner.project_context(plain) is plain
 

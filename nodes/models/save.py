@@ -9,7 +9,8 @@ materialized through the weight store in the storage dtype the caller asks for. 
   ``cond_stage_model.model.*`` (OpenCLIP layout), SDXL ``conditioner.embedders.0.transformer.*``
   + ``conditioner.embedders.1.model.*``, refiner ``conditioner.embedders.0.model.*``. A
   v-prediction model gets the ``v_pred`` marker key (and ``ztsnr`` with a zero-terminal-SNR
-  schedule); SDXL-family files get ComfyUI's ``modelspec.*`` metadata.
+  schedule); SDXL-family files get ComfyUI's ``modelspec.*`` metadata; a Stable Zero123 model
+  its ``cc_projection.*``.
 - CLIPSave: one file per encoder, HF layout without prefix (``text_model.*``).
 - VAESave: LDM VAE keys without prefix.
 
@@ -34,9 +35,10 @@ from mixgraph.nodes.models.clip import CLIPTextModel
 from mixgraph.nodes.models.loader import CLIP_PREFIXES, UNET_PREFIX, VAE_PREFIX
 from mixgraph.nodes.models.unet import UNetModel
 from mixgraph.nodes.models.vae import AutoencoderKL
+from mixgraph.nodes.models.zero123 import CameraProjection
 
 __all__ = ["unet_state_dict", "clip_state_dicts", "vae_state_dict", "hf_to_open_clip", "checkpoint_state_dict",
-           "checkpoint_metadata", "prompt_metadata", "write_safetensors"]
+           "cc_projection_state_dict", "checkpoint_metadata", "prompt_metadata", "write_safetensors"]
 
 _ARCH = {"sdxl": "stable-diffusion-xl-v1-base", "sdxl_refiner": "stable-diffusion-xl-v1-refiner"}
 
@@ -53,6 +55,14 @@ def unet_state_dict(model, dtype: torch.dtype) -> dict[str, Tensor]:
     (Materialization runs in inference mode, as every consumer's does: cached entries built
     there are inference tensors, which a module outside it may not take.)"""
     m = store.materialize("unet", model.source, model.config, dtype, model.patches, UNetModel)
+    return _plain(m.state_dict())
+
+
+@torch.inference_mode()
+def cc_projection_state_dict(weights, dtype: torch.dtype) -> dict[str, Tensor]:
+    """Stable Zero123's camera projection, ``cc_projection.*`` at the file's top level (where
+    ComfyUI's ``Stable_Zero123`` model keeps it)."""
+    m = store.materialize("cc_projection", weights.source, weights.config, dtype, (), CameraProjection)
     return _plain(m.state_dict())
 
 
@@ -119,6 +129,8 @@ def checkpoint_state_dict(model=None, clip=None, vae=None, dtypes: Mapping[str, 
     kind = model.kind if model is not None else clip.kind
     if model is not None:
         out.update({UNET_PREFIX + k: v for k, v in unet_state_dict(model, dtypes.get("MODEL", torch.float32)).items()})
+        if getattr(model, "cc_projection", None) is not None:
+            out.update(cc_projection_state_dict(model.cc_projection, dtypes.get("MODEL", torch.float32)))
         if model.prediction == "v_prediction":
             out["v_pred"] = torch.tensor([])
             if model.zsnr:
