@@ -121,7 +121,9 @@ class ControlLike(Protocol):
 class Cond:
     """One entry of a CONDITIONING (``tuple[Cond, ...]``).
 
-    cross_attn:  [1, T, D] text-encoder hidden states (T a multiple of 77 for CLIP).
+    cross_attn:  [1, T, D] text-encoder hidden states (T a multiple of 77 for CLIP); [N, T, D]
+                 gives image i of the sampled batch entry i (Stable Zero123's batched cameras:
+                 [N, 1, P+4] image embedding + camera, projected by the model).
     pooled:      [1, P] pooled text embedding (SDXL clip_g projection) or None.
     area:        (h, w, y, x) in latent pixels (ComfyUI ConditioningSetArea divides px by 8), or
                  None for the whole latent.
