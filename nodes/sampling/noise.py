@@ -142,8 +142,10 @@ class BrownianTreeNoiseSampler:
         if self.cpu:
             t0, t1 = t0.detach().cpu().float(), t1.detach().cpu().float()
         with warnings.catch_warnings():
-            # σ_max queried as float32 vs the tree's stored end: a harmless 1-ulp mismatch.
+            # σ_max (or, with denoise < 1, the smallest σ) queried as float32 vs the tree's stored
+            # end: a harmless 1-ulp mismatch; torchsde clamps to the interval.
             warnings.filterwarnings("ignore", message="Should have tb<=t1")
+            warnings.filterwarnings("ignore", message="Should have ta>=t0")
             w = torch.stack([tree(t0, t1) for tree in self.trees])  # [n_trees, *x.shape or x[0].shape]
         w = w.to(device=device, dtype=dtype) * (self.sign * sign)
         return w if self.batched else w[0]
