@@ -34,13 +34,15 @@ from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
+from mixgraph.nodes.models.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
+from mixgraph.nodes.models.x4_upscaler import ImageAugmentor
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
     "LatentFormat", "latent_format_for", "ModelHandle", "UNetRunner", "ClipHandle", "VaeHandle", "ControlNetHandle",
 ]
 
-_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025}
+_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025, "sd2_x4": X4_LATENT_SCALE}
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def _materialize(kind, source, config, storage, patches, build):
 class ModelHandle:
     """MODEL: a diffusion UNet recipe.
 
-    kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner"; prediction: "eps" | "v_prediction" | "x0" |
+    kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner" | "sd2_x4" (the SD 2.x x4 upscaler); prediction: "eps" | "v_prediction" | "x0" |
     "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by UNETLoader
     (read by the resolver, not applied here).
 
@@ -95,6 +97,10 @@ class ModelHandle:
     compute_dtype: torch.dtype | None = None
     # SD2.1 unCLIP: the image-embedding noise augmentation that builds y (``unclip.py``)
     unclip: NoiseAugmentor | None = None
+    # SD x4 upscaler: the low-resolution image concatenated to the input (``x4_upscaler.py``)
+    x4: ImageAugmentor | None = None
+    # (linear_start, linear_end) of the discrete schedule; None = SD's 0.00085..0.012
+    beta_range: tuple[float, float] | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
@@ -141,6 +147,8 @@ class UNetRunner:
         self.kind = handle.kind
         self.sampler_patches = handle.sampler_patches
         self.continuous_sampling = handle.continuous_sampling
+        self.beta_range = handle.beta_range
+        self.image_augmentor = handle.x4
 
     @property
     def wants_sigma(self) -> bool:
@@ -161,6 +169,12 @@ class UNetRunner:
             return self.model(x, timesteps, context, y, control, every)
         return self.model(x, timesteps, context, y, control)
 
+    def image_concat(self, cond: Cond, latent_shape: tuple[int, ...], seed: int) -> Tensor:
+        """The x4 upscaler's extra input channels [B, 3, H, W] for ``cond`` (``x4_upscaler.py``)."""
+        if self.handle.x4 is None:
+            raise ValueError("image_concat: this model takes no image input")
+        return self.handle.x4.concat(cond.concat_image, cond.noise_augmentation, latent_shape, seed)
+
     def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False, seed: int = 0) -> Tensor | None:
         """SDXL vector conditioning, with ComfyUI's defaults (``samplers.encode_model_conds``):
         width/height = latent size × 8, crops 0, target = width/height; refiner aesthetic score
@@ -168,6 +182,8 @@ class UNetRunner:
         SD2.1 unCLIP: the cond's unCLIP entries (zeros without); SDXL with unCLIP entries
         (Revision): their embedding replaces the pooled text. ``seed``: the sampling seed."""
         adm_ch = self.handle.config.adm_in_channels
+        if self.handle.x4 is not None:  # the x4 upscaler: the image's noise level as a label
+            return self.handle.x4.label(cond.noise_augmentation)
         if adm_ch is None:  # unCLIP entries on an SD1/SD2 model are ignored, as in ComfyUI
             return None
         augmentor = getattr(self.handle, "unclip", None)
