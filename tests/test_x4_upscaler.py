@@ -246,3 +246,14 @@ def test_x4_workflow_runs_unchanged_and_upscales_4x(dirs, tmp_path):
     other = api.run(WORKFLOW, set={"3.steps": 2, "12.noise_augmentation": 0.0}, models=dirs / "models",
                     input=dirs / "input", output=tmp_path)
     assert not torch.allclose(other.outputs["8"][0], image, atol=1e-4)  # the noise level reaches the UNet
+
+
+def test_x4_memory_estimate_follows_the_output_size(dirs):
+    from mixgraph.graph.env import Env
+    from mixgraph.ui.estimate import estimate
+
+    registry = api.default_registry()
+    env = Env.from_args(models=dirs / "models", input=dirs / "input")
+    nodes = estimate(api.load(WORKFLOW, registry), registry, env)["nodes"]
+    assert nodes["3"]["size"] == [1, 48, 64] and nodes["8"]["size"] == [1, 48, 64]  # 16x12 × 4
+    assert nodes["3"]["activation_bytes"] > 0 and "assumed" not in nodes["3"]

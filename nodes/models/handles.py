@@ -51,10 +51,11 @@ class LatentFormat:
 
     scale_factor: float = 0.18215
     channels: int = 4
+    downscale: int = 8  # image pixels per latent pixel along a side (the x4 upscaler's VAE: 4)
 
 
 def latent_format_for(kind: str, channels: int = 4) -> LatentFormat:
-    return LatentFormat(_SCALE.get(kind, 0.18215), channels)
+    return LatentFormat(_SCALE.get(kind, 0.18215), channels, 4 if kind == "sd2_x4" else 8)
 
 
 def _materialize(kind, source, config, storage, patches, build):
