@@ -148,8 +148,8 @@ class UNetRunner:
         self.kind = handle.kind
         self.sampler_patches = handle.sampler_patches
         self.continuous_sampling = handle.continuous_sampling
-        self.beta_range = handle.beta_range
-        self.image_augmentor = handle.x4
+        self.beta_range = getattr(handle, "beta_range", None)
+        self.image_augmentor = getattr(handle, "x4", None)
 
     @property
     def wants_sigma(self) -> bool:
@@ -172,9 +172,10 @@ class UNetRunner:
 
     def image_concat(self, cond: Cond, latent_shape: tuple[int, ...], seed: int) -> Tensor:
         """The x4 upscaler's extra input channels [B, 3, H, W] for ``cond`` (``x4_upscaler.py``)."""
-        if self.handle.x4 is None:
+        x4 = getattr(self.handle, "x4", None)
+        if x4 is None:
             raise ValueError("image_concat: this model takes no image input")
-        return self.handle.x4.concat(cond.concat_image, cond.noise_augmentation, latent_shape, seed)
+        return x4.concat(cond.concat_image, cond.noise_augmentation, latent_shape, seed)
 
     def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False, seed: int = 0) -> Tensor | None:
         """SDXL vector conditioning, with ComfyUI's defaults (``samplers.encode_model_conds``):
@@ -183,8 +184,9 @@ class UNetRunner:
         SD2.1 unCLIP: the cond's unCLIP entries (zeros without); SDXL with unCLIP entries
         (Revision): their embedding replaces the pooled text. ``seed``: the sampling seed."""
         adm_ch = self.handle.config.adm_in_channels
-        if self.handle.x4 is not None:  # the x4 upscaler: the image's noise level as a label
-            return self.handle.x4.label(cond.noise_augmentation)
+        x4 = getattr(self.handle, "x4", None)
+        if x4 is not None:  # the x4 upscaler: the image's noise level as a label
+            return x4.label(cond.noise_augmentation)
         if adm_ch is None:  # unCLIP entries on an SD1/SD2 model are ignored, as in ComfyUI
             return None
         augmentor = getattr(self.handle, "unclip", None)

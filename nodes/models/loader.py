@@ -258,7 +258,7 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
     unclip = unclip_augmentor(kind, cfg)
     if unclip is not None and "v_pred" not in info:
         pred = "v_prediction"  # ComfyUI's SD21UNCLIP is a v-prediction model
-    model_kind = detect_unet_kind(cfg) if is_x4_upscaler(cfg) else kind
+    model_kind = "sd2_x4" if is_x4_upscaler(cfg) else kind
     cfg, family = _family(model_kind, cfg)
     pred = family.pop("prediction", pred)
     if kind == "sd2_x4":  # no text encoder keys: the x4 upscaler's is SD2's OpenCLIP
