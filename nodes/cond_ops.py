@@ -97,6 +97,12 @@ def set_concat(conds: Conditioning, latent: torch.Tensor, mask: torch.Tensor) ->
     return tuple(dataclasses.replace(c, concat_latent=latent, concat_mask=mask) for c in conds)
 
 
+def set_concat_image(conds: Conditioning, image: torch.Tensor, noise_augmentation: float) -> Conditioning:
+    """Every cond carries the x4 upscaler's low-resolution image and its noise augmentation."""
+    return tuple(dataclasses.replace(c, concat_image=image, noise_augmentation=float(noise_augmentation))
+                 for c in conds)
+
+
 def inpaint_pixels(pixels: torch.Tensor, mask: torch.Tensor, multiple: int = 8
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """InpaintModelConditioning's pixel preparation: the mask resized (bilinear) to the image as

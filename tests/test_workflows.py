@@ -25,6 +25,7 @@ from mixgraph.graph.workflow import load_workflow
 from tests.fixtures.checkpoints import write_sd15, write_sdxl, write_sdxl_refiner
 from tests.fixtures.tiny_vision import write_sd2_unclip
 from tests.fixtures.tiny_zero123 import stable_zero123_state_dict
+from tests.fixtures.tiny_x4 import write_sd2_x4
 from tests.fixtures.workflow_models import write_controlnet, write_lora
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
@@ -56,6 +57,7 @@ OVERRIDES = {
     "custom_sampling_sd15.json": {"5.width": SIZE, "5.height": SIZE, "11.steps": 4, "15.step": 2},
     "unclip_sd21.json": SMALL_TXT2IMG,
     "stable_zero123.json": {"3.width": SIZE, "3.height": SIZE, "4.steps": 3},
+    "upscale_x4_sd2.json": {"12.scale_ratio": 1.0, "3.steps": 2},  # 64x64 in, 64x64 out
 }
 EXPECTED_SIZE = {"txt2img_shapes.json": 256, "lora_shapes.json": 256, "controlnet_shapes.json": 256,
                  "hires_fix_sd15.json": 96, "precision_bf16_unet_f32_vae.json": 32,
@@ -96,6 +98,7 @@ def dirs(tmp_path_factory):
     write_sd2_unclip(ckpt / "sd21_unclip.safetensors", seed=5)
     # the released file is a pickle (.ckpt); the loader opens it with weights_only=True
     torch.save({"state_dict": stable_zero123_state_dict(seed=6)[0]}, ckpt / "stable_zero123.ckpt")
+    write_sd2_x4(ckpt / "x4-upscaler-ema.safetensors", seed=6)
     _write_images(root / "input")
     return root
 

@@ -13,8 +13,9 @@ The conditioning option keys are ComfyUI's: `pooled_output`, `area` `(h, w, y, x
 pixels, `strength`, `mask` + `mask_strength` (+ `set_area_to_bounds`), `control`,
 `control_apply_to_uncond`, the SDXL size keys (`width`, `height`, `crop_w`, `crop_h`,
 `target_width`, `target_height`, `aesthetic_score`), `start_percent` / `end_percent`,
-`unclip_conditioning` (a list of `{"clip_vision_output", "strength", "noise_augmentation"}`) and
-`gligen` (`("position", GLIGEN, [(pooled, h, w, y, x), ...])`).
+`unclip_conditioning` (a list of `{"clip_vision_output", "strength", "noise_augmentation"}`),
+`gligen` (`("position", GLIGEN, [(pooled, h, w, y, x), ...])`) and the x4 upscaler's
+`concat_image` + `noise_augmentation`.
 Other keys a pack adds are kept in the ComfyUI form only while the value stays inside custom
 nodes; converting to `Cond` drops them (mixgraph's sampler has no use for them).
 """
@@ -88,6 +89,8 @@ def cond_to_comfy(conds: tuple[Cond, ...]) -> list:
                 {"clip_vision_output": _Embeds(u.image_embeds), "strength": u.strength, "noise_augmentation": u.noise_augmentation} for u in c.unclip]
         if c.gligen is not None:
             opts["gligen"] = ("position", c.gligen.model, list(c.gligen.boxes))
+        if c.concat_image is not None:  # SD_4XUpscale_Conditioning
+            opts.update(concat_image=c.concat_image, noise_augmentation=c.noise_augmentation)
         out.append([c.cross_attn, opts])
     return out
 
@@ -118,7 +121,8 @@ def cond_from_comfy(items: list) -> tuple[Cond, ...]:
         if o.get("gligen") is not None:
             gligen = GligenBoxes(o["gligen"][1], tuple(tuple(b) for b in o["gligen"][2]))
         conds.append(Cond(
-            unclip=unclip, gligen=gligen,
+            unclip=unclip, gligen=gligen, concat_image=o.get("concat_image"),
+            noise_augmentation=float(o.get("noise_augmentation", 0.0)),
             cross_attn=t.float(), pooled=o.get("pooled_output"), area=area,
             strength=float(o.get("strength", 1.0)), mask=mask, control=o.get("control"),
             control_apply_to_uncond=bool(o.get("control_apply_to_uncond", False)), size=size,

@@ -144,6 +144,8 @@ def _unet_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, tokens: int
 
     def run(m):
         y = torch.empty(batch, cfg.adm_in_channels) if cfg.adm_in_channels else None
+        if getattr(cfg, "num_classes", None):  # the x4 upscaler's noise-level label
+            y = torch.zeros(batch, 1)
         return m(torch.empty(batch, cfg.in_channels, h, w), torch.empty(batch),
                  torch.empty(batch, tokens, cfg.context_dim or 768), y)
     return trace_peak(lambda: UNetModel(cfg), policy, run)
@@ -324,6 +326,10 @@ class _Graph:
             nw = nw or max(1, round(w * nh / h))
             nh = nh or max(1, round(h * nw / w))
             return b, nh, nw, a
+        if ct == "SD_4XUpscale_Conditioning":  # the latent of the output size (image × scale_ratio)
+            b, h, w, a = upstream()
+            s = num("scale_ratio", 4.0)
+            return b, max(1, round(h * s)), max(1, round(w * s)), a
         if ct in ("LatentUpscaleBy", "ImageScaleBy"):
             b, h, w, a = upstream()
             s = num("scale_by", 1.0)
@@ -394,7 +400,7 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 b, h, w, assumed = graph.size(call.inputs.get(_SAMPLERS[ct]))
                 cfg = call.inputs.get("cfg", 8.0)
                 batch = b * (1 if cfg == 1 else 2)
-                down = 8
+                down = getattr(getattr(comp.handle, "latent_format", None), "downscale", 8)
                 act = _unet_peak(comp.handle.config, pkey, batch, max(1, h // down),
                                  max(1, w // down), 77)
                 for cn_nid, cn in controls:
@@ -410,21 +416,22 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 entry["size"] = [b, h, w]
                 if assumed:
                     entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
-                outputs += b * 4 * (h // 8) * (w // 8) * 4
+                outputs += b * 4 * (h // down) * (w // down) * 4
             elif socket == "VAE" and ct in _VAE_NODES:
                 inp, mode = _VAE_NODES[ct]
                 b, h, w, assumed = graph.size(call.inputs.get(inp))
+                vdown = getattr(comp.handle, "downscale", 8)
                 if ct.endswith("Tiled"):
                     tile = int(call.inputs.get("tile_size", 512))
                     th, tw = min(h, tile), min(w, tile)
-                    act = _vae_peak(comp.handle.config, pkey, 1, th, tw, mode, 8) + b * h * w * 3 * 4
+                    act = _vae_peak(comp.handle.config, pkey, 1, th, tw, mode, vdown) + b * h * w * 3 * 4
                 else:
-                    act = _vae_peak(comp.handle.config, pkey, b, h, w, mode, 8)
+                    act = _vae_peak(comp.handle.config, pkey, b, h, w, mode, vdown)
                 activation += act
                 entry["size"] = [b, h, w]
                 if assumed:
                     entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
-                outputs += b * h * w * 3 * 4 if mode == "decode" else b * 4 * (h // 8) * (w // 8) * 4
+                outputs += b * h * w * 3 * 4 if mode == "decode" else b * 4 * (h // vdown) * (w // vdown) * 4
         resident = sum(held.values())
         node_peak = BASE_BYTES + resident + outputs + int(ACTIVATION_FACTOR * activation)
         entry.update(activation_bytes=int(ACTIVATION_FACTOR * activation), resident_bytes=resident,

@@ -35,13 +35,15 @@ from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
 from mixgraph.nodes.models.zero123 import CameraProjectionWeights
+from mixgraph.nodes.models.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
+from mixgraph.nodes.models.x4_upscaler import ImageAugmentor
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
     "LatentFormat", "latent_format_for", "ModelHandle", "UNetRunner", "ClipHandle", "VaeHandle", "ControlNetHandle",
 ]
 
-_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025}
+_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025, "sd2_x4": X4_LATENT_SCALE}
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,11 @@ class LatentFormat:
 
     scale_factor: float = 0.18215
     channels: int = 4
+    downscale: int = 8  # image pixels per latent pixel along a side (the x4 upscaler's VAE: 4)
 
 
 def latent_format_for(kind: str, channels: int = 4) -> LatentFormat:
-    return LatentFormat(_SCALE.get(kind, 0.18215), channels)
+    return LatentFormat(_SCALE.get(kind, 0.18215), channels, 4 if kind == "sd2_x4" else 8)
 
 
 def _materialize(kind, source, config, storage, patches, build):
@@ -68,7 +71,7 @@ def _materialize(kind, source, config, storage, patches, build):
 class ModelHandle:
     """MODEL: a diffusion UNet recipe.
 
-    kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner"; prediction: "eps" | "v_prediction" | "x0" |
+    kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner" | "sd2_x4" (the SD 2.x x4 upscaler); prediction: "eps" | "v_prediction" | "x0" |
     "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by UNETLoader
     (read by the resolver, not applied here).
 
@@ -98,6 +101,10 @@ class ModelHandle:
     unclip: NoiseAugmentor | None = None
     # Stable Zero123: the camera projection applied to wider conds (``zero123.py``)
     cc_projection: CameraProjectionWeights | None = None
+    # SD x4 upscaler: the low-resolution image concatenated to the input (``x4_upscaler.py``)
+    x4: ImageAugmentor | None = None
+    # (linear_start, linear_end) of the discrete schedule; None = SD's 0.00085..0.012
+    beta_range: tuple[float, float] | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
@@ -145,6 +152,8 @@ class UNetRunner:
         self.sampler_patches = handle.sampler_patches
         self.continuous_sampling = handle.continuous_sampling
         self._cc_module = None
+        self.beta_range = getattr(handle, "beta_range", None)
+        self.image_augmentor = getattr(handle, "x4", None)
 
     def project_context(self, cross_attn: Tensor) -> Tensor:
         """A cond's cross-attention tokens as the UNet takes them: Stable Zero123 projects its
@@ -176,6 +185,13 @@ class UNetRunner:
             return self.model(x, timesteps, context, y, control, every)
         return self.model(x, timesteps, context, y, control)
 
+    def image_concat(self, cond: Cond, latent_shape: tuple[int, ...], seed: int) -> Tensor:
+        """The x4 upscaler's extra input channels [B, 3, H, W] for ``cond`` (``x4_upscaler.py``)."""
+        x4 = getattr(self.handle, "x4", None)
+        if x4 is None:
+            raise ValueError("image_concat: this model takes no image input")
+        return x4.concat(cond.concat_image, cond.noise_augmentation, latent_shape, seed)
+
     def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False, seed: int = 0) -> Tensor | None:
         """SDXL vector conditioning, with ComfyUI's defaults (``samplers.encode_model_conds``):
         width/height = latent size × 8, crops 0, target = width/height; refiner aesthetic score
@@ -183,6 +199,9 @@ class UNetRunner:
         SD2.1 unCLIP: the cond's unCLIP entries (zeros without); SDXL with unCLIP entries
         (Revision): their embedding replaces the pooled text. ``seed``: the sampling seed."""
         adm_ch = self.handle.config.adm_in_channels
+        x4 = getattr(self.handle, "x4", None)
+        if x4 is not None:  # the x4 upscaler: the image's noise level as a label
+            return x4.label(cond.noise_augmentation)
         if adm_ch is None:  # unCLIP entries on an SD1/SD2 model are ignored, as in ComfyUI
             return None
         augmentor = getattr(self.handle, "unclip", None)

@@ -49,6 +49,7 @@ from mixgraph.nodes.models.unclip import NoiseAugmentor
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.models.vae import VAEConfig
 from mixgraph.nodes.models.zero123 import CameraProjectionWeights, is_zero123
+from mixgraph.nodes.models.x4_upscaler import BETA_RANGE, ImageAugmentor, is_x4_upscaler, x4_unet_config
 
 __all__ = [
     "load_checkpoint",
@@ -135,6 +136,8 @@ def _describe(info: Info) -> str:
 
 def detect_unet_kind(cfg: UNetConfig) -> str:
     """Model family from a UNet config (ComfyUI's supported_models matching, by structure)."""
+    if is_x4_upscaler(cfg):
+        return "sd2_x4"  # SD 2.x x4 upscaler: 7 input channels, noise-level class labels
     if cfg.adm_in_channels in UNCLIP_ADM and cfg.context_dim == 1024:
         return "sd2"  # SD2.1 unCLIP L / H (``unclip_augmentor``)
     if cfg.adm_in_channels is not None:
@@ -160,6 +163,15 @@ def unclip_augmentor(kind: str, cfg: UNetConfig) -> NoiseAugmentor | None:
     if cfg.adm_in_channels % 2:
         raise ValueError(f"an SD2 UNet with a {cfg.adm_in_channels}-wide vector input is not an unCLIP model")
     return NoiseAugmentor(cfg.adm_in_channels // 2)
+
+
+def _family(kind: str, cfg: UNetConfig) -> tuple[UNetConfig, dict]:
+    """The family's settings that shapes cannot tell: (config, extra ModelHandle fields).
+    The x4 upscaler (ComfyUI ``SD_X4Upscaler``): 8 heads at every width, the low-resolution
+    image input, the 0.0001..0.02 schedule, always v-prediction."""
+    if kind != "sd2_x4":
+        return cfg, {}
+    return x4_unet_config(cfg), {"x4": ImageAugmentor(), "beta_range": BETA_RANGE, "prediction": "v_prediction"}
 
 
 def _prediction(kind: str, info: Info, cfg: UNetConfig, prefix: str, read) -> tuple[str, bool]:
@@ -252,9 +264,14 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
     unclip = unclip_augmentor(kind, cfg)
     if unclip is not None and "v_pred" not in info:
         pred = "v_prediction"  # ComfyUI's SD21UNCLIP is a v-prediction model
+    model_kind = "sd2_x4" if is_x4_upscaler(cfg) else kind
+    cfg, family = _family(model_kind, cfg)
+    pred = family.pop("prediction", pred)
+    if kind == "sd2_x4":  # no text encoder keys: the x4 upscaler's is SD2's OpenCLIP
+        kind = "sd2"
     model = ModelHandle(
-        source=unet_source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
-        latent_format=latent_format_for(kind, cfg.out_channels), unclip=unclip,
+        source=unet_source, config=cfg, kind=model_kind, prediction=prediction or pred, zsnr=zsnr,
+        latent_format=latent_format_for(model_kind, cfg.out_channels), unclip=unclip, **family,
     )
     sources, configs = {}, {}
     for role, (prefix, layout) in CLIP_PREFIXES[kind].items():
@@ -262,7 +279,7 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
             sources[role] = WeightSource.from_file(p, prefix, layout)
             configs[role] = _clip_config(info, sources[role], role)
     clip = _clip_handle(kind, sources, configs) if len(sources) == len(CLIP_PREFIXES[kind]) else None
-    return model, clip, _checkpoint_vae(p, info, kind)
+    return model, clip, _checkpoint_vae(p, info, model_kind)
 
 
 def _checkpoint_vae(p: Path, info: Info, kind: str) -> VaeHandle | None:
@@ -290,6 +307,10 @@ def _zero123_model(p: Path, info: Info, prediction: str | None) -> ModelHandle:
 
 
 def _load_diffusers_folder(root: Path, prediction: str | None):
+    index = root / "model_index.json"
+    if index.is_file() and "StableDiffusionUpscale" in index.read_text(errors="replace"):
+        raise NotImplementedError(f"{root.name}: the x4 upscaler as a diffusers folder is not supported yet "
+                                  f"(use the single-file x4-upscaler-ema.safetensors)")
     unet_file = _find_weights(root / "unet", "diffusion_pytorch_model")
     info = inspect_file(unet_file)
     source = WeightSource.from_file(unet_file, "", "diffusers_unet")
@@ -299,6 +320,9 @@ def _load_diffusers_folder(root: Path, prediction: str | None):
         kind = "sdxl" if has_te1 else "sdxl_refiner"
     else:
         kind = detect_unet_kind(cfg)
+    if kind == "sd2_x4":
+        raise NotImplementedError(f"{root.name}: the x4 upscaler as a diffusers folder is not supported yet "
+                                  f"(use the single-file x4-upscaler-ema.safetensors)")
     pred, zsnr = "eps", False
     sched = root / "scheduler" / "scheduler_config.json"
     if sched.is_file():
@@ -412,10 +436,12 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     unclip = unclip_augmentor(kind, cfg)
     if unclip is not None and "v_pred" not in marker_info:
         pred = "v_prediction"
+    cfg, family = _family(kind, cfg)
+    pred = family.pop("prediction", pred)
     return ModelHandle(
         source=source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
         latent_format=latent_format_for(kind, cfg.out_channels), weight_dtype=WEIGHT_DTYPES[weight_dtype],
-        unclip=unclip,
+        unclip=unclip, **family,
     )
 
 

@@ -50,10 +50,21 @@ class UNetConfig:  # the defaults are SD1.5
     adm_in_channels: int | None = None  # SDXL: 2816 (pooled 1280 + 6*256); refiner: 2560
     num_heads: int = 8  # used when num_head_channels <= 0
     num_head_channels: int = -1
+    # class-label embedding ``label_emb.weight`` [num_classes, time_embed_dim]: the SD x4
+    # upscaler's noise level (y = integer labels [B]); None = no label input
+    num_classes: int | None = None
+    # per level (input and output blocks): attn1 attends to the text context instead of the
+    # image tokens (LDM ``disable_self_attentions``; x4 upscaler: True, True, True, False);
+    # () = self-attention everywhere
+    disable_self_attentions: tuple[bool, ...] = ()
+    disable_middle_self_attn: bool = False
 
     @property
     def time_embed_dim(self) -> int:
         return self.model_channels * 4
+
+    def self_attn_disabled(self, level: int) -> bool:
+        return bool(self.disable_self_attentions) and self.disable_self_attentions[level]
 
     def heads(self, channels: int) -> int:
         if self.num_head_channels > 0:
@@ -196,9 +207,12 @@ class FeedForward(nn.Module):
 
 
 class BasicTransformerBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, dim_head: int, context_dim: int | None):
+    def __init__(self, dim: int, heads: int, dim_head: int, context_dim: int | None,
+                 disable_self_attn: bool = False):
         super().__init__()
-        self.attn1 = CrossAttention(dim, None, heads, dim_head)  # self-attention
+        # attn1 is self-attention, or a second cross-attention when disabled (x4 upscaler)
+        self.disable_self_attn = disable_self_attn
+        self.attn1 = CrossAttention(dim, context_dim if disable_self_attn else None, heads, dim_head)
         self.ff = FeedForward(dim)
         self.attn2 = CrossAttention(dim, context_dim, heads, dim_head)
         self.norm1 = nn.LayerNorm(dim)
@@ -208,11 +222,13 @@ class BasicTransformerBlock(nn.Module):
     def forward(self, x: Tensor, context: Tensor | None, attn: dict | None = None) -> Tensor:
         attn = attn or {}
         wrap = attn.get("attn1_wrap")
+        context1 = context if self.disable_self_attn else None
         if wrap is None:
-            x = x + self.attn1(self.norm1(x), replace=attn.get("attn1"))
+            x = x + self.attn1(self.norm1(x), context1, replace=attn.get("attn1"))
         else:  # token patches (HyperTile, ToMe): reshape/merge the tokens around self-attention
             n = self.norm1(x)
-            q_in, k_in, v_in, undo = wrap(n, n, n)
+            kv = n if context1 is None else context1
+            q_in, k_in, v_in, undo = wrap(n, kv, kv)
             x = x + undo(self.attn1(q_in, k_in, replace=attn.get("attn1"), value=v_in))
         if "middle" in attn:  # between self- and cross-attention (GLIGEN's gated self-attention)
             x = attn["middle"](x)
@@ -227,7 +243,8 @@ class BasicTransformerBlock(nn.Module):
 
 
 class SpatialTransformer(nn.Module):
-    def __init__(self, channels: int, heads: int, depth: int, context_dim: int | None, linear: bool):
+    def __init__(self, channels: int, heads: int, depth: int, context_dim: int | None, linear: bool,
+                 disable_self_attn: bool = False):
         super().__init__()
         dim_head = channels // heads
         inner = heads * dim_head
@@ -235,7 +252,7 @@ class SpatialTransformer(nn.Module):
         self.norm = nn.GroupNorm(GROUPS, channels, eps=1e-6)
         self.proj_in = nn.Linear(channels, inner) if linear else nn.Conv2d(channels, inner, 1)
         self.transformer_blocks = nn.ModuleList(
-            BasicTransformerBlock(inner, heads, dim_head, context_dim) for _ in range(depth)
+            BasicTransformerBlock(inner, heads, dim_head, context_dim, disable_self_attn) for _ in range(depth)
         )
         self.proj_out = nn.Linear(inner, channels) if linear else nn.Conv2d(inner, channels, 1)
 
@@ -275,10 +292,11 @@ class EmbedSequential(nn.ModuleList):
         return x
 
 
-def _transformer(c: UNetConfig, ch: int, depth: int) -> SpatialTransformer:
+def _transformer(c: UNetConfig, ch: int, depth: int, disable_self_attn: bool = False) -> SpatialTransformer:
     if c.context_dim is None:
         raise ValueError("UNetConfig: transformer blocks need context_dim")
-    return SpatialTransformer(ch, c.heads(ch), depth, c.context_dim, c.use_linear_in_transformer)
+    return SpatialTransformer(ch, c.heads(ch), depth, c.context_dim, c.use_linear_in_transformer,
+                              disable_self_attn)
 
 
 def build_input_blocks(c: UNetConfig) -> tuple[nn.ModuleList, list[int]]:
@@ -303,7 +321,7 @@ def build_input_blocks(c: UNetConfig) -> tuple[nn.ModuleList, list[int]]:
             ch = mult * mc
             depth = next(depths)
             if depth > 0:
-                layers.append(_transformer(c, ch, depth))
+                layers.append(_transformer(c, ch, depth, c.self_attn_disabled(level)))
             blocks.append(EmbedSequential(layers))
             channels.append(ch)
         if level != len(c.channel_mult) - 1:
@@ -318,7 +336,8 @@ def build_middle_block(c: UNetConfig, ch: int) -> EmbedSequential:
     ted = c.time_embed_dim
     middle: list[nn.Module] = [ResBlock(ch, ted, ch)]
     if c.transformer_depth_middle >= 0:
-        middle += [_transformer(c, ch, c.transformer_depth_middle), ResBlock(ch, ted, ch)]
+        middle += [_transformer(c, ch, c.transformer_depth_middle, c.disable_middle_self_attn),
+                   ResBlock(ch, ted, ch)]
     return EmbedSequential(middle)
 
 
@@ -342,11 +361,16 @@ class UNetModel(nn.Module):
             raise ValueError("UNetConfig: transformer_depth_output needs one entry per output block")
 
         self.time_embed = nn.Sequential(nn.Linear(mc, ted), nn.SiLU(), nn.Linear(ted, ted))
+        if c.adm_in_channels is not None and c.num_classes is not None:
+            raise ValueError("UNetConfig: a vector input (adm_in_channels) and class labels (num_classes) "
+                             "are exclusive")
         if c.adm_in_channels is not None:
             # nested Sequential gives the checkpoint's label_emb.0.{0,2} keys
             self.label_emb = nn.Sequential(
                 nn.Sequential(nn.Linear(c.adm_in_channels, ted), nn.SiLU(), nn.Linear(ted, ted))
             )
+        elif c.num_classes is not None:
+            self.label_emb = nn.Embedding(c.num_classes, ted)  # key label_emb.weight
         self.input_blocks, skip_channels = build_input_blocks(c)
         ch = skip_channels[-1]
         self.middle_block = build_middle_block(c, ch)
@@ -359,7 +383,7 @@ class UNetModel(nn.Module):
                 ch = mc * mult
                 depth = next(depths)
                 if depth > 0:
-                    layers.append(_transformer(c, ch, depth))
+                    layers.append(_transformer(c, ch, depth, c.self_attn_disabled(level)))
                 if level and i == c.num_res_blocks[level]:
                     layers.append(Upsample(ch))
                 self.output_blocks.append(EmbedSequential(layers))
@@ -374,11 +398,15 @@ class UNetModel(nn.Module):
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor | None, y: Tensor | None = None,
                 control: Control | None = None, patches: tuple = ()) -> Tensor:
         """x: [B, in_channels, H, W]; timesteps: [B] (0..999); context: [B, T, context_dim];
-        y: [B, adm_in_channels] for SDXL-style models. Returns [B, out_channels, H, W].
+        y: [B, adm_in_channels] for SDXL-style models; class labels [B] or [B, 1] (whole numbers,
+        any dtype) for a ``num_classes`` model (the x4 upscaler's noise level).
+        Returns [B, out_channels, H, W].
         ``patches``: forward-time patches for this call only (``unet_patches.py``)."""
-        if (y is None) != (self.config.adm_in_channels is None):
+        c = self.config
+        needs_y = c.adm_in_channels is not None or c.num_classes is not None
+        if (y is not None) != needs_y:
             raise ValueError(
-                f"UNet: adm_in_channels={self.config.adm_in_channels} but y is "
+                f"UNet: adm_in_channels={c.adm_in_channels}, num_classes={c.num_classes} but y is "
                 f"{'missing' if y is None else 'given'}"
             )
         if control is not None and control.input and len(control.input) != len(self.input_blocks):
@@ -387,7 +415,10 @@ class UNetModel(nn.Module):
                 f"{len(self.input_blocks)} input blocks"
             )
         emb = self.time_embed(timestep_embedding(timesteps, self.config.model_channels))
-        if y is not None:
+        if y is not None and c.num_classes is not None:
+            labels = y.reshape(y.shape[0]).round().long()  # [B] (f32 holds 0..999 exactly)
+            emb = emb + self.label_emb(labels).to(emb.dtype)
+        elif y is not None:
             emb = emb + self.label_emb(y)
 
         hs: list[Tensor] = []
@@ -474,6 +505,7 @@ class _ShapeReader:
             self.prefixes.update(".".join(parts[:i]) for i in range(1, len(parts)))
         self.context_dim: int | None = None
         self.use_linear = False
+        self.cross_attn1: set[str] = set()  # blocks whose attn1 reads the context (x4 upscaler)
 
     def count(self, base: str) -> int:
         n = 0
@@ -489,12 +521,22 @@ class _ShapeReader:
         to_k = self.shapes.get(f"{block}.transformer_blocks.0.attn2.to_k.weight")
         if to_k is not None:
             self.context_dim = to_k[1]
+        # attn1 keys projected from a width other than the queries': it attends to the context.
+        # (When context and block widths are equal the shapes cannot tell; no released model
+        # disables self-attention there.)
+        k1 = self.shapes.get(f"{block}.transformer_blocks.0.attn1.to_k.weight")
+        q1 = self.shapes.get(f"{block}.transformer_blocks.0.attn1.to_q.weight")
+        if k1 is not None and q1 is not None and k1[1] != q1[1]:
+            self.cross_attn1.add(block)
         return self.count(f"{block}.transformer_blocks")
 
     def encoder_config(self) -> UNetConfig:
         shapes = self.shapes
         mc, in_channels = shapes["input_blocks.0.0.weight"][:2]
         adm = shapes["label_emb.0.0.weight"][1] if "label_emb.0.0.weight" in shapes else None
+        labels = shapes.get("label_emb.weight")
+        num_classes = labels[0] if labels is not None and len(labels) == 2 else None
+        disabled: list[bool] = []
         channel_mult: list[int] = []
         num_res_blocks: list[int] = []
         transformer_depth: list[int] = []
@@ -510,8 +552,11 @@ class _ShapeReader:
                 raise ValueError(f"UNet input block {i} is neither a ResBlock nor a Downsample")
             if res_in_level == 0:
                 channel_mult.append(shapes[out_key][0] // mc)
+                disabled.append(False)
             res_in_level += 1
             transformer_depth.append(self.depth_at(f"input_blocks.{i}.1"))
+            if f"input_blocks.{i}.1" in self.cross_attn1:
+                disabled[-1] = True
         num_res_blocks.append(res_in_level)
         if not channel_mult or len(num_res_blocks) != len(channel_mult):
             raise ValueError(f"UNet input blocks do not form levels (found {n_in} input blocks)")
@@ -530,4 +575,7 @@ class _ShapeReader:
             adm_in_channels=adm,
             num_heads=-1 if self.use_linear else 8,
             num_head_channels=64 if self.use_linear else -1,
+            num_classes=num_classes,
+            disable_self_attentions=tuple(disabled) if any(disabled) else (),
+            disable_middle_self_attn="middle_block.1" in self.cross_attn1,
         )

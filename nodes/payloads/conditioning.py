@@ -144,6 +144,10 @@ class Cond:
     concat_mask: [B, 1, H, W] mask (any size) an inpaint model gets instead of the noise mask.
     unclip:      ``UnclipEntry``s (unCLIPConditioning), in order; () = none.
     gligen:      GLIGEN text boxes (``models.gligen.GligenBoxes``: the model and its boxes), or None.
+    concat_image: [B, 3, h, w] low-resolution image in [-1, 1] the x4 upscaler gets as its extra
+                 input channels (SD_4XUpscale_Conditioning), or None.
+    noise_augmentation: how much that image is noised, 0..1 (x4 upscaler; noise level
+                 round(350 · value) is also the UNet's class label).
     """
 
     cross_attn: torch.Tensor
@@ -162,6 +166,8 @@ class Cond:
     concat_mask: torch.Tensor | None = None
     unclip: tuple = ()
     gligen: object | None = None
+    concat_image: torch.Tensor | None = None
+    noise_augmentation: float = 0.0
 
 
 Conditioning = tuple[Cond, ...]

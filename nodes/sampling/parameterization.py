@@ -64,10 +64,13 @@ class ModelSampling:
 
     sigma_data = 1.0
 
-    def __init__(self, prediction: str = "eps", zsnr: bool = False, continuous: tuple | None = None):
+    def __init__(self, prediction: str = "eps", zsnr: bool = False, continuous: tuple | None = None,
+                 beta_range: tuple[float, float] | None = None):
         """``continuous``: (kind "edm" | "v", sigma_min, sigma_max) for a continuous-time schedule
         (``schedule_continuous.py``, the ModelSamplingContinuous* nodes); "edm" prediction
-        (Karras et al. 2022, D = c_skip·x + c_out·F with σ_data = 0.5) only with one."""
+        (Karras et al. 2022, D = c_skip·x + c_out·F with σ_data = 0.5) only with one.
+        ``beta_range``: (linear_start, linear_end) of the discrete schedule (the model family's
+        ``sampling_settings``; the x4 upscaler's 0.0001..0.02), None = SD's 0.00085..0.012."""
         if prediction not in PREDICTIONS:
             raise NotImplementedError(
                 f"prediction type {prediction!r}: not supported yet (supported: "
@@ -81,7 +84,8 @@ class ModelSampling:
             if prediction == "edm":
                 raise NotImplementedError("prediction type 'edm' on the discrete schedule: not supported yet "
                                           "(it needs a continuous schedule: ModelSamplingContinuousEDM)")
-            self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm")
+            betas = {} if beta_range is None else {"linear_start": beta_range[0], "linear_end": beta_range[1]}
+            self.schedule = DiscreteSchedule(zsnr=zsnr, distilled=prediction == "lcm", **betas)
         if prediction == "edm":
             self.sigma_data = 0.5
 
@@ -91,7 +95,7 @@ class ModelSampling:
         if isinstance(existing, ModelSampling):
             return existing
         return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)),
-                   getattr(model, "continuous_sampling", None))
+                   getattr(model, "continuous_sampling", None), getattr(model, "beta_range", None))
 
     # schedule pass-throughs
     @property
@@ -259,7 +263,8 @@ def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
                 dst.append(
                     replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
                             size=smallest.size, unclip=smallest.unclip, concat_latent=smallest.concat_latent,
-                            concat_mask=smallest.concat_mask)
+                            concat_mask=smallest.concat_mask, concat_image=smallest.concat_image,
+                            noise_augmentation=smallest.noise_augmentation)
                 )
 
 
@@ -306,6 +311,9 @@ class CondDenoiser:
     pixels before encoding); without a noise mask: mask = 1 and the masked latent is the blank
     grey latent. The concat is cropped with the cond's area like the input. 8-channel
     instruct-pix2pix models get ``cat([c_in·x (4), image latent (4)])`` (``_ip2p_concat``).
+    The SD x4 upscaler (7 channels; the model has ``image_augmentor``) gets
+    ``cat([c_in·x (4), low-resolution image (3)])`` per cond, from ``model.image_concat`` (the
+    cond's ``concat_image``, noise-augmented with seed − 10; ``models/x4_upscaler.py``).
     """
 
     def __init__(
@@ -337,8 +345,13 @@ class CondDenoiser:
         self._denoise_mask = denoise_mask
         self._inpaint = False
         self._ip2p = False
+        self._image = getattr(model, "image_augmentor", None) is not None
         extra = int(getattr(model, "in_channels", C)) - C
-        if extra == C:
+        if self._image:
+            if extra != 3:
+                raise ValueError(f"an image-conditioned (x4 upscaler) model with {C + extra} input channels "
+                                 f"and a {C}-channel latent: it takes {C} + 3 channels")
+        elif extra == C:
             self._ip2p = True
             self.concat = self._ip2p_concat(None)
         elif extra > 0:
@@ -417,7 +430,10 @@ class CondDenoiser:
         if (start, end) != (0.0, 1.0):
             s_start, s_end = self.ms.percent_to_sigma(start), self.ms.percent_to_sigma(end)
         concat = self.concat
-        if self._inpaint and (c.concat_latent is not None or c.concat_mask is not None):
+        if self._image:
+            seed = 0 if self.seed is None else self.seed
+            concat = self.model.image_concat(c, tuple(self._latent_image.shape), seed).to(self.device)
+        elif self._inpaint and (c.concat_latent is not None or c.concat_mask is not None):
             concat = self._inpaint_concat(c.concat_latent, c.concat_mask)
         elif self._ip2p and c.concat_latent is not None:
             concat = self._ip2p_concat(c.concat_latent)

@@ -41,8 +41,13 @@ _SDXL_FACTORS = ((0.3651, 0.4232, 0.4341),
                  (-0.2533, -0.0042, 0.1068),
                  (0.1076, 0.1111, -0.0362),
                  (-0.3165, -0.2492, -0.2188))
+_SD_X4_FACTORS = ((-0.2340, -0.3863, -0.3257),  # ComfyUI latent_formats.SD_X4 (no bias, no TAESD)
+                  (0.0994, 0.0885, -0.0908),
+                  (-0.2833, -0.2349, -0.3741),
+                  (0.2523, -0.0055, -0.1651))
 LATENT_RGB_FACTORS: dict[str, tuple[tuple[float, float, float], ...]] = {
     "sd1": _SD1_FACTORS, "sd2": _SD1_FACTORS, "sdxl": _SDXL_FACTORS, "sdxl_refiner": _SDXL_FACTORS,
+    "sd2_x4": _SD_X4_FACTORS,
 }
 LATENT_RGB_BIAS: dict[str, tuple[float, float, float]] = {
     "sdxl": (0.1084, -0.0175, -0.0011), "sdxl_refiner": (0.1084, -0.0175, -0.0011),
@@ -100,13 +105,14 @@ def make_previewer(method: str, kind: str, find_decoder: Callable[[str], Path | 
     """The previewer for ``method`` and model ``kind``, or None for no previews.
 
     ``find_decoder(name)`` gives the path of ``vae_approx/<name>.*`` or None. Model kinds without
-    factors (none yet beyond SD1/SD2/SDXL) get no previews.
+    factors (none yet beyond SD1/SD2/SDXL/x4 upscaler) get no previews; kinds without a TAESD
+    decoder (the x4 upscaler) get latent2rgb.
     """
     if method not in PREVIEW_METHODS:
         raise ValueError(f"unknown preview method {method!r}; one of {', '.join(PREVIEW_METHODS)}")
     if method == "none" or kind not in LATENT_RGB_FACTORS:
         return None
-    if method in ("auto", "taesd"):
+    if method in ("auto", "taesd") and kind in TAESD_DECODER_NAMES:
         path = find_decoder(TAESD_DECODER_NAMES[kind])
         if path is not None:
             decoder = _cached_decoder(os.fspath(path), os.stat(path).st_mtime_ns)
