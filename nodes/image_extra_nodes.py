@@ -56,7 +56,7 @@ def RepeatImageBatch(image=Socket("IMAGE"), amount=Int(1, min=1, max=4096)):
 
 
 @node(category="image/batch", outputs=("IMAGE",))
-def ImageFromBatch(image=Socket("IMAGE"), batch_index=Int(0, min=0, max=4095),
+def ImageFromBatch(image=Socket("IMAGE"), batch_index=Int(0, min=-MAX_RESOLUTION, max=MAX_RESOLUTION),
                    length=Int(1, min=1, max=4096)):
     return (image_ops.from_batch(image, batch_index, length),)
 
@@ -110,3 +110,9 @@ def SplitImageWithAlpha(image=Socket("IMAGE")):
 @node(category="mask/compositing", outputs=("IMAGE",), display_name="Join Image with Alpha")
 def JoinImageWithAlpha(image=Socket("IMAGE"), alpha=Socket("MASK")):
     return (image_ops.join_alpha(image, alpha),)
+
+
+@node(category="image/upscaling", outputs=("IMAGE",), display_name="Scale Image to Max Dimension")
+def ImageScaleToMaxDimension(image=Socket("IMAGE"), upscale_method=Combo(image_ops.MAX_DIMENSION_METHODS),
+                             largest_size=Int(512, min=0, max=MAX_RESOLUTION, step=1)):
+    return (image_ops.scale_to_max_dimension(image, upscale_method, largest_size),)

@@ -1,4 +1,5 @@
-"""ComfyUI's kornia-based image filters (comfy_extras nodes_morphology.py, nodes_canny.py), the
+"""ComfyUI's kornia-based image filters (comfy_extras nodes_morphology.py: Morphology and the
+YCbCr split/join; nodes_canny.py), the
 Porter-Duff composite (nodes_compositing.py) and nodes_images.py's ImageAddNoise, ImageStitch,
 ResizeAndPadImage, SaveAnimatedWEBP and SaveAnimatedPNG, on ``image_filters.py`` /
 ``image_animation.py``."""
@@ -16,6 +17,16 @@ from mixgraph.nodes import image_animation, image_filters
 def Morphology(image=Socket("IMAGE"), operation=Combo(image_filters.MORPHOLOGY_OPERATIONS),
                kernel_size=Int(3, min=3, max=999, step=1)):
     return (image_filters.morphology(image, operation, kernel_size),)
+
+
+@node(category="image/batch", outputs=(("IMAGE", "Y"), ("IMAGE", "U"), ("IMAGE", "V")))
+def ImageRGBToYUV(image=Socket("IMAGE")):
+    return image_filters.rgb_to_ycbcr(image)
+
+
+@node(category="image/batch", outputs=("IMAGE",))
+def ImageYUVToRGB(Y=Socket("IMAGE"), U=Socket("IMAGE"), V=Socket("IMAGE")):
+    return (image_filters.ycbcr_to_rgb(Y, U, V),)
 
 
 @node(category="image/preprocessors", outputs=("IMAGE",))

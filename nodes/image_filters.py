@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from mixgraph.nodes.models.resize import upscale
 
 __all__ = ["MORPHOLOGY_OPERATIONS", "PORTER_DUFF_MODES", "morphology", "canny", "add_noise", "hysteresis",
-           "porter_duff", "porter_duff_batch"]
+           "porter_duff", "porter_duff_batch", "rgb_to_ycbcr", "ycbcr_to_rgb"]
 
 MORPHOLOGY_OPERATIONS = ("erode", "dilate", "open", "close", "gradient", "bottom_hat", "top_hat")
 
@@ -298,3 +298,23 @@ def resize_and_pad(image: torch.Tensor, target_width: int, target_height: int, p
     y, x = (target_height - nh) // 2, (target_width - nw) // 2
     out[:, :, y:y + nh, x:x + nw] = resized
     return out.movedim(1, -1)
+
+
+# --- ImageRGBToYUV / ImageYUVToRGB (comfy_extras/nodes_morphology.py; kornia.color's YCbCr) --------
+# JPEG-style full-range YCbCr with chroma centred at 0.5 (kornia's constants).
+
+def rgb_to_ycbcr(image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """IMAGE [B,H,W,C≥3] → (Y, U=Cb, V=Cr), each a grey IMAGE [B,H,W,3] (the channel repeated);
+    an alpha channel is ignored."""
+    r, g, b = image[..., 0:1], image[..., 1:2], image[..., 2:3]
+    y = 0.299 * r + 0.587 * g + 0.114 * b
+    cb = (b - y) * 0.564 + 0.5
+    cr = (r - y) * 0.713 + 0.5
+    return tuple(c.expand(*image.shape[:-1], 3) for c in (y, cb, cr))
+
+
+def ycbcr_to_rgb(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Three IMAGEs (each averaged over its channels) as Y, Cb, Cr → RGB IMAGE [B,H,W,3]."""
+    y, cb, cr = (c.mean(dim=-1, keepdim=True) for c in (y, u, v))
+    cb, cr = cb - 0.5, cr - 0.5
+    return torch.cat((y + 1.403 * cr, y - 0.714 * cr - 0.344 * cb, y + 1.773 * cb), dim=-1)

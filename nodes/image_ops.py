@@ -75,6 +75,23 @@ def scale_to_total_pixels(image: torch.Tensor, method: str, megapixels: float) -
                    "disabled").movedim(1, -1)
 
 
+# ComfyUI's option list for ImageScaleToMaxDimension, "bilinear" twice included (as it is there).
+MAX_DIMENSION_METHODS = ("area", "lanczos", "bilinear", "nearest-exact", "bilinear", "bicubic")
+
+
+def scale_to_max_dimension(image: torch.Tensor, method: str, largest_size: int) -> torch.Tensor:
+    """ImageScaleToMaxDimension: the longer side becomes largest_size, the other keeps the aspect
+    ratio (Python's round); a square image becomes largest_size × largest_size."""
+    h, w = image.shape[1], image.shape[2]
+    if h > w:
+        w, h = round(w / h * largest_size), largest_size
+    elif w > h:
+        w, h = largest_size, round(h / w * largest_size)
+    else:
+        w = h = largest_size
+    return upscale(image.movedim(-1, 1), w, h, method, "disabled").movedim(1, -1)
+
+
 def crop(image: torch.Tensor, width: int, height: int, x: int, y: int) -> torch.Tensor:
     x, y = min(x, image.shape[2] - 1), min(y, image.shape[1] - 1)
     return image[:, y:y + height, x:x + width, :]
@@ -85,7 +102,10 @@ def repeat_batch(image: torch.Tensor, amount: int) -> torch.Tensor:
 
 
 def from_batch(image: torch.Tensor, batch_index: int, length: int) -> torch.Tensor:
+    """ImageFromBatch: `length` images from `batch_index` (negative counts from the end), clamped."""
     n = image.shape[0]
+    if batch_index < 0:
+        batch_index += n
     start = max(0, min(n - 1, batch_index))
     return image[start:start + min(n - start, length)].clone()
 

@@ -85,3 +85,43 @@ def LatentBatch(samples1=Socket("LATENT"), samples2=Socket("LATENT")):
 def LatentBatchSeedBehavior(samples=Socket("LATENT"),
                             seed_behavior=Combo(latent_ops.SEED_BEHAVIORS, default="fixed")):
     return (latent_ops.seed_behavior(samples, seed_behavior),)
+
+
+@node(category="latent/advanced", outputs=("LATENT",))
+def LatentConcat(samples1=Socket("LATENT"), samples2=Socket("LATENT"), dim=Combo(latent_ops.CONCAT_DIMS)):
+    return (latent_ops.concat(samples1, samples2, dim),)
+
+
+@node(category="latent/advanced", outputs=("LATENT",))
+def LatentCut(samples=Socket("LATENT"), dim=Combo(latent_ops.CUT_DIMS),
+              index=Int(0, min=-MAX_RESOLUTION, max=MAX_RESOLUTION, step=1),
+              amount=Int(1, min=1, max=MAX_RESOLUTION, step=1)):
+    return (latent_ops.cut(samples, dim, index, amount),)
+
+
+@node(category="latent/advanced", outputs=("LATENT",))
+def LatentCutToBatch(samples=Socket("LATENT"), dim=Combo(latent_ops.CUT_TO_BATCH_DIMS),
+                     slice_size=Int(1, min=1, max=MAX_RESOLUTION, step=1)):
+    return (latent_ops.cut_to_batch(samples, dim, slice_size),)
+
+
+@node(category="latent/advanced/operations", outputs=("LATENT",))
+def LatentApplyOperation(samples=Socket("LATENT"), operation=Socket("LATENT_OPERATION")):
+    return (latent_ops.apply_operation(samples, operation),)
+
+
+@node(category="latent/advanced/operations", outputs=("LATENT_OPERATION",))
+def LatentOperationTonemapReinhard(multiplier=Float(1.0, min=0.0, max=100.0, step=0.01)):
+    return (latent_ops.TonemapReinhard(multiplier),)
+
+
+@node(category="latent/advanced/operations", outputs=("LATENT_OPERATION",))
+def LatentOperationSharpen(sharpen_radius=Int(9, min=1, max=31, step=1),
+                           sigma=Float(1.0, min=0.1, max=10.0, step=0.1),
+                           alpha=Float(0.1, min=0.0, max=5.0, step=0.01)):
+    return (latent_ops.SharpenDirections(sharpen_radius, sigma, alpha),)
+
+
+@node(category="latent/advanced/operations", outputs=("LATENT_OPERATION",), display_name="Latent Operation Blend")
+def LatentOperationBlend(reference=Socket("LATENT"), strength=Float(1.0, min=0.0, max=1.0, step=0.0001)):
+    return (latent_ops.BlendToward(reference.samples, strength),)

@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+from mixgraph.nodes.image_ops import gaussian_kernel
 from mixgraph.nodes.imaging import grow_mask, repeat_to_batch, scaled_size, upscale
 from mixgraph.nodes.mask_ops import paste
 from mixgraph.nodes.payloads.conditioning import Cond
@@ -272,3 +273,117 @@ def seed_behavior(latent: Latent, behavior: str) -> Latent:
         return dataclasses.replace(latent, batch_index=None)
     first = latent.batch_index[0] if latent.batch_index else 0
     return dataclasses.replace(latent, batch_index=(first,) * latent.samples.shape[0])
+
+
+# --- comfy_extras/nodes_latent.py: LatentConcat, LatentCut, LatentCutToBatch ---------------------
+# Axis names as ComfyUI counts them from the end: x = width, y = height, t = the axis before height
+# (frames in a 5-D video latent; on a 4-D image latent that is the channel axis, as in ComfyUI).
+CONCAT_DIMS = ("x", "-x", "y", "-y", "t", "-t")
+CUT_DIMS = ("x", "y", "t")
+CUT_TO_BATCH_DIMS = ("t", "x", "y")
+_AXIS_FROM_END = {"x": 1, "y": 2, "t": 3}
+
+
+def concat(a: Latent, b: Latent, dim: str) -> Latent:
+    """LatentConcat: b (batch tiled/cut to a's) appended after a along the axis (before it for a
+    "-" direction); the other axes must match."""
+    s2 = repeat_to_batch(b.samples, a.samples.shape[0])
+    pair = (s2, a.samples) if dim.startswith("-") else (a.samples, s2)
+    axis = -_AXIS_FROM_END[dim.lstrip("-")]
+    if any(p != q for i, (p, q) in enumerate(zip(pair[0].shape, pair[1].shape)) if i != pair[0].ndim + axis):
+        raise ValueError(f"LatentConcat along {dim!r}: latent shapes {tuple(a.samples.shape)} and "
+                         f"{tuple(b.samples.shape)} differ on another axis")
+    return dataclasses.replace(a, samples=torch.cat(pair, dim=axis))
+
+
+def cut(latent: Latent, dim: str, index: int, amount: int) -> Latent:
+    """LatentCut: `amount` entries from `index` along the axis; a negative index counts from the
+    end; both are clamped to the axis (at least one entry stays)."""
+    s = latent.samples
+    axis = s.ndim - _AXIS_FROM_END[dim]
+    size = s.shape[axis]
+    if index >= 0:
+        index = min(index, size - 1)
+        amount = min(size - index, amount)
+    else:
+        index = max(index, -size)
+        amount = min(-index, amount)
+        index += size
+    return dataclasses.replace(latent, samples=s.narrow(axis, index, amount))
+
+
+def cut_to_batch(latent: Latent, dim: str, slice_size: int) -> Latent:
+    """LatentCutToBatch: split the axis into slices of `slice_size` (the rest dropped) and stack
+    the slices on the batch axis, each image's slices together. An axis before H (channels of a
+    4-D latent) is left as it is, as in ComfyUI. batch_index and the noise mask are kept."""
+    s = latent.samples
+    axis = s.ndim - _AXIS_FROM_END[dim]
+    if axis < 2:
+        return latent
+    moved = s.movedim(axis, 1)  # [B, N, ...]
+    size = min(slice_size, moved.shape[1])
+    moved = moved[:, : (moved.shape[1] // size) * size]
+    out = moved.reshape(-1, size, *moved.shape[2:]).movedim(1, axis)  # [B * N/size, ..., size, ...]
+    return dataclasses.replace(latent, samples=out)
+
+
+# --- LATENT_OPERATION (comfy_extras/nodes_latent.py): a function latent -> latent ----------------
+# A LATENT_OPERATION socket carries one of these frozen callables; LatentApplyOperation runs it on
+# the samples. Each is `op(latent=[B, C, H, W] tensor) -> tensor of the same shape`.
+
+@dataclasses.dataclass(frozen=True)
+class TonemapReinhard:
+    """Per-pixel channel-vector magnitude m is tone-mapped with Reinhard's operator x/(1+x) after
+    scaling by 1/top, top = (mean(m) + 5·std(m))·multiplier per image (unbiased std); the
+    direction is kept (m gets +1e-10 so a zero vector stays zero)."""
+
+    multiplier: float
+
+    def __call__(self, latent: torch.Tensor, **_) -> torch.Tensor:
+        m = (torch.linalg.vector_norm(latent, dim=1) + 1e-10)[:, None]  # [B, 1, H, W]
+        direction = latent / m
+        dims = tuple(range(1, m.ndim))
+        top = (torch.std(m, dim=dims, keepdim=True) * 5 + torch.mean(m, dim=dims, keepdim=True)) * self.multiplier
+        m = m * (1.0 / top)
+        return direction * (m / (m + 1.0) * top)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharpenDirections:
+    """ImageSharpen's kernel (-10·alpha·Gaussian on the -1..1 grid, centre raised so it sums to 1;
+    reflect border) applied to the unit channel vectors, which are then scaled back by the
+    original magnitudes (+1e-6)."""
+
+    radius: int
+    sigma: float
+    alpha: float
+
+    def __call__(self, latent: torch.Tensor, **_) -> torch.Tensor:
+        lum = (torch.linalg.vector_norm(latent, dim=1) + 1e-6)[:, None]  # [B, 1, H, W]
+        unit = latent / lum
+        r, c = self.radius, latent.shape[1]
+        kernel = gaussian_kernel(2 * r + 1, self.sigma).to(latent) * (self.alpha * -10)
+        kernel[r, r] = kernel[r, r] - kernel.sum() + 1.0
+        padded = torch.nn.functional.pad(unit, (r, r, r, r), mode="reflect")
+        sharp = torch.nn.functional.conv2d(padded, kernel.expand(c, 1, 2 * r + 1, 2 * r + 1), groups=c)
+        return lum * sharp
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlendToward:
+    """Lerp the latent toward a reference latent (nearest-resized to its H, W; batch tiled/cut)."""
+
+    reference: torch.Tensor
+    strength: float
+
+    def __call__(self, latent: torch.Tensor, **_) -> torch.Tensor:
+        if self.strength == 0:
+            return latent
+        target = self.reference.to(latent)
+        if target.shape[2:] != latent.shape[2:]:
+            target = torch.nn.functional.interpolate(target, size=latent.shape[2:], mode="nearest")
+        return torch.lerp(latent, repeat_to_batch(target, latent.shape[0]), self.strength)
+
+
+def apply_operation(latent: Latent, operation) -> Latent:
+    return dataclasses.replace(latent, samples=operation(latent=latent.samples))

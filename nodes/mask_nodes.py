@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Combo, Float, Int, Socket, node
-from mixgraph.nodes import image_ops, latent_ops, mask_ops
+import secrets
+from pathlib import Path
+
+from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Combo, Float, Int, Result, Socket, node
+from mixgraph.graph.spec import Hidden
+from mixgraph.nodes import image_ops, imaging, latent_ops, mask_ops
 
 
 @node(category="latent", outputs=("LATENT",))
@@ -82,3 +86,13 @@ def GrowMask(mask=Socket("MASK"), expand=Int(0, min=-MAX_RESOLUTION, max=MAX_RES
 @node(category="mask", outputs=("MASK",))
 def ThresholdMask(mask=Socket("MASK"), value=Float(0.5, min=0.0, max=1.0, step=0.01)):
     return (mask_ops.threshold(mask, value),)
+
+
+@node(category="mask", outputs=(("MASK", "mask"),), output_node=True, display_name="Preview Mask",
+      deterministic=False)
+def MaskPreview(ctx, mask=Socket("MASK"), prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
+    """Shows the mask as a grey image in the temp folder, like PreviewImage; passes the mask on."""
+    prefix = "ComfyUI_temp_" + "".join(secrets.choice("abcdefghijklmnopqrstupvxyz") for _ in range(5))
+    saved = imaging.save_images(mask_ops.mask_to_image(mask), Path(ctx.env.temp), prefix, kind="temp", prompt=prompt,
+                                extra_pnginfo=extra_pnginfo, compress_level=1)
+    return Result(values=(mask,), ui={"images": saved})

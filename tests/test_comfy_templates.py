@@ -34,7 +34,8 @@ from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15, write_sd2, write_sdxl, write_sdxl_refiner, write_unet
 from tests.fixtures.workflow_models import (write_controlnet, write_embedding_pt, write_family_marker, write_gligen,
                                             write_lora, write_revision_clip_vision, write_sd15_4level,
-                                            write_t2i_adapter, write_unclip_ckpt, write_upscaler)
+                                            write_stable_zero123_ckpt, write_t2i_adapter, write_unclip_ckpt,
+                                            write_upscaler)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "comfy_templates"
 FACTS = FIXTURES / "facts_templates_0.1.40.json"
@@ -50,6 +51,7 @@ MODELS = {
     "checkpoints/v2-1_768-ema-pruned.safetensors": "sd2_v",
     "checkpoints/512-inpainting-ema.safetensors": "sd2_inpaint",
     "checkpoints/sd21-unclip-h.ckpt": "sd2_unclip_ckpt",
+    "checkpoints/stable_zero123.ckpt": "stable_zero123_ckpt",
     "checkpoints/sd_xl_base_1.0.safetensors": "sdxl",
     "checkpoints/sd_xl_turbo_1.0_fp16.safetensors": "sdxl",
     "checkpoints/sd_xl_refiner_1.0.safetensors": "sdxl_refiner",
@@ -83,8 +85,6 @@ MISSING = {
     "templates_image_lotus_depth_v1_1.json": "LotusConditioning: ComfyUI inlines Lotus' null-prompt embedding (the "
                                              "output of its frozen SD2 text encoder, 1024 wide) as a constant; not "
                                              "in mixgraph yet, and a run needs a full-width SD2 UNet",
-    "stable_zero123_example": "StableZero123_Conditioning and Stable Zero123 checkpoints (ImageOnlyCheckpointLoader "
-                              "of an SD1-shaped 8-channel UNet with a CLIP vision tower): being added on another branch",
 }
 
 
@@ -127,6 +127,7 @@ def _write_model(root: Path, rel: str, kind: str) -> None:
         "sd2_inpaint": lambda: write_sd2(path, v_prediction=False, seed=3, inpaint=True),
         "sd2_unet": lambda: write_unet(path, kind="sd2", seed=4),
         "sd2_unclip_ckpt": lambda: write_unclip_ckpt(path),
+        "stable_zero123_ckpt": lambda: write_stable_zero123_ckpt(path),
         "sdxl": lambda: write_sdxl(path, seed=5),
         "sdxl_refiner": lambda: write_sdxl_refiner(path, seed=6),
         "flux": lambda: write_family_marker(path, "model.diffusion_model.double_blocks.0.img_attn.qkv.weight"),
@@ -187,11 +188,13 @@ def executor(dirs):
 
 
 def _small(prompt) -> dict[str, object]:
-    """`--set` overrides that shrink a workflow: the main latent's longest side becomes SIZE (more
+    """`--set` overrides that shrink a workflow: the main latent's (EmptyLatentImage's or Stable
+    Zero123's) longest side becomes SIZE (more
     where an area would fall below ConditioningSetArea's minimum), and every pixel quantity (areas, GLIGEN boxes, upscale targets, outpaint pads) is scaled with it;
     batches of 1; 2 sampling steps (KSamplerAdvanced keeps its phase split in proportion)."""
     sizes = [max(c.inputs["width"], c.inputs["height"]) for c in prompt.values()
-             if c.class_type == "EmptyLatentImage" and isinstance(c.inputs.get("width"), int)]
+             if c.class_type in ("EmptyLatentImage", "StableZero123_Conditioning")
+             and isinstance(c.inputs.get("width"), int)]
     scale = SIZE / max(sizes) if sizes else SIZE / 512
     areas = [min(c.inputs["width"], c.inputs["height"]) for c in prompt.values()
              if c.class_type == "ConditioningSetArea"]
@@ -208,7 +211,8 @@ def _small(prompt) -> dict[str, object]:
         if t == "EmptyLatentImage":
             sets |= {f"{nid}.{k}": px(lit[k]) for k in ("width", "height") if k in lit}
             sets[f"{nid}.batch_size"] = 1
-        elif t in ("ConditioningSetArea", "GLIGENTextBoxApply", "LatentUpscale", "ImageScale"):
+        elif t in ("ConditioningSetArea", "GLIGENTextBoxApply", "LatentUpscale", "ImageScale",
+                   "StableZero123_Conditioning"):
             sets |= {f"{nid}.{k}": px(v) if k in ("width", "height") else int(round(v * scale / 8)) * 8
                      for k, v in lit.items() if k in ("width", "height", "x", "y")}
         elif t == "ImagePadForOutpaint":
