@@ -4,7 +4,9 @@ worker can build (`registry` is picklable by reference)."""
 
 from __future__ import annotations
 
-from mixgraph.graph.node import String, node
+import random
+
+from mixgraph.graph.node import Int, String, node
 from mixgraph.graph.registry import Registry
 from mixgraph.graph.spec import Output
 
@@ -23,8 +25,14 @@ def PromptList(texts=String("", multiline=True)):
     return ([line for line in texts.splitlines() if line.strip()],)
 
 
+@node(outputs=["INT"], deterministic=False, register=False)
+def RandomSeed(high=Int(2**31 - 1, min=1, max=2**63 - 1)):
+    """A fresh seed on every run (like the random-seed nodes of custom packs)."""
+    return (random.randrange(high),)
+
+
 def registry() -> Registry:
-    """The node library and SeedList, PromptList (a fresh registry, not the global one)."""
+    """The node library and SeedList, PromptList, RandomSeed (a fresh registry, not the global one)."""
     global _REG
     if _REG is None:
         from mixgraph.ui.api import default_registry
@@ -33,5 +41,6 @@ def registry() -> Registry:
             reg.add(spec)
         reg.add(SeedList.spec)
         reg.add(PromptList.spec)
+        reg.add(RandomSeed.spec)
         _REG = reg
     return _REG
