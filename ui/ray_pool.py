@@ -26,9 +26,9 @@ whose prompts run through its `_run_item` seam on Ray actors instead of the loca
   `mixgraph.warning` noting the retry, so the client sees one story; its queued prompts are
   placed again. Finished outputs stay: they are files.
 - **Fan-out.** A prompt asking for it (`extra_data["mixgraph_fan_out"]`, or `--fan-out`) has its
-  KSampler batch split over the idle workers when that gives the same images
-  (`ui.ray_fanout`); the parts' outputs come back in order under the one prompt id, in one
-  `executed` per output node. Seed lists and lists of prompts do not fan out yet.
+  KSampler batch, or the items of its list (a list of seeds or of prompts, OUTPUT_IS_LIST),
+  split over the idle workers when that gives the same images (`ui.ray_fanout`); the parts'
+  outputs come back in order under the one prompt id, in one `executed` per output node.
 
 Models and output folders are paths: on a cluster every machine must see the same paths (a shared
 mount), as the front server validates against its own folders.
