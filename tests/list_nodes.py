@@ -32,7 +32,8 @@ def RandomSeed(high=Int(2**31 - 1, min=1, max=2**63 - 1)):
 
 
 def registry() -> Registry:
-    """The node library and SeedList, PromptList, RandomSeed (a fresh registry, not the global one)."""
+    """The node library and SeedList, PromptList, RandomSeed (a fresh registry, not the global
+    one)."""
     global _REG
     if _REG is None:
         from mixgraph.ui.api import default_registry

@@ -73,7 +73,7 @@ def assert_same_images(env, ref: list[dict], got: list[dict], tol: int = 0) -> N
     assert any(abs(a[0] - x).max() > 10 for x in a[1:])       # the items differ from each other
 
 
-# --- the split, in one process ---------------------------------------------------------------------
+# --- the split, in one process -----------------------------------------------------------------
 
 def test_fanout_list_parts_merge_to_the_whole_run(env):
     reg = list_nodes.registry()

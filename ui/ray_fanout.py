@@ -140,7 +140,7 @@ def merged_events(prompt_id: str, ui: dict[str, dict]) -> list[Any]:
     return [ev.Executed(prompt_id, node=nid, output=out) for nid, out in ui.items()]
 
 
-# --- the one entry point ---------------------------------------------------------------------------
+# --- the one entry point -----------------------------------------------------------------------
 
 def plan(wf: Workflow, outputs: list[str], parts: int, registry: Any, prompt_id: str
          ) -> tuple[BatchSplit | ListSplit | None, str]:
@@ -184,7 +184,7 @@ class BatchSplit:
         return merge_ui([ui for ui in uis if ui is not None]), notes, ""
 
 
-# --- lists -----------------------------------------------------------------------------------------
+# --- lists -------------------------------------------------------------------------------------
 
 #: The id of the node each part of a list prompt adds after the list.
 LIST_NODE = "mixgraph.fan_out.list"
@@ -249,14 +249,11 @@ def split_list(wf: Workflow, outputs: list[str], parts: int, registry: Any, prom
     outputs = list(outputs) or [n for n, s in spec.items() if s.output_node]
     runs = _ancestors(prompt, outputs)
     makers = sorted(n for n in runs if any(o.is_list for o in spec[n].outputs))
-    takers = sorted(n for n in runs if spec[n].input_is_list)
-    if not makers and not takers:
+    if not makers:
         return None, ""
     name = {n: f"node {n} ({prompt[n].class_type})" for n in prompt}
-    tops = [n for n in makers if not (_ancestors(prompt, [n]) - {n}) & set(makers)]
-    if not tops:
-        return None, f"{name[takers[0]]} takes a whole list at once (INPUT_IS_LIST)"
-    source = tops[0]
+    source = next((n for n in makers if not (_ancestors(prompt, [n]) - {n}) & set(makers)),
+                  makers[0])
     below = _descendants(prompt, source) & runs
     for n in sorted(below):
         if spec[n].input_is_list:
