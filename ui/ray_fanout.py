@@ -169,7 +169,8 @@ class BatchSplit:
         return self.done[j][0]
 
     def discard(self, j: int, attempt: int, env: Any) -> None:
-        """Files of a dead attempt: a batch part's names carry no attempt, the retry overwrites."""
+        """Nothing: a batch part's files carry no attempt, so what a dead attempt saved stays
+        (its retry saves after it, under the same `_part{j+1}` prefix)."""
 
     def hidden(self, node_id: str | None) -> bool:
         return node_id == LATENT_NODE
