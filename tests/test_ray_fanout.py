@@ -188,6 +188,7 @@ def test_ray_fan_out_seed_and_prompt_lists_over_2_workers_equal_one_worker(env, 
         parts = split["status"]["mixgraph"]["fan_out"]
         assert [x["items"] for x in parts] == sizes and {x["of"] for x in parts} == {n}
         assert len({x["worker"] for x in parts}) == 2
+        assert parts[0]["held_weights"] is True        # the first part went to a holder
         ref, got = whole["outputs"]["9"]["images"], split["outputs"]["9"]["images"]
         assert_same_images(env, ref, got)
         first = int(ref[-1]["filename"].split("_")[1]) + 1       # as the next run on one machine

@@ -469,6 +469,7 @@ class RayPromptQueue(PromptQueue):
             split, why = plan(workflow, item.outputs, 1 + len(idle), self.executor.registry,
                               pid)
             workers = [w, *idle[:max(split.count - 1, 0)]] if split else [w]
+            held = [bool(needs) and needs <= self._expected(x) for x in workers]
             for x in workers[1:]:
                 x.running, x.node = item, None          # claimed: the dispatcher leaves them
             self._parts[pid] = workers
@@ -543,6 +544,8 @@ class RayPromptQueue(PromptQueue):
             self._cv.notify_all()
         ui, note["fan_out"], problem = split.gather(
             [r.ui if r is not None else None for r in results], self.executor.env, names)
+        for part, had in zip(note["fan_out"], held):
+            part["held_weights"] = had       # affinity: did it hold the weights when split
         ok = all(r is not None and r.status == "success" for r in results)
         if ok and problem:
             forward(ev.ExecutionError(pid, exception_message=problem,
