@@ -14,11 +14,16 @@ throughput  16 prompts alternating the two checkpoints, all queued at once: prom
 latency     the same prompt 10 times in a row, fully cached after the first: what the queue,
             dispatch and event path add per prompt (median ms, plain vs Ray 1 worker).
 fan-out     one prompt with a batch of 8 (8 steps): whole on one worker, then split over two.
+list        one prompt whose KSampler takes a list of 8 seeds (8 steps; the SeedList node of
+            tests/list_nodes.py, as a custom node pack would give it): whole on one worker, then
+            its list split over two (both workers warm, holding the checkpoint).
 failover    a 200-step prompt on 2 workers; the worker process running it is SIGKILLed mid-
             sampling: time from the kill until the prompt runs again elsewhere (its retry
             warning), until it finishes, and until the replacement worker is ready.
 
-    nice -n 19 python benchmarks/bench_ray.py [--budget tight|roomy] [--json]
+    nice -n 19 python benchmarks/bench_ray.py [--budget tight|roomy] [--only PART,...] [--json]
+
+PART: throughput, latency, fan_out, list, failover (default: all).
 
 Prints a table, then one JSON line (or only the JSON with --json). Timings on a shared machine
 vary; run it when the machine is otherwise idle.
@@ -73,16 +78,17 @@ class Bench:
                        temp=root / "temp")
         self.runs = 0
 
-    def app(self, workers: int | None):
+    def app(self, workers: int | None, registry=None):
         from mixgraph.ui.ray_pool import RayConfig
         from mixgraph.ui.server import create_app
         self.runs += 1
-        ray = RayConfig(workers=workers) if workers else None
-        return create_app(self.env, user_dir=self.root / f"user{self.runs}", ray=ray)
+        ray = RayConfig(workers=workers, registry=registry) if workers else None
+        return create_app(self.env, user_dir=self.root / f"user{self.runs}", ray=ray,
+                          registry=registry() if registry else None)
 
-    async def client(self, workers: int | None):
+    async def client(self, workers: int | None, registry=None):
         from aiohttp.test_utils import TestClient, TestServer
-        server = TestServer(self.app(workers))
+        server = TestServer(self.app(workers, registry))
         c = TestClient(server)
         await c.start_server()
         return c
@@ -165,6 +171,43 @@ class Bench:
             await c.close()
         return {"batch": batch, "steps": steps, **out}
 
+    async def list_fan_out(self, seeds: int = 8, steps: int = 8) -> dict:
+        """One prompt over a list of `seeds` seeds: whole on one worker vs split over two."""
+        from tests.list_nodes import registry
+
+        def listed(first: int) -> dict:
+            p = _prompt("a.safetensors", 0, steps=steps)
+            p["10"] = {"class_type": "SeedList", "inputs": {
+                "seeds": ",".join(str(first + i) for i in range(seeds))}}
+            p["3"]["inputs"]["seed"] = ["10", 0]
+            return p
+
+        c = await self.client(2, registry)
+        try:
+            warm = listed(1000)
+            warm["10"]["inputs"]["seeds"] = "1,2"
+            warm["3"]["inputs"]["steps"] = 1
+            r = await c.post("/prompt", json={"prompt": warm,
+                                              "extra_data": {"mixgraph_fan_out": True}})
+            entry = await self.wait(c, (await r.json())["prompt_id"])
+            assert len(entry["status"]["mixgraph"]["fan_out"]) == 2, entry["status"]
+            out = {}
+            for label, extra in (("one_worker_s", {}), ("two_workers_s",
+                                                        {"mixgraph_fan_out": True})):
+                t0 = time.perf_counter()
+                r = await c.post("/prompt", json={"prompt": listed(100 * (len(out) + 1)),
+                                                  "extra_data": extra})
+                entry = await self.wait(c, (await r.json())["prompt_id"])
+                out[label] = round(time.perf_counter() - t0, 2)
+                assert entry["status"]["status_str"] == "success"
+                assert len(entry["outputs"]["9"]["images"]) == seeds
+        finally:
+            await c.close()
+        return {"seeds": seeds, "steps": steps, **out,
+                "speedup": round(out["one_worker_s"] / out["two_workers_s"], 2),
+                "images_per_min": {k: round(60 * seeds / out[k], 1)
+                                   for k in ("one_worker_s", "two_workers_s")}}
+
     async def failover(self) -> dict:
         c = await self.client(2)
         try:
@@ -228,7 +271,8 @@ def _one_checkpoint_bytes(root: Path) -> int:
 
 async def main_async(args: argparse.Namespace) -> dict:
     import ray
-    out = {"budget": args.budget, "throughput": {}, "latency": {}}
+    out: dict = {"budget": args.budget}
+    only = set(args.only.split(",")) if args.only else set(PARTS)
     if args.budget == "tight":      # room for one checkpoint, here and in the workers
         with tempfile.TemporaryDirectory(prefix="mixgraph-bench-ray-") as tmp:
             held = _one_checkpoint_bytes(Path(tmp))
@@ -241,24 +285,67 @@ async def main_async(args: argparse.Namespace) -> dict:
     try:
         with tempfile.TemporaryDirectory(prefix="mixgraph-bench-ray-") as tmp:
             b = Bench(Path(tmp))
-            for label, workers in (("plain", None), ("ray_1_worker", 1), ("ray_2_workers", 2)):
-                out["throughput"][label] = await b.throughput(workers)
-            for label, workers in (("plain", None), ("ray_1_worker", 1)):
-                out["latency"][label] = await b.latency(workers)
-            out["latency"]["added_ms"] = round(out["latency"]["ray_1_worker"]["median_ms"]
-                                               - out["latency"]["plain"]["median_ms"], 1)
-            out["fan_out"] = await b.fan_out()
-            out["failover"] = await b.failover()
+            if "throughput" in only:
+                out["throughput"] = {label: await b.throughput(workers) for label, workers in (
+                    ("plain", None), ("ray_1_worker", 1), ("ray_2_workers", 2))}
+            if "latency" in only:
+                lat = out["latency"] = {label: await b.latency(workers) for label, workers in (
+                    ("plain", None), ("ray_1_worker", 1))}
+                lat["added_ms"] = round(lat["ray_1_worker"]["median_ms"]
+                                        - lat["plain"]["median_ms"], 1)
+            if "fan_out" in only:
+                out["fan_out"] = await b.fan_out()
+            if "list" in only:
+                out["list_fan_out"] = await b.list_fan_out()
+            if "failover" in only:
+                out["failover"] = await b.failover()
             return out
     finally:
         ray.shutdown()
 
 
+PARTS = ("throughput", "latency", "fan_out", "list", "failover")
+
+
+def _print(result: dict) -> None:
+    print(f"weight budget: {result['budget']}")
+    if "throughput" in result:
+        print(f"{'throughput (16 prompts, 2 ckpts)':36} {'prompts/min':>12} {'loads':>6} "
+              f"{'s':>7}")
+        for label, r in result["throughput"].items():
+            print(f"  {label:34} {r['prompts_per_min']:12} {r['weight_loads']:6} "
+                  f"{r['seconds']:7}")
+    if "latency" in result:
+        lat = result["latency"]
+        print(f"latency, cached prompt: plain {lat['plain']['median_ms']} ms, Ray 1 worker "
+              f"{lat['ray_1_worker']['median_ms']} ms (+{lat['added_ms']} ms)")
+    if "fan_out" in result:
+        fo = result["fan_out"]
+        print(f"fan-out, batch {fo['batch']} x {fo['steps']} steps: whole on 1 worker "
+              f"{fo['whole_s']} s, split over 2 {fo['split_over_2_s']} s")
+    if "list_fan_out" in result:
+        li = result["list_fan_out"]
+        print(f"fan-out, list of {li['seeds']} seeds x {li['steps']} steps: whole on 1 worker "
+              f"{li['one_worker_s']} s, split over 2 {li['two_workers_s']} s "
+              f"(x{li['speedup']})")
+    if "failover" in result:
+        f = result["failover"]
+        print(f"failover: retry {f['kill_to_retry_s']} s after the kill, done after "
+              f"{f['kill_to_done_s']} s, replacement ready after "
+              f"{f['kill_to_replacement_ready_s']} s")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", choices=("tight", "roomy"), default="tight")
+    p.add_argument("--only", metavar="PART,...",
+                   help=f"run only these parts ({', '.join(PARTS)}); default all")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    unknown = set(args.only.split(",")) - set(PARTS) if args.only else set()
+    if unknown:
+        p.error(f"--only: unknown part(s) {', '.join(sorted(unknown))}; choose from "
+                f"{', '.join(PARTS)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get(
         "PYTHONPATH")])])
@@ -269,21 +356,7 @@ def main() -> int:
     logging.getLogger("mixgraph").setLevel(logging.ERROR)
     result = asyncio.run(main_async(args))
     if not args.json:
-        print(f"weight budget: {args.budget}")
-        print(f"{'throughput (16 prompts, 2 ckpts)':36} {'prompts/min':>12} {'loads':>6} {'s':>7}")
-        for label, r in result["throughput"].items():
-            print(f"  {label:34} {r['prompts_per_min']:12} {r['weight_loads']:6} "
-                  f"{r['seconds']:7}")
-        lat = result["latency"]
-        print(f"latency, cached prompt: plain {lat['plain']['median_ms']} ms, Ray 1 worker "
-              f"{lat['ray_1_worker']['median_ms']} ms (+{lat['added_ms']} ms)")
-        fo = result["fan_out"]
-        print(f"fan-out, batch {fo['batch']} x {fo['steps']} steps: whole on 1 worker "
-              f"{fo['whole_s']} s, split over 2 {fo['split_over_2_s']} s")
-        f = result["failover"]
-        print(f"failover: retry {f['kill_to_retry_s']} s after the kill, done after "
-              f"{f['kill_to_done_s']} s, replacement ready after "
-              f"{f['kill_to_replacement_ready_s']} s")
+        _print(result)
     print(json.dumps(result))
     return 0
 

@@ -109,8 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive, metavar="N",
                    help="with --ray: how many workers (default one per GPU, else per machine)")
     p.add_argument("--fan-out", action="store_true",
-                   help="with --ray: split a prompt's batch over idle workers when the images "
-                        "stay the same (per prompt: extra_data mixgraph_fan_out)")
+                   help="with --ray: split a prompt's batch or list (seeds, prompts) over idle "
+                        "workers when the images stay the same (per prompt: extra_data "
+                        "mixgraph_fan_out)")
     add_cache_flags(p)
     _common(p)
     add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py), --base-directory too

@@ -26,9 +26,9 @@ whose prompts run through its `_run_item` seam on Ray actors instead of the loca
   `mixgraph.warning` noting the retry, so the client sees one story; its queued prompts are
   placed again. Finished outputs stay: they are files.
 - **Fan-out.** A prompt asking for it (`extra_data["mixgraph_fan_out"]`, or `--fan-out`) has its
-  KSampler batch split over the idle workers when that gives the same images
-  (`ui.ray_fanout`); the parts' outputs come back in order under the one prompt id, in one
-  `executed` per output node. Seed lists and lists of prompts do not fan out yet.
+  KSampler batch, or the items of its list (a list of seeds or of prompts, OUTPUT_IS_LIST),
+  split over the idle workers when that gives the same images (`ui.ray_fanout`); the parts'
+  outputs come back in order under the one prompt id, in one `executed` per output node.
 
 Models and output folders are paths: on a cluster every machine must see the same paths (a shared
 mount), as the front server validates against its own folders.
@@ -36,6 +36,7 @@ mount), as the front server validates against its own folders.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import os
@@ -454,37 +455,49 @@ class RayPromptQueue(PromptQueue):
 
     def _fan_out(self, item: QueueItem, workflow: Any, w: _Worker, note: dict,
                  forward: Callable[[ev.Event], None]) -> tuple[Any, str] | None:
-        """Split the prompt's batch over `w` and the workers idle now (ui/ray_fanout.py) and
-        gather the outputs in order; None: it does not split (a warning says why), run it whole."""
+        """Split the prompt's batch or list over `w` and the workers idle now (ui/ray_fanout.py)
+        and gather the outputs in order; None: it does not split (a warning says why), run it
+        whole."""
         ray = ray_module()
-        from mixgraph.ui.ray_fanout import LATENT_NODE, merge_ui, merged_events, split_batch
+        from mixgraph.ui.ray_fanout import merged_events, plan
         pid = item.prompt_id
         with self._cv:
-            idle = [x for x in self._workers
-                    if x is not w and x.state == "ready" and x.running is None]
-            parts, why = split_batch(workflow, item.outputs, 1 + len(idle))
-            workers = [w, *idle[:max(len(parts) - 1, 0)]]
+            needs = self._needs.get(pid, frozenset())
+            idle = sorted((x for x in self._workers
+                           if x is not w and x.state == "ready" and x.running is None),
+                          key=lambda x: (self._load(x) > 0, -len(needs & self._expected(x))))
+            split, why = plan(workflow, item.outputs, 1 + len(idle), self.executor.registry,
+                              pid)
+            workers = [w, *idle[:max(split.count - 1, 0)]] if split else [w]
+            held = [bool(needs) and needs <= self._expected(x) for x in workers]
             for x in workers[1:]:
                 x.running, x.node = item, None          # claimed: the dispatcher leaves them
             self._parts[pid] = workers
-        if not parts:
+        if split is None:
+            log.info("prompt %s: not split over workers: %s", pid, why)
             forward(ev.Warning(pid, message=f"not split over workers: {why}"))
             with self._cv:
                 self._parts.pop(pid, None)
             return None
-        note["fan_out"] = [{"worker": x.name, "images": [a, a + n]}
-                           for x, (_, (a, n)) in zip(workers, parts)]
-        results: list[WorkerResult | None] = [None] * len(parts)
+        results: list[WorkerResult | None] = [None] * split.count
         failed: list[tuple[int, _Worker, Exception]] = []
+        attempts = [0] * split.count
         stopped = threading.Event()
+        announced: set = set()
 
         def part_events(j: int) -> Callable[[ev.Event], None]:
             def send(event: ev.Event) -> None:
                 if isinstance(event, (ev.ExecutionSuccess, ev.Executed)) \
-                        or (isinstance(event, ev.Executing)
-                            and event.node in (None, LATENT_NODE)) \
                         or (isinstance(event, ev.ExecutionCached) and j):
                     return                 # one success, merged outputs, sent at the end
+                if isinstance(event, ev.Executing):
+                    if event.node is None or split.hidden(event.node) \
+                            or event.node in announced:
+                        return             # each node announced once, as on one machine
+                    announced.add(event.node)
+                if isinstance(event, ev.ExecutionCached):
+                    event = dataclasses.replace(event, nodes=tuple(
+                        n for n in event.nodes if not split.hidden(n)))
                 forward(event)
                 if isinstance(event, (ev.ExecutionError, ev.ExecutionInterrupted)) \
                         and not stopped.is_set():
@@ -496,7 +509,7 @@ class RayPromptQueue(PromptQueue):
 
         def run_part(j: int, x: _Worker) -> None:
             try:
-                results[j] = self._stream(x, item, parts[j][0], part_events(j))
+                results[j] = self._stream(x, item, split.part(j, attempts[j]), part_events(j))
             except ray.exceptions.RayActorError as e:
                 failed.append((j, x, e))
 
@@ -506,18 +519,22 @@ class RayPromptQueue(PromptQueue):
             t.start()
         for t in threads:
             t.join()
+        names = [x.name for x in workers]
         for j, x, e in failed:             # a dead worker's part: again on a live one of ours
             self._mark_dead(x, e, note)
             live = [y for y in workers if y.state == "ready"]
             if not live or item.interrupt.is_set():
                 forward(ev.ExecutionError(pid, exception_message=(
-                    f"worker {x.name} died while running images {parts[j][1]} of this "
+                    f"worker {x.name} died while running {split.describe(j)} of this "
                     "prompt; no worker of this prompt is left to run them"),
                     exception_type="WorkerDied"))
                 break
-            forward(ev.Warning(pid, message=f"worker {x.name} died while running images "
-                                            f"{parts[j][1]}; running them again on "
+            forward(ev.Warning(pid, message=f"worker {x.name} died while running "
+                                            f"{split.describe(j)}; running it again on "
                                             f"{live[0].name}"))
+            split.discard(j, attempts[j], self.executor.env)
+            attempts[j] += 1
+            names[j] = live[0].name
             run_part(j, live[0])
         with self._cv:
             for x in workers[1:]:
@@ -525,8 +542,15 @@ class RayPromptQueue(PromptQueue):
                     x.running, x.node = None, None
             self._parts.pop(pid, None)
             self._cv.notify_all()
-        ui = merge_ui([r.ui for r in results if r is not None])
+        ui, note["fan_out"], problem = split.gather(
+            [r.ui if r is not None else None for r in results], self.executor.env, names)
+        for part, had in zip(note["fan_out"], held):
+            part["held_weights"] = had       # affinity: did it hold the weights when split
         ok = all(r is not None and r.status == "success" for r in results)
+        if ok and problem:
+            forward(ev.ExecutionError(pid, exception_message=problem,
+                                      exception_type="FanOutMismatch"))
+            ok = False
         if ok:
             for event in merged_events(pid, ui):
                 forward(event)

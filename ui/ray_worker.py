@@ -23,6 +23,7 @@ from mixgraph.graph.cache import make_cache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.ui.queue import execute
+from mixgraph.ui.ray_fanout import add_nodes
 
 __all__ = ["WorkerOptions", "build_executor", "ExecutorWorker", "WorkerResult", "RayUnavailable",
            "ray_module"]
@@ -78,6 +79,7 @@ def build_executor(options: WorkerOptions) -> Executor:
         if options.custom_nodes is not None:
             from mixgraph.ui.custom_nodes import load_from_args
             load_from_args(SimpleNamespace(**options.custom_nodes), registry, options.env)
+    add_nodes(registry)                  # FanOutListPart, for the parts of a list prompt
     cache = make_cache(**options.cache)
     if options.output_cache is not None:
         from mixgraph.graph.persist import DiskCache, TieredCache
