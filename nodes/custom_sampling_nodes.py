@@ -9,7 +9,7 @@ the MODEL precision exactly as KSampler does; the guider nodes only carry the ha
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, node
+from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, String, node
 from mixgraph.nodes.payloads.sampling import Guidance, Guider, Noise
 from mixgraph.nodes.precision import effective
 from mixgraph.nodes.sampling import ksampler, sampler_presets as presets, sigma_tools
@@ -164,6 +164,12 @@ def SetFirstSigma(sigmas=Socket("SIGMAS"),
                   sigma=Float(136.0, min=0.0, max=20000.0, step=0.001)):
     """Replace the first sigma."""
     return (sigma_tools.set_first_sigma(sigmas, sigma),)
+
+
+@node(category=SIGMAS, outputs=("SIGMAS",))
+def ManualSigmas(sigmas=String("1, 0.5")):
+    """Sigmas typed as a list of numbers (every number in the text, in order)."""
+    return (sigma_tools.manual_sigmas(sigmas),)
 
 
 @node(category=SIGMAS, outputs=("SIGMAS",))

@@ -7,6 +7,7 @@ from mixgraph.nodes import (conditioning, conditioning_extra_nodes, custom_sampl
                             sampling_nodes, save_nodes, upscale_nodes)
 from mixgraph.nodes import deep_shrink_nodes, ip2p_nodes, preview_any_nodes, rebatch_nodes  # noqa: F401
 from mixgraph.nodes import stable3d_nodes  # noqa: F401
+from mixgraph.nodes import guidance_extra_nodes, tile_nodes  # noqa: F401
 from mixgraph.nodes import upscale_diffusion_nodes  # noqa: F401
 from mixgraph.nodes import persistable  # noqa: F401  (declares the payloads the output cache keeps)
 from mixgraph.nodes import clip_vision_nodes, gligen_nodes, sampler_extra_nodes, token_patch_nodes  # noqa: F401

@@ -10,6 +10,9 @@ A MODEL handle carries them in ``sampler_patches``; ``CFGDenoiser`` hands each e
 * "pre_cfg":  ``pre(a) -> (cond, uncond)`` rewrites the two predictions before the CFG formula,
               in patch order (ComfyUI's ``sampler_pre_cfg_function``); skipped when the negative
               was not evaluated (cfg = 1).
+* "cfg_scale": ``scale(sigma: float, cfg: float) -> float`` replaces the guider's cfg at that
+              sigma, in patch order (ComfyUI's CFGOverride wrapper; see ``cfg_at``); it also
+              decides the cfg = 1 shortcut.
 * "denoise_mask": ``mask(sigma, mask, sigmas, model_sampling) -> Tensor`` rewrites the inpaint
               noise mask before each model call (ComfyUI's ``denoise_mask_function``); applied by
               ``ksampler.InpaintDenoiser``, never by ``guide``.
@@ -35,7 +38,7 @@ from torch import Tensor
 
 from mixgraph.nodes.models.unet_patches import AttentionRecorder, IdentityAttention
 
-__all__ = ["GuidanceArgs", "guide", "RescaleCFG", "CFGZeroStar", "PerturbedAttentionGuidance", "APG",
+__all__ = ["GuidanceArgs", "guide", "cfg_at", "RescaleCFG", "CFGZeroStar", "PerturbedAttentionGuidance", "APG",
            "TangentialDampingCFG", "SelfAttentionGuidance", "DifferentialDiffusion", "needs_uncond",
            "denoise_mask_patches", "gaussian_blur_2d", "sag_blur_map"]
 
@@ -54,10 +57,23 @@ class GuidanceArgs:
     # per-sampling-run state, owned by the denoiser; keyed by patch
     state: dict = field(default_factory=dict)
     has_uncond: bool = True  # False when cfg = 1 skipped the negative (uncond_denoised is zeros)
+    # x0 of another CONDITIONING (a tuple of Cond, treated as a negative prompt) at x
+    evaluate_conds: Callable[[Sequence], Tensor] | None = None
 
 
 def needs_uncond(patches: Sequence) -> bool:
     return any(getattr(p, "needs_uncond", False) for p in patches)
+
+
+def cfg_at(patches: Sequence, sigma, cfg: float) -> float:
+    """The cfg the guider uses at ``sigma`` (a float or a [B] tensor; its first entry counts)."""
+    stages = [p for p in patches if p.stage == "cfg_scale"]
+    if not stages:
+        return cfg
+    s = float(torch.as_tensor(sigma).reshape(-1)[0])
+    for p in stages:
+        cfg = p.scale(s, cfg)
+    return cfg
 
 
 def denoise_mask_patches(patches: Sequence) -> tuple:

@@ -24,6 +24,7 @@ import math
 import torch
 
 from mixgraph.nodes.payloads.sampling import Guidance
+from .cfg_patches import cfg_at
 from .parameterization import CFGDenoiser, CondDenoiser, ModelSampling
 
 __all__ = ["DualCFGDenoiser", "PerpNegDenoiser", "build_denoiser", "perp_neg"]
@@ -83,12 +84,13 @@ class PerpNegDenoiser(CondDenoiser):
 
     def _predict(self, x, sigma, all_lists: bool):
         neg, empty = self.negative, self.empty
+        cfg = cfg_at(getattr(self.model, "sampler_patches", ()), sigma, self.cfg)  # CFGOverride
         if not all_lists and math.isclose(self.neg_scale, 0.0):
             neg = None
-            if math.isclose(self.cfg, 1.0):
+            if math.isclose(cfg, 1.0):
                 empty = None
         p, n, e = _zeros_for_skipped(self, x, sigma, [self.positive, neg, empty])
-        return perp_neg(p, n, e, self.neg_scale, self.cfg), n
+        return perp_neg(p, n, e, self.neg_scale, cfg), n
 
     def __call__(self, x, sigma, seed=None, **_):
         return self._predict(x, sigma, all_lists=False)[0]

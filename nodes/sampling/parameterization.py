@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from mixgraph.nodes.models.gligen import grounding_patch
 from mixgraph.nodes.models.resize import center_crop
 from mixgraph.nodes.payloads.conditioning import Cond, Control
-from .cfg_patches import GuidanceArgs, guide, needs_uncond
+from .cfg_patches import GuidanceArgs, cfg_at, guide, needs_uncond
 from .schedule_continuous import ContinuousSchedule
 from .schedules import DiscreteSchedule
 
@@ -480,6 +480,16 @@ class CondDenoiser:
                             mult.narrow(2 + dim, size - 1 - t, 1).mul_(f)
         return inp, mult, area
 
+    def extra_list(self, conds: Sequence[Cond], negative: bool = True) -> list[_Entry]:
+        """Another CONDITIONING resolved against this latent as a negative-prompt list (for
+        patches that evaluate a third prompt, e.g. PerpNeg); resolved once per run."""
+        cache = self.__dict__.setdefault("_extra_lists", {})
+        key = (id(conds), negative)
+        if key not in cache:
+            resolved = [resolve_area_and_mask(c, self.latent_hw, self.device) for c in conds]
+            cache[key] = (conds, [self._resolve(c, negative=negative) for c in resolved])
+        return cache[key][1]
+
     def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor, unet_patches=()):
         """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch);
         ``unet_patches``: forward-time UNet patches for these evaluations only."""
@@ -597,24 +607,26 @@ class CFGDenoiser(CondDenoiser):
         self._skip_cfg1 = not needs_uncond(self.sampler_patches)
 
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_) -> torch.Tensor:
-        if self._skip_cfg1 and math.isclose(self.cfg, 1.0):
+        cfg = cfg_at(self.sampler_patches, sigma, self.cfg)
+        if self._skip_cfg1 and math.isclose(cfg, 1.0):
             (cond,) = self.calc_cond_batch([self.positive], x, sigma)
             if self.sampler_patches:
-                return self._guide(x, sigma, cond, torch.zeros_like(cond), has_uncond=False)
+                return self._guide(x, sigma, cond, torch.zeros_like(cond), cfg, has_uncond=False)
             return cond
         cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
         if self.sampler_patches:
-            return self._guide(x, sigma, cond, uncond)
-        return uncond + (cond - uncond) * self.cfg
+            return self._guide(x, sigma, cond, uncond, cfg)
+        return uncond + (cond - uncond) * cfg
 
     def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
         """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
         cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+        cfg = cfg_at(self.sampler_patches, sigma, self.cfg)
         if self.sampler_patches:
-            return self._guide(x, sigma, cond, uncond), uncond
-        return uncond + (cond - uncond) * self.cfg, uncond
+            return self._guide(x, sigma, cond, uncond, cfg), uncond
+        return uncond + (cond - uncond) * cfg, uncond
 
-    def _guide(self, x, sigma, cond, uncond, has_uncond: bool = True) -> torch.Tensor:
+    def _guide(self, x, sigma, cond, uncond, cfg: float, has_uncond: bool = True) -> torch.Tensor:
         """The model's sampler patches (sampling/cfg_patches.py) in place of the CFG formula."""
         def evaluate(unet_patches):
             return self.calc_cond_batch([self.positive], x, sigma, unet_patches)[0]
@@ -622,6 +634,9 @@ class CFGDenoiser(CondDenoiser):
         def evaluate_negative(x_in, unet_patches):
             return self.calc_cond_batch([self.negative], x_in, sigma, unet_patches)[0]
 
-        args = GuidanceArgs(x, sigma, self.cfg, cond, uncond, evaluate, evaluate_negative,
-                            self.patch_state, has_uncond)
+        def evaluate_conds(conds):
+            return self.calc_cond_batch([self.extra_list(conds)], x, sigma)[0]
+
+        args = GuidanceArgs(x, sigma, cfg, cond, uncond, evaluate, evaluate_negative,
+                            self.patch_state, has_uncond, evaluate_conds)
         return guide(self.sampler_patches, args)

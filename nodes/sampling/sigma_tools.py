@@ -9,6 +9,7 @@ The nine KSampler schedulers live in ``schedules.py``; this module reuses them.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ __all__ = [
     "extend_intermediate_sigmas",
     "EXTEND_SPACINGS",
     "percent_to_sigma",
+    "manual_sigmas",
 ]
 
 
@@ -174,6 +176,23 @@ def flip_sigmas(sigmas: torch.Tensor) -> torch.Tensor:
     if out[0] == 0:
         out[0] = 0.0001
     return out
+
+
+_NUMBER = re.compile(r"[-+]?\d*\.*\d+")  # ComfyUI ManualSigmas' number pattern
+
+
+def manual_sigmas(text: str) -> torch.Tensor:
+    """The numbers in ``text``, in order, as SIGMAS (ComfyUI's ManualSigmas: every match of an
+    optional sign, digits, dots, digits; anything else separates, so "1e-3" reads as 1, −3).
+    A match that is not a number (such as "1..5") is an error naming it."""
+    values = []
+    for m in _NUMBER.findall(text):
+        try:
+            values.append(float(m))
+        except ValueError:
+            raise ValueError(f"input 'sigmas': {m!r} is not a number (write sigmas as "
+                             f"comma-separated decimals, e.g. \"14.61, 7.0, 0\")") from None
+    return torch.tensor(values, dtype=torch.float32)
 
 
 def set_first_sigma(sigmas: torch.Tensor, sigma: float) -> torch.Tensor:

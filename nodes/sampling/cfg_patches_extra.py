@@ -1,0 +1,150 @@
+"""More sampler patches in the contract of ``cfg_patches.py`` (stages "pre_cfg", "cfg",
+"post_cfg", "cfg_scale"): ComfyUI's CFGNorm (nodes_cfg.py), Mahiro (nodes_mahiro.py), FreSca
+(nodes_fresca.py), the deprecated PerpNeg model patch (nodes_perpneg.py) and CFGOverride
+(nodes_custom_sampler.py).
+
+All tensors are x0 (denoised) predictions [B, C, H, W] unless a docstring says noise space
+(x − x0, what ComfyUI hands a ``sampler_cfg_function`` as "cond"/"uncond").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .cfg_patches import GuidanceArgs
+from .guidance import perp_neg
+
+__all__ = ["CFGNorm", "CFGNormPreCFG", "Mahiro", "FreSca", "fourier_filter", "PerpNegPatch",
+           "CFGOverride"]
+
+
+@dataclass(frozen=True)
+class CFGNorm:
+    """ComfyUI's CFGNorm (post-CFG): the guided x0 is scaled, per pixel, by
+    min(1, ‖cond‖ / (‖guided‖ + 1e-8)) (norms over channels), then by ``strength``. With
+    strength ≤ 1 it can only attenuate; above 1 a non-finite result is an error, not a black
+    image (ComfyUI raises too)."""
+
+    strength: float
+    stage: str = "post_cfg"
+
+    def post(self, a: GuidanceArgs, denoised: Tensor) -> Tensor:
+        scale = (a.cond_denoised.norm(dim=1, keepdim=True) / (denoised.norm(dim=1, keepdim=True) + 1e-8))
+        out = denoised * scale.clamp(0.0, 1.0) * self.strength
+        if self.strength > 1.0 and not torch.isfinite(out).all():
+            raise RuntimeError(f"CFGNorm: strength={self.strength} made the denoised prediction "
+                               f"non-finite (values above 1 amplify the prediction on every step); "
+                               f"use a strength of at most 1")
+        return out
+
+
+@dataclass(frozen=True)
+class CFGNormPreCFG:
+    """CFGNorm with ``pre_cfg``: replaces the CFG formula. In noise space (ε = x − x0) the combined
+    ε_cfg = ε_u + s·(ε_c − ε_u) is rescaled per pixel to ‖ε_c‖ (norms over channels; left as is
+    where ‖ε_cfg‖ = 0), without clamping, then blended with ε_cfg by ``strength``."""
+
+    strength: float
+    stage: str = "cfg"
+
+    def combine(self, a: GuidanceArgs) -> Tensor:
+        cond, uncond = a.x - a.cond_denoised, a.x - a.uncond_denoised
+        comb = uncond + a.cond_scale * (cond - uncond)
+        cond_norm = torch.linalg.vector_norm(cond, dim=1, keepdim=True)
+        comb_norm = torch.linalg.vector_norm(comb, dim=1, keepdim=True)
+        ratio = torch.where(comb_norm > 0, cond_norm / comb_norm.clamp_min(1e-12), torch.ones_like(comb_norm))
+        eps = comb * ratio
+        if self.strength != 1.0:
+            eps = self.strength * eps + (1.0 - self.strength) * comb
+        return a.x - eps
+
+
+@dataclass(frozen=True)
+class Mahiro:
+    """ComfyUI's Mahiro (post-CFG): leans the guided x0 toward the "naive leap" s·cond. With
+    m = (s·cond + cfg)/2 and the signed square roots √|v|·sign(v) of s·uncond and m, their cosine
+    similarity over channels averaged over pixels and batch gives w = 2·(sim + 1) ∈ [0, 4]; the
+    result is (w·cfg + (4 − w)·s·cond)/4."""
+
+    stage: str = "post_cfg"
+
+    def post(self, a: GuidanceArgs, denoised: Tensor) -> Tensor:
+        leap = a.cond_denoised * a.cond_scale
+        u_leap = a.uncond_denoised * a.cond_scale
+        merge = (leap + denoised) / 2
+        norm_u = torch.sqrt(u_leap.abs()) * u_leap.sign()
+        norm_m = torch.sqrt(merge.abs()) * merge.sign()
+        w = 2 * (F.cosine_similarity(norm_u, norm_m, dim=1).mean() + 1)
+        return (w * denoised + (4 - w) * leap) / 4
+
+
+def fourier_filter(x: Tensor, scale_low: float, scale_high: float, freq_cutoff: int) -> Tensor:
+    """FreSca's filter (Huang et al. 2025, "FreSca: Unveiling the Scaling Space in Diffusion
+    Models"): the centred 2-D spectrum of x [B, C, H, W] is scaled by ``scale_low`` inside the
+    box of ±min(freq_cutoff, n//2) bins around the centre of each spatial axis and by
+    ``scale_high`` outside; computed in float32, returned in x's dtype."""
+    spec = torch.fft.fftshift(torch.fft.fftn(x.to(torch.float32), dim=(-2, -1)), dim=(-2, -1))
+    mask = torch.full(spec.shape, float(scale_high), device=x.device)
+    box = mask
+    for dim in (-2, -1):
+        centre = spec.shape[dim] // 2
+        half = min(int(freq_cutoff), centre)
+        box = box.narrow(dim, centre - half, 2 * half)
+    box.fill_(float(scale_low))
+    out = torch.fft.ifftn(torch.fft.ifftshift(spec * mask, dim=(-2, -1)), dim=(-2, -1)).real
+    return out.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class FreSca:
+    """ComfyUI's FreSca (pre-CFG): the guidance cond − uncond goes through ``fourier_filter``;
+    the conditional prediction becomes uncond + filtered guidance."""
+
+    scale_low: float
+    scale_high: float
+    freq_cutoff: int
+    stage: str = "pre_cfg"
+
+    def pre(self, a: GuidanceArgs) -> tuple[Tensor, Tensor]:
+        g = fourier_filter(a.cond_denoised - a.uncond_denoised, self.scale_low, self.scale_high,
+                           self.freq_cutoff)
+        return a.uncond_denoised + g, a.uncond_denoised
+
+
+@dataclass(frozen=True, eq=False)
+class PerpNegPatch:
+    """ComfyUI's deprecated PerpNeg model patch: replaces the CFG formula by Perp-Neg (Armandpour
+    et al. 2023, the ``guidance.perp_neg`` combination PerpNegGuider uses) with the empty prompt
+    ``empty`` (a CONDITIONING) evaluated at every step as a third prediction. Compared by
+    identity (it holds tensors)."""
+
+    empty: tuple
+    neg_scale: float
+    stage: str = "cfg"
+
+    def combine(self, a: GuidanceArgs) -> Tensor:
+        if a.evaluate_conds is None:
+            raise NotImplementedError("PerpNeg: this guider cannot evaluate an extra conditioning; "
+                                      "use PerpNegGuider")
+        empty = a.evaluate_conds(self.empty)
+        return perp_neg(a.cond_denoised, a.uncond_denoised, empty, self.neg_scale, a.cond_scale)
+
+
+@dataclass(frozen=True)
+class CFGOverride:
+    """ComfyUI's CFGOverride: the guider's cfg is ``cfg`` at the steps whose sigma lies in
+    (sigma_low, sigma_high] (the node's end and start percent); with several overrides the last
+    one applied to the model (the one nearest the sampler) wins where they overlap. The override
+    also decides the cfg = 1 shortcut, as in ComfyUI."""
+
+    cfg: float
+    sigma_high: float
+    sigma_low: float
+    stage: str = "cfg_scale"
+
+    def scale(self, sigma: float, cfg: float) -> float:
+        return self.cfg if self.sigma_low < sigma <= self.sigma_high else cfg
