@@ -245,3 +245,21 @@ def test_matchtype_long_chain_resolves_without_recursion():
     wf["end"] = call("ShowStr", text=["2999", 0])
     (p,) = check(wf).errors
     assert p.node_id == "end" and "received_type(INT)" in p.details
+
+
+def test_ui_format_maps_grown_members_and_widgets():
+    ui = {"nodes": [
+        {"id": 1, "type": "IntConst", "mode": 0, "inputs": [], "widgets_values": [4],
+         "outputs": [{"name": "INT", "type": "INT", "links": [1, 2]}]},
+        {"id": 2, "type": "JoinNamed", "mode": 0, "widgets_values": ["+"],
+         "inputs": [{"name": "values.x", "type": "*", "link": 1},
+                    {"name": "values.y", "type": "*", "link": 2},
+                    {"name": "values.z", "type": "*", "link": None}],
+         "outputs": [{"name": "STRING", "type": "STRING", "links": [3]}]},
+        {"id": 3, "type": "ShowStr", "mode": 0, "widgets_values": [],
+         "inputs": [{"name": "text", "type": "STRING", "link": 3}], "outputs": []}],
+        "links": [[1, 1, 0, 2, 0, "INT"], [2, 1, 0, 2, 1, "INT"], [3, 2, 0, 3, 0, "STRING"]]}
+    prompt = load_workflow(ui, REG).prompt
+    assert set(prompt["2"].inputs) == {"values.x", "values.y", "sep"}
+    assert prompt["2"].inputs["sep"] == "+"
+    assert validate(prompt, REG).clean
