@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from mixgraph.graph.dynamic import output_types
 from mixgraph.graph.spec import Input, NodeSpec
 
 
@@ -40,6 +41,10 @@ def option_keys(inp: Input) -> dict[str, Any]:
         opts["tooltip"] = inp.tooltip
     if inp.lazy:
         opts["lazy"] = True
+    if inp.match is not None:   # dynamic sockets: graph/dynamic.py
+        opts["template"] = inp.match.info()
+    if inp.grow is not None:
+        opts["template"] = inp.grow.info(input_entry(inp.grow.template))
     return opts
 
 
@@ -118,6 +123,7 @@ def render_spec(spec: NodeSpec, env: Any = None) -> dict:
         "output": [o.type for o in spec.outputs],
         "output_is_list": [o.is_list for o in spec.outputs],
         "output_name": [o.name for o in spec.outputs],
+        **({"output_matchtypes": matchtypes} if (matchtypes := output_types(spec)) else {}),
         "name": spec.name,
         "display_name": spec.display_name or spec.name,
         "description": spec.description,

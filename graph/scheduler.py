@@ -39,6 +39,7 @@ from mixgraph.graph.aio import gather_calls
 from mixgraph.graph.blocker import ExecutionBlocker
 from mixgraph.graph.cache import walk_tensors
 from mixgraph.graph.context import Context, Interrupted
+from mixgraph.graph.dynamic import group, grows_of, member_names
 from mixgraph.graph.expand import expansion
 from mixgraph.graph.lists import Elements, call_kwargs, find_blocker, merge_results, merge_ui
 from mixgraph.graph.node import Result
@@ -60,7 +61,7 @@ class NodePlan:
     __slots__ = ("spec", "fn", "names", "defaults", "hidden", "model_types", "n_out", "unique_id",
                  "wants_ctx", "deterministic", "fingerprint", "version", "class_type",
                  "key_header", "lazy", "check_lazy", "input_is_list", "list_out", "any_list_out",
-                 "output_node", "required", "out_types")
+                 "output_node", "required", "out_types", "grows")
 
     def __init__(self, spec: NodeSpec, key_header: str):
         self.spec = spec
@@ -69,7 +70,10 @@ class NodePlan:
         self.names = tuple(n for n, _ in spec.inputs)
         # An absent input gets its declared default (optional sockets: None).
         self.defaults = {n: (i.default if i.has_default else None) for n, i in spec.inputs}
-        self.required = tuple(n for n, i in spec.inputs if not i.optional and not i.has_default)
+        self.required = tuple(n for n, i in spec.inputs
+                              if not i.optional and not i.has_default and i.grow is None)
+        # autogrow groups (graph.dynamic): members arrive as `<name>.<member>`, the body gets a dict
+        self.grows = grows_of(spec)
         self.hidden = tuple((n, h.kind) for n, h in spec.hidden)
         self.unique_id = any(k == "UNIQUE_ID" for _, k in self.hidden)
         self.model_types = spec.precision_types   # sorted; the precision part of the cache key
@@ -254,6 +258,9 @@ class Scheduler:
         names = plan.names
         if plan.spec.extra_inputs:   # undeclared links, validated, for a **kwargs function
             names = names + tuple(n for n, x in call.items() if type(x) is Link and n not in names)
+        if plan.grows:
+            grown = dict(plan.grows)
+            names = tuple(n for n in names if n not in grown) + tuple(member_names(plan.grows, call))
         for name in names:
             x = call.get(name, _MISSING)
             if x is _MISSING:
@@ -304,7 +311,7 @@ class Scheduler:
         try:
             for kw in call_kwargs(self._with_hidden(nid, plan, dict(kwargs)), listed or (),
                                   plan.input_is_list):
-                r = plan.check_lazy(**kw)
+                r = plan.check_lazy(**(group(kw, plan.grows) if plan.grows else kw))
                 if inspect.isawaitable(r):
                     r = self.ex.aio.submit(r).result()
                 if isinstance(r, (list, tuple)):
@@ -359,7 +366,7 @@ class Scheduler:
                 kw[p] = [value] if plan.input_is_list else value
             if ctx is not None:
                 kw["ctx"] = ctx
-            raws.append(fn(**kw))
+            raws.append(fn(**(group(kw, plan.grows) if plan.grows else kw)))
         if n_blocked and n_blocked == len(kw_list):
             self.blocked.add(nid)
         return raws, ctx

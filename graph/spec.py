@@ -41,6 +41,10 @@ class Input:
     force_input: bool = False  # a widget type that must be linked (e.g. a STRING socket)
     # a linked lazy input is evaluated only when the node's `check_lazy_status` asks for it
     lazy: bool = False
+    # dynamic sockets (graph/dynamic.py): `match`, a `MatchTemplate` this socket's type follows
+    # (type "COMFY_MATCHTYPE_V3"); `grow`, a `Grow`: the auto-growing inputs this one stands for
+    match: Any = None
+    grow: Any = None
 
     @property
     def has_default(self) -> bool:
@@ -72,6 +76,7 @@ class Output:
     type: str
     name: str
     is_list: bool = False
+    match: Any = None  # a `graph.dynamic.MatchTemplate`: the output has its inputs' resolved type
 
 
 @dataclass(frozen=True)

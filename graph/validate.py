@@ -41,6 +41,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from mixgraph.graph.dynamic import TypeResolver, check_literal, check_templates, expand_inputs, is_dynamic
 from mixgraph.graph.plan import components, links_of, needed_in_order, topological, walk
 from mixgraph.graph.prompt import BadLink, Link, NodeCall
 from mixgraph.graph.registry import input_entry
@@ -274,6 +275,14 @@ class _NodeChecker:
         # validators taking `input_types` (ComfyUI's VALIDATE_INPUTS rule): they get the linked
         # inputs' received types, and judge link types themselves
         self._typed: set[str] = set()
+        self._dynamic: dict[str, bool] = {}   # per class: has MatchType / autogrow sockets
+        self._resolver: TypeResolver | None = None
+
+    @property
+    def resolver(self) -> TypeResolver:
+        if self._resolver is None:
+            self._resolver = TypeResolver(self.prompt, self.specs, Link)
+        return self._resolver
 
     def options(self, spec: NodeSpec, name: str, inp: Input) -> list:
         key = (spec.name, name)
@@ -319,8 +328,17 @@ class _NodeChecker:
         problems: list[Problem] = []
         linked: list[str] = []
         prompt, specs, given = self.prompt, self.specs, call.inputs
+        dynamic = self._dynamic.get(spec.name)
+        if dynamic is None:
+            dynamic = self._dynamic[spec.name] = is_dynamic(spec)
+        declared = spec.inputs
+        if dynamic:   # autogrow groups become their given (and required) members
+            declared, unknown = expand_inputs(spec, given)
+            for name, why in unknown:
+                problems.append(_problem(nid, call, _fail(
+                    "invalid_input_type", why, name, name)))
 
-        for name, inp in spec.inputs:
+        for name, inp in declared:
             v = given.get(name, _MISSING)
             if v is _MISSING:
                 if not inp.optional:
@@ -356,6 +374,12 @@ class _NodeChecker:
                 else:
                     problems.append(_problem(nid, call, value))
 
+        if dynamic:   # each MatchType template: allowed types, one type for all its inputs
+            for name, tid, kind, expected, why in check_templates(nid, spec, got, self.resolver):
+                problems.append(_problem(nid, call, _fail(
+                    "return_type_mismatch", "Return type mismatch between linked nodes",
+                    f"{why} (received_type({kind}) mismatch input_type({expected}))", name,
+                    received_type=kind, template_id=tid)))
         if spec.extra_inputs:   # undeclared links reach **kwargs; undeclared literals do not
             declared = spec.input_map
             for name, v in given.items():
@@ -408,7 +432,10 @@ class _NodeChecker:
                          f"node {v.node_id} ({up.name}), which has {len(up.outputs)} output(s)",
                          name, name, linked_node=[v.node_id, v.slot])
         received = up.outputs[v.slot].type
-        if not types_match(received, inp.type) and spec.name not in self._typed:
+        if up.outputs[v.slot].match is not None:   # a MatchType output: its resolved type
+            received = self.resolver.output_type(v.node_id, v.slot)
+        if not types_match(received, "*" if inp.match is not None else inp.type) \
+                and spec.name not in self._typed:
             return _fail("return_type_mismatch", "Return type mismatch between linked nodes",
                          f"{name}, received_type({received}) mismatch input_type({inp.type})", name,
                          input_config=self.config(spec, name, inp), received_type=received,
@@ -418,6 +445,12 @@ class _NodeChecker:
     def _check_literal(self, v, name, inp, spec, claimed) -> tuple[bool, Any]:
         """(True, coerced value), or (False, the problem (`_fail`))."""
         kind = inp.type
+        if inp.match is not None or "," in kind:   # MatchType / union sockets (graph.dynamic)
+            why = check_literal(v, inp)
+            if why is None:
+                return True, v
+            return False, _fail("invalid_input_type", f"Input '{name}': {why}",
+                                f"{name}, {_shown(v)!r}", name, received_value=_shown(v))
         if kind not in WIDGET_TYPES and kind != "*":
             return False, _fail("invalid_input_type", f"Input '{name}' takes a {kind} from another "
                                 f"node's output, not a literal value", f"{name}, {_shown(v)!r}",

@@ -6,7 +6,10 @@ RegexExtract empty (as in ComfyUI), while RegexReplace lets the error through to
 
 from __future__ import annotations
 
+import json
 import re
+import string
+from typing import Any
 
 CASES = ("UPPERCASE", "lowercase", "Capitalize", "Title Case")
 TRIMS = ("Both", "Left", "Right")
@@ -89,3 +92,40 @@ def regex_extract(s: str, pattern: str, mode: str, fl: int, group_index: int) ->
 
 def regex_replace(s: str, pattern: str, replacement: str, fl: int, count: int) -> str:
     return re.sub(pattern, replacement, s, count=count, flags=fl)
+
+
+class _SafeFormatter(string.Formatter):
+    """str.format without private attributes: `{a.__class__}`-style fields could reach module
+    globals through a value's methods, so a field part starting with `_` is refused."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        parts = re.split(r"[.\[\]]", field_name)
+        if any(p.startswith("_") for p in parts if p):
+            raise ValueError(f"format field {{{field_name}}}: names starting with '_' are not allowed")
+        return super().get_field(field_name, args, kwargs)
+
+
+def format_string(f_string: str, values: dict[str, Any]) -> str:
+    """StringFormat: Python's str.format with the named inputs (every format spec and
+    conversion; attribute and index lookups, but no private names)."""
+    return _SafeFormatter().vformat(f_string, (), values)
+
+
+def json_extract(json_string: str, key: str) -> str:
+    """JsonExtractString: `key` of the first JSON object found in the text (Markdown fences and
+    prose around it are skipped); "" when there is none or the key is missing/null; other values
+    as Python's str() shows them, as ComfyUI does."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", json_string):
+        try:
+            data, _ = decoder.raw_decode(json_string, match.start())
+        except json.JSONDecodeError:
+            continue
+        value = data.get(key)
+        return "" if value is None else str(value)
+    return ""
+
+
+def dump_json(value: Any, indent: int) -> str:
+    """ConvertDictionaryToString / ConvertArrayToString: JSON, non-ASCII kept; indent 0 = one line."""
+    return json.dumps(value, ensure_ascii=False, indent=indent or None)

@@ -1,0 +1,315 @@
+"""Dynamic sockets: ComfyUI's MatchType sockets and auto-growing inputs (V3 `io.MatchType`,
+`io.Autogrow`).
+
+* **MatchType** (`MatchTemplate`, `match_input`, `match_output`): sockets that share a template
+  take whatever type is connected to them. Validation resolves the template per node: every input
+  of one template must receive one type (a literal counts as INT / FLOAT / STRING / BOOLEAN), that
+  type must be among the template's allowed types (`*`: any), and an output of the template then
+  carries it, so the consumer's input is checked against the real type, through any chain of
+  MatchType nodes (`TypeResolver`). ComfyUI leaves this check to its editor; mixgraph makes it on
+  the server as well, so an API prompt gets the same answer as the editor.
+* **Autogrow** (`autogrow`, `Grow`): one declared input stands for a group of inputs named
+  `<input>.<name>`, where the names are `<prefix>0 .. <prefix>{max-1}` or a fixed list (ComfyUI's
+  `TemplatePrefix` / `TemplateNames`); the first `min` are required unless the template input is
+  optional. API prompts carry the dotted names (`"values.value0": [...]`), as ComfyUI's do; the
+  node body gets one dict `{name: value}` in template order, holding the inputs that were given.
+
+object_info shows both as ComfyUI 0.38.1 does, so its web editor draws them: a MatchType input
+is `["COMFY_MATCHTYPE_V3", {..., "template": {"template_id", "allowed_types"}}]`, its output's
+type is `COMFY_MATCHTYPE_V3` with the template id in `output_matchtypes`; an autogrow input is
+`["COMFY_AUTOGROW_V3", {"template": {"input": {"required"|"optional": {name: entry}}, "prefix",
+"min", "max"}}]` (or `"names"`, `"min"`).
+
+Imports only `graph.spec`; the registry, validation and scheduler call in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Sequence
+
+from mixgraph.graph.spec import WIDGET_TYPES, Input, NodeSpec, Output
+
+MATCH_TYPE = "COMFY_MATCHTYPE_V3"
+AUTOGROW_TYPE = "COMFY_AUTOGROW_V3"
+MAX_NAMES = 100   # ComfyUI's Autogrow._MaxNames
+
+
+@dataclass(frozen=True)
+class MatchTemplate:
+    """A MatchType template: the sockets declared with it share one type, among `allowed`."""
+
+    id: str
+    allowed: tuple[str, ...] = ("*",)
+
+    def info(self) -> dict:
+        return {"template_id": self.id, "allowed_types": ",".join(self.allowed)}
+
+    def allows(self, kind: str) -> bool:
+        return "*" in self.allowed or kind == "*" or any(
+            _overlap(kind, a) for a in self.allowed)
+
+
+@dataclass(frozen=True)
+class Grow:
+    """An auto-growing group: `template` is the input each member is, shown under
+    `template_name`; `names` the possible member names, in order; the first `min` are required
+    unless the template is optional. `prefix` is None for a fixed name list."""
+
+    template: Input
+    template_name: str
+    names: tuple[str, ...]
+    min: int
+    prefix: str | None = None
+
+    def info(self, template_entry: list) -> dict:
+        group = "optional" if self.template.optional else "required"
+        out: dict[str, Any] = {"input": {group: {self.template_name: template_entry}}}
+        if self.prefix is not None:
+            out.update(prefix=self.prefix, min=self.min, max=len(self.names))
+        else:
+            out.update(names=list(self.names), min=self.min)
+        return out
+
+    def required(self, i: int) -> bool:
+        return i < self.min and not self.template.optional
+
+
+def match_input(template: MatchTemplate, *, optional: bool = False, lazy: bool = False,
+                tooltip: str | None = None) -> Input:
+    """A socket whose type is whatever its template resolves to (`io.MatchType.Input`)."""
+    return Input(MATCH_TYPE, optional=optional, lazy=lazy, tooltip=tooltip, match=template)
+
+
+def match_output(template: MatchTemplate, name: str = "MATCHTYPE", *, is_list: bool = False) -> Output:
+    """An output carrying its template's resolved type (`io.MatchType.Output`)."""
+    return Output(MATCH_TYPE, name, is_list=is_list, match=template)
+
+
+def autogrow(template: Input, name: str, *, prefix: str | None = None,
+             names: Sequence[str] | None = None, min: int = 1, max: int = 10,
+             optional: bool = False, tooltip: str | None = None) -> Input:
+    """An auto-growing input group (`io.Autogrow.Input` with `TemplatePrefix(prefix, min, max)`
+    or `TemplateNames(names, min)`). `template` is the socket each member is (a widget type is
+    made a socket, as in ComfyUI); `name` is its name inside the object_info template."""
+    if (prefix is None) == (names is None):
+        raise TypeError("autogrow: give exactly one of prefix= or names=")
+    if template.grow is not None:
+        raise TypeError("autogrow: the template cannot itself grow")
+    if template.lazy:
+        raise TypeError("autogrow: lazy members are not supported yet")
+    if template.type in WIDGET_TYPES:
+        template = replace(template, force_input=True)
+    if prefix is not None:
+        if not 1 <= max <= MAX_NAMES or min < 0:
+            raise TypeError(f"autogrow: need 0 <= min and 1 <= max <= {MAX_NAMES}")
+        member_names = tuple(f"{prefix}{i}" for i in range(max))
+    else:
+        member_names = tuple(names)[:MAX_NAMES]
+        if min < 0:
+            raise TypeError("autogrow: need 0 <= min")
+    grow = Grow(template, name, member_names, min, prefix)
+    return Input(AUTOGROW_TYPE, optional=optional, tooltip=tooltip, grow=grow)
+
+
+# --- the members of a node's groups ------------------------------------------------------------
+
+
+def grows_of(spec: NodeSpec) -> tuple[tuple[str, Grow], ...]:
+    return tuple((n, i.grow) for n, i in spec.inputs if i.grow is not None)
+
+
+def is_dynamic(spec: NodeSpec) -> bool:
+    return any(i.grow is not None or i.match is not None for _, i in spec.inputs) or any(
+        o.match is not None for o in spec.outputs)
+
+
+def expand_inputs(spec: NodeSpec, given: dict[str, Any]
+                  ) -> tuple[list[tuple[str, Input]], list[tuple[str, str]]]:
+    """The node's inputs with each group replaced by its members that are given or required, in
+    declaration order, and (name, why) for each given dotted name no group has."""
+    pairs: list[tuple[str, Input]] = []
+    unknown: list[tuple[str, str]] = []
+    for name, inp in spec.inputs:
+        grow = inp.grow
+        if grow is None:
+            pairs.append((name, inp))
+            continue
+        dot = name + "."
+        for i, member in enumerate(grow.names):
+            full = dot + member
+            if full in given or grow.required(i):
+                pairs.append((full, grow.template))
+        known = {dot + m for m in grow.names}
+        for key in given:
+            if key.startswith(dot) and key not in known:
+                shown = (f"{dot}{grow.names[0]} .. {dot}{grow.names[-1]}" if grow.prefix
+                         else ", ".join(dot + m for m in grow.names))
+                unknown.append((key, f"Input '{key}' is not one of this node's inputs: '{name}' "
+                                     f"grows through {shown}"))
+    return pairs, unknown
+
+
+def member_names(grows: Iterable[tuple[str, Grow]], call: dict[str, Any]) -> list[str]:
+    """The dotted names of the group members present in `call`, in template order."""
+    out = []
+    for name, grow in grows:
+        for m in grow.names:
+            full = f"{name}.{m}"
+            if full in call:
+                out.append(full)
+    return out
+
+
+def group(kw: dict[str, Any], grows: Iterable[tuple[str, Grow]]) -> dict[str, Any]:
+    """A body's keywords with the dotted member values gathered into one dict per group."""
+    out = dict(kw)
+    for name, grow in grows:
+        values = {}
+        for m in grow.names:
+            full = f"{name}.{m}"
+            if full in out:
+                values[m] = out.pop(full)
+        out[name] = values
+    return out
+
+
+# --- types ---------------------------------------------------------------------------------------
+
+
+def literal_type(v: Any) -> str:
+    """The socket type a literal value stands for (bool before int: bool is an int in Python)."""
+    if isinstance(v, bool):
+        return "BOOLEAN"
+    if isinstance(v, int):
+        return "INT"
+    if isinstance(v, float):
+        return "FLOAT"
+    if isinstance(v, str):
+        return "STRING"
+    return "*"
+
+
+def check_literal(v: Any, inp: Input) -> str | None:
+    """None when a literal may go to a MatchType or union-typed (`FLOAT,INT`) input, else why not."""
+    if inp.match is not None:
+        return None   # its type joins the template's; `check_templates` judges it
+    kinds = [k.strip() for k in inp.type.split(",")]
+    got = literal_type(v)
+    if got in kinds or "*" in kinds:
+        return None
+    return f"a literal {got} cannot go to an input of type {inp.type}"
+
+
+def _overlap(a: str, b: str) -> bool:
+    if a == b or a == "*" or b == "*":
+        return True
+    return bool({t.strip() for t in a.split(",")} & {t.strip() for t in b.split(",")})
+
+
+class TypeResolver:
+    """Resolved types of outputs in one prompt: a MatchType output has the type its template
+    resolves to on that node, the first concrete type among the inputs of the template (`*` when
+    none), followed through chains of MatchType nodes without recursion."""
+
+    def __init__(self, prompt: dict[str, Any], specs: dict[str, NodeSpec], link_type: type):
+        self.prompt, self.specs, self.link_type = prompt, specs, link_type
+        self._memo: dict[tuple[str, str], str] = {}
+
+    def output_type(self, nid: str, slot: int) -> str | None:
+        spec = self.specs.get(nid)
+        if spec is None or not 0 <= slot < len(spec.outputs):
+            return None
+        out = spec.outputs[slot]
+        return out.type if out.match is None else self.template_type(nid, out.match.id)
+
+    def sources(self, nid: str, tid: str) -> list[tuple[str, Any]]:
+        """(input name, value) of the inputs of template `tid` given on node `nid`."""
+        spec, given = self.specs[nid], self.prompt[nid].inputs
+        out = []
+        for name, inp in spec.inputs:
+            if inp.match is not None and inp.match.id == tid and name in given:
+                out.append((name, given[name]))
+            elif inp.grow is not None and inp.grow.template.match is not None \
+                    and inp.grow.template.match.id == tid:
+                out += [(f"{name}.{m}", given[f"{name}.{m}"]) for m in inp.grow.names
+                        if f"{name}.{m}" in given]
+        return out
+
+    def value_type(self, v: Any) -> str | tuple[str, str] | None:
+        """A concrete type, an upstream (node, template) still to resolve, or None (bad link)."""
+        if type(v) is not self.link_type:
+            return literal_type(v)
+        spec = self.specs.get(v.node_id)
+        if spec is None or not 0 <= v.slot < len(spec.outputs):
+            return None
+        out = spec.outputs[v.slot]
+        return out.type if out.match is None else (v.node_id, out.match.id)
+
+    def template_type(self, nid: str, tid: str) -> str:
+        memo = self._memo
+        start = (nid, tid)
+        if start in memo:
+            return memo[start]
+        stack, visiting = [start], set()
+        while stack:
+            key = stack[-1]
+            if key in memo:
+                stack.pop()
+                continue
+            found = [self.value_type(v) for _, v in self.sources(*key)]
+            if key not in visiting:
+                visiting.add(key)
+                todo = [f for f in found if isinstance(f, tuple) and f not in memo
+                        and f not in visiting]
+                if todo:
+                    stack.extend(todo)
+                    continue
+            kinds = [memo.get(f, "*") if isinstance(f, tuple) else f for f in found]
+            memo[key] = next((k for k in kinds if k and k != "*"), "*")
+            stack.pop()
+        return memo[start]
+
+
+def check_templates(nid: str, spec: NodeSpec, got: dict[str, Any], resolver: TypeResolver
+                    ) -> list[tuple[str, str, str, str, str]]:
+    """Per template on one node: every received type allowed, and all of them one type.
+    Returns (input name, template id, received type, expected type, why) per problem."""
+    templates: dict[str, MatchTemplate] = {}
+    for _, inp in spec.inputs:
+        t = inp.match or (inp.grow.template.match if inp.grow is not None else None)
+        if t is not None:
+            templates.setdefault(t.id, t)
+    problems = []
+    for tid, template in templates.items():
+        first: tuple[str, str] | None = None
+        for name, _ in resolver.sources(nid, tid):
+            if name not in got:
+                continue   # its own problem is already reported
+            v = got[name]
+            kind = (resolver.output_type(v.node_id, v.slot) if type(v) is resolver.link_type
+                    else literal_type(v))
+            if kind is None or kind == "*":
+                continue
+            if not template.allows(kind):
+                problems.append((name, tid, kind, ",".join(template.allowed),
+                                 f"input '{name}' receives {kind}; template '{tid}' allows "
+                                 f"{', '.join(template.allowed)}"))
+            elif first is None:
+                first = (name, kind)
+            elif not _overlap(kind, first[1]):
+                problems.append((name, tid, kind, first[1],
+                                 f"input '{name}' receives {kind} but '{first[0]}' receives "
+                                 f"{first[1]}; the inputs of template '{tid}' must share one type"))
+    return problems
+
+
+def output_types(spec: NodeSpec) -> list[str | None] | None:
+    """object_info's `output_matchtypes`: the template id per output, None when no output has one."""
+    ids = [o.match.id if o.match is not None else None for o in spec.outputs]
+    return ids if any(i is not None for i in ids) else None
+
+
+__all__ = ["AUTOGROW_TYPE", "MATCH_TYPE", "Grow", "MatchTemplate", "TypeResolver", "autogrow",
+           "check_literal", "check_templates", "expand_inputs", "group", "grows_of", "is_dynamic",
+           "literal_type", "match_input", "match_output", "member_names", "output_types"]

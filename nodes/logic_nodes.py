@@ -1,0 +1,114 @@
+"""ComfyUI 0.38.1's nodes built on dynamic sockets (graph/dynamic.py): nodes_logic.py (switch,
+not/and/or, pass-or-none), nodes_toolkit.py (CreateList), nodes_math.py (ComfyMathExpression)
+and the nodes_string.py nodes mixgraph lacked (StringFormat, JsonExtractString,
+ConvertDictionaryToString, ConvertArrayToString). Names, inputs, defaults and output order are
+ComfyUI's; `Not`/`And`/`Or` use Python truthiness, as ComfyUI does."""
+
+from __future__ import annotations
+
+import string
+
+from mixgraph.graph.dynamic import MatchTemplate, autogrow, match_input, match_output
+from mixgraph.graph.node import Boolean, Int, Output, Socket, String, node
+from mixgraph.graph.spec import Input
+from mixgraph.nodes import text_ops
+from mixgraph.nodes.expression import math_expression
+
+SWITCH = MatchTemplate("switch")
+PASS = MatchTemplate("value")
+LETTERS = tuple(string.ascii_lowercase)
+
+
+def _switch_needs(switch, on_false=None, on_true=None):
+    """Only the chosen branch is evaluated (its input is None until then)."""
+    if switch and on_true is None:
+        return ["on_true"]
+    if not switch and on_false is None:
+        return ["on_false"]
+    return []
+
+
+@node(category="utilities/logic", outputs=(match_output(SWITCH, "output"),),
+      display_name="If/Else Switch", check_lazy_status=_switch_needs)
+def ComfySwitchNode(switch=Boolean(False), on_false=match_input(SWITCH, lazy=True, optional=True),
+                    on_true=match_input(SWITCH, lazy=True, optional=True)):
+    """Passes on_true when switch is true, else on_false; only that branch runs."""
+    return (on_true if switch else on_false,)
+
+
+@node(category="utilities/logic", outputs=("BOOLEAN",), display_name="Not")
+def ComfyNotNode(value=Socket("*")):
+    """Logical NOT operation. Returns true if the value is falsy. Uses Python's rules for truthiness."""
+    return (not value,)
+
+
+@node(category="utilities/logic", outputs=("BOOLEAN",), display_name="And")
+def ComfyAndNode(values=autogrow(Socket("*"), "value", prefix="value", min=1)):
+    """Logical AND operation. Returns true if all of the values are truthy. Uses Python's rules for truthiness."""
+    return (all(values.values()),)
+
+
+@node(category="utilities/logic", outputs=("BOOLEAN",), display_name="Or")
+def ComfyOrNode(values=autogrow(Socket("*"), "value", prefix="value", min=1)):
+    """Logical OR operation. Returns true if any of the values are truthy. Uses Python's rules for truthiness."""
+    return (any(values.values()),)
+
+
+_PASS_TIP = ("Passes the input through, or a default value when input is None/not provided, or "
+             "outputs None when both inputs are None/not provided.")
+
+
+@node(category="utilities/logic", outputs=(match_output(PASS, "output"), ("BOOLEAN", "is_none")),
+      display_name="Pass or None", description=_PASS_TIP)
+def ComfyPassOrNoneNode(anything=match_input(PASS, optional=True, tooltip=_PASS_TIP),
+                        default=match_input(PASS, optional=True, tooltip="Optional fallback value "
+                                            "to use when the input is None/not provided.")):
+    if anything is None:
+        return default, default is None
+    return anything, False
+
+
+@node(category="utilities", outputs=(Output("*", "list", is_list=True),), display_name="Create List",
+      input_is_list=True)
+def CreateList(inputs=autogrow(Socket("*"), "input", prefix="input")):
+    """Every input (each a list of one or more values) joined into one list, in input order."""
+    out: list = []
+    for values in inputs.values():
+        out += values
+    return (out,)
+
+
+@node(category="utilities", outputs=(("FLOAT", "FLOAT"), ("INT", "INT"), ("BOOLEAN", "BOOL")),
+      display_name="Math Expression")
+def ComfyMathExpression(expression=String("a + b", multiline=True),
+                        values=autogrow(Input("FLOAT,INT,BOOLEAN", optional=True), "value",
+                                        names=LETTERS, min=1)):
+    """Evaluates a math expression over the inputs a..z (and `values`, their list)."""
+    return math_expression(expression, values)
+
+
+@node(category="text", outputs=("STRING",), display_name="Format Text")
+def StringFormat(values=autogrow(Socket("*"), "value", names=LETTERS, min=0),
+                 f_string=String("{a}", multiline=True)):
+    """Same as Python's string format method. Supports all of Python's format options and features."""
+    return (text_ops.format_string(f_string, values),)
+
+
+@node(category="text", outputs=("STRING",), display_name="Extract Text from JSON")
+def JsonExtractString(json_string=String(multiline=True), key=String()):
+    """Extract a key's value from the first valid JSON object in the text, including Markdown code blocks."""
+    return (text_ops.json_extract(json_string, key),)
+
+
+_INDENT_TIP = "Spaces per indent level. 0 produces compact single-line string."
+
+
+@node(category="text", outputs=("STRING",), display_name="Convert Dictionary to String")
+def ConvertDictionaryToString(dictionary=Socket("DICT"),
+                              indent=Int(2, min=0, max=8, tooltip=_INDENT_TIP)):
+    return (text_ops.dump_json(dictionary, indent),)
+
+
+@node(category="text", outputs=("STRING",), display_name="Convert Array to String")
+def ConvertArrayToString(array=Socket("ARRAY"), indent=Int(2, min=0, max=8, tooltip=_INDENT_TIP)):
+    return (text_ops.dump_json(array, indent),)
