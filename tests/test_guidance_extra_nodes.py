@@ -10,7 +10,6 @@ import torch
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes import guidance_extra_nodes as N
-from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import cfg_patches, cfg_patches_extra as P
@@ -20,6 +19,7 @@ from mixgraph.nodes.sampling.ksampler import sample
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 from mixgraph.nodes.sampling.sigma_tools import manual_sigmas
 from mixgraph.ui import api
+from tests.test_model_patches_guidance import model  # noqa: F401 - fixture
 
 INFO = api.default_registry().object_info()
 F32 = parse_spec("f32")
@@ -142,16 +142,7 @@ def test_manual_sigmas_reads_numbers_as_comfyui():
 
 # --- on a tiny checkpoint -----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def model():
-    import tempfile
-    from pathlib import Path
-
-    from tests.fixtures.checkpoints import write_sd15
-    root = Path(tempfile.mkdtemp())
-    write_sd15(root / "sd15.safetensors", seed=4)
-    m, _, _ = loader.load_checkpoint(root / "sd15.safetensors")
-    return m
+# `model`: the tiny SD 1.5 UNet fixture of the guidance-patch tests
 
 
 def _conds(seed=5):
