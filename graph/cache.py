@@ -7,6 +7,16 @@ not part of it, so an identical subgraph under other ids hits the cache. A node 
 deterministic, or a literal that has no canonical form) is never cached, and neither is anything
 downstream of it. Keys are fixed-size digests, so computing one is O(inputs), never O(ancestors).
 
+Two keys in one. A file fingerprint (`graph.fingerprint.FileFingerprint`) names where the file
+is (path, mtime) and what it holds (size, content hash). The in-memory cache keeps results that
+point at the file (a model handle reads its path later), so its key holds all of it; a result
+written to the persistent cache (`graph.persist`) is plain data and must be found again from a
+copy of the file in another models folder or on another machine, so its key holds only the
+content. A node whose fingerprint holds files, or with an upstream key that is two-part, has a
+32-byte key: the in-memory key (16 bytes, over everything) followed by the content key (16
+bytes, over the content-only fingerprint and the upstream content keys); every other key is 16
+bytes and is both. `persisted_key(key)` is the content part: the last 16 bytes.
+
 `OutputCache` is an LRU over prompts bounded by bytes: its size estimate walks outputs for
 tensors (through dataclasses, tuples, lists, dicts, nn.Modules), and objects may say their own size
 with `__mixgraph_nbytes__()`. ComfyUI's caches count entries, not bytes, and its default mode
@@ -32,9 +42,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from mixgraph.graph.fingerprint import content_only
 from mixgraph.graph.plan import walk
 
-__all__ = ["structural_key", "key_header", "node_key", "canonical_literals", "walk_tensors",
+__all__ = ["structural_key", "key_header", "node_key", "persisted_key", "canonical_literals", "walk_tensors",
            "estimate_nbytes", "CacheEntry", "OutputCache", "LruCountCache", "NoCache",
            "RamPressureCache", "make_cache", "available_ram", "default_budget"]
 
@@ -107,6 +118,22 @@ def node_key(header: str, literals: dict[str, Any] | None,
              links: list[tuple[str, bytes, int]] | None, precision: str = "",
              external: Any = None) -> bytes | None:
     """`structural_key` with the type's `key_header` already made: the executor's hot path."""
+    portable = external
+    if external is not None:
+        portable = content_only(external)
+        if portable is not external:
+            return _two_part_key(header, literals, links, precision, external, portable)
+    if links:
+        for link in links:
+            if len(link[1]) > 16:
+                return _two_part_key(header, literals, links, precision, external, portable)
+    return _one_key(header, literals, links, precision, external)
+
+
+def _one_key(header: str, literals: dict[str, Any] | None,
+             links: list[tuple[str, bytes, int]] | None, precision: str,
+             external: Any) -> bytes | None:
+    """One 16-byte digest of a node call (upstream keys as given)."""
     if literals:
         try:
             lit = _dumps(literals)
@@ -130,6 +157,26 @@ def node_key(header: str, literals: dict[str, Any] | None,
         parts += (_link_prefix(name), key,
                   _SLOTS[slot] if 0 <= slot < 64 else slot.to_bytes(4, "little"))
     return _blake2b(b"".join(parts), digest_size=16).digest()
+
+
+def _two_part_key(header: str, literals: dict[str, Any] | None,
+                  links: list[tuple[str, bytes, int]] | None, precision: str, external: Any,
+                  portable: Any) -> bytes | None:
+    """The in-memory key (upstream keys whole, the full fingerprint) + the content key
+    (upstream content keys, the content-only fingerprint): see the module docstring."""
+    links = links or []
+    memory = _one_key(header, literals, links, precision, external)
+    if memory is None:
+        return None
+    content = _one_key(header, literals, [(n, k[-16:], slot) for n, k, slot in links],
+                       precision, portable)
+    return memory + content
+
+
+def persisted_key(key: bytes) -> bytes:
+    """The part of a key that names content only (a 16-byte key is its own): what the
+    persistent output cache stores results under."""
+    return key[-16:]
 
 
 _bare_heads: dict[str, bytes] = {}

@@ -11,8 +11,10 @@ What is stored: results whose node has a structural key (non-deterministic nodes
 declared output types the codec calls storable (`graph.codec`: the node layer declares
 CONDITIONING, LATENT, IMAGE, MASK), which the codec can encode exactly (no model handle, no
 ControlNet chain, no blocker) and which carry no UI (output nodes re-run, so their files and
-`executed` events are made again). The key is the structural key itself, which already holds the
-resolved precision and the fingerprints of the files a node read.
+`executed` events are made again). The key is the content part of the structural key
+(`graph.cache.persisted_key`): it holds the resolved precision and the size and content hash of
+every file a node read, not where the file lies, so a copy of a checkpoint in another models
+folder or on another machine finds the results made from the original.
 
 Layout of the directory:
 
@@ -50,7 +52,7 @@ from typing import Any, Callable, Iterable
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from mixgraph.graph.cache import CacheEntry, OutputCache
+from mixgraph.graph.cache import CacheEntry, OutputCache, persisted_key
 from mixgraph.graph.codec import CODEC, FORMAT, TreeCodec, Undecodable, Unencodable
 from mixgraph.graph.plan import walk
 
@@ -139,7 +141,8 @@ class DiskCache:
 
     def contains(self, keys: Iterable[bytes]) -> set[bytes]:
         """The keys that have a row (the blobs are not read)."""
-        keys = [k for k in dict.fromkeys(keys) if k is not None]
+        given = [k for k in dict.fromkeys(keys) if k is not None]
+        keys = list(dict.fromkeys(persisted_key(k) for k in given))
         found: set[bytes] = set()
         try:
             with self._lock:
@@ -151,13 +154,14 @@ class DiskCache:
                     found.update(bytes(r[0]) for r in rows)
         except sqlite3.Error as e:
             self._error("lookup", e)
-        return found
+        return {k for k in given if persisted_key(k) in found}
 
     def get(self, key: bytes | None) -> CacheEntry | None:
         """The stored result for `key` (its row marked used now), or None: absent, or its blob
         missing or damaged (then the row is dropped)."""
         if key is None:
             return None
+        key = persisted_key(key)
         t0 = time.perf_counter()
         try:
             return self._get(key)
@@ -207,7 +211,7 @@ class DiskCache:
 
     def touch(self, keys: Iterable[bytes]) -> None:
         """Mark entries most recently used (hits served from memory count too)."""
-        keys = [k for k in keys if k is not None]
+        keys = [persisted_key(k) for k in keys if k is not None]
         if not keys:
             return
         now = time.time()
@@ -232,7 +236,7 @@ class DiskCache:
             return False
         t0 = time.perf_counter()
         try:
-            return self._put(key, outputs, meta)
+            return self._put(persisted_key(key), outputs, meta)
         finally:
             self.counts["write_seconds"] += time.perf_counter() - t0
 

@@ -13,7 +13,9 @@ whose prompts run through its `_run_item` seam on Ray actors instead of the loca
 - **Events.** `ExecutorWorker.run` is a Ray streaming generator: it yields the run's events
   (`graph.events`, previews as tensors) in chunks as they happen, then one `WorkerResult`; the
   front hands each event to the same `on_event` the local path uses, so WebSocket clients and
-  the history see what a local run would send.
+  the history see what a local run would send. What custom node packs send with
+  `PromptServer.instance.send_sync` on a worker comes in the same stream
+  (`ui.client_messages.PackMessage`) and goes to the clients through the front's own sink.
 - **Interrupt.** Actors run with `max_concurrency > 1`: `interrupt(prompt_id)` sets the running
   prompt's event while `run` is busy, so a sampler stops at its next step.
 - **Model affinity.** Each worker reports what its weight store holds, as (file fingerprint,
@@ -47,6 +49,7 @@ from typing import Any, Callable
 
 from mixgraph.graph import events as ev
 from mixgraph.graph.env import Env
+from mixgraph.ui.client_messages import PackMessage, deliver
 from mixgraph.ui.queue import PromptQueue, QueueItem, execute
 from mixgraph.ui.ray_worker import (ExecutorWorker, RayUnavailable, WorkerOptions, WorkerResult,
                                     ray_module)
@@ -440,6 +443,9 @@ class RayPromptQueue(PromptQueue):
             for event in ray.get(ref):
                 if isinstance(event, WorkerResult):
                     result = event
+                    continue
+                if isinstance(event, PackMessage):       # a pack's send_sync on the worker
+                    deliver(event)
                     continue
                 if isinstance(event, ev.Executing):
                     w.node = event.node

@@ -5,7 +5,8 @@ holding a full mixgraph executor, its output cache and its process's weight stor
 environment, node registry (or the node library plus custom-node flags) and cache options; a
 server option that changes executors (a persistent output cache directory, say) goes there.
 `ExecutorWorker.run` is a Ray streaming generator: the run's `graph.events` in chunks as they
-happen, then a `WorkerResult`. The actor runs with `max_concurrency > 1`, so `interrupt`,
+happen (with the `PromptServer.send_sync` messages of custom node packs among them, as
+`ui.client_messages.PackMessage`), then a `WorkerResult`. The actor runs with `max_concurrency > 1`, so `interrupt`,
 `info` and `free` answer while a prompt runs.
 """
 
@@ -22,6 +23,7 @@ from typing import Any, Callable
 from mixgraph.graph.cache import make_cache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
+from mixgraph.ui.client_messages import worker_sink
 from mixgraph.ui.queue import execute
 from mixgraph.ui.ray_fanout import add_nodes
 
@@ -162,10 +164,11 @@ class ExecutorWorker:
             with self._lock:
                 self.current = prompt_id
                 try:
-                    report, status = execute(lambda emit: self.executor.run(
-                        workflow, targets=outputs or None, on_event=emit, interrupt=interrupt,
-                        prompt_id=prompt_id, extra_data=extra_data, strict=False),
-                        prompt_id, events.put)
+                    with worker_sink(events.put, prompt_id):    # packs' send_sync, in order
+                        report, status = execute(lambda emit: self.executor.run(
+                            workflow, targets=outputs or None, on_event=emit,
+                            interrupt=interrupt, prompt_id=prompt_id, extra_data=extra_data,
+                            strict=False), prompt_id, events.put)
                     ui = dict(getattr(report, "ui", None) or {})
                     self.prompts += 1
                     events.put(WorkerResult(status, ui, _held(), _reads()))

@@ -621,7 +621,8 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
         app.router.add_route(method, path, handler)
         app.router.add_route(method, "/api" + path, handler)
     if custom_nodes is not None:
-        custom_node_packs.attach_to_app(app, custom_nodes, server.hub.send)
+        from mixgraph.ui.client_messages import hub_sink
+        custom_node_packs.attach_to_app(app, custom_nodes, hub_sink(server.hub))
     ours = Path(__file__).with_name("web")
     if ours.is_dir():
         app.router.add_static("/extensions/mixgraph", ours)

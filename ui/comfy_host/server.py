@@ -3,8 +3,10 @@
 * `routes`: an aiohttp `RouteTableDef`; what packs add to it is served by `mixgraph serve`
   (also under `/api`, as ComfyUI does), run with the host modules on the import path.
 * `send_sync(event, data, sid)` / `await send(...)`: a WebSocket message to client `sid`, or to
-  every client when `sid` is None (`bytes` data with an int event: a binary frame). Under
-  `mixgraph run` there is no client and messages go nowhere, as in a headless ComfyUI.
+  every client when `sid` is None (`bytes` data with an int event: a binary frame; previews as
+  ComfyUI frames them, `ui.client_messages`). On a Ray worker they reach the front server's
+  clients in order with the prompt's events. Under `mixgraph run` there is no client and
+  messages go nowhere, as in a headless ComfyUI.
 * `client_id`, `last_node_id`, `last_prompt_id`: the running prompt's client, node and id.
 * `add_on_prompt_handler(fn)`: `fn(json_data) -> json_data` on every `POST /prompt` body.
 """
@@ -16,6 +18,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from mixgraph.ui import comfy_runtime as _rt
+from mixgraph.ui.client_messages import progress_text
 
 
 class BinaryEventTypes:
@@ -62,8 +65,8 @@ class PromptServer:
     async def send_json(self, event: Any, data: Any, sid: str | None = None) -> None:
         self.send_sync(event, data, sid)
 
-    def send_progress_text(self, text: str, node_id: str, sid: str | None = None) -> None:
-        self.send_sync("progress_text", {"text": text, "node": node_id}, sid)
+    def send_progress_text(self, text: str | bytes, node_id: str, sid: str | None = None) -> None:
+        self.send_sync(BinaryEventTypes.TEXT, progress_text(text, node_id), sid)
 
     def add_on_prompt_handler(self, handler: Callable[[dict], dict]) -> None:
         self.on_prompt_handlers.append(handler)

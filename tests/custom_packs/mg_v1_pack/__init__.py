@@ -8,6 +8,7 @@ import time
 
 import torch
 from aiohttp import web
+from PIL import Image
 
 import comfy.model_management
 import comfy.utils
@@ -16,7 +17,7 @@ import nodes
 from comfy.comfy_types import IO, ComfyNodeABC, InputTypeDict
 from comfy_execution.graph import ExecutionBlocker
 from comfy_execution.graph_utils import GraphBuilder
-from server import PromptServer
+from server import BinaryEventTypes, PromptServer
 
 WEB_DIRECTORY = "./web"
 CALLS = {"changed": 0, "lazy_b": 0}
@@ -60,6 +61,32 @@ class MgShowText:
     def show(self, text, unique_id=None):
         PromptServer.instance.send_sync("mg.shown", {"node": unique_id, "text": text},
                                         PromptServer.instance.client_id)
+        return {"ui": {"text": [text]}, "result": (text,)}
+
+
+class MgSendMessages:
+    """Sends what packs send over the WebSocket: JSON to the prompt's client and to everyone,
+    a binary frame of its own, an unencoded preview image and progress text."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "hello"})},
+                "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "send"
+    OUTPUT_NODE = True
+    CATEGORY = "mg/text"
+
+    def send(self, text, unique_id=None):
+        server = PromptServer.instance
+        server.send_sync("mg.note", {"node": unique_id, "text": text}, server.client_id)
+        server.send_sync("mg.everyone", {"text": text})
+        server.send_sync(77, text.encode(), server.client_id)
+        image = Image.new("RGB", (32, 16), (255, 0, 0))
+        server.send_sync(BinaryEventTypes.UNENCODED_PREVIEW_IMAGE, ("PNG", image, 8),
+                         server.client_id)
+        server.send_progress_text(text, unique_id, server.client_id)
         return {"ui": {"text": [text]}, "result": (text,)}
 
 
@@ -504,7 +531,7 @@ class MgDecode:
 NODE_CLASS_MAPPINGS = {c.__name__: c for c in (
     MgSleep, MgNumber, MgLazyMix, MgWhileAppend, MgNestedLoop, MgSampleLoop, MgDecode,
     MgLatentStats, MgLazyInternal,
-    MgAppendText, MgShowText, MgHidden, MgScaleLatent, MgEmptyLatent, MgChanged, MgValidate,
-    MgAnyCount, MgAsync, MgFolders, MgNeedsInternals, MgLazyPick, MgCountB, MgJoinList, MgSplit,
-    MgExpandAppend, MgBlockIf)}
+    MgAppendText, MgShowText, MgSendMessages, MgHidden, MgScaleLatent, MgEmptyLatent,
+    MgChanged, MgValidate, MgAnyCount, MgAsync, MgFolders, MgNeedsInternals, MgLazyPick,
+    MgCountB, MgJoinList, MgSplit, MgExpandAppend, MgBlockIf)}
 NODE_DISPLAY_NAME_MAPPINGS = {"MgAppendText": "Append Text (mg)"}
