@@ -42,7 +42,8 @@ class Input:
     # a linked lazy input is evaluated only when the node's `check_lazy_status` asks for it
     lazy: bool = False
     # dynamic sockets (graph/dynamic.py): `match`, a `MatchTemplate` this socket's type follows
-    # (type "COMFY_MATCHTYPE_V3"); `grow`, a `Grow`: the auto-growing inputs this one stands for
+    # (type "COMFY_MATCHTYPE_V3"); `grow`, a `Grow` (the auto-growing inputs this one stands for) or a `DynCombo` (a
+    # DynamicCombo: the chosen option's sub-inputs)
     match: Any = None
     grow: Any = None
 
