@@ -134,6 +134,15 @@ class DynCombo:
                                                  if g in groups}})
         return {"options": out}
 
+    def widget_subs(self, key: Any) -> list[str]:
+        """The chosen option's widget sub-inputs in the editor's `widgets_values` order (right
+        after the combo's own value: required ones, then optional ones)."""
+        chosen = self.option(key)
+        if chosen is None:
+            return []
+        subs = [(i.optional, sub) for sub, i in chosen.inputs if i.is_widget]
+        return [sub for opt, sub in subs if not opt] + [sub for opt, sub in subs if opt]
+
     def present(self, name: str, call: dict[str, Any]) -> list[str]:
         chosen = self.option(call.get(name))
         subs = [f"{name}.{sub}" for sub, _ in chosen.inputs] if chosen is not None else []

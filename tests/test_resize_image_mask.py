@@ -10,6 +10,7 @@ import torch
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
+from mixgraph.graph.prompt import Link
 from mixgraph.graph.validate import validate
 from mixgraph.graph.workflow import load_workflow
 from mixgraph.nodes import resize_ops
@@ -133,3 +134,49 @@ def test_resize_image_mask_validation_names_node_and_sub_input():
     wf["2"]["inputs"]["input"] = ["3", 0]                  # a MASK resized: PreviewImage wants IMAGE
     (p,) = validate(load_workflow(wf, REG).prompt, REG).errors
     assert (p.node_id, p.type) == ("4", "return_type_mismatch") and "MASK" in p.details
+
+
+def _ui(resize_widgets, resize_inputs=(), extra_links=()):
+    return {"nodes": [
+        {"id": 1, "type": "EmptyImage", "mode": 0, "inputs": [], "widgets_values": [16, 8, 1, 0],
+         "outputs": [{"name": "IMAGE", "type": "IMAGE", "links": [1, 3]}]},
+        {"id": 2, "type": "ResizeImageMaskNode", "mode": 0, "widgets_values": resize_widgets,
+         "inputs": [{"name": "input", "type": "COMFY_MATCHTYPE_V3", "link": 1}, *resize_inputs],
+         "outputs": [{"name": "resized", "type": "IMAGE", "links": [2]}]},
+        {"id": 3, "type": "PreviewImage", "mode": 0, "widgets_values": [],
+         "inputs": [{"name": "images", "type": "IMAGE", "link": 2}], "outputs": []}],
+        "links": [[1, 1, 0, 2, 0, "IMAGE"], [2, 2, 0, 3, 0, "IMAGE"], *extra_links]}
+
+
+def test_resize_image_mask_ui_widgets_values_carry_the_chosen_options_widgets():
+    prompt = load_workflow(_ui(["scale dimensions", 100, 50, "disabled", "bicubic"]), REG).prompt
+    assert prompt["2"].inputs == {"input": Link("1", 0), "resize_type": "scale dimensions",
+                                  "resize_type.width": 100, "resize_type.height": 50,
+                                  "resize_type.crop": "disabled", "scale_method": "bicubic"}
+    assert validate(prompt, REG).clean
+    prompt = load_workflow(_ui(["scale by multiplier", 2.0, "area"]), REG).prompt
+    assert prompt["2"].inputs["resize_type.multiplier"] == 2.0
+    assert prompt["2"].inputs["scale_method"] == "area"
+    ui = _ui(["match size", "center", "lanczos"],
+             [{"name": "resize_type.match", "type": "IMAGE,MASK", "link": 3}],
+             [[3, 1, 0, 2, 1, "IMAGE"]])
+    prompt = load_workflow(ui, REG).prompt
+    assert prompt["2"].inputs["resize_type.match"] == Link("1", 0)
+    assert prompt["2"].inputs["resize_type.crop"] == "center"
+    assert prompt["2"].inputs["scale_method"] == "lanczos"
+    assert validate(prompt, REG).clean
+
+
+def test_resize_image_mask_ui_export_writes_the_sub_widgets_after_the_combo():
+    from mixgraph.graph.ui_export import to_ui
+    wf = load_workflow({"1": call("EmptyImage", width=16, height=8, batch_size=1, color=0),
+                        "2": call("ResizeImageMaskNode", input=["1", 0], scale_method="bicubic",
+                                  resize_type="scale dimensions",
+                                  **{"resize_type.width": 100, "resize_type.height": 50,
+                                     "resize_type.crop": "disabled"}),
+                        "3": call("PreviewImage", images=["2", 0])}, REG)
+    ui = to_ui(wf, REG)
+    node = next(n for n in ui["nodes"] if n["type"] == "ResizeImageMaskNode")
+    assert node["widgets_values"] == ["scale dimensions", 100, 50, "disabled", "bicubic"]
+    back = load_workflow(ui, REG).prompt["2"].inputs
+    assert back == wf.prompt["2"].inputs
