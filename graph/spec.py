@@ -115,6 +115,9 @@ class NodeSpec:
     # given (output_tooltips, deprecated, experimental, ...).
     extra_inputs: bool = False
     info_extra: tuple[tuple[str, Any], ...] = ()
+    # ComfyUI V3's `accept_all_inputs`: undeclared inputs, literals as well as links, reach fn
+    # as keywords (CustomCombo's `index` and `option1..N`, which only its editor widget declares)
+    accept_all_inputs: bool = False
     # ComfyUI's INPUT_IS_LIST: every input arrives as a list (literals as 1-element lists) and
     # the body is called once; otherwise list-valued inputs call it once per element.
     input_is_list: bool = False
