@@ -14,11 +14,23 @@
   optional. API prompts carry the dotted names (`"values.value0": [...]`), as ComfyUI's do; the
   node body gets one dict `{name: value}` in template order, holding the inputs that were given.
 
-object_info shows both as ComfyUI 0.38.1 does, so its web editor draws them: a MatchType input
+* **DynamicCombo** (`dynamic_combo`, `Option`, `DynCombo`): a combo whose chosen option brings its
+  own sub-inputs (V3 `io.DynamicCombo`). API prompts carry the choice under the input's name and
+  the chosen option's sub-inputs under `<input>.<sub>` (`"resize_type": "scale by multiplier",
+  "resize_type.multiplier": 2.0`); validation checks the choice against the option keys and then
+  the chosen option's sub-inputs as ordinary inputs (other options' sub-inputs are ignored, as in
+  ComfyUI; a dotted name no option has is an error). The node body gets one dict, ComfyUI's
+  nested shape: `{<input>: key, <sub>: value, ...}`. The choice must be a literal.
+
+object_info shows them as ComfyUI 0.38.1 does, so its web editor draws them: a MatchType input
 is `["COMFY_MATCHTYPE_V3", {..., "template": {"template_id", "allowed_types"}}]`, its output's
 type is `COMFY_MATCHTYPE_V3` with the template id in `output_matchtypes`; an autogrow input is
 `["COMFY_AUTOGROW_V3", {"template": {"input": {"required"|"optional": {name: entry}}, "prefix",
-"min", "max"}}]` (or `"names"`, `"min"`).
+"min", "max"}}]` (or `"names"`, `"min"`); a DynamicCombo input is `["COMFY_DYNAMICCOMBO_V3", {"options": [{"key", "inputs":
+{"required"|"optional": {sub: entry}}}, ...]}]`.
+
+`Input.grow` holds either a `Grow` or a `DynCombo`: both stand for a group of dotted inputs, and
+the scheduler asks them the same three questions (`member_names`, `group`, object_info keys).
 
 Imports only `graph.spec`; the registry, validation and scheduler call in.
 """
@@ -32,6 +44,7 @@ from mixgraph.graph.spec import WIDGET_TYPES, Input, NodeSpec, Output
 
 MATCH_TYPE = "COMFY_MATCHTYPE_V3"
 AUTOGROW_TYPE = "COMFY_AUTOGROW_V3"
+DYNAMIC_COMBO_TYPE = "COMFY_DYNAMICCOMBO_V3"
 MAX_NAMES = 100   # ComfyUI's Autogrow._MaxNames
 
 
@@ -74,6 +87,77 @@ class Grow:
     def required(self, i: int) -> bool:
         return i < self.min and not self.template.optional
 
+    def info_keys(self, entry: Any) -> dict:
+        return {"template": self.info(entry(self.template))}
+
+    def present(self, name: str, call: dict[str, Any]) -> list[str]:
+        return [f"{name}.{m}" for m in self.names if f"{name}.{m}" in call]
+
+    def gather(self, name: str, kw: dict[str, Any]) -> dict[str, Any]:
+        values = {}
+        for m in self.names:
+            full = f"{name}.{m}"
+            if full in kw:
+                values[m] = kw.pop(full)
+        return values
+
+
+@dataclass(frozen=True)
+class Option:
+    """One choice of a DynamicCombo: its key and the sub-inputs it brings, in order."""
+
+    key: str
+    inputs: tuple[tuple[str, Input], ...] = ()
+
+
+@dataclass(frozen=True)
+class DynCombo:
+    """A DynamicCombo's options. The combo's own value is the chosen key; the chosen option's
+    sub-inputs arrive as `<name>.<sub>`."""
+
+    options: tuple[Option, ...]
+
+    @property
+    def keys(self) -> list[str]:
+        return [o.key for o in self.options]
+
+    def option(self, key: Any) -> Option | None:
+        return next((o for o in self.options if o.key == key), None)
+
+    def info_keys(self, entry: Any) -> dict:
+        out = []
+        for o in self.options:
+            groups: dict[str, dict] = {}
+            for sub, inp in o.inputs:
+                groups.setdefault("optional" if inp.optional else "required", {})[sub] = entry(inp)
+            out.append({"key": o.key, "inputs": {g: groups[g] for g in ("required", "optional")
+                                                 if g in groups}})
+        return {"options": out}
+
+    def widget_subs(self, key: Any) -> list[str]:
+        """The chosen option's widget sub-inputs in the editor's `widgets_values` order (right
+        after the combo's own value: required ones, then optional ones)."""
+        chosen = self.option(key)
+        if chosen is None:
+            return []
+        subs = [(i.optional, sub) for sub, i in chosen.inputs if i.is_widget]
+        return [sub for opt, sub in subs if not opt] + [sub for opt, sub in subs if opt]
+
+    def present(self, name: str, call: dict[str, Any]) -> list[str]:
+        chosen = self.option(call.get(name))
+        subs = [f"{name}.{sub}" for sub, _ in chosen.inputs] if chosen is not None else []
+        return ([name] if name in call else []) + [s for s in subs if s in call]
+
+    def gather(self, name: str, kw: dict[str, Any]) -> dict[str, Any]:
+        key = kw.get(name)
+        chosen = self.option(key)
+        values = {name: key}
+        for sub, _ in (chosen.inputs if chosen is not None else ()):
+            full = f"{name}.{sub}"
+            if full in kw:
+                values[sub] = kw.pop(full)
+        return values
+
 
 def match_input(template: MatchTemplate, *, optional: bool = False, lazy: bool = False,
                 tooltip: str | None = None) -> Input:
@@ -112,6 +196,32 @@ def autogrow(template: Input, name: str, *, prefix: str | None = None,
     return Input(AUTOGROW_TYPE, optional=optional, tooltip=tooltip, grow=grow)
 
 
+def dynamic_combo(options: Sequence[Option], *, default: str | None = None,
+                  optional: bool = False, tooltip: str | None = None) -> Input:
+    """A combo whose chosen option brings its own sub-inputs (`io.DynamicCombo.Input`). The body
+    receives `{<input name>: chosen key, <sub>: value, ...}`."""
+    options = tuple(options)
+    if not options:
+        raise TypeError("dynamic_combo: give at least one Option")
+    keys = [o.key for o in options]
+    if len(set(keys)) != len(keys):
+        raise TypeError(f"dynamic_combo: option keys must be unique, got {keys}")
+    for o in options:
+        subs = [s for s, _ in o.inputs]
+        if len(set(subs)) != len(subs) or any("." in s for s in subs):
+            raise TypeError(f"dynamic_combo: option {o.key!r} needs unique sub-input names "
+                            f"without dots, got {subs}")
+        for sub, inp in o.inputs:
+            if inp.grow is not None or inp.match is not None or inp.lazy:
+                raise TypeError(f"dynamic_combo: option {o.key!r} input {sub!r}: nested dynamic, "
+                                "MatchType or lazy sub-inputs are not supported yet")
+    if default is not None and default not in keys:
+        raise TypeError(f"dynamic_combo: default {default!r} is not one of {keys}")
+    extra = (("default", default),) if default is not None else ()
+    return Input(DYNAMIC_COMBO_TYPE, optional=optional, tooltip=tooltip, extra=extra,
+                 grow=DynCombo(options))
+
+
 # --- the members of a node's groups ------------------------------------------------------------
 
 
@@ -136,6 +246,9 @@ def expand_inputs(spec: NodeSpec, given: dict[str, Any]
             pairs.append((name, inp))
             continue
         dot = name + "."
+        if isinstance(grow, DynCombo):
+            _expand_combo(name, inp, grow, given, pairs, unknown)
+            continue
         for i, member in enumerate(grow.names):
             full = dot + member
             if full in given or grow.required(i):
@@ -150,27 +263,47 @@ def expand_inputs(spec: NodeSpec, given: dict[str, Any]
     return pairs, unknown
 
 
-def member_names(grows: Iterable[tuple[str, Grow]], call: dict[str, Any]) -> list[str]:
-    """The dotted names of the group members present in `call`, in template order."""
-    out = []
+def _expand_combo(name: str, inp: Input, combo: DynCombo, given: dict[str, Any],
+                  pairs: list[tuple[str, Input]], unknown: list[tuple[str, str]]) -> None:
+    """A DynamicCombo's part of `expand_inputs`: the choice as a combo, then the chosen option's
+    sub-inputs that are given or required."""
+    dot = name + "."
+    key = given.get(name)
+    if name in given and not isinstance(key, str):
+        unknown.append((name, f"Input '{name}' chooses an option of a dynamic combo: it must be "
+                              f"a literal, one of {combo.keys}"))
+    else:
+        pairs.append((name, Input("COMBO", options=tuple(combo.keys), optional=inp.optional,
+                                  tooltip=inp.tooltip)))
+    chosen = combo.option(key)
+    if chosen is not None:
+        for sub, sub_inp in chosen.inputs:
+            if dot + sub in given or not sub_inp.optional:
+                pairs.append((dot + sub, sub_inp))
+    anywhere = {dot + sub for o in combo.options for sub, _ in o.inputs}
+    for k in given:
+        if k.startswith(dot) and k not in anywhere:
+            where = (f"option '{chosen.key}' takes " + (", ".join(dot + s for s, _ in chosen.inputs)
+                                                        or "no sub-inputs")) if chosen else \
+                f"its options are {combo.keys}"
+            unknown.append((k, f"Input '{k}' is not a sub-input of any option of '{name}'; "
+                               f"{where}"))
+
+
+def member_names(grows: Iterable[tuple[str, Any]], call: dict[str, Any]) -> list[str]:
+    """The names of the group members present in `call`, in template order (a DynamicCombo:
+    its choice, then the chosen option's sub-inputs)."""
+    out: list[str] = []
     for name, grow in grows:
-        for m in grow.names:
-            full = f"{name}.{m}"
-            if full in call:
-                out.append(full)
+        out += grow.present(name, call)
     return out
 
 
-def group(kw: dict[str, Any], grows: Iterable[tuple[str, Grow]]) -> dict[str, Any]:
+def group(kw: dict[str, Any], grows: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     """A body's keywords with the dotted member values gathered into one dict per group."""
     out = dict(kw)
     for name, grow in grows:
-        values = {}
-        for m in grow.names:
-            full = f"{name}.{m}"
-            if full in out:
-                values[m] = out.pop(full)
-        out[name] = values
+        out[name] = grow.gather(name, out)
     return out
 
 
@@ -230,7 +363,7 @@ class TypeResolver:
         for name, inp in spec.inputs:
             if inp.match is not None and inp.match.id == tid and name in given:
                 out.append((name, given[name]))
-            elif inp.grow is not None and inp.grow.template.match is not None \
+            elif isinstance(inp.grow, Grow) and inp.grow.template.match is not None \
                     and inp.grow.template.match.id == tid:
                 out += [(f"{name}.{m}", given[f"{name}.{m}"]) for m in inp.grow.names
                         if f"{name}.{m}" in given]
@@ -277,7 +410,7 @@ def check_templates(nid: str, spec: NodeSpec, got: dict[str, Any], resolver: Typ
     Returns (input name, template id, received type, expected type, why) per problem."""
     templates: dict[str, MatchTemplate] = {}
     for _, inp in spec.inputs:
-        t = inp.match or (inp.grow.template.match if inp.grow is not None else None)
+        t = inp.match or (inp.grow.template.match if isinstance(inp.grow, Grow) else None)
         if t is not None:
             templates.setdefault(t.id, t)
     problems = []
@@ -310,6 +443,6 @@ def output_types(spec: NodeSpec) -> list[str | None] | None:
     return ids if any(i is not None for i in ids) else None
 
 
-__all__ = ["AUTOGROW_TYPE", "MATCH_TYPE", "Grow", "MatchTemplate", "TypeResolver", "autogrow",
-           "check_literal", "check_templates", "expand_inputs", "group", "grows_of", "is_dynamic",
+__all__ = ["AUTOGROW_TYPE", "DYNAMIC_COMBO_TYPE", "MATCH_TYPE", "DynCombo", "Grow", "Option", "MatchTemplate", "TypeResolver", "autogrow",
+           "check_literal", "check_templates", "dynamic_combo", "expand_inputs", "group", "grows_of", "is_dynamic",
            "literal_type", "match_input", "match_output", "member_names", "output_types"]

@@ -94,7 +94,7 @@ def node(_fn: Callable | None = None, *, name: str | None = None, category: str 
          deterministic: bool = True, version: int = 1, fingerprint: Callable | None = None,
          validate: Callable | None = None, precision_types: Sequence[str] = (),
          input_is_list: bool = False, check_lazy_status: Callable | None = None,
-         register: bool = True):
+         accept_all_inputs: bool = False, register: bool = True):
     """Declare a node from a function. Returns the function, with its `NodeSpec` at `fn.spec`.
 
     `input_is_list`: every input arrives as a list and the body runs once (INPUT_IS_LIST);
@@ -109,7 +109,8 @@ def node(_fn: Callable | None = None, *, name: str | None = None, category: str 
             display_name=display_name, description=description or (inspect.getdoc(fn) or ""),
             output_node=output_node, deterministic=deterministic, version=version,
             fingerprint=fingerprint, validate=validate, precision_types=precision_types,
-            input_is_list=input_is_list, check_lazy_status=check_lazy_status)
+            input_is_list=input_is_list, check_lazy_status=check_lazy_status,
+            accept_all_inputs=accept_all_inputs)
         fn.spec = spec  # type: ignore[attr-defined]
         if register:
             REGISTRY.add(spec)
@@ -127,6 +128,8 @@ def spec_from_function(fn: Callable, *, name: str | None = None, outputs: Sequen
     for pname, p in inspect.signature(fn).parameters.items():
         if pname == "ctx":
             wants_ctx = True
+        elif p.kind is p.VAR_KEYWORD:   # **kwargs: undeclared inputs (`accept_all_inputs`)
+            continue
         elif isinstance(p.default, Input):
             inputs.append((pname, p.default))
         elif isinstance(p.default, Hidden):

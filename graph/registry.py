@@ -44,7 +44,7 @@ def option_keys(inp: Input) -> dict[str, Any]:
     if inp.match is not None:   # dynamic sockets: graph/dynamic.py
         opts["template"] = inp.match.info()
     if inp.grow is not None:
-        opts["template"] = inp.grow.info(input_entry(inp.grow.template))
+        opts.update(inp.grow.info_keys(input_entry))   # autogrow template / DynamicCombo options
     return opts
 
 

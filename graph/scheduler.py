@@ -258,6 +258,8 @@ class Scheduler:
         names = plan.names
         if plan.spec.extra_inputs:   # undeclared links, validated, for a **kwargs function
             names = names + tuple(n for n, x in call.items() if type(x) is Link and n not in names)
+        elif plan.spec.accept_all_inputs:   # undeclared literals as well
+            names = names + tuple(n for n in call if n not in names)
         if plan.grows:
             grown = dict(plan.grows)
             names = tuple(n for n in names if n not in grown) + tuple(member_names(plan.grows, call))

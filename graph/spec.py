@@ -42,7 +42,8 @@ class Input:
     # a linked lazy input is evaluated only when the node's `check_lazy_status` asks for it
     lazy: bool = False
     # dynamic sockets (graph/dynamic.py): `match`, a `MatchTemplate` this socket's type follows
-    # (type "COMFY_MATCHTYPE_V3"); `grow`, a `Grow`: the auto-growing inputs this one stands for
+    # (type "COMFY_MATCHTYPE_V3"); `grow`, a `Grow` (the auto-growing inputs this one stands for) or a `DynCombo` (a
+    # DynamicCombo: the chosen option's sub-inputs)
     match: Any = None
     grow: Any = None
 
@@ -114,6 +115,9 @@ class NodeSpec:
     # given (output_tooltips, deprecated, experimental, ...).
     extra_inputs: bool = False
     info_extra: tuple[tuple[str, Any], ...] = ()
+    # ComfyUI V3's `accept_all_inputs`: undeclared inputs, literals as well as links, reach fn
+    # as keywords (CustomCombo's `index` and `option1..N`, which only its editor widget declares)
+    accept_all_inputs: bool = False
     # ComfyUI's INPUT_IS_LIST: every input arrives as a list (literals as 1-element lists) and
     # the body is called once; otherwise list-valued inputs call it once per element.
     input_is_list: bool = False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mixgraph.graph.dynamic import DynCombo
 from mixgraph.graph.prompt import Link, Workflow
 from mixgraph.graph.ui_format import widget_slots
 
@@ -88,6 +89,9 @@ def to_ui(wf: Workflow, registry: Any, env: Any = None) -> dict:
                 continue
             value = call.inputs.get(slot)
             widgets.append(_placeholder(spec_inputs[slot], env) if value is None or isinstance(value, Link) else value)
+            if isinstance(spec_inputs[slot].grow, DynCombo):   # its chosen option's widgets follow
+                subs = [call.inputs.get(f"{slot}.{sub}") for sub in spec_inputs[slot].grow.widget_subs(value)]
+                widgets += [None if isinstance(v, Link) else v for v in subs]
         n_rows = max(len(inputs) + len([s for s in widget_slots(spec) if s is not None]), len(spec.outputs), 1)
         height = TITLE_HEIGHT + ROW_HEIGHT * n_rows + (120 if call.class_type in _TALL else 0)
         d = depth[nid]

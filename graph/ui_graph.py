@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mixgraph.graph.dynamic import DynCombo
 from mixgraph.graph.prompt import WorkflowError
 from mixgraph.graph.registry import widget_order
 
@@ -156,10 +157,12 @@ def widget_slots(spec: Any) -> list[str | None]:
     then optional). An INT input with `control_after_generate`, or any INT named `seed` or
     `noise_seed`, is followed by its control value ("fixed", "randomize", ...); a COMBO with
     `control_after_generate` by the control value and a filter string; a COMBO with
-    `image_upload` by the upload button's value."""
+    `image_upload` by the upload button's value. A DynamicCombo's slot is its chosen key; the
+    chosen option's widget values follow it (`widget_inputs` reads them: their count depends on
+    the key)."""
     slots: list[str | None] = []
     for input_name, inp in widget_order(spec):
-        if not inp.is_widget:
+        if not inp.is_widget and not isinstance(inp.grow, DynCombo):
             continue
         slots.append(input_name)
         extra = dict(inp.extra)
@@ -188,14 +191,22 @@ def widget_inputs(n: UiNode, spec: Any) -> dict[str, Any]:
     values = n.widgets_values
     inputs: dict[str, Any] = {}
     if isinstance(values, dict):  # some extensions serialise widgets by name
-        widgets = {name for name, i in spec.inputs if i.is_widget}
-        return {k: v for k, v in values.items() if k in widgets}
+        widgets = {name for name, i in spec.inputs if i.is_widget or isinstance(i.grow, DynCombo)}
+        return {k: v for k, v in values.items() if k.split(".", 1)[0] in widgets}
     values = values or []
+    skip = 0   # the values of DynamicCombo sub-widgets read so far
     for i, slot in enumerate(widget_slots(spec)):
         if slot is None:
             continue
+        i += skip
         if i < len(values):
             inputs[slot] = values[i]
+            combo = spec.input_map[slot].grow
+            if isinstance(combo, DynCombo):
+                for sub in combo.widget_subs(values[i]):
+                    skip += 1
+                    if i + skip < len(values):
+                        inputs[f"{slot}.{sub}"] = values[i + skip]
         else:
             inp = spec.input_map[slot]
             if inp.has_default:

@@ -23,7 +23,8 @@ A node's own `validate(env, ...)` function takes over some default checks of the
 (ComfyUI's VALIDATE_INPUTS rule, narrowed: a fixed option list always applies); the precise rule
 is `_NodeChecker.claims`'s. A validator that takes `input_types` gets the received types of the
 linked inputs and judges them itself (no `return_type_mismatch` for that node), as ComfyUI's
-VALIDATE_INPUTS; a spec with `extra_inputs` keeps its undeclared links (checked to exist).
+VALIDATE_INPUTS; a spec with `extra_inputs` keeps its undeclared links (checked to exist), one
+with `accept_all_inputs` its undeclared literals as well (unchecked: the node judges them).
 
 Linear time without recursion: the ancestors of the outputs, their order and the cycles come from
 `graph.plan` (one walk that also checks each node once, Kahn's algorithm, and strongly connected
@@ -380,10 +381,14 @@ class _NodeChecker:
                     "return_type_mismatch", "Return type mismatch between linked nodes",
                     f"{why} (received_type({kind}) mismatch input_type({expected}))", name,
                     received_type=kind, template_id=tid)))
-        if spec.extra_inputs:   # undeclared links reach **kwargs; undeclared literals do not
-            declared = spec.input_map
+        if spec.extra_inputs or spec.accept_all_inputs:   # undeclared links reach **kwargs;
+            declared = spec.input_map                        # literals only with accept_all_inputs
             for name, v in given.items():
-                if name not in declared and type(v) is Link:
+                if name in declared or name in got:
+                    continue
+                if type(v) is not Link and spec.accept_all_inputs and type(v) is not BadLink:
+                    got[name] = v
+                elif type(v) is Link:
                     if v.node_id in prompt:
                         linked.append(v.node_id)
                     failed = self._check_link(v, name, Input("*"), spec)

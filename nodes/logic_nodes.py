@@ -1,7 +1,7 @@
 """ComfyUI 0.38.1's nodes built on dynamic sockets (graph/dynamic.py): nodes_logic.py (switch,
-not/and/or, pass-or-none), nodes_toolkit.py (CreateList), nodes_math.py (ComfyMathExpression)
-and the nodes_string.py nodes mixgraph lacked (StringFormat, JsonExtractString,
-ConvertDictionaryToString, ConvertArrayToString). Names, inputs, defaults and output order are
+not/and/or, pass-or-none, CustomCombo), nodes_toolkit.py (CreateList), nodes_math.py
+(ComfyMathExpression) and the nodes_string.py nodes mixgraph lacked (StringFormat,
+JsonExtractString, ConvertDictionaryToString, ConvertArrayToString). Names, inputs, defaults and output order are
 ComfyUI's; `Not`/`And`/`Or` use Python truthiness, as ComfyUI does."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import string
 
 from mixgraph.graph.dynamic import MatchTemplate, autogrow, match_input, match_output
-from mixgraph.graph.node import Boolean, Int, Output, Socket, String, node
+from mixgraph.graph.node import Boolean, Combo, Int, Output, Socket, String, node
 from mixgraph.graph.spec import Input
 from mixgraph.nodes import text_ops
 from mixgraph.nodes.expression import math_expression
@@ -112,3 +112,25 @@ def ConvertDictionaryToString(dictionary=Socket("DICT"),
 @node(category="text", outputs=("STRING",), display_name="Convert Array to String")
 def ConvertArrayToString(array=Socket("ARRAY"), indent=Int(2, min=0, max=8, tooltip=_INDENT_TIP)):
     return (text_ops.dump_json(array, indent),)
+
+
+def _custom_options(env) -> list[str]:
+    """CustomCombo's options are the user's, written in its editor widget: none server-side."""
+    return []
+
+
+def _custom_combo_valid(env, choice, index=0, **options):
+    """Any chosen string (the options live in the editor); `index` must be an integer."""
+    if isinstance(index, bool) or not isinstance(index, int):
+        return [("index", f"must be an integer, got {index!r}")]
+    return []
+
+
+@node(category="utils", outputs=(("STRING", "STRING"), ("INT", "INDEX")), display_name="Custom Combo",
+      description=("Provides a user-defined dropdown combo box where options are written by the "
+                   "user, outputting the selected string and its index."),
+      validate=_custom_combo_valid, accept_all_inputs=True)
+def CustomCombo(choice=Combo(_custom_options), **options):
+    """ComfyUI's CustomCombo: the editor sends the chosen string as `choice`, its position as
+    `index` and the user's options as `option1..N`, undeclared literals (`accept_all_inputs`)."""
+    return (choice, options.get("index", 0))

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from mixgraph.graph.dynamic import MatchTemplate, TypeResolver, autogrow, match_input, match_output
+from mixgraph.graph.dynamic import (MatchTemplate, Option, TypeResolver, autogrow, dynamic_combo,
+                                    match_input, match_output)
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.cache import OutputCache
-from mixgraph.graph.node import Boolean, Int, Output, Socket, String, node
+from mixgraph.graph.node import Boolean, Combo, Float, Int, Output, Socket, String, node
 from mixgraph.graph.prompt import Link
 from mixgraph.graph.registry import Registry
 from mixgraph.graph.validate import format_problems, validate
@@ -59,6 +60,21 @@ def FirstOf(items=autogrow(match_input(T), "item", prefix="item", min=1, max=5))
     return (next(iter(items.values())),)
 
 
+@node(outputs=["INT"], register=False)
+def Area(shape=dynamic_combo([
+        Option("square", (("side", Int(2, min=1, max=100)),)),
+        Option("rect", (("w", Int(2, min=1, max=100)), ("h", Socket("INT")),
+                        ("round", Combo(["down", "up"], optional=True)))),
+        Option("unit")]),
+        scale=Float(1.0)):
+    SEEN.append(shape)
+    sides = {"square": ("side", "side"), "rect": ("w", "h"), "unit": ()}[shape["shape"]]
+    area = shape[sides[0]] * shape[sides[1]] if sides else 1
+    if shape.get("round") == "up":
+        area += 1
+    return (int(area * scale),)
+
+
 @node(outputs=["INT"], output_node=True, register=False)
 def ShowInt(value=Socket("INT")):
     return (value,)
@@ -77,7 +93,7 @@ def ShowAny(value=Socket("*")):
 def registry() -> Registry:
     reg = Registry()
     for fn in (IntConst, StrConst, Pick, Numeric, SumInts, JoinNamed, FirstOf, ShowInt, ShowStr,
-               ShowAny):
+               ShowAny, Area):
         reg.add(fn.spec)
     return reg
 
@@ -263,3 +279,87 @@ def test_ui_format_maps_grown_members_and_widgets():
     assert set(prompt["2"].inputs) == {"values.x", "values.y", "sep"}
     assert prompt["2"].inputs["sep"] == "+"
     assert validate(prompt, REG).clean
+
+
+# --- DynamicCombo -------------------------------------------------------------------------------
+
+def test_object_info_dynamic_combo_as_comfyui():
+    entry = REG.object_info()["Area"]["input"]["required"]["shape"]
+    assert entry[0] == "COMFY_DYNAMICCOMBO_V3"
+    assert [o["key"] for o in entry[1]["options"]] == ["square", "rect", "unit"]
+    rect = entry[1]["options"][1]["inputs"]
+    assert rect["required"]["w"] == ["INT", {"default": 2, "min": 1, "max": 100}]
+    assert rect["required"]["h"] == ["INT", {"forceInput": True}]
+    assert rect["optional"]["round"] == [["down", "up"]]
+    assert entry[1]["options"][2]["inputs"] == {}
+    assert REG.object_info()["Area"]["input_order"]["required"] == ["shape", "scale"]
+
+
+def test_dynamic_combo_body_gets_choice_and_sub_values(ex):
+    wf = {"1": call("IntConst", value=3),
+          "2": call("Area", shape="rect", **{"shape.w": 4, "shape.h": ["1", 0]}, scale=1.0),
+          "3": call("ShowInt", value=["2", 0])}
+    assert check(wf).clean
+    assert ex.run(wf).values["2"] == (12,)
+    assert SEEN[-1] == {"shape": "rect", "w": 4, "h": 3}
+    wf["2"]["inputs"]["shape.round"] = "up"
+    assert ex.run(wf).values["2"] == (13,)
+    wf["2"] = call("Area", shape="unit", scale=2.0)
+    assert ex.run(wf).values["2"] == (2,) and SEEN[-1] == {"shape": "unit"}
+
+
+def test_dynamic_combo_ignores_other_options_sub_inputs(ex):
+    wf = {"2": call("Area", shape="square", **{"shape.side": 5, "shape.w": 9}, scale=1.0),
+          "3": call("ShowInt", value=["2", 0])}
+    assert check(wf).clean
+    assert ex.run(wf).values["2"] == (25,) and SEEN[-1] == {"shape": "square", "side": 5}
+
+
+def test_dynamic_combo_checks_the_chosen_options_sub_inputs():
+    wf = {"2": call("Area", shape="rect", **{"shape.w": 500, "shape.round": "sideways"},
+                    scale=1.0),
+          "3": call("ShowInt", value=["2", 0])}
+    v = check(wf)
+    got = {(p.node_id, p.input_name, p.type) for p in v.errors}
+    assert got == {("2", "shape.w", "value_bigger_than_max"),
+                   ("2", "shape.h", "required_input_missing"),
+                   ("2", "shape.round", "value_not_in_list")}
+    assert "node 2 (Area) input 'shape.h'" in format_problems(v)
+
+
+def test_dynamic_combo_rejects_bad_choice_linked_choice_and_unknown_sub_input():
+    wf = {"1": call("StrConst", value="rect"),
+          "2": call("Area", shape="circle", scale=1.0), "3": call("ShowInt", value=["2", 0])}
+    (p,) = check(wf).errors
+    assert (p.node_id, p.input_name, p.type) == ("2", "shape", "value_not_in_list")
+    assert "circle" in p.details and "rect" in p.details
+    wf["2"] = call("Area", shape=["1", 0], scale=1.0)
+    (p,) = check(wf).errors
+    assert (p.input_name, p.type) == ("shape", "invalid_input_type") and "literal" in p.message
+    wf["2"] = call("Area", shape="square", **{"shape.side": 2, "shape.radius": 1}, scale=1.0)
+    (p,) = check(wf).errors
+    assert (p.input_name, p.type) == ("shape.radius", "invalid_input_type")
+    assert "option 'square' takes shape.side" in p.message
+    wf["2"] = call("Area", scale=1.0)
+    (p,) = check(wf).errors
+    assert (p.input_name, p.type) == ("shape", "required_input_missing")
+
+
+def test_dynamic_combo_sub_values_change_the_cache_key(ex):
+    wf = {"2": call("Area", shape="square", **{"shape.side": 2}, scale=1.0),
+          "3": call("ShowInt", value=["2", 0])}
+    assert ex.run(wf).values["2"] == (4,)
+    wf["2"]["inputs"]["shape.side"] = 3
+    r = ex.run(wf)
+    assert r.values["2"] == (9,) and r.nodes["2"].status == "executed"
+
+
+def test_dynamic_combo_declaration_errors():
+    with pytest.raises(TypeError):
+        dynamic_combo([])
+    with pytest.raises(TypeError):
+        dynamic_combo([Option("a"), Option("a")])
+    with pytest.raises(TypeError):
+        dynamic_combo([Option("a", (("x", autogrow(Socket("INT"), "v", prefix="v")),))])
+    with pytest.raises(TypeError):
+        dynamic_combo([Option("a")], default="b")

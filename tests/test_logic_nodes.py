@@ -200,3 +200,41 @@ def test_batch_nodes_in_a_graph(ex):
     img = r.outputs["3"][0]
     assert img.shape == (3, 8, 8, 3) and img[0].max() == 0 and img[1:].min() == 1
     assert r.outputs["5"][0].samples.shape == (2, 4, 8, 8)
+
+
+# --- CustomCombo: undeclared literals (accept_all_inputs) ------------------------------------------
+
+def test_custom_combo_spec_matches_comfyui():
+    cc = INFO["CustomCombo"]
+    assert cc["input"] == {"required": {"choice": [[]]}} and cc["input_order"] == {"required": ["choice"]}
+    assert (cc["output"], cc["output_name"]) == (["STRING", "INT"], ["STRING", "INDEX"])
+    assert cc["category"] == "utils" and cc["display_name"] == "Custom Combo"
+
+
+def test_custom_combo_keeps_undeclared_literals(ex):
+    wf = {"1": call("CustomCombo", choice="blue", index=2, option1="red", option2="green",
+                    option3="blue"),
+          "2": call("PreviewAny", source=["1", 0]), "3": call("PreviewAny", source=["1", 1])}
+    assert validate(load_workflow(wf, REG).prompt, REG).clean
+    r = api.run(wf, executor=ex)
+    assert r.outputs["1"] == ("blue", 2)
+    wf["1"]["inputs"]["index"] = 0                  # an undeclared literal is part of the cache key
+    r = api.run(wf, executor=ex)
+    assert r.outputs["1"] == ("blue", 0)
+    wf["1"]["inputs"] = {"choice": "anything"}      # no index: ComfyUI's default 0
+    assert api.run(wf, executor=ex).outputs["1"] == ("anything", 0)
+
+
+def test_custom_combo_rejects_a_non_integer_index():
+    wf = {"1": call("CustomCombo", choice="a", index="two"), "2": call("PreviewAny", source=["1", 1])}
+    (p,) = validate(load_workflow(wf, REG).prompt, REG).errors
+    assert (p.node_id, p.type, p.input_name) == ("1", "custom_validation_failed", "index")
+    wf["1"]["inputs"] = {"index": 1}
+    (p,) = validate(load_workflow(wf, REG).prompt, REG).errors
+    assert (p.input_name, p.type) == ("choice", "required_input_missing")
+
+
+def test_undeclared_literals_are_dropped_without_accept_all_inputs(ex):
+    wf = {"1": call("ComfyNotNode", value=True, extra=5), "2": call("PreviewAny", source=["1", 0])}
+    assert validate(load_workflow(wf, REG).prompt, REG).clean
+    assert api.run(wf, executor=ex).outputs["1"] == (False,)
