@@ -27,6 +27,7 @@ from mixgraph.nodes.models import store
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
 from mixgraph.nodes.models.controlnet import ControlNetModel
+from mixgraph.nodes.models.hooks import encode_with_hooks
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt
@@ -247,6 +248,8 @@ class ClipHandle:
 
     layer_idx: CLIPSetLastLayer's stop_at_clip_layer (None = the family's default).
     patches: LoRA patches, each applied to the encoder named by its ``target``.
+    hooks, hooks_to_conds, hooks_schedule: SetClipHooks (``models/hooks.py``): weight hooks
+        applied while encoding, whether the conds carry them, whether keyframes schedule them.
     """
 
     kind: str
@@ -259,6 +262,9 @@ class ClipHandle:
     layer_idx: int | None = None
     patches: tuple = ()
     precision: PolicyLike | None = None
+    hooks: Any = None
+    hooks_to_conds: bool = True
+    hooks_schedule: bool = False
 
     @property
     def encoders(self) -> tuple[str, ...]:
@@ -270,6 +276,9 @@ class ClipHandle:
     ) -> tuple[Cond, ...]:
         """CONDITIONING for `text`; `texts` gives some encoders their own prompt (SDXL's
         text_l / text_g, see ``text_encode.encode_prompt``)."""
+        if self.hooks is not None:
+            return encode_with_hooks(self, text, policy, embedding_lookup=embedding_lookup, warn=warn,
+                                     texts=texts)
         models = {}
         for name in self.encoders:
             patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
@@ -291,6 +300,10 @@ class ClipHandle:
 
     def with_precision(self, policy: PolicyLike | None) -> "ClipHandle":
         return dataclasses.replace(self, precision=policy)
+
+    def with_hooks(self, hooks, to_conds: bool = True, schedule: bool = False) -> "ClipHandle":
+        """SetClipHooks: encode with ``hooks`` (a ``payloads.hooks.HookGroup``)."""
+        return dataclasses.replace(self, hooks=hooks, hooks_to_conds=bool(to_conds), hooks_schedule=bool(schedule))
 
     def weight_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
         """encoder name → {HF-layout key → shape}, e.g. for mapping a LoRA."""

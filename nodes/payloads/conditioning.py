@@ -148,6 +148,12 @@ class Cond:
                  input channels (SD_4XUpscale_Conditioning), or None.
     noise_augmentation: how much that image is noised, 0..1 (x4 upscaler; noise level
                  round(350 · value) is also the UNet's class label).
+    hooks:       weight hooks (``payloads.hooks.HookGroup``) the UNet applies while evaluating
+                 this cond (ComfyUI's ``hooks``), or None.
+    clip_range:  (start_percent, end_percent) of the CLIP hook schedule this cond was encoded
+                 for (ComfyUI's clip_start/end_percent), intersected with ``timestep_range``.
+    default:     a default cond (ConditioningSetDefaultCombine): evaluated only where the other
+                 conds of its list leave weight uncovered, with that remaining weight.
     """
 
     cross_attn: torch.Tensor
@@ -168,6 +174,9 @@ class Cond:
     gligen: object | None = None
     concat_image: torch.Tensor | None = None
     noise_augmentation: float = 0.0
+    hooks: object | None = None
+    clip_range: tuple[float, float] | None = None
+    default: bool = False
 
 
 Conditioning = tuple[Cond, ...]

@@ -34,6 +34,7 @@ from mixgraph.nodes.models.gligen import grounding_patch
 from mixgraph.nodes.models.resize import center_crop
 from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .cfg_patches import GuidanceArgs, cfg_at, guide, needs_uncond
+from .hooks import HookRuntime
 from .schedule_continuous import ContinuousSchedule
 from .schedules import DiscreteSchedule
 
@@ -426,6 +427,8 @@ class CondDenoiser:
             if y_vec is not None:
                 y_vec = y_vec.to(self.device, torch.float32)
         start, end = c.timestep_range
+        if c.clip_range is not None:  # a CLIP hook schedule's range (ComfyUI clip_start/end_percent)
+            start, end = max(c.clip_range[0], start), min(c.clip_range[1], end)
         s_start = s_end = None
         if (start, end) != (0.0, 1.0):
             s_start, s_end = self.ms.percent_to_sigma(start), self.ms.percent_to_sigma(end)
@@ -492,21 +495,38 @@ class CondDenoiser:
 
     def calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor, unet_patches=()):
         """Weighted average of every active cond's x0 per list (ComfyUI calc_cond_batch);
-        ``unet_patches``: forward-time UNet patches for these evaluations only."""
+        ``unet_patches``: forward-time UNet patches for these evaluations only.
+
+        Conds carrying hooks are evaluated with the hooks' weight patches at this sigma
+        (``sampling/hooks.py``), batched only with conds whose patches are equal. Default conds
+        (``Cond.default``) fill, per list, the weight the other active conds leave uncovered
+        (ComfyUI ``finalize_default_conds``)."""
         outs = [torch.zeros_like(x) for _ in cond_lists]
         counts = [torch.ones_like(x) * 1e-37 for _ in cond_lists]
         to_run = []
+        defaults: list[list] = [[] for _ in cond_lists]
         for idx, entries in enumerate(cond_lists):
             for e in entries:
+                if e.cond.default:
+                    defaults[idx].append(e)
+                    continue
                 p = self._area_and_mult(e, x, sigma)
                 if p is not None:
                     to_run.append((e, p, idx))
+        if any(defaults):
+            to_run += self._default_runs(defaults, to_run, x, sigma)
+        s = float(sigma.reshape(-1)[0])
+        hooked = {id(e): self._hook_runtime().patches_at(e.cond.hooks, s)
+                  for e, _, _ in to_run if e.cond.hooks}
         while to_run:
             first = to_run[0]
-            group = [k for k in range(len(to_run)) if self._can_batch(to_run[k], first)]
+            patches = hooked.get(id(first[0]), ())
+            group = [k for k in range(len(to_run)) if self._can_batch(to_run[k], first)
+                     and hooked.get(id(to_run[k][0]), ()) == patches]
             group.reverse()  # ComfyUI pops from the back: batch order is reversed
             batch = [to_run.pop(k) for k in group]
-            outputs = self._run(batch, sigma, unet_patches)
+            model = self._hook_runtime().runner(patches) if patches else None
+            outputs = self._run(batch, sigma, unet_patches, model=model)
             for (e, (inp, mult, area), idx), out in zip(batch, outputs):
                 if area is None:
                     outs[idx] += out * mult
@@ -517,6 +537,42 @@ class CondDenoiser:
                     outs[idx][sl] += out * mult
                     counts[idx][sl] += mult
         return [o / c for o, c in zip(outs, counts)]
+
+    def _hook_runtime(self):
+        rt = self.__dict__.get("_hooks")
+        if rt is None:
+            rt = self._hooks = HookRuntime(self.model, self.ms.percent_to_sigma)
+        return rt
+
+    def _default_runs(self, defaults, to_run, x: torch.Tensor, sigma: torch.Tensor) -> list:
+        """Evaluations of the default conds: per list with any, the weight 1 − Σ mult of that
+        list's active conds (clamped at 0), over the whole latent; none where nothing is left."""
+        remaining = [torch.ones_like(x) if d else None for d in defaults]
+        for e, (_, mult, area), idx in to_run:
+            if remaining[idx] is None:
+                continue
+            if area is None:
+                remaining[idx] -= mult
+            else:
+                remaining[idx][:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]] -= mult
+        runs = []
+        for idx, entries in enumerate(defaults):
+            if not entries:
+                continue
+            left = torch.relu(remaining[idx])
+            if float(left.max()) == 0.0:
+                continue
+            for e in entries:
+                p = self._area_and_mult(e, x, sigma)
+                if p is None:
+                    continue
+                inp, _, area = p
+                if area is not None:
+                    left_e = left[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+                else:
+                    left_e = left
+                runs.append((e, (inp, left_e, area), idx))
+        return runs
 
     @staticmethod
     def _can_batch(a, b) -> bool:
@@ -535,8 +591,10 @@ class CondDenoiser:
             return False
         return math.lcm(ta[1], tb[1]) // min(ta[1], tb[1]) <= 4
 
-    def _run(self, batch, sigma: torch.Tensor, unet_patches=()) -> list[torch.Tensor]:
-        """One UNet call for a batch of compatible conds; returns each cond's x0 prediction."""
+    def _run(self, batch, sigma: torch.Tensor, unet_patches=(), model=None) -> list[torch.Tensor]:
+        """One UNet call for a batch of compatible conds; returns each cond's x0 prediction.
+        ``model``: the SamplerModel to evaluate with (a hooked runner), default ``self.model``."""
+        model = self.model if model is None else model
         n = len(batch)
         inputs = [p[0] for _, p, _ in batch]
         b = inputs[0].shape[0]
@@ -571,13 +629,13 @@ class CondDenoiser:
         if first.gligen is not None:
             b_, _, h_, w_ = inputs[0].shape
             unet_patches = tuple(unet_patches) + (grounding_patch(first.cond.gligen, first.gligen, b_, h_, w_),)
-        if getattr(self.model, "wants_sigma", False):
-            out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches),
-                                  sigma=float(sig.reshape(-1)[0]))
+        if getattr(model, "wants_sigma", False):
+            out = model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches),
+                             sigma=float(sig.reshape(-1)[0]))
         elif unet_patches:
-            out = self.model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
+            out = model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
         else:
-            out = self.model.unet(unet_in, t, context, y=y, control=control)
+            out = model.unet(unet_in, t, context, y=y, control=control)
         out = out.float()
         return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))
 
