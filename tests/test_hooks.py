@@ -30,6 +30,7 @@ def models(tmp_path_factory):
     write_sd15(ckpt, seed=1)
     write_lora(root / "loras" / "sd15_lora.safetensors", ckpt, seed=5)
     write_sd15(root / "loras" / "not_a_lora.safetensors", seed=2)  # a checkpoint, misfiled
+    write_sd15(root / "checkpoints" / "other.safetensors", seed=2)
     return root
 
 
@@ -125,6 +126,14 @@ def test_hooks_only_hooked_conds_use_the_lora(executor, models, plain, lora_mode
     g["5"]["inputs"]["positive"] = ["20", 0]  # the negative stays unhooked
     out = _latent(executor, models, g)
     assert (out - plain).abs().max() > 1e-4 and (out - lora_model).abs().max() > 1e-4
+
+
+def test_hooks_model_as_lora_at_strength_one_samples_with_the_other_unet(executor, models):
+    g = _hooked_conds({**_base(), "10": {"class_type": "CreateHookModelAsLoraModelOnly", "inputs": {
+        "ckpt_name": "other.safetensors", "strength_model": 1.0}}})
+    ref = _base(model=("9", 0))
+    ref["9"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "other.safetensors"}}
+    torch.testing.assert_close(_latent(executor, models, g), _latent(executor, models, ref), atol=1e-5, rtol=1e-5)
 
 
 def _switch_step(models, percent: float) -> int:
