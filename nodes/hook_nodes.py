@@ -24,12 +24,23 @@ _STRENGTH = dict(min=-20.0, max=20.0, step=0.01)
 _PERCENT = dict(min=0.0, max=1.0, step=0.001)
 _COND_STRENGTH = dict(min=0.0, max=10.0, step=0.01)
 _AREA = ("default", "mask bounds")
+_EXPERIMENTAL = (("experimental", True),)  # ComfyUI marks every hook node EXPERIMENTAL
+
+
+def _hook_node(**kw):
+    """``@node`` for these declarations, registered with ComfyUI's ``experimental`` flag."""
+    def wrap(fn):
+        fn = node(register=False, **kw)(fn)
+        fn.spec = REGISTRY.add(replace_spec(fn.spec, info_extra=_EXPERIMENTAL))
+        return fn
+
+    return wrap
 
 
 # ------------------------------------------------------------------------------- create
 
 
-@node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook LoRA",
+@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook LoRA",
       fingerprint=_fingerprint("loras", "lora_name"))
 def CreateHookLora(ctx, lora_name=Combo(folders.options("loras")), strength_model=Float(1.0, **_STRENGTH),
                    strength_clip=Float(1.0, **_STRENGTH), prev_hooks=Socket("HOOKS", optional=True)):
@@ -40,7 +51,7 @@ def CreateHookLora(ctx, lora_name=Combo(folders.options("loras")), strength_mode
     return (hook_ops.lora_hook(path, strength_model, strength_clip, prev_hooks),)
 
 
-@node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook LoRA (MO)",
+@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook LoRA (MO)",
       fingerprint=_fingerprint("loras", "lora_name"))
 def CreateHookLoraModelOnly(ctx, lora_name=Combo(folders.options("loras")),
                             strength_model=Float(1.0, **_STRENGTH), prev_hooks=Socket("HOOKS", optional=True)):
@@ -50,7 +61,7 @@ def CreateHookLoraModelOnly(ctx, lora_name=Combo(folders.options("loras")),
     return (hook_ops.lora_hook(path, strength_model, 0.0, prev_hooks),)
 
 
-@node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook Model as LoRA",
+@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook Model as LoRA",
       fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_family_check("checkpoints", "ckpt_name"))
 def CreateHookModelAsLora(ctx, ckpt_name=Combo(folders.options("checkpoints")),
                           strength_model=Float(1.0, **_STRENGTH), strength_clip=Float(1.0, **_STRENGTH),
@@ -60,7 +71,7 @@ def CreateHookModelAsLora(ctx, ckpt_name=Combo(folders.options("checkpoints")),
     return (hook_ops.model_as_lora_hook(model, clip, ckpt_name, strength_model, strength_clip, prev_hooks),)
 
 
-@node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook Model as LoRA (MO)",
+@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook Model as LoRA (MO)",
       fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_family_check("checkpoints", "ckpt_name"))
 def CreateHookModelAsLoraModelOnly(ctx, ckpt_name=Combo(folders.options("checkpoints")),
                                    strength_model=Float(1.0, **_STRENGTH),
@@ -72,19 +83,19 @@ def CreateHookModelAsLoraModelOnly(ctx, ckpt_name=Combo(folders.options("checkpo
 # --------------------------------------------------------------------------- scheduling
 
 
-@node(category="advanced/hooks/scheduling", outputs=("HOOKS",), display_name="Set Hook Keyframes")
+@_hook_node(category="advanced/hooks/scheduling", outputs=("HOOKS",), display_name="Set Hook Keyframes")
 def SetHookKeyframes(hooks=Socket("HOOKS"), hook_kf=Socket("HOOK_KEYFRAMES", optional=True)):
     return (hooks.with_keyframes(hook_kf) if hook_kf is not None else hooks,)
 
 
-@node(category="advanced/hooks/scheduling", outputs=(("HOOK_KEYFRAMES", "HOOK_KF"),),
+@_hook_node(category="advanced/hooks/scheduling", outputs=(("HOOK_KEYFRAMES", "HOOK_KF"),),
       display_name="Create Hook Keyframe")
 def CreateHookKeyframe(strength_mult=Float(1.0, **_STRENGTH), start_percent=Float(0.0, **_PERCENT),
                        prev_hook_kf=Socket("HOOK_KEYFRAMES", optional=True)):
     return (hook_ops.keyframe(prev_hook_kf, strength_mult, start_percent),)
 
 
-@node(category="advanced/hooks/scheduling", outputs=(("HOOK_KEYFRAMES", "HOOK_KF"),),
+@_hook_node(category="advanced/hooks/scheduling", outputs=(("HOOK_KEYFRAMES", "HOOK_KF"),),
       display_name="Create Hook Keyframes Interp.")
 def CreateHookKeyframesInterpolated(strength_start=Float(1.0, min=0.0, max=10.0, step=0.001),
                                     strength_end=Float(1.0, min=0.0, max=10.0, step=0.001),
@@ -98,7 +109,7 @@ def CreateHookKeyframesInterpolated(strength_start=Float(1.0, min=0.0, max=10.0,
                                             logger.info),)
 
 
-@node(category="advanced/hooks/scheduling", outputs=(("HOOK_KEYFRAMES", "HOOK_KF"),),
+@_hook_node(category="advanced/hooks/scheduling", outputs=(("HOOK_KEYFRAMES", "HOOK_KF"),),
       display_name="Create Hook Keyframes From Floats")
 def CreateHookKeyframesFromFloats(floats_strength=Input("FLOATS", -1, min=-1, step=0.001, force_input=True),
                                   start_percent=Float(0.0, **_PERCENT), end_percent=Float(1.0, **_PERCENT),
@@ -121,7 +132,7 @@ def _combine(name: str, letters: str) -> None:
     spec = spec_from_function(declared, name=name, category="advanced/hooks/combine", outputs=("HOOKS",),
                               display_name=f"Combine Hooks [{len(letters)}]")
     inputs = tuple((f"hooks_{c}", Socket("HOOKS", optional=True)) for c in letters)
-    REGISTRY.add(replace_spec(spec, inputs=inputs, fn=run))
+    REGISTRY.add(replace_spec(spec, inputs=inputs, fn=run, info_extra=_EXPERIMENTAL))
 
 
 _combine("CombineHooks2", "AB")
@@ -132,7 +143,7 @@ _combine("CombineHooks8", "ABCDEFGH")
 # ------------------------------------------------------------------------------- attach
 
 
-@node(category="advanced/hooks/cond single", outputs=("CONDITIONING",), display_name="Cond Set Props")
+@_hook_node(category="advanced/hooks/cond single", outputs=("CONDITIONING",), display_name="Cond Set Props")
 def ConditioningSetProperties(cond_NEW=Socket("CONDITIONING"), strength=Float(1.0, **_COND_STRENGTH),
                               set_cond_area=Combo(list(_AREA)), mask=Socket("MASK", optional=True),
                               hooks=Socket("HOOKS", optional=True),
@@ -140,7 +151,7 @@ def ConditioningSetProperties(cond_NEW=Socket("CONDITIONING"), strength=Float(1.
     return (hook_ops.set_props(cond_NEW, strength, set_cond_area, mask, hooks, timesteps),)
 
 
-@node(category="advanced/hooks/cond single", outputs=("CONDITIONING",), display_name="Cond Set Props Combine")
+@_hook_node(category="advanced/hooks/cond single", outputs=("CONDITIONING",), display_name="Cond Set Props Combine")
 def ConditioningSetPropertiesAndCombine(cond=Socket("CONDITIONING"), cond_NEW=Socket("CONDITIONING"),
                                         strength=Float(1.0, **_COND_STRENGTH), set_cond_area=Combo(list(_AREA)),
                                         mask=Socket("MASK", optional=True), hooks=Socket("HOOKS", optional=True),
@@ -148,7 +159,7 @@ def ConditioningSetPropertiesAndCombine(cond=Socket("CONDITIONING"), cond_NEW=So
     return (hook_ops.set_props_and_combine(cond, cond_NEW, strength, set_cond_area, mask, hooks, timesteps),)
 
 
-@node(category="advanced/hooks/cond pair", outputs=("CONDITIONING", "CONDITIONING"),
+@_hook_node(category="advanced/hooks/cond pair", outputs=("CONDITIONING", "CONDITIONING"),
       output_names=("positive", "negative"), display_name="Cond Pair Set Props")
 def PairConditioningSetProperties(positive_NEW=Socket("CONDITIONING"), negative_NEW=Socket("CONDITIONING"),
                                   strength=Float(1.0, **_COND_STRENGTH), set_cond_area=Combo(list(_AREA)),
@@ -158,7 +169,7 @@ def PairConditioningSetProperties(positive_NEW=Socket("CONDITIONING"), negative_
                  for c in (positive_NEW, negative_NEW))
 
 
-@node(category="advanced/hooks/cond pair", outputs=("CONDITIONING", "CONDITIONING"),
+@_hook_node(category="advanced/hooks/cond pair", outputs=("CONDITIONING", "CONDITIONING"),
       output_names=("positive", "negative"), display_name="Cond Pair Set Props Combine")
 def PairConditioningSetPropertiesAndCombine(positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"),
                                             positive_NEW=Socket("CONDITIONING"),
@@ -171,7 +182,7 @@ def PairConditioningSetPropertiesAndCombine(positive=Socket("CONDITIONING"), neg
                  for c, n in ((positive, positive_NEW), (negative, negative_NEW)))
 
 
-@node(category="advanced/hooks/cond pair", outputs=("CONDITIONING", "CONDITIONING"),
+@_hook_node(category="advanced/hooks/cond pair", outputs=("CONDITIONING", "CONDITIONING"),
       output_names=("positive", "negative"), display_name="Cond Pair Combine")
 def PairConditioningCombine(positive_A=Socket("CONDITIONING"), negative_A=Socket("CONDITIONING"),
                             positive_B=Socket("CONDITIONING"), negative_B=Socket("CONDITIONING")):
@@ -179,7 +190,7 @@ def PairConditioningCombine(positive_A=Socket("CONDITIONING"), negative_A=Socket
             hook_ops.set_props_and_combine(negative_A, negative_B))
 
 
-@node(category="advanced/hooks/cond pair", outputs=("CONDITIONING", "CONDITIONING"),
+@_hook_node(category="advanced/hooks/cond pair", outputs=("CONDITIONING", "CONDITIONING"),
       output_names=("positive", "negative"), display_name="Cond Pair Set Default Combine")
 def PairConditioningSetDefaultCombine(positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"),
                                       positive_DEFAULT=Socket("CONDITIONING"),
@@ -189,13 +200,13 @@ def PairConditioningSetDefaultCombine(positive=Socket("CONDITIONING"), negative=
             hook_ops.set_default_and_combine(negative, negative_DEFAULT, hooks))
 
 
-@node(category="advanced/hooks/cond single", outputs=("CONDITIONING",), display_name="Cond Set Default Combine")
+@_hook_node(category="advanced/hooks/cond single", outputs=("CONDITIONING",), display_name="Cond Set Default Combine")
 def ConditioningSetDefaultCombine(cond=Socket("CONDITIONING"), cond_DEFAULT=Socket("CONDITIONING"),
                                   hooks=Socket("HOOKS", optional=True)):
     return (hook_ops.set_default_and_combine(cond, cond_DEFAULT, hooks),)
 
 
-@node(category="advanced/hooks/clip", outputs=("CLIP",), display_name="Set CLIP Hooks")
+@_hook_node(category="advanced/hooks/clip", outputs=("CLIP",), display_name="Set CLIP Hooks")
 def SetClipHooks(clip=Socket("CLIP"), apply_to_conds=Boolean(True), schedule_clip=Boolean(False),
                  hooks=Socket("HOOKS", optional=True)):
     """Text encoded with this CLIP uses the hooks' CLIP weights; with apply_to_conds its conds
@@ -205,12 +216,12 @@ def SetClipHooks(clip=Socket("CLIP"), apply_to_conds=Boolean(True), schedule_cli
     return (clip.with_hooks(hooks, apply_to_conds, schedule_clip),)
 
 
-@node(category="advanced/hooks", outputs=("TIMESTEPS_RANGE", "TIMESTEPS_RANGE", "TIMESTEPS_RANGE"),
+@_hook_node(category="advanced/hooks", outputs=("TIMESTEPS_RANGE", "TIMESTEPS_RANGE", "TIMESTEPS_RANGE"),
       output_names=("TIMESTEPS_RANGE", "BEFORE_RANGE", "AFTER_RANGE"), display_name="Timesteps Range")
 def ConditioningTimestepsRange(start_percent=Float(0.0, **_PERCENT), end_percent=Float(1.0, **_PERCENT)):
     return ((start_percent, end_percent), (0.0, start_percent), (end_percent, 1.0))
 
 
-@node(category="advanced/hooks/manual", outputs=("CONDITIONING",))
+@_hook_node(category="advanced/hooks/manual", outputs=("CONDITIONING",))
 def SetModelHooksOnCond(conditioning=Socket("CONDITIONING"), hooks=Socket("HOOKS")):
     return (hook_ops.set_hooks(conditioning, hooks),)
