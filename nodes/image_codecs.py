@@ -11,8 +11,8 @@ is ComfyUI's:
   JSON, placed right after IHDR. The colour space option changes nothing for PNG.
 * EXR: no clamp; the input is made scene-linear by its colour space (sRGB: inverse sRGB EOTF;
   HDR: inverse HLG OETF, BT.2100; linear: as is; alpha untouched), channels `Y` | `B,G,R` |
-  `A,B,G,R` (the file format wants them sorted) as FLOAT, uncompressed scanlines (ffmpeg's exr
-  encoder defaults), and extra header attributes: `prompt` / extra_pnginfo keys as `string`
+  `A,B,G,R` (the file format wants them sorted) as FLOAT, uncompressed scanlines, `gamma` 1
+  (ffmpeg's exr encoder defaults, which ComfyUI keeps), and extra header attributes: `prompt` / extra_pnginfo keys as `string`
   attributes holding JSON and `chromaticities` (Rec.709 for sRGB and linear, Rec.2020 for HDR).
 """
 
@@ -154,7 +154,8 @@ def encode_exr(image: torch.Tensor, colorspace: str, text: list[tuple[str, str]]
               + _attr("lineOrder", "lineOrder", b"\0")
               + _attr("screenWindowCenter", "v2f", struct.pack("<ff", 0.0, 0.0))
               + _attr("screenWindowWidth", "float", struct.pack("<f", 1.0))
-              + _attr("pixelAspectRatio", "float", struct.pack("<f", 1.0)))
+              + _attr("pixelAspectRatio", "float", struct.pack("<f", 1.0))
+              + _attr("gamma", "float", struct.pack("<f", 1.0)))
     header += b"".join(_attr(k, "string", v.encode("utf-8")) for k, v in text)
     header += _attr("chromaticities", "chromaticities",
                     struct.pack("<8f", *CHROMATICITIES[EXR_PRIMARIES[colorspace]]))

@@ -140,6 +140,7 @@ def test_save_image_advanced_exr_reads_back_linear_with_metadata(tmp_path):
         header = f.header()
         assert json.loads(header["prompt"]) == {"1": {"class_type": "X"}}
         assert json.loads(header["workflow"]) == WORKFLOW
+        assert header["gamma"] == 1.0 and "NO_COMPRESSION" in str(header["compression"])
         assert np.allclose(header["chromaticities"], image_codecs.CHROMATICITIES[primaries], atol=1e-7)
         rgb = f.channels()["RGB"].pixels
         assert rgb.dtype == np.float32 and rgb.shape == (6, 5, 3)
