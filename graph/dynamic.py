@@ -145,18 +145,37 @@ class DynCombo:
 
     def present(self, name: str, call: dict[str, Any]) -> list[str]:
         chosen = self.option(call.get(name))
-        subs = [f"{name}.{sub}" for sub, _ in chosen.inputs] if chosen is not None else []
-        return ([name] if name in call else []) + [s for s in subs if s in call]
+        out = [name] if name in call else []
+        for sub, inp in (chosen.inputs if chosen is not None else ()):
+            full = f"{name}.{sub}"
+            if isinstance(inp.grow, DynCombo):   # a nested DynamicCombo: its own members
+                out += inp.grow.present(full, call)
+            elif full in call:
+                out.append(full)
+        return out
 
     def gather(self, name: str, kw: dict[str, Any]) -> dict[str, Any]:
         key = kw.get(name)
         chosen = self.option(key)
         values = {name: key}
-        for sub, _ in (chosen.inputs if chosen is not None else ()):
+        for sub, inp in (chosen.inputs if chosen is not None else ()):
             full = f"{name}.{sub}"
-            if full in kw:
+            if isinstance(inp.grow, DynCombo):   # nested: one dict, ComfyUI's shape
+                values[sub] = inp.grow.gather(full, kw)
+                kw.pop(full, None)
+            elif full in kw:
                 values[sub] = kw.pop(full)
         return values
+
+    def names(self, name: str) -> set[str]:
+        """Every dotted name any option can bring, nested DynamicCombos included."""
+        out: set[str] = set()
+        for o in self.options:
+            for sub, inp in o.inputs:
+                out.add(f"{name}.{sub}")
+                if isinstance(inp.grow, DynCombo):
+                    out |= inp.grow.names(f"{name}.{sub}")
+        return out
 
 
 def match_input(template: MatchTemplate, *, optional: bool = False, lazy: bool = False,
@@ -212,8 +231,9 @@ def dynamic_combo(options: Sequence[Option], *, default: str | None = None,
             raise TypeError(f"dynamic_combo: option {o.key!r} needs unique sub-input names "
                             f"without dots, got {subs}")
         for sub, inp in o.inputs:
-            if inp.grow is not None or inp.match is not None or inp.lazy:
-                raise TypeError(f"dynamic_combo: option {o.key!r} input {sub!r}: nested dynamic, "
+            nested = isinstance(inp.grow, DynCombo)   # a DynamicCombo inside an option is fine
+            if (inp.grow is not None and not nested) or inp.match is not None or inp.lazy:
+                raise TypeError(f"dynamic_combo: option {o.key!r} input {sub!r}: autogrow, "
                                 "MatchType or lazy sub-inputs are not supported yet")
     if default is not None and default not in keys:
         raise TypeError(f"dynamic_combo: default {default!r} is not one of {keys}")
@@ -278,9 +298,12 @@ def _expand_combo(name: str, inp: Input, combo: DynCombo, given: dict[str, Any],
     chosen = combo.option(key)
     if chosen is not None:
         for sub, sub_inp in chosen.inputs:
-            if dot + sub in given or not sub_inp.optional:
+            if isinstance(sub_inp.grow, DynCombo):   # nested: its choice and sub-inputs
+                if dot + sub in given or not sub_inp.optional:
+                    _expand_combo(dot + sub, sub_inp, sub_inp.grow, given, pairs, unknown)
+            elif dot + sub in given or not sub_inp.optional:
                 pairs.append((dot + sub, sub_inp))
-    anywhere = {dot + sub for o in combo.options for sub, _ in o.inputs}
+    anywhere = combo.names(name)
     for k in given:
         if k.startswith(dot) and k not in anywhere:
             where = (f"option '{chosen.key}' takes " + (", ".join(dot + s for s, _ in chosen.inputs)

@@ -66,6 +66,17 @@ def Combo(options: Sequence[str] | Callable[[Any], Sequence[str]], default: str 
                  optional=optional, tooltip=tooltip, extra=_extra(**extra))
 
 
+def Widget(type: str, default: Any, *, optional: bool = False, tooltip: str | None = None,
+           socketless: bool | None = None, **extra: Any) -> Input:
+    """A widget of one of ComfyUI V3's own widget types (BOUNDING_BOX, COLOR: `spec.WIDGET_TYPES`):
+    its literal reaches the body as given (no coercion); `extra` keys render in object_info
+    (`component="ImageCrop"`)."""
+    if type not in WIDGET_TYPES or type in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"):
+        raise TypeError(f"Widget: {type!r} is not a custom widget type; use Int/Float/String/...")
+    return Input(type, default, optional=optional, tooltip=tooltip,
+                 extra=_extra(socketless=socketless, **extra))
+
+
 def Socket(type: str, *, optional: bool = False, tooltip: str | None = None,
            lazy: bool = False) -> Input:
     """A linked-only input (MODEL, LATENT, ...; or a widget type forced to be a socket).

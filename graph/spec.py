@@ -18,7 +18,10 @@ LINK_TYPES = frozenset({
 })
 #: Socket types that hold a model: a node consuming one gets a precision policy for it.
 MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL", "STYLE_MODEL"})
-WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
+#: Socket types whose value may be a literal in the prompt (a widget in the editor). BOUNDING_BOX
+#: (`{"x", "y", "width", "height"}` ints) and COLOR (`"#rrggbb"`) are ComfyUI V3's widget types;
+#: their literals pass through uncoerced, the consuming node checks their shape (`validate`).
+WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "BOUNDING_BOX", "COLOR"})
 
 REQUIRED = object()   # the default of an Input that has none
 

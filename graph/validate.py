@@ -286,7 +286,9 @@ class _NodeChecker:
         return self._resolver
 
     def options(self, spec: NodeSpec, name: str, inp: Input) -> list:
-        key = (spec.name, name)
+        # the options object too: a DynamicCombo's options may each give one dotted sub-input
+        # name its own list (`format.bit_depth`: png's and exr's)
+        key = (spec.name, name, id(inp.options))
         if key not in self._options:
             self._options[key] = inp.option_list(self.env)
         return self._options[key]

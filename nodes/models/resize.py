@@ -31,7 +31,8 @@ def upscale(samples: torch.Tensor, width: int, height: int, method: str, crop: s
     if method == "lanczos":
         out = []
         for img in samples:  # [C,H,W] → PIL per channel group
-            arr = (img.movedim(0, -1).clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+            # ComfyUI's `np.clip(255 * x, 0, 255).astype(uint8)`: truncation, not rounding
+            arr = np.clip(255.0 * img.movedim(0, -1).float().cpu().numpy(), 0, 255).astype(np.uint8)
             pil = Image.fromarray(arr.squeeze(-1) if arr.shape[-1] == 1 else arr)
             pil = pil.resize((width, height), Image.Resampling.LANCZOS)
             t = torch.from_numpy(np.asarray(pil, dtype=np.float32) / 255.0)
