@@ -18,7 +18,8 @@ LINK_TYPES = frozenset({
 })
 #: Socket types that hold a model: a node consuming one gets a precision policy for it.
 MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL", "STYLE_MODEL"})
-WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
+# WEBCAM: the editor's webcam widget (WebcamCapture); its value is an annotated file name string
+WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "WEBCAM"})
 
 REQUIRED = object()   # the default of an Input that has none
 
