@@ -362,7 +362,7 @@ def DualModelGuider(model=Socket("MODEL", tooltip="Model used for the positive (
     return (Guider(model, Guidance("dual_model", conds, (cfg,)), negative_model=model_negative),)
 
 
-@node(category="_for_testing", outputs=("GUIDER",))
+@node(category="_for_testing", outputs=("GUIDER",), display_name="Perp-Neg Guider")
 def PerpNegGuider(model=Socket("MODEL"), positive=Socket("CONDITIONING"),
                   negative=Socket("CONDITIONING"), empty_conditioning=Socket("CONDITIONING"),
                   cfg=_cfg(), neg_scale=Float(1.0, min=0.0, max=100.0, step=0.01)):

@@ -75,9 +75,13 @@ class DualCFGDenoiser(CondDenoiser):
 
 def perp_neg(pos: torch.Tensor, neg: torch.Tensor, empty: torch.Tensor, neg_scale: float,
              cfg: float) -> torch.Tensor:
-    """Perp-Neg combination of x0 predictions (module docstring)."""
+    """Perp-Neg combination of x0 predictions (module docstring). A projection coefficient that
+    is not finite (p = 0: the positive equals the empty prompt; or an overflow) counts as 0, so
+    the result falls back to plain CFG, as in ComfyUI 0.38.1."""
     p, n = pos - empty, neg - empty
-    perp = n - (torch.mul(n, p).sum() / torch.norm(p) ** 2) * p
+    scale = torch.nan_to_num(torch.mul(n, p).sum() / torch.norm(p) ** 2, nan=0.0, posinf=0.0,
+                             neginf=0.0)
+    perp = n - scale * p
     return empty + cfg * (p - perp * neg_scale)
 
 
