@@ -14,18 +14,26 @@ from mixgraph.graph.spec import Input
 from mixgraph.nodes import folders, imaging
 
 
-def _fingerprint(env: Any, image: str = "", capture_on_queue: bool = True, **_: Any):
+_LINKED = object()  # the validator's default: `image` comes from a link, not a literal
+
+
+def _fingerprint(env: Any, image: Any = "", capture_on_queue: bool = True, **_: Any):
     if capture_on_queue:
         return float("nan")  # a new frame on every queue: never equal to an earlier run
+    if not isinstance(image, str):
+        return None
     try:
         return fingerprint_file(folders.annotated_path(env, image))
     except (folders.FolderError, OSError):
         return None
 
 
-def _frame_exists(env: Any, image: str | None = None, **_: Any) -> list[str]:
-    if image is None or env is None:
+def _frame_exists(env: Any, image: Any = _LINKED, **_: Any) -> list[str]:
+    if image is _LINKED or env is None:
         return []
+    if not isinstance(image, str) or not image:
+        return ["no webcam frame: 'image' is empty (a UI workflow saves none); capture one in the "
+                "editor, whose webcam widget uploads it when the prompt is queued"]
     try:
         path = folders.annotated_path(env, str(image))
     except folders.FolderError as e:

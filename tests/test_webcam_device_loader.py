@@ -97,6 +97,14 @@ def test_webcam_capture_missing_frame_fails_validation(dirs):
         _run(g, root)
 
 
+def test_webcam_capture_empty_frame_value_fails_validation(dirs):
+    """A UI-format workflow saves no frame (the widget's value is null): a clear error."""
+    root, _ = dirs
+    g, _ = _webcam_graph(image=None)
+    with pytest.raises(ValidationFailed, match="no webcam frame"):
+        _run(g, root)
+
+
 def test_webcam_capture_on_queue_always_reruns_else_by_content(dirs):
     root, _ = dirs
     env = _env(root)
