@@ -20,8 +20,9 @@ LINK_TYPES = frozenset({
 MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL", "STYLE_MODEL"})
 #: Socket types whose value may be a literal in the prompt (a widget in the editor). BOUNDING_BOX
 #: (`{"x", "y", "width", "height"}` ints) and COLOR (`"#rrggbb"`) are ComfyUI V3's widget types;
-#: their literals pass through uncoerced, the consuming node checks their shape (`validate`).
-WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "BOUNDING_BOX", "COLOR"})
+#: WEBCAM (WebcamCapture) is the annotated file name of the frame the editor uploaded. Their
+#: literals pass through uncoerced, the consuming node checks their shape (`validate`).
+WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "BOUNDING_BOX", "COLOR", "WEBCAM"})
 
 REQUIRED = object()   # the default of an Input that has none
 

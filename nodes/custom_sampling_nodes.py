@@ -1,6 +1,7 @@
 """ComfyUI's custom-sampling node group (``comfy_extras/nodes_custom_sampler.py``,
-``nodes_align_your_steps.py``, ``nodes_optimalsteps.py``, ``nodes_perpneg.py``; ComfyUI 0.3.64):
-sampler, sigma, noise and guider nodes, and SamplerCustom / SamplerCustomAdvanced.
+``nodes_align_your_steps.py``, ``nodes_optimalsteps.py``, ``nodes_perpneg.py``; ComfyUI 0.3.64,
+SamplerSEEDS2 and DualModelGuider as in 0.38.1): sampler, sigma, noise and guider nodes, and
+SamplerCustom / SamplerCustomAdvanced.
 
 SAMPLER, NOISE and GUIDER are the frozen dataclasses of ``nodes/payloads/sampling.py``; SIGMAS is
 a 1-D float32 tensor. The nodes that run the UNet (SamplerCustom, SamplerCustomAdvanced) resolve
@@ -8,6 +9,8 @@ the MODEL precision exactly as KSampler does; the guider nodes only carry the ha
 """
 
 from __future__ import annotations
+
+import math
 
 from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, String, node
 from mixgraph.nodes.payloads.sampling import Guidance, Guider, Noise
@@ -268,6 +271,27 @@ def SamplerSASolver(model=Socket("MODEL"), eta=Float(1.0, min=0.0, max=10.0, ste
                                       simple_order_2),)
 
 
+@node(category=SAMPLERS, outputs=("SAMPLER",))
+def SamplerSEEDS2(solver_type=Combo(("phi_1", "phi_2")),
+                  eta=Float(1.0, min=0.0, max=100.0, step=0.01, tooltip="Stochastic strength"),
+                  s_noise=Float(1.0, min=0.0, max=100.0, step=0.01,
+                                tooltip="SDE noise multiplier"),
+                  r=Float(0.5, min=0.01, max=1.0, step=0.01,
+                          tooltip="Relative step size for the intermediate stage (c2 node)")):
+    """This sampler node can represent multiple samplers:
+
+    seeds_2
+    - default setting
+
+    exp_heun_2_x0
+    - solver_type=phi_2, r=1.0, eta=0.0
+
+    exp_heun_2_x0_sde
+    - solver_type=phi_2, r=1.0, eta=1.0, s_noise=1.0"""
+    return (presets.select_sampler("seeds_2", eta=eta, s_noise=s_noise, r=r,
+                                   solver_type=solver_type),)
+
+
 # --------------------------------------------------------------------------------- noise
 
 
@@ -315,7 +339,30 @@ def DualCFGGuider(model=Socket("MODEL"), cond1=Socket("CONDITIONING"),
                                    (cfg_conds, cfg_cond2_negative), nested=style == "nested")),)
 
 
-@node(category="_for_testing", outputs=("GUIDER",))
+@node(category=GUIDERS, outputs=("GUIDER",), display_name="Dual Model CFG Guider")
+def DualModelGuider(model=Socket("MODEL", tooltip="Model used for the positive (conditional) pass."),
+                    model_negative=Socket("MODEL", optional=True,
+                                          tooltip="Model used for the negative (unconditional) "
+                                                  "pass. Use the same model for ordinary CFG."),
+                    positive=Socket("CONDITIONING"), cfg=_cfg(4.0),
+                    negative=Socket("CONDITIONING", optional=True,
+                                    tooltip="Negative conditioning run on the negative model. "
+                                            "Leave unconnected for a text-free (image-only) "
+                                            "unconditional pass.")):
+    """CFG with the negative pass on a second model (each with its own weights, patches and
+    precision); without model_negative it is CFGGuider."""
+    if negative is None:
+        raise ValueError("DualModelGuider: 'negative' is not connected. ComfyUI then runs a "
+                         "text-free (image-only) unconditional pass, which only image-only models "
+                         "take; SD 1.x/2.x/SDXL UNets need a negative CONDITIONING (e.g. an empty "
+                         "prompt or ConditioningZeroOut)")
+    conds = (tuple(positive), tuple(negative))
+    if model_negative is None:
+        return (Guider(model, Guidance("cfg", conds, (cfg,))),)
+    return (Guider(model, Guidance("dual_model", conds, (cfg,)), negative_model=model_negative),)
+
+
+@node(category="_for_testing", outputs=("GUIDER",), display_name="Perp-Neg Guider")
 def PerpNegGuider(model=Socket("MODEL"), positive=Socket("CONDITIONING"),
                   negative=Socket("CONDITIONING"), empty_conditioning=Socket("CONDITIONING"),
                   cfg=_cfg(), neg_scale=Float(1.0, min=0.0, max=100.0, step=0.01)):
@@ -349,11 +396,15 @@ def SamplerCustom(ctx, model=Socket("MODEL"), add_noise=Boolean(True),
 def SamplerCustomAdvanced(ctx, noise=Socket("NOISE"), guider=Socket("GUIDER"),
                           sampler=Socket("SAMPLER"), sigmas=Socket("SIGMAS"),
                           latent_image=Socket("LATENT")):
-    """Samples with separate NOISE, GUIDER, SAMPLER and SIGMAS; the guider's MODEL runs at the
-    precision resolved for this node."""
+    """Samples with separate NOISE, GUIDER, SAMPLER and SIGMAS; the guider's MODEL (and a
+    DualModelGuider's negative MODEL) runs at the precision resolved for this node."""
     runner = guider.model.runner(effective(ctx, guider.model, "MODEL"))
+    negative_runner = None
+    if guider.negative_model is not None and not math.isclose(guider.guidance.scales[0], 1.0):
+        negative_runner = guider.negative_model.runner(effective(ctx, guider.negative_model, "MODEL"))
     return ksampler.sample_custom(runner, guidance=guider.guidance, sampler=sampler,
                                   sigmas=sigmas,
                                   noise=initial_noise(latent_image, noise.seed, noise.add),
                                   seed=noise.seed, latent=latent_image, on_step=_progress(ctx),
-                                  preview=previewer_for(ctx, runner))
+                                  preview=previewer_for(ctx, runner),
+                                  negative_model=negative_runner)

@@ -1,5 +1,6 @@
 """More loaders from ComfyUI's nodes.py: DiffusersLoader, DiffControlNetLoader, and
-ImageOnlyCheckpointLoader (Stable Zero123 checkpoints; SVD img2vid / SV3D are refused clearly).
+ImageOnlyCheckpointLoader with its device-choosing variant ImageOnlyCheckpointLoaderDevice
+(nodes_video_model.py; Stable Zero123 checkpoints; SVD img2vid / SV3D are refused clearly).
 unCLIPCheckpointLoader lives with the CLIP vision nodes (clip_vision_nodes.py)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import Combo, Socket, node
 from mixgraph.nodes import folders
+from mixgraph.nodes.device_options import check_placement, device_options
 from mixgraph.nodes.loading import _fingerprint
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.models.safetensors_io import SAFETENSORS_SUFFIXES, WeightFileError, inspect_file
@@ -84,4 +86,30 @@ def _image_only_check(env: Any, **literals: Any) -> list[str]:
 def ImageOnlyCheckpointLoader(ctx, ckpt_name=Combo(folders.options("checkpoints"))):
     """Loads a Stable Zero123 checkpoint: its UNet (with the camera projection), the CLIP vision
     tower it holds and its VAE. SVD img2vid / SV3D (video models) are not supported."""
+    return loader.load_image_only_checkpoint(folders.resolve(ctx.env, "checkpoints", ckpt_name))
+
+
+def _image_only_device_check(env: Any, model_device: Any = None, clip_vision_device: Any = None,
+                             vae_device: Any = None, **literals: Any) -> list[str]:
+    """ImageOnlyCheckpointLoader's checks; the device inputs accept any value at validation, as
+    ComfyUI's VALIDATE_INPUTS does (an unknown "gpu:N" falls back to "default")."""
+    return [p.replace("ImageOnlyCheckpointLoader:", "ImageOnlyCheckpointLoaderDevice:", 1)
+            for p in _image_only_check(env, **literals)]
+
+
+@node(category="loaders/video_models", outputs=("MODEL", "CLIP_VISION", "VAE"),
+      display_name="Image Only Checkpoint Loader (Device)",
+      fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_image_only_device_check)
+def ImageOnlyCheckpointLoaderDevice(
+        ctx, ckpt_name=Combo(folders.options("checkpoints")),
+        model_device=Combo(device_options, optional=True,
+                           tooltip="Device for the diffusion model (UNET)."),
+        clip_vision_device=Combo(device_options, optional=True,
+                                 tooltip="Device for the CLIP vision encoder."),
+        vae_device=Combo(device_options, optional=True, tooltip="Device for the VAE.")):
+    """ImageOnlyCheckpointLoader with a device per model; "default" (or the run's own device) is
+    where mixgraph runs them, another device is not supported yet."""
+    for name, option in (("model_device", model_device), ("clip_vision_device", clip_vision_device),
+                         ("vae_device", vae_device)):
+        check_placement("ImageOnlyCheckpointLoaderDevice", name, option, ctx.env.device)
     return loader.load_image_only_checkpoint(folders.resolve(ctx.env, "checkpoints", ckpt_name))

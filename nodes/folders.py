@@ -165,3 +165,18 @@ def options(folder: str):
 def list_images(env: Any) -> list[str]:
     root = Path(getattr(env, "input", "input"))
     return sorted(_walk(root, IMAGE_EXTENSIONS)) if env is not None else []
+
+
+ANNOTATIONS = {"[input]": "input", "[output]": "output", "[temp]": "temp"}
+
+
+def annotated_path(env: Any, value: str) -> Path:
+    """ComfyUI's annotated file name (``get_annotated_filepath``): ``name [temp]``,
+    ``name [output]`` or ``name [input]`` names a file in that folder, a bare name one in the
+    input folder; the name stays inside the folder (``safe_join``)."""
+    folder, name = "input", value
+    for suffix, which in ANNOTATIONS.items():
+        if value.endswith(" " + suffix):
+            folder, name = which, value[: -len(suffix) - 1]
+            break
+    return safe_join(Path(getattr(env, folder, folder)), name)

@@ -42,7 +42,7 @@ def FreSca(model=Socket("MODEL"),
     return (model.with_sampler_patch(P.FreSca(float(scale_low), float(scale_high), int(freq_cutoff))),)
 
 
-@node(category="_for_testing", outputs=("MODEL",), display_name="Perp-Neg (DEPRECATED by PerpNegGuider)")
+@node(category="_for_testing", outputs=("MODEL",), display_name="Perp-Neg (DEPRECATED by Perp-Neg Guider)")
 def PerpNeg(model=Socket("MODEL"), empty_conditioning=Socket("CONDITIONING"),
             neg_scale=Float(1.0, min=0.0, max=100.0, step=0.01)):
     """Perp-Neg as a model patch: the empty prompt is evaluated as a third prediction each step."""

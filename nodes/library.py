@@ -14,3 +14,4 @@ from mixgraph.nodes import clip_vision_nodes, gligen_nodes, sampler_extra_nodes,
 from mixgraph.nodes import batch_nodes, color_transfer_nodes, logic_nodes, resize_nodes  # noqa: F401
 from mixgraph.nodes import hook_nodes  # noqa: F401
 from mixgraph.nodes import crop_nodes, save_image_nodes  # noqa: F401
+from mixgraph.nodes import webcam_nodes  # noqa: F401

@@ -94,7 +94,7 @@ def SelfAttentionGuidance(model=Socket("MODEL"), scale=Float(0.5, min=-2.0, max=
 
 @node(category="_for_testing", outputs=("MODEL",), display_name="Differential Diffusion")
 def DifferentialDiffusion(model=Socket("MODEL"),
-                          strength=Float(1.0, min=0.0, max=1.0, step=0.01, optional=True)):
+                          strength=Float(1.0, min=0.0, max=1.0, step=0.0001, optional=True)):
     return (model.with_sampler_patch(cfg_patches.DifferentialDiffusion(float(strength))),)
 
 

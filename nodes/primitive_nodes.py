@@ -25,7 +25,7 @@ def PrimitiveInt(value=Int(0, min=-sys.maxsize, max=sys.maxsize, control_after_g
 
 
 @node(category="utils/primitive", outputs=("FLOAT",), display_name="Float")
-def PrimitiveFloat(value=Float(0.0, min=-sys.maxsize, max=sys.maxsize)):
+def PrimitiveFloat(value=Float(0.0, min=-sys.maxsize, max=sys.maxsize, step=0.1)):
     return (value,)
 
 

@@ -51,7 +51,7 @@ def test_guidance_extra_specs_match_comfyui():
     assert fr["scale_high"][1]["default"] == 1.25 and fr["freq_cutoff"][1]["max"] == 10000
     pn = INFO["PerpNeg"]
     assert pn["input_order"]["required"] == ["model", "empty_conditioning", "neg_scale"]
-    assert pn["display_name"] == "Perp-Neg (DEPRECATED by PerpNegGuider)"
+    assert pn["display_name"] == "Perp-Neg (DEPRECATED by Perp-Neg Guider)"
     co = INFO["CFGOverride"]
     assert co["input_order"]["required"] == ["model", "cfg", "start_percent", "end_percent"]
     assert co["input"]["required"]["cfg"] == ["FLOAT", {"default": 1.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01}]

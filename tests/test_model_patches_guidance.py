@@ -41,7 +41,7 @@ def test_guidance_patch_specs_match_comfyui():
     assert INFO["SelfAttentionGuidance"]["category"] == "_for_testing"
     dd = INFO["DifferentialDiffusion"]
     assert dd["input_order"] == {"required": ["model"], "optional": ["strength"]}
-    assert dd["input"]["optional"]["strength"] == ["FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01}]
+    assert dd["input"]["optional"]["strength"] == ["FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.0001}]
     assert dd["category"] == "_for_testing"
 
 

@@ -16,7 +16,7 @@ from .conditioning import Cond
 
 __all__ = ["Sampler", "Noise", "Guidance", "Guider", "GUIDANCE_KINDS"]
 
-GUIDANCE_KINDS = ("cfg", "dual_cfg", "perp_neg")
+GUIDANCE_KINDS = ("cfg", "dual_cfg", "perp_neg", "dual_model")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class Guidance:
     kind "dual_cfg": conds (cond1, cond2, negative), scales (cfg_conds, cfg_cond2_negative);
                      ``nested`` selects DualCFGGuider's "nested" style.
     kind "perp_neg": conds (positive, negative, empty), scales (cfg, neg_scale).
+    kind "dual_model": conds (positive, negative), scales (cfg,): CFG whose negative is evaluated
+                     on the guider's ``negative_model`` (DualModelGuider).
     """
 
     kind: str
@@ -70,7 +72,15 @@ class Guidance:
 @dataclass(frozen=True)
 class Guider:
     """GUIDER: the MODEL handle it runs plus its guidance rule. The node that samples with it
-    (SamplerCustomAdvanced) chooses the precision the model runs in."""
+    (SamplerCustomAdvanced) chooses the precision the model runs in.
+
+    ``negative_model``: guidance "dual_model" only, the MODEL handle the negative pass runs on
+    (its own weights and patches; SamplerCustomAdvanced resolves its precision separately)."""
 
     model: Any  # nodes.models.handles.ModelHandle
     guidance: Guidance
+    negative_model: Any = None  # nodes.models.handles.ModelHandle | None
+
+    def __post_init__(self):
+        if (self.guidance.kind == "dual_model") != (self.negative_model is not None):
+            raise ValueError("a GUIDER has a negative_model exactly when its guidance is 'dual_model'")

@@ -12,6 +12,14 @@
   ``E + cfg·(p − neg_scale·(n − (⟨n, p⟩/‖p‖²)·p))``, the inner product and norm taken over the
   whole batch tensor as ComfyUI does. N is skipped when neg_scale ≈ 0 and E too when cfg ≈ 1.
 
+* Dual-model CFG (ComfyUI ``DualModelGuider``): CFG with the positive evaluated on the guider's
+  MODEL and the negative on a second MODEL (``negative_model``), each with its own weights,
+  patches and precision; the guidance formula and the sampler patches (post-CFG functions,
+  CFGOverride) are the first model's. The negative list is resolved against the second model
+  alone (no ControlNet carried over from the positive: ComfyUI prepares it on its own). At a base
+  cfg ≈ 1 the second model is never run and the x0 prediction is the positive's, unpatched; a
+  step whose cfg is driven to ≈ 1 (CFGOverride) does the same unless a patch needs the negative.
+
 ``with_uncond`` gives the CFG++ samplers the prediction ComfyUI's post-CFG hook reports as
 ``uncond_denoised``: N (regular dual CFG and Perp-Neg), P2 (nested dual CFG); every list is then
 evaluated, as ComfyUI's CFG++ samplers disable the cfg1 optimisation.
@@ -27,7 +35,7 @@ from mixgraph.nodes.payloads.sampling import Guidance
 from .cfg_patches import cfg_at
 from .parameterization import CFGDenoiser, CondDenoiser, ModelSampling
 
-__all__ = ["DualCFGDenoiser", "PerpNegDenoiser", "build_denoiser", "perp_neg"]
+__all__ = ["DualCFGDenoiser", "DualModelDenoiser", "PerpNegDenoiser", "build_denoiser", "perp_neg"]
 
 
 def _zeros_for_skipped(den: CondDenoiser, x, sigma, lists):
@@ -67,9 +75,13 @@ class DualCFGDenoiser(CondDenoiser):
 
 def perp_neg(pos: torch.Tensor, neg: torch.Tensor, empty: torch.Tensor, neg_scale: float,
              cfg: float) -> torch.Tensor:
-    """Perp-Neg combination of x0 predictions (module docstring)."""
+    """Perp-Neg combination of x0 predictions (module docstring). A projection coefficient that
+    is not finite (p = 0: the positive equals the empty prompt; or an overflow) counts as 0, so
+    the result falls back to plain CFG, as in ComfyUI 0.38.1."""
     p, n = pos - empty, neg - empty
-    perp = n - (torch.mul(n, p).sum() / torch.norm(p) ** 2) * p
+    scale = torch.nan_to_num(torch.mul(n, p).sum() / torch.norm(p) ** 2, nan=0.0, posinf=0.0,
+                             neginf=0.0)
+    perp = n - scale * p
     return empty + cfg * (p - perp * neg_scale)
 
 
@@ -99,11 +111,55 @@ class PerpNegDenoiser(CondDenoiser):
         return self._predict(x, sigma, all_lists=True)
 
 
+class DualModelDenoiser(CFGDenoiser):
+    """CFG with the negative list evaluated on ``negative_model`` (a SamplerModel, or None when
+    the base cfg is ≈ 1 and it is not loaded); see the module docstring."""
+
+    def __init__(self, model, negative_model, positive, negative, cfg: float, latent_image,
+                 denoise_mask=None, model_sampling=None, seed=None):
+        super().__init__(model, positive, negative, cfg, latent_image, denoise_mask,
+                         model_sampling, seed=seed)
+        self._negative_off = negative_model is None or math.isclose(self.cfg, 1.0)
+        self._uncond = None
+        if not self._negative_off:
+            self._uncond = CondDenoiser(negative_model, (negative,), (True,), latent_image,
+                                        denoise_mask, ModelSampling.for_model(negative_model),
+                                        control_to_uncond=None, seed=seed)
+
+    def calc_cond_batch(self, cond_lists, x, sigma, unet_patches=()):
+        """The negative list on the second model, every other list on the first."""
+        if self._uncond is None or not any(lst is self.negative for lst in cond_lists):
+            return super().calc_cond_batch(cond_lists, x, sigma, unet_patches)
+        others = [lst for lst in cond_lists if lst is not self.negative]
+        outs = iter(super().calc_cond_batch(others, x, sigma, unet_patches) if others else ())
+        (uncond,) = self._uncond.calc_cond_batch(self._uncond.lists, x, sigma, unet_patches)
+        return [uncond if lst is self.negative else next(outs) for lst in cond_lists]
+
+    def __call__(self, x, sigma, seed=None, **_):
+        cfg = cfg_at(self.sampler_patches, sigma, self.cfg)
+        if self._negative_off or (self._skip_cfg1 and math.isclose(cfg, 1.0)):
+            return self.calc_cond_batch([self.positive], x, sigma)[0]
+        return super().__call__(x, sigma)
+
+    def with_uncond(self, x, sigma, seed=None, **_):
+        if self._negative_off:
+            raise ValueError("DualModelGuider at cfg 1 runs no negative pass, and this sampler "
+                             "(a CFG++ one) needs the negative prediction; use a cfg other than 1 "
+                             "or another sampler")
+        return super().with_uncond(x, sigma)
+
+
 def build_denoiser(guidance: Guidance, model, latent_image: torch.Tensor,
-                   denoise_mask: torch.Tensor | None, model_sampling: ModelSampling, seed: int | None = None):
+                   denoise_mask: torch.Tensor | None, model_sampling: ModelSampling, seed: int | None = None,
+                   negative_model=None):
     """The sampler-contract denoiser for ``guidance`` on ``model`` (a SamplerModel); ``seed`` is
-    the sampling seed (unCLIP's noise augmentation draws from it)."""
+    the sampling seed (unCLIP's noise augmentation draws from it). ``negative_model``: the
+    SamplerModel of a "dual_model" guidance's negative pass (None: not loaded, base cfg ≈ 1)."""
     args = (latent_image, denoise_mask, model_sampling)
+    if guidance.kind == "dual_model":
+        positive, negative = guidance.conds
+        return DualModelDenoiser(model, negative_model, positive, negative, guidance.scales[0],
+                                 *args, seed=seed)
     if guidance.kind == "cfg":
         positive, negative = guidance.conds
         return CFGDenoiser(model, positive, negative, guidance.scales[0], *args, seed=seed)

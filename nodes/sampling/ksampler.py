@@ -177,6 +177,7 @@ def sample_custom(
     latent: Latent,
     on_step: Callable[..., None] | None = None,
     preview: Callable[[torch.Tensor], Any] | None = None,
+    negative_model=None,
 ) -> tuple[Latent, Latent]:
     """The one sampling core (ComfyUI ``CFGGuider.sample`` + ``KSAMPLER.sample``), shared by
     KSampler, SamplerCustom and SamplerCustomAdvanced.
@@ -190,6 +191,9 @@ def sample_custom(
 
     ``on_step``/``preview``: as in ``sample``; the preview sees the x0 prediction in the
     sampler's (scaled) latent space, as ComfyUI's previewers do.
+
+    ``negative_model``: the SamplerModel of a "dual_model" guidance's negative pass
+    (DualModelGuider); None otherwise or when it is not loaded (base cfg ≈ 1).
 
     Returns (output, denoised_output): the sampled Latent and the last step's x0 prediction
     (ComfyUI's ``denoised_output``; the output itself when no step ran). Empty ``sigmas``
@@ -215,7 +219,8 @@ def sample_custom(
     if latent.noise_mask is not None:
         denoise_mask = prepare_mask(latent.noise_mask.to(device), noise.shape)
 
-    denoiser = build_denoiser(guidance, model, latent_image, denoise_mask, ms, seed=seed)
+    denoiser = build_denoiser(guidance, model, latent_image, denoise_mask, ms, seed=seed,
+                              negative_model=negative_model)
     if denoise_mask is not None:
         inpaint_noise = noise
         if sampler.name == "ddim":

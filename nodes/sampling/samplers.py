@@ -38,7 +38,7 @@ LAYOUT: the algorithms live in family modules, which import helpers from ``sampl
 * ``solvers_multistep``: ipndm, ipndm_v, deis, uni_pc, uni_pc_bh2;
 * ``solvers_cfgpp``: CFG++ forms of euler, euler_ancestral, dpmpp_2s_ancestral, dpmpp_2m;
 * ``solvers_res``: res_multistep (+ ancestral, CFG++), gradient_estimation (+ CFG++);
-* ``solvers_sde``: er_sde, seeds_2, seeds_3;
+* ``solvers_sde``: er_sde, seeds_2, seeds_3, exp_heun_2_x0, exp_heun_2_x0_sde;
 * ``solvers_sa``: sa_solver, sa_solver_pece;
 * ``solvers_extra``: lcm_upscale, euler_pp (node-only: ``NODE_ONLY_SAMPLERS``, not in KSampler's list).
 
@@ -108,14 +108,21 @@ from .solvers_res import (
 )
 from .solvers_sa import sample_sa_solver, sample_sa_solver_pece
 from .solvers_extra import sample_euler_pp, sample_lcm_upscale
-from .solvers_sde import sample_er_sde, sample_seeds_2, sample_seeds_3
+from .solvers_sde import (
+    sample_er_sde,
+    sample_exp_heun_2_x0,
+    sample_exp_heun_2_x0_sde,
+    sample_seeds_2,
+    sample_seeds_3,
+)
 
 Sampler = Callable[..., torch.Tensor]
 
-# ComfyUI's KSAMPLER_NAMES followed by ["ddim", "uni_pc", "uni_pc_bh2"], in its order.
+# ComfyUI's KSAMPLER_NAMES followed by ["ddim", "uni_pc", "uni_pc_bh2"], in its order. ComfyUI's
+# newest list also holds "cfgpp_ud10_ab" (after "deis"); it is not implemented here yet.
 SAMPLER_NAMES: tuple[str, ...] = (
     "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2",
-    "dpm_2", "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral",
+    "exp_heun_2_x0", "exp_heun_2_x0_sde", "dpm_2", "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral",
     "dpmpp_2s_ancestral_cfg_pp", "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp",
     "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu",
     "dpmpp_3m_sde", "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm", "ipndm_v", "deis",
@@ -132,6 +139,8 @@ SAMPLERS: dict[str, Sampler] = {
     "euler_ancestral_cfg_pp": sample_euler_ancestral_cfg_pp,
     "heun": sample_heun,
     "heunpp2": sample_heunpp2,
+    "exp_heun_2_x0": sample_exp_heun_2_x0,
+    "exp_heun_2_x0_sde": sample_exp_heun_2_x0_sde,
     "dpm_2": sample_dpm_2,
     "dpm_2_ancestral": sample_dpm_2_ancestral,
     "lms": sample_lms,

@@ -1,5 +1,6 @@
-"""Exponential-integrator SDE solvers: ER-SDE-Solver-3 (Cui et al. 2023) and SEEDS-2/3 (Gonzalez et
-al. 2023). The DPM-Solver++ SDE samplers live in ``solvers_dpmpp.py``.
+"""Exponential-integrator SDE solvers: ER-SDE-Solver-3 (Cui et al. 2023), SEEDS-2/3 (Gonzalez et
+al. 2023) and the exponential Heun samplers ComfyUI builds on SEEDS-2 (``exp_heun_2_x0``,
+``exp_heun_2_x0_sde``). The DPM-Solver++ SDE samplers live in ``solvers_dpmpp.py``.
 
 VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``. Hand-written: no
 library implements these solvers against a denoiser callable.
@@ -14,6 +15,8 @@ from .sampler_utils import half_log_snr, noise_or_default, report_step
 __all__ = [
     "er_sde_default_noise_scaler",
     "sample_er_sde",
+    "sample_exp_heun_2_x0",
+    "sample_exp_heun_2_x0_sde",
     "sample_seeds_2",
     "sample_seeds_3",
 ]
@@ -171,6 +174,31 @@ def sample_seeds_2(model, x, sigmas, extra_args=None, callback=None, disable=Non
         x = _seeds_move(x, sigma, sigma_next, h * eta, combo)
         x, w = _seeds_later_noise(x, w, (r - 1) * h * eta, noise, sigma_1, sigma_next, s_noise)
     return x
+
+
+@torch.no_grad()
+def sample_exp_heun_2_x0(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                         solver_type="phi_2"):
+    """Deterministic exponential Heun, 2nd order, in data prediction and log-SNR time: ComfyUI's
+    ``exp_heun_2_x0``, which is SEEDS-2 with its intermediate stage at the end of the step
+    (r = 1) and no noise (eta = 0, s_noise = 0); ``solver_type`` "phi_2" by default: the
+    two-stage exponential Runge-Kutta method with c2 = 1 (Gonzalez et al. 2023, arXiv:2305.14267,
+    the deterministic limit of SEEDS-2), second order in the step."""
+    return sample_seeds_2(model, x, sigmas, extra_args=extra_args, callback=callback,
+                          disable=disable, noise_sampler=None, eta=0.0, s_noise=0.0, r=1.0,
+                          solver_type=solver_type)
+
+
+@torch.no_grad()
+def sample_exp_heun_2_x0_sde(model, x, sigmas, extra_args=None, callback=None, disable=None,
+                             noise_sampler=None, eta=1.0, s_noise=1.0, solver_type="phi_2"):
+    """Stochastic exponential Heun (ComfyUI's ``exp_heun_2_x0_sde``): SEEDS-2 with r = 1 and
+    ``solver_type`` "phi_2" by default; ComfyUI defaults eta=1, s_noise=1. The step's Brownian
+    increment is drawn at its first stage (sigma -> sigma_next); the second draw, over an empty
+    span, is weighted 0 but still taken, as in ComfyUI, so the noise stream stays aligned."""
+    return sample_seeds_2(model, x, sigmas, extra_args=extra_args, callback=callback,
+                          disable=disable, noise_sampler=noise_sampler, eta=eta, s_noise=s_noise,
+                          r=1.0, solver_type=solver_type)
 
 
 @torch.no_grad()
