@@ -12,3 +12,4 @@ from mixgraph.nodes import upscale_diffusion_nodes  # noqa: F401
 from mixgraph.nodes import persistable  # noqa: F401  (declares the payloads the output cache keeps)
 from mixgraph.nodes import clip_vision_nodes, gligen_nodes, sampler_extra_nodes, token_patch_nodes  # noqa: F401
 from mixgraph.nodes import batch_nodes, color_transfer_nodes, logic_nodes, resize_nodes  # noqa: F401
+from mixgraph.nodes import cond_nodes, seamless_tiling_nodes  # noqa: F401

@@ -148,6 +148,12 @@ class Cond:
                  input channels (SD_4XUpscale_Conditioning), or None.
     noise_augmentation: how much that image is noised, 0..1 (x4 upscaler; noise level
                  round(350 · value) is also the UNet's class label).
+    controlnet_cross_attn: [1, T, D] text hidden states the ControlNets of this cond read instead
+                 of ``cross_attn`` (CLIPTextEncodeControlnet; ComfyUI's ``cross_attn_controlnet``);
+                 the UNet keeps ``cross_attn``. None: the ControlNets read ``cross_attn``.
+    controlnet_pooled: [1, P] the pooled embedding of that text (ComfyUI's
+                 ``pooled_output_controlnet``); carried and saved, read by no SD-family model
+                 (as in ComfyUI, whose SD ControlNets take the UNet's y).
     """
 
     cross_attn: torch.Tensor
@@ -168,6 +174,8 @@ class Cond:
     gligen: object | None = None
     concat_image: torch.Tensor | None = None
     noise_augmentation: float = 0.0
+    controlnet_cross_attn: torch.Tensor | None = None
+    controlnet_pooled: torch.Tensor | None = None
 
 
 Conditioning = tuple[Cond, ...]
