@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Socket, node
 from mixgraph.nodes import latent_ops
+from mixgraph.nodes.sampling.cfg_patches_extra import LatentOperationCFG
 
 
 @node(category="latent/batch", outputs=("LATENT",), display_name="Latent From Batch")
@@ -108,6 +109,13 @@ def LatentCutToBatch(samples=Socket("LATENT"), dim=Combo(latent_ops.CUT_TO_BATCH
 @node(category="latent/advanced/operations", outputs=("LATENT",))
 def LatentApplyOperation(samples=Socket("LATENT"), operation=Socket("LATENT_OPERATION")):
     return (latent_ops.apply_operation(samples, operation),)
+
+
+@node(category="latent/advanced/operations", outputs=("MODEL",))
+def LatentApplyOperationCFG(model=Socket("MODEL"), operation=Socket("LATENT_OPERATION")):
+    """Applies the operation to the guidance direction (cond − uncond) before CFG, every step
+    (at cfg = 1 to the conditional prediction itself)."""
+    return (model.with_sampler_patch(LatentOperationCFG(operation)),)
 
 
 @node(category="latent/advanced/operations", outputs=("LATENT_OPERATION",))

@@ -15,3 +15,4 @@ from mixgraph.nodes import batch_nodes, color_transfer_nodes, logic_nodes, resiz
 from mixgraph.nodes import hook_nodes  # noqa: F401
 from mixgraph.nodes import crop_nodes, save_image_nodes  # noqa: F401
 from mixgraph.nodes import webcam_nodes  # noqa: F401
+from mixgraph.nodes import cond_nodes, seamless_tiling_nodes  # noqa: F401

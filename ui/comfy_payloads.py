@@ -15,7 +15,8 @@ pixels, `strength`, `mask` + `mask_strength` (+ `set_area_to_bounds`), `control`
 `target_width`, `target_height`, `aesthetic_score`), `start_percent` / `end_percent`,
 `unclip_conditioning` (a list of `{"clip_vision_output", "strength", "noise_augmentation"}`),
 `gligen` (`("position", GLIGEN, [(pooled, h, w, y, x), ...])`) and the x4 upscaler's
-`concat_image` + `noise_augmentation`.
+`concat_image` + `noise_augmentation`, and CLIPTextEncodeControlnet's `cross_attn_controlnet` +
+`pooled_output_controlnet`.
 Other keys a pack adds are kept in the ComfyUI form only while the value stays inside custom
 nodes; converting to `Cond` drops them (mixgraph's sampler has no use for them).
 """
@@ -91,6 +92,9 @@ def cond_to_comfy(conds: tuple[Cond, ...]) -> list:
             opts["gligen"] = ("position", c.gligen.model, list(c.gligen.boxes))
         if c.concat_image is not None:  # SD_4XUpscale_Conditioning
             opts.update(concat_image=c.concat_image, noise_augmentation=c.noise_augmentation)
+        if c.controlnet_cross_attn is not None:
+            opts["cross_attn_controlnet"] = c.controlnet_cross_attn
+            opts["pooled_output_controlnet"] = c.controlnet_pooled
         out.append([c.cross_attn, opts])
     return out
 
@@ -123,6 +127,8 @@ def cond_from_comfy(items: list) -> tuple[Cond, ...]:
         conds.append(Cond(
             unclip=unclip, gligen=gligen, concat_image=o.get("concat_image"),
             noise_augmentation=float(o.get("noise_augmentation", 0.0)),
+            controlnet_cross_attn=o.get("cross_attn_controlnet"),
+            controlnet_pooled=o.get("pooled_output_controlnet"),
             cross_attn=t.float(), pooled=o.get("pooled_output"), area=area,
             strength=float(o.get("strength", 1.0)), mask=mask, control=o.get("control"),
             control_apply_to_uncond=bool(o.get("control_apply_to_uncond", False)), size=size,

@@ -30,6 +30,7 @@ from mixgraph.nodes.models.controlnet import ControlNetModel
 from mixgraph.nodes.models.hooks import encode_with_hooks
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
+from mixgraph.nodes.models.seamless import unet_wrappers
 from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt
 from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
@@ -175,16 +176,24 @@ class UNetRunner:
     def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None,
              patches: tuple = (), sigma: float | None = None) -> Tensor:
         """``patches``: forward-time patches for this call, after the handle's own. ``sigma``: the
-        evaluated noise level, bound into patches that depend on it (``at_sigma``)."""
+        evaluated noise level, bound into patches that depend on it (``at_sigma``). A patch with
+        ``wrap_unet(call, x, control=)`` runs around the whole call (``seamless.py``)."""
         every = self.handle.unet_patches + tuple(patches)
         if sigma is not None:
             every = tuple(p.at_sigma(sigma) if hasattr(p, "at_sigma") else p for p in every)
         if any(hasattr(p, "for_call") for p in every):  # token patches: input shape + run state
             every = tuple(p.for_call(tuple(x.shape), self.run_state) if hasattr(p, "for_call") else p
                           for p in every)
-        if every:
-            return self.model(x, timesteps, context, y, control, every)
-        return self.model(x, timesteps, context, y, control)
+        wraps, every = unet_wrappers(every)
+
+        def call(x_in: Tensor) -> Tensor:
+            if every:
+                return self.model(x_in, timesteps, context, y, control, every)
+            return self.model(x_in, timesteps, context, y, control)
+
+        for wrap in wraps:  # call wrappers (seamless tiling): a later patch wraps the earlier ones
+            call = functools.partial(wrap.wrap_unet, call, control=control)
+        return call(x)
 
     def image_concat(self, cond: Cond, latent_shape: tuple[int, ...], seed: int) -> Tensor:
         """The x4 upscaler's extra input channels [B, 3, H, W] for ``cond`` (``x4_upscaler.py``)."""

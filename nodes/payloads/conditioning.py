@@ -154,6 +154,12 @@ class Cond:
                  for (ComfyUI's clip_start/end_percent), intersected with ``timestep_range``.
     default:     a default cond (ConditioningSetDefaultCombine): evaluated only where the other
                  conds of its list leave weight uncovered, with that remaining weight.
+    controlnet_cross_attn: [1, T, D] text hidden states the ControlNets of this cond read instead
+                 of ``cross_attn`` (CLIPTextEncodeControlnet; ComfyUI's ``cross_attn_controlnet``);
+                 the UNet keeps ``cross_attn``. None: the ControlNets read ``cross_attn``.
+    controlnet_pooled: [1, P] the pooled embedding of that text (ComfyUI's
+                 ``pooled_output_controlnet``); carried and saved, read by no SD-family model
+                 (as in ComfyUI, whose SD ControlNets take the UNet's y).
     """
 
     cross_attn: torch.Tensor
@@ -177,6 +183,8 @@ class Cond:
     hooks: object | None = None
     clip_range: tuple[float, float] | None = None
     default: bool = False
+    controlnet_cross_attn: torch.Tensor | None = None
+    controlnet_pooled: torch.Tensor | None = None
 
 
 Conditioning = tuple[Cond, ...]

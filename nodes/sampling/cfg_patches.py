@@ -9,7 +9,8 @@ A MODEL handle carries them in ``sampler_patches``; ``CFGDenoiser`` hands each e
 * "post_cfg": ``post(a, denoised) -> Tensor`` refines the guided x0, in patch order.
 * "pre_cfg":  ``pre(a) -> (cond, uncond)`` rewrites the two predictions before the CFG formula,
               in patch order (ComfyUI's ``sampler_pre_cfg_function``); skipped when the negative
-              was not evaluated (cfg = 1).
+              was not evaluated (cfg = 1), unless the patch says ``without_uncond = True``
+              (it then sees zeros for uncond, as ComfyUI's functions do).
 * "cfg_scale": ``scale(sigma: float, cfg: float) -> float`` replaces the guider's cfg at that
               sigma, in patch order (ComfyUI's CFGOverride wrapper; see ``cfg_at``); it also
               decides the cfg = 1 shortcut.
@@ -81,10 +82,9 @@ def denoise_mask_patches(patches: Sequence) -> tuple:
 
 
 def guide(patches: Sequence, a: GuidanceArgs) -> Tensor:
-    if a.has_uncond:
-        for p in patches:
-            if p.stage == "pre_cfg":
-                a.cond_denoised, a.uncond_denoised = p.pre(a)
+    for p in patches:
+        if p.stage == "pre_cfg" and (a.has_uncond or getattr(p, "without_uncond", False)):
+            a.cond_denoised, a.uncond_denoised = p.pre(a)
     combine = [p for p in patches if p.stage == "cfg"]
     if combine:
         denoised = combine[-1].combine(a)

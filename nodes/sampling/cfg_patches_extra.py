@@ -1,7 +1,7 @@
 """More sampler patches in the contract of ``cfg_patches.py`` (stages "pre_cfg", "cfg",
 "post_cfg", "cfg_scale"): ComfyUI's CFGNorm (nodes_cfg.py), Mahiro (nodes_mahiro.py), FreSca
-(nodes_fresca.py), the deprecated PerpNeg model patch (nodes_perpneg.py) and CFGOverride
-(nodes_custom_sampler.py).
+(nodes_fresca.py), the deprecated PerpNeg model patch (nodes_perpneg.py), CFGOverride
+(nodes_custom_sampler.py) and LatentApplyOperationCFG (nodes_latent.py).
 
 All tensors are x0 (denoised) predictions [B, C, H, W] unless a docstring says noise space
 (x − x0, what ComfyUI hands a ``sampler_cfg_function`` as "cond"/"uncond").
@@ -19,7 +19,7 @@ from .cfg_patches import GuidanceArgs
 from .guidance import perp_neg
 
 __all__ = ["CFGNorm", "CFGNormPreCFG", "Mahiro", "FreSca", "fourier_filter", "PerpNegPatch",
-           "CFGOverride"]
+           "CFGOverride", "LatentOperationCFG"]
 
 
 @dataclass(frozen=True)
@@ -148,3 +148,19 @@ class CFGOverride:
 
     def scale(self, sigma: float, cfg: float) -> float:
         return self.cfg if self.sigma_low < sigma <= self.sigma_high else cfg
+
+
+@dataclass(frozen=True)
+class LatentOperationCFG:
+    """ComfyUI's LatentApplyOperationCFG (a ``sampler_pre_cfg_function``): a LATENT_OPERATION
+    (``op(latent=[B, C, H, W]) -> tensor``) applied to the guidance direction,
+    cond ← op(cond − uncond) + uncond, before the CFG formula. It also runs when cfg = 1 skipped
+    the negative (``without_uncond``): uncond is zeros there, as in ComfyUI, so cond ← op(cond)."""
+
+    operation: object
+    stage: str = "pre_cfg"
+    without_uncond: bool = True
+
+    def pre(self, a: GuidanceArgs) -> tuple[Tensor, Tensor]:
+        uncond = a.uncond_denoised
+        return self.operation(latent=a.cond_denoised - uncond) + uncond, uncond

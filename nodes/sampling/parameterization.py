@@ -190,6 +190,7 @@ class _Entry:
     sigma_end: float | None
     concat: torch.Tensor | None = None  # [B, 1+C, H, W] inpaint-model channels, or None
     gligen: object | None = None  # the GLIGEN module for the cond's boxes, or None
+    control_context: torch.Tensor | None = None  # [1, T', D] ControlNet-only text, or None
 
 
 def _mask_bounds(mask: torch.Tensor) -> tuple[int, int, int, int]:
@@ -450,7 +451,10 @@ class CondDenoiser:
         project = getattr(self.model, "project_context", None)
         if project is not None:  # Stable Zero123's camera projection (ComfyUI's extra_conds)
             context = project(context)
-        return _Entry(c, context, y_vec, area, mask, s_start, s_end, concat, gligen)
+        control_context = None
+        if c.controlnet_cross_attn is not None:  # CLIPTextEncodeControlnet
+            control_context = c.controlnet_cross_attn.to(self.device, torch.float32)
+        return _Entry(c, context, y_vec, area, mask, s_start, s_end, concat, gligen, control_context)
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -586,10 +590,9 @@ class CondDenoiser:
             return False
         if (ea.y is None) != (eb.y is None) or (ea.y is not None and ea.y.shape != eb.y.shape):
             return False
-        ta, tb = ea.context.shape, eb.context.shape
-        if ta[0] != tb[0] or ta[2] != tb[2]:
-            return False
-        return math.lcm(ta[1], tb[1]) // min(ta[1], tb[1]) <= 4
+        if ea.cond.control is not None and not _can_concat(ea.control_context, eb.control_context):
+            return False  # ControlNet-only text: only with the same kind (ComfyUI's can_concat)
+        return _can_concat(ea.context, eb.context)
 
     def _run(self, batch, sigma: torch.Tensor, unet_patches=(), model=None) -> list[torch.Tensor]:
         """One UNet call for a batch of compatible conds; returns each cond's x0 prediction.
@@ -602,12 +605,7 @@ class CondDenoiser:
         sig = torch.cat([sigma] * n)  # [n*B]
         xc = self.ms.calculate_input(sig, x_in)
         t = self.ms.timestep(sig).float()
-        t_len = math.lcm(*(e.context.shape[1] for e, _, _ in batch))
-        context = torch.cat([
-            repeat_to_batch(e.context.repeat(1, t_len // e.context.shape[1], 1), b)
-            for e, _, _ in batch
-        ])  # [n*B, T, D]; repeating tokens leaves attention unchanged; a cond with one entry per
-        # image (Stable Zero123's batched cameras) is cut or tiled to the batch, as ComfyUI
+        context = _batch_context([e.context for e, _, _ in batch], b)  # [n*B, T, D]
         y = None
         if batch[0][0].y is not None:
             y = torch.cat([e.y.expand(b, -1) for e, _, _ in batch])  # [n*B, adm]
@@ -615,7 +613,10 @@ class CondDenoiser:
         chain = batch[0][0].cond.control
         if chain is not None:
             percent = self.ms.schedule.sigma_to_percent(float(sigma.reshape(-1)[0]))
-            control = chain.residuals(xc, t, context, y, sig, percent)
+            cn_context = context
+            if batch[0][0].control_context is not None:  # ComfyUI's crossattn_controlnet
+                cn_context = _batch_context([e.control_context for e, _, _ in batch], b)
+            control = chain.residuals(xc, t, cn_context, y, sig, percent)
         unet_in = xc
         if batch[0][0].concat is not None:
             crops = []
@@ -638,6 +639,25 @@ class CondDenoiser:
             out = model.unet(unet_in, t, context, y=y, control=control)
         out = out.float()
         return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))
+
+
+def _can_concat(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two conds' token tensors can share a UNet batch (ComfyUI CONDCrossAttn.can_concat):
+    both absent, or the same batch and width with token counts at most 4x apart at their lcm."""
+    if a is None or b is None:
+        return a is None and b is None
+    ta, tb = a.shape, b.shape
+    if ta[0] != tb[0] or ta[2] != tb[2]:
+        return False
+    return math.lcm(ta[1], tb[1]) // min(ta[1], tb[1]) <= 4
+
+
+def _batch_context(contexts: Sequence[torch.Tensor], b: int) -> torch.Tensor:
+    """[n*b, T, D]: each cond's tokens repeated to the lcm length (repeating tokens leaves
+    attention unchanged) and to the batch; a cond with one entry per image (Stable Zero123's
+    batched cameras) is cut or tiled to the batch, as ComfyUI."""
+    t_len = math.lcm(*(c.shape[1] for c in contexts))
+    return torch.cat([repeat_to_batch(c.repeat(1, t_len // c.shape[1], 1), b) for c in contexts])
 
 
 class CFGDenoiser(CondDenoiser):
