@@ -1,4 +1,4 @@
-"""Hardware benchmark (issue 13): what this machine computes natively, each precision and preset
+"""Hardware benchmark: what this machine computes natively, each precision and preset
 on the full-size SD 1.5 architecture, and the memory estimate against the measured peak.
 
 For each size (default 256 and 512) and each run (default: f32, bf16, `f32,MODEL=bf16`, int8 and

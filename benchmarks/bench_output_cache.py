@@ -1,4 +1,4 @@
-"""Persistent output cache benchmark (issue 12): a cold txt2img run vs the same prompt after a
+"""Persistent output cache benchmark: a cold txt2img run vs the same prompt after a
 restart, on a seeded random SD 1.5-architecture checkpoint (tiny by default; `--size full` for
 the real architecture, a 4.3 GB file written to a temporary folder; slow on a CPU).
 

@@ -1,4 +1,4 @@
-"""Pipeline benchmark (issue 4): whole workflows on a full-size SD 1.5-architecture checkpoint.
+"""Pipeline benchmark: whole workflows on a full-size SD 1.5-architecture checkpoint.
 
 Workflow A is workflows/txt2img_sd15.json at 256x256 with 4 steps; workflow B is
 workflows/img2img_sd15.json (4 steps, on a 256x256 input image written here), which shares A's

@@ -1,4 +1,4 @@
-"""Ray scale-out benchmark (issue 12): `mixgraph serve --ray` against the plain server.
+"""Ray scale-out benchmark: `mixgraph serve --ray` against the plain server.
 
 Two tiny generated SD1.5 checkpoints (`nodes.models.synthetic`, ~21 MB each), a 64x64 2-step
 txt2img prompt (euler), servers in this process (aiohttp test servers, as the tests run them), a

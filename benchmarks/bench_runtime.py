@@ -1,4 +1,4 @@
-"""UNet runtime benchmark (issue 3): load time, peak RSS and seconds per UNet step, against
+"""UNet runtime benchmark: load time, peak RSS and seconds per UNet step, against
 diffusers' UNet2DConditionModel on the same weights.
 
 The checkpoint is a full-size SD 1.5-architecture single file (UNet ~860 M parameters, plus VAE and

@@ -1,4 +1,4 @@
-"""Bad input (issue 8, part 6): a clear error, never a 500, a traceback or a stall. The CLI runs
+"""Bad input: a clear error, never a 500, a traceback or a stall. The CLI runs
 in-process through `main([...])`, the server on the loopback test server as in test_server.py."""
 
 from __future__ import annotations

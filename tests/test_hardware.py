@@ -1,5 +1,5 @@
 """Hardware detection, the preset decision table, `auto` per model type, and the memory
-estimate (issue 13). Detection is fed fake flag sets; no test assumes this machine's CPU."""
+estimate. Detection is fed fake flag sets; no test assumes this machine's CPU."""
 
 import asyncio
 import contextlib

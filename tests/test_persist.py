@@ -1,4 +1,4 @@
-"""The persistent output cache (graph.codec, graph.persist; DESIGN §5 last bullet, issue 12):
+"""The persistent output cache (graph.codec, graph.persist; DESIGN §5 last bullet):
 payload round trips, LRU under a byte budget, two processes on one directory, damaged blobs,
 and restarts of the executor on a tiny SD1.5 checkpoint."""
 

@@ -1,5 +1,5 @@
 """Fan-out: one prompt's batch split over several Ray workers, the outputs gathered back in order
-(issue 12; used by `ui.ray_pool.RayPromptQueue` for prompts whose extra_data asks for it with
+(used by `ui.ray_pool.RayPromptQueue` for prompts whose extra_data asks for it with
 `"mixgraph_fan_out": true`).
 
 A prompt splits when the result cannot tell: it has one KSampler, whose latent comes from an

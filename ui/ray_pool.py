@@ -1,4 +1,4 @@
-"""Prompts on Ray workers: `mixgraph serve --ray [ADDRESS] [--workers N]` (DESIGN §10, issue 12).
+"""Prompts on Ray workers: `mixgraph serve --ray [ADDRESS] [--workers N]` (DESIGN §10).
 
 The front server keeps everything a client talks to (ComfyUI's HTTP/WebSocket API, the queue and
 history in the job store, the editor); only execution moves. `RayPromptQueue` is a `PromptQueue`
