@@ -338,9 +338,11 @@ def test_extend_intermediate_sigmas_inside_range_only(spacing, fracs):
 
 @dataclass
 class PromptModel:
-    """x0 model predicting c + 0.1·c²·input for a cond whose context holds the value c, so
-    differences of predictions are not all parallel; records each UNet call's batch size."""
+    """x0 model predicting k·c + 0.1·c²·input for a cond whose context holds the value c, so
+    differences of predictions are not all parallel (``k``: the model's own weight, so two models
+    differ); records each UNet call's batch size."""
 
+    k: float = 1.0
     prediction: str = "x0"
     zsnr: bool = False
     latent_scale: float = 1.0
@@ -350,7 +352,7 @@ class PromptModel:
     def unet(self, x, timesteps, context, y=None, control=None):
         self.calls.append(context.shape[0] // 1)
         c = context[:, 0, 0].reshape(-1, 1, 1, 1)
-        return c + 0.1 * c * c * x
+        return self.k * c + 0.1 * c * c * x
 
     def adm(self, cond, latent_hw, negative=False):
         return None

@@ -6,7 +6,6 @@ Gaussian denoiser, seed determinism, and the dual-model guidance rule on closed-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from mixgraph.nodes.sampling.guidance import build_denoiser
 from mixgraph.nodes.sampling.ksampler import sample_custom
 from mixgraph.nodes.sampling.noise import default_noise_sampler, initial_noise
 from mixgraph.nodes.sampling.parameterization import ModelSampling
+from tests.test_custom_sampling import PromptModel, _c
 
 MU, S_DATA = 0.3, 0.5
 
@@ -136,31 +136,6 @@ def test_exp_heun_2_x0_sde_keeps_exact_marginal_std():
     out = S.sample_exp_heun_2_x0_sde(lambda x, s, **_: torch.zeros_like(x), x, sigmas,
                                      noise_sampler=default_noise_sampler(x, seed=8))
     assert float(out.std()) == pytest.approx(0.6, rel=0.01)
-
-
-@dataclass
-class PromptModel:
-    """x0 model predicting k·c + 0.1·c²·input for a cond whose context holds c (``k``: the
-    model's own weight, so two models differ); records each UNet call's batch size."""
-
-    k: float = 1.0
-    prediction: str = "x0"
-    zsnr: bool = False
-    latent_scale: float = 1.0
-    in_channels: int = 4
-    calls: list = field(default_factory=list)
-
-    def unet(self, x, timesteps, context, y=None, control=None):
-        self.calls.append(context.shape[0])
-        c = context[:, 0, 0].reshape(-1, 1, 1, 1)
-        return self.k * c + 0.1 * c * c * x
-
-    def adm(self, cond, latent_hw, negative=False):
-        return None
-
-
-def _c(v):
-    return (Cond(torch.full((1, 2, 3), float(v))),)
 
 
 def _run(model, sampler, guidance=None, negative_model=None, seed=7):
