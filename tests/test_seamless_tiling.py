@@ -17,14 +17,11 @@ from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15
+from tests.test_cond_nodes import _rand
 from tests.fixtures.workflow_models import write_controlnet
 
 F32, BF16 = parse_spec("f32"), parse_spec("bf16")
 INFO = api.default_registry().object_info()
-
-
-def _rand(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module")
