@@ -122,6 +122,10 @@ class NodeSpec:
     # ComfyUI V3's `accept_all_inputs`: undeclared inputs, literals as well as links, reach fn
     # as keywords (CustomCombo's `index` and `option1..N`, which only its editor widget declares)
     accept_all_inputs: bool = False
+    # Editor-only widget values a UI-format workflow saves after the declared widgets (CustomCombo's
+    # index and options): an object with `read(rest, inputs) -> dict` (the API inputs they give;
+    # `inputs` are the declared widgets' values) and `write(inputs) -> list` (UI export). None: none.
+    ui_widgets: Any = None
     # ComfyUI's INPUT_IS_LIST: every input arrives as a list (literals as 1-element lists) and
     # the body is called once; otherwise list-valued inputs call it once per element.
     input_is_list: bool = False

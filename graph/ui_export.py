@@ -7,7 +7,8 @@ dependency depth, nodes stacked in each column.
 
 Widget values follow `widget_slots` (object_info order; a seed's control value "fixed" after it);
 a widget-type input fed by a link appears in `inputs` with a `widget` entry and keeps its default
-(or the declared first option) in `widgets_values`, as the editor itself saves it. A file made
+(or the declared first option) in `widgets_values`, as the editor itself saves it. A node's
+editor-only values (`NodeSpec.ui_widgets`: CustomCombo's index and options) come last. A file made
 here converts back (`convert_ui`) to the same prompt.
 """
 
@@ -92,6 +93,8 @@ def to_ui(wf: Workflow, registry: Any, env: Any = None) -> dict:
             if isinstance(spec_inputs[slot].grow, DynCombo):   # its chosen option's widgets follow
                 subs = [call.inputs.get(f"{slot}.{sub}") for sub in spec_inputs[slot].grow.widget_subs(value)]
                 widgets += [None if isinstance(v, Link) else v for v in subs]
+        if spec.ui_widgets is not None:   # editor-only values after the declared ones (CustomCombo)
+            widgets += spec.ui_widgets.write(call.inputs)
         n_rows = max(len(inputs) + len([s for s in widget_slots(spec) if s is not None]), len(spec.outputs), 1)
         height = TITLE_HEIGHT + ROW_HEIGHT * n_rows + (120 if call.class_type in _TALL else 0)
         d = depth[nid]

@@ -187,7 +187,8 @@ def companion_count(spec: Any, widget_name: str) -> int:
 
 
 def widget_inputs(n: UiNode, spec: Any) -> dict[str, Any]:
-    """The literal inputs a node's own widgets give (missing trailing values: the defaults)."""
+    """The literal inputs a node's own widgets give (missing trailing values: the defaults), plus
+    those its editor-only trailing widgets give (`NodeSpec.ui_widgets`)."""
     values = n.widgets_values
     inputs: dict[str, Any] = {}
     if isinstance(values, dict):  # some extensions serialise widgets by name
@@ -195,7 +196,8 @@ def widget_inputs(n: UiNode, spec: Any) -> dict[str, Any]:
         return {k: v for k, v in values.items() if k.split(".", 1)[0] in widgets}
     values = values or []
     skip = 0   # the values of DynamicCombo sub-widgets read so far
-    for i, slot in enumerate(widget_slots(spec)):
+    slots = widget_slots(spec)
+    for i, slot in enumerate(slots):
         if slot is None:
             continue
         i += skip
@@ -211,6 +213,8 @@ def widget_inputs(n: UiNode, spec: Any) -> dict[str, Any]:
             inp = spec.input_map[slot]
             if inp.has_default:
                 inputs[slot] = inp.default
+    if spec.ui_widgets is not None:   # editor-only values after the declared ones (CustomCombo)
+        inputs.update(spec.ui_widgets.read(values[len(slots) + skip:], dict(inputs)))
     return inputs
 
 

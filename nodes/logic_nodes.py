@@ -126,11 +126,45 @@ def _custom_combo_valid(env, choice, index=0, **options):
     return []
 
 
+class CustomComboWidgets:
+    """CustomCombo's editor-only widgets in a UI-format workflow (ComfyUI frontend's
+    `Comfy.CustomWidgets` extension). After `choice`, `widgets_values` holds the hidden `index`
+    widget's value, then the option strings `option1..N`, the last one always empty (the editor
+    adds a blank option whenever the last one is filled in). Queuing sends every widget: `choice`,
+    `index` (recomputed from the widgets: the first option equal to the chosen string, -1 if none)
+    and `option1..N`, the trailing blank included."""
+
+    def read(self, rest: list, inputs: dict) -> dict:
+        if not rest:
+            return {}
+        if isinstance(rest[0], int) and not isinstance(rest[0], bool):
+            options = rest[1:]
+        else:   # no index value: files saved before the editor had the hidden index widget
+            options = rest
+        got = {f"option{i}": v for i, v in enumerate(options, 1)}
+        choice = inputs.get("choice")
+        got["index"] = next((i for i, v in enumerate(options) if v == choice), -1)
+        return got
+
+    def write(self, inputs: dict) -> list:
+        numbered = sorted((int(k[6:]), v) for k, v in inputs.items()
+                          if k.startswith("option") and k[6:].isdigit())
+        options = [v if isinstance(v, str) else "" for _, v in numbered]   # a link: no text
+        while options and options[-1] == "":
+            options.pop()
+        index = inputs.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            choice = inputs.get("choice")
+            index = next((i for i, v in enumerate(options) if v == choice), -1)
+        return [index, *options, ""]
+
+
 @node(category="utils", outputs=(("STRING", "STRING"), ("INT", "INDEX")), display_name="Custom Combo",
       description=("Provides a user-defined dropdown combo box where options are written by the "
                    "user, outputting the selected string and its index."),
-      validate=_custom_combo_valid, accept_all_inputs=True)
+      validate=_custom_combo_valid, accept_all_inputs=True, ui_widgets=CustomComboWidgets())
 def CustomCombo(choice=Combo(_custom_options), **options):
     """ComfyUI's CustomCombo: the editor sends the chosen string as `choice`, its position as
-    `index` and the user's options as `option1..N`, undeclared literals (`accept_all_inputs`)."""
+    `index` and the user's options as `option1..N`, undeclared literals (`accept_all_inputs`);
+    a UI-format workflow gives the same inputs (`CustomComboWidgets`)."""
     return (choice, options.get("index", 0))
