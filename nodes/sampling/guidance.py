@@ -141,12 +141,15 @@ class DualModelDenoiser(CFGDenoiser):
             return self.calc_cond_batch([self.positive], x, sigma)[0]
         return super().__call__(x, sigma)
 
-    def with_uncond(self, x, sigma, seed=None, **_):
+    def with_uncond(self, x, sigma, seed=None, skip_cfg1: bool = False, **_):
+        if self._negative_off and skip_cfg1:
+            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            return cond, cond
         if self._negative_off:
             raise ValueError("DualModelGuider at cfg 1 runs no negative pass, and this sampler "
                              "(a CFG++ one) needs the negative prediction; use a cfg other than 1 "
                              "or another sampler")
-        return super().with_uncond(x, sigma)
+        return super().with_uncond(x, sigma, skip_cfg1=skip_cfg1)
 
 
 def build_denoiser(guidance: Guidance, model, latent_image: torch.Tensor,
