@@ -52,7 +52,7 @@ def _ode_error(name, steps):
 
 
 def test_sampler_names_are_comfyui_list():
-    assert len(S.SAMPLER_NAMES) == len(set(S.SAMPLER_NAMES)) == 44
+    assert len(S.SAMPLER_NAMES) == len(set(S.SAMPLER_NAMES)) == 45
     assert S.SAMPLER_NAMES[:6] == ("euler", "euler_cfg_pp", "euler_ancestral",
                                    "euler_ancestral_cfg_pp", "heun", "heunpp2")
     assert S.SAMPLER_NAMES[-3:] == ("ddim", "uni_pc", "uni_pc_bh2")
@@ -61,7 +61,7 @@ def test_sampler_names_are_comfyui_list():
 def test_sampler_registry_maps_every_name_to_one_function():
     assert tuple(S.SAMPLERS) == S.SAMPLER_NAMES
     assert all(callable(fn) for fn in S.SAMPLERS.values())
-    assert len({id(fn) for fn in S.SAMPLERS.values()}) == 44       # no name shares a function
+    assert len({id(fn) for fn in S.SAMPLERS.values()}) == 45       # no name shares a function
     assert all(S.get_sampler(n) is S.SAMPLERS[n] for n in S.SAMPLER_NAMES)
     assert S.get_sampler("euler") is S.sample_euler
     assert S.get_sampler("dpmpp_2m_sde_gpu") is S.sample_dpmpp_2m_sde_gpu

@@ -51,7 +51,7 @@ __all__ = ["split_batch", "merge_ui", "merged_events", "DETERMINISTIC_SAMPLERS",
 #: Samplers whose only randomness is the initial noise (no per-step noise over the batch shape).
 DETERMINISTIC_SAMPLERS = frozenset({
     "euler", "euler_cfg_pp", "heun", "heunpp2", "dpm_2", "lms", "dpmpp_2m", "dpmpp_2m_cfg_pp",
-    "ddim", "ipndm", "ipndm_v", "deis", "uni_pc", "uni_pc_bh2", "res_multistep",
+    "ddim", "ipndm", "ipndm_v", "deis", "cfgpp_ud10_ab", "uni_pc", "uni_pc_bh2", "res_multistep",
     "res_multistep_cfg_pp", "gradient_estimation", "gradient_estimation_cfg_pp"})
 #: Node classes that treat each image of a batch on its own.
 PER_IMAGE = frozenset({"VAEDecode", "VAEDecodeTiled", "SaveImage", "PreviewImage", "ImageScale",

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from mixgraph.nodes.models.unet_patches import AttentionRecorder, IdentityAttention
 
-__all__ = ["GuidanceArgs", "guide", "cfg_at", "RescaleCFG", "CFGZeroStar", "PerturbedAttentionGuidance", "APG",
+__all__ = ["GuidanceArgs", "guide", "run_pre_cfg", "post_cfg", "cfg_at", "RescaleCFG", "CFGZeroStar", "PerturbedAttentionGuidance", "APG",
            "TangentialDampingCFG", "SelfAttentionGuidance", "DifferentialDiffusion", "needs_uncond",
            "denoise_mask_patches", "gaussian_blur_2d", "sag_blur_map"]
 
@@ -81,15 +81,29 @@ def denoise_mask_patches(patches: Sequence) -> tuple:
     return tuple(p for p in patches if p.stage == "denoise_mask")
 
 
-def guide(patches: Sequence, a: GuidanceArgs) -> Tensor:
+def guide(patches: Sequence, a: GuidanceArgs, pre: bool = True) -> Tensor:
+    """ComfyUI's ``sampling_function`` + ``cfg_function`` on x0 predictions: the pre-CFG patches
+    (unless ``pre`` is False: ``cfg_function`` alone, as DualCFGGuider calls it), the CFG formula
+    or the last "cfg" patch, then the post-CFG patches."""
+    if pre:
+        run_pre_cfg(patches, a)
+    stages = [p for p in patches if p.stage == "cfg"]
+    if stages:
+        denoised = stages[-1].combine(a)
+    else:
+        denoised = a.uncond_denoised + (a.cond_denoised - a.uncond_denoised) * a.cond_scale
+    return post_cfg(patches, a, denoised)
+
+
+def run_pre_cfg(patches: Sequence, a: GuidanceArgs) -> None:
+    """The pre-CFG patches, in order, rewriting ``a.cond_denoised`` / ``a.uncond_denoised``."""
     for p in patches:
         if p.stage == "pre_cfg" and (a.has_uncond or getattr(p, "without_uncond", False)):
             a.cond_denoised, a.uncond_denoised = p.pre(a)
-    combine = [p for p in patches if p.stage == "cfg"]
-    if combine:
-        denoised = combine[-1].combine(a)
-    else:
-        denoised = a.uncond_denoised + (a.cond_denoised - a.uncond_denoised) * a.cond_scale
+
+
+def post_cfg(patches: Sequence, a: GuidanceArgs, denoised: Tensor) -> Tensor:
+    """The post-CFG patches, in order, refining the guided x0 ``denoised``."""
     for p in patches:
         if p.stage == "post_cfg":
             denoised = p.post(a, denoised)

@@ -20,9 +20,22 @@
   cfg ≈ 1 the second model is never run and the x0 prediction is the positive's, unpatched; a
   step whose cfg is driven to ≈ 1 (CFGOverride) does the same unless a patch needs the negative.
 
+Sampler patches on the MODEL (``cfg_patches``), as ComfyUI's guiders run them:
+
+* Dual CFG calls ComfyUI's ``cfg_function`` (no pre-CFG patches): regular on (cond = P2,
+  uncond = N, scale c2), the result plus ``c1·(P1 − P2)``; nested on (cond = P1, uncond = P2,
+  scale c1) for the inner text prediction. A "cfg" patch (RescaleCFG, …) replaces that CFG and
+  the post-CFG patches refine it, with those lists as the patches' cond/uncond.
+* Perp-Neg runs the pre-CFG patches on (P, N) (ComfyUI passes them [P, N, E]; E is left as is),
+  then ``perp_neg``, then the post-CFG patches with cond = P, uncond = N and scale cfg; a "cfg"
+  patch is not used (ComfyUI's guider never calls the model's cfg function).
+* A patch that needs the negative (``needs_uncond``, ComfyUI's ``disable_cfg1_optimization``)
+  turns off both guiders' skipping of lists.
+
 ``with_uncond`` gives the CFG++ samplers the prediction ComfyUI's post-CFG hook reports as
 ``uncond_denoised``: N (regular dual CFG and Perp-Neg), P2 (nested dual CFG); every list is then
-evaluated, as ComfyUI's CFG++ samplers disable the cfg1 optimisation.
+evaluated, as ComfyUI's CFG++ samplers disable the cfg1 optimisation. With ``skip_cfg1``
+(``cfgpp_ud10_ab``, which keeps it) a skipped N is reported as the hook's cond (P2, resp. P).
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ import math
 import torch
 
 from mixgraph.nodes.payloads.sampling import Guidance
-from .cfg_patches import cfg_at
+from .cfg_patches import GuidanceArgs, cfg_at, guide, needs_uncond, post_cfg, run_pre_cfg
 from .parameterization import CFGDenoiser, CondDenoiser, ModelSampling
 
 __all__ = ["DualCFGDenoiser", "DualModelDenoiser", "PerpNegDenoiser", "build_denoiser", "perp_neg"]
@@ -45,6 +58,24 @@ def _zeros_for_skipped(den: CondDenoiser, x, sigma, lists):
     return [next(outs) if lst is not None else torch.zeros_like(x) for lst in lists]
 
 
+def _guidance_args(den: CondDenoiser, x, sigma, scale: float, lists, preds, has_uncond: bool):
+    """``GuidanceArgs`` for a CFG step of a multi-list guider: ``lists`` = (cond list, uncond list)
+    play the positive and negative of ``CFGDenoiser._guide`` (re-evaluations included)."""
+    cond_list, uncond_list = lists
+
+    def evaluate(unet_patches):
+        return den.calc_cond_batch([cond_list], x, sigma, unet_patches)[0]
+
+    def evaluate_negative(x_in, unet_patches):
+        return den.calc_cond_batch([uncond_list], x_in, sigma, unet_patches)[0]
+
+    def evaluate_conds(conds):
+        return den.calc_cond_batch([den.extra_list(conds)], x, sigma)[0]
+
+    return GuidanceArgs(x, sigma, scale, preds[0], preds[1], evaluate, evaluate_negative,
+                        den.patch_state, has_uncond, evaluate_conds)
+
+
 class DualCFGDenoiser(CondDenoiser):
     def __init__(self, model, cond1, cond2, negative, cfg_conds: float, cfg_cond2_negative: float,
                  nested: bool, latent_image, denoise_mask=None, model_sampling=None, seed=None):
@@ -53,24 +84,35 @@ class DualCFGDenoiser(CondDenoiser):
                          denoise_mask, model_sampling, control_to_uncond=(0, 2), seed=seed)
         self.positive, self.middle, self.negative = self.lists
         self.cfg1, self.cfg2, self.nested = float(cfg_conds), float(cfg_cond2_negative), nested
+        self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
+        self.patch_state: dict = {}
+
+    def _cfg(self, x, sigma, scale, lists, preds, has_uncond=True):
+        """ComfyUI's ``cfg_function``: the "cfg" and post-CFG patches, or plain CFG."""
+        if not self.sampler_patches:
+            return preds[1] + (preds[0] - preds[1]) * scale
+        args = _guidance_args(self, x, sigma, scale, lists, preds, has_uncond)
+        return guide(self.sampler_patches, args, pre=False)
 
     def _predict(self, x, sigma, all_lists: bool):
         neg, mid, pos = self.negative, self.middle, self.positive
+        all_lists = all_lists or needs_uncond(self.sampler_patches)
         if not self.nested and not all_lists and math.isclose(self.cfg2, 1.0):
             neg = None
             if math.isclose(self.cfg1, 1.0):
                 mid = None
         n, m, p = _zeros_for_skipped(self, x, sigma, [neg, mid, pos])
         if self.nested:
-            text = m + (p - m) * self.cfg1
+            text = self._cfg(x, sigma, self.cfg1, (pos, mid), (p, m))
             return n + self.cfg2 * (text - n), m
-        return n + (m - n) * self.cfg2 + (p - m) * self.cfg1, n
+        guided = self._cfg(x, sigma, self.cfg2, (mid, self.negative), (m, n), has_uncond=neg is not None)
+        return guided + (p - m) * self.cfg1, (n if neg is not None else m)
 
     def __call__(self, x, sigma, seed=None, **_):
         return self._predict(x, sigma, all_lists=False)[0]
 
-    def with_uncond(self, x, sigma, seed=None, **_):
-        return self._predict(x, sigma, all_lists=True)
+    def with_uncond(self, x, sigma, seed=None, skip_cfg1: bool = False, **_):
+        return self._predict(x, sigma, all_lists=not skip_cfg1)
 
 
 def perp_neg(pos: torch.Tensor, neg: torch.Tensor, empty: torch.Tensor, neg_scale: float,
@@ -93,22 +135,33 @@ class PerpNegDenoiser(CondDenoiser):
                          denoise_mask, model_sampling, control_to_uncond=(0, 2), seed=seed)
         self.positive, self.empty, self.negative = self.lists
         self.cfg, self.neg_scale = float(cfg), float(neg_scale)
+        self.sampler_patches = tuple(getattr(model, "sampler_patches", ()))
+        self.patch_state: dict = {}
 
     def _predict(self, x, sigma, all_lists: bool):
         neg, empty = self.negative, self.empty
-        cfg = cfg_at(getattr(self.model, "sampler_patches", ()), sigma, self.cfg)  # CFGOverride
+        patches = self.sampler_patches
+        cfg = cfg_at(patches, sigma, self.cfg)  # CFGOverride
+        all_lists = all_lists or needs_uncond(patches)
         if not all_lists and math.isclose(self.neg_scale, 0.0):
             neg = None
             if math.isclose(cfg, 1.0):
                 empty = None
         p, n, e = _zeros_for_skipped(self, x, sigma, [self.positive, neg, empty])
-        return perp_neg(p, n, e, self.neg_scale, cfg), n
+        if not patches:
+            return perp_neg(p, n, e, self.neg_scale, cfg), (n if neg is not None else p)
+        args = _guidance_args(self, x, sigma, cfg, (self.positive, self.negative), (p, n),
+                              has_uncond=neg is not None)
+        run_pre_cfg(patches, args)
+        p, n = args.cond_denoised, args.uncond_denoised
+        out = post_cfg(patches, args, perp_neg(p, n, e, self.neg_scale, cfg))
+        return out, (n if neg is not None else p)
 
     def __call__(self, x, sigma, seed=None, **_):
         return self._predict(x, sigma, all_lists=False)[0]
 
-    def with_uncond(self, x, sigma, seed=None, **_):
-        return self._predict(x, sigma, all_lists=True)
+    def with_uncond(self, x, sigma, seed=None, skip_cfg1: bool = False, **_):
+        return self._predict(x, sigma, all_lists=not skip_cfg1)
 
 
 class DualModelDenoiser(CFGDenoiser):
@@ -141,12 +194,15 @@ class DualModelDenoiser(CFGDenoiser):
             return self.calc_cond_batch([self.positive], x, sigma)[0]
         return super().__call__(x, sigma)
 
-    def with_uncond(self, x, sigma, seed=None, **_):
+    def with_uncond(self, x, sigma, seed=None, skip_cfg1: bool = False, **_):
+        if self._negative_off and skip_cfg1:
+            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            return cond, cond
         if self._negative_off:
             raise ValueError("DualModelGuider at cfg 1 runs no negative pass, and this sampler "
                              "(a CFG++ one) needs the negative prediction; use a cfg other than 1 "
                              "or another sampler")
-        return super().with_uncond(x, sigma)
+        return super().with_uncond(x, sigma, skip_cfg1=skip_cfg1)
 
 
 def build_denoiser(guidance: Guidance, model, latent_image: torch.Tensor,

@@ -696,10 +696,18 @@ class CFGDenoiser(CondDenoiser):
             return self._guide(x, sigma, cond, uncond, cfg)
         return uncond + (cond - uncond) * cfg
 
-    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, **_):
-        """(guided x0, unconditional x0); always evaluates the negative (CFG++ samplers)."""
-        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
+    def with_uncond(self, x: torch.Tensor, sigma: torch.Tensor, seed=None, skip_cfg1: bool = False,
+                    **_):
+        """(guided x0, unconditional x0); evaluates the negative (CFG++ samplers) unless
+        ``skip_cfg1`` and the step's cfg is ≈ 1: then, as ComfyUI's post-CFG hook with the cfg-1
+        optimisation on, the unconditional x0 reported is the conditional one."""
         cfg = cfg_at(self.sampler_patches, sigma, self.cfg)
+        if skip_cfg1 and self._skip_cfg1 and math.isclose(cfg, 1.0):
+            (cond,) = self.calc_cond_batch([self.positive], x, sigma)
+            if self.sampler_patches:
+                return self._guide(x, sigma, cond, torch.zeros_like(cond), cfg, has_uncond=False), cond
+            return cond, cond
+        cond, uncond = self.calc_cond_batch([self.positive, self.negative], x, sigma)
         if self.sampler_patches:
             return self._guide(x, sigma, cond, uncond, cfg), uncond
         return uncond + (cond - uncond) * cfg, uncond

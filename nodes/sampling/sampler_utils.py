@@ -61,11 +61,15 @@ def get_ancestral_step(sigma_from, sigma_to, eta: float = 1.0):
     return sigma_down, sigma_up
 
 
-def denoise_with_uncond(model, x: torch.Tensor, sigma: torch.Tensor, **extra_args):
+def denoise_with_uncond(model, x: torch.Tensor, sigma: torch.Tensor, cfg1_optimization: bool = False,
+                        **extra_args):
     """(CFG-combined x0, unconditional x0) for CFG++ samplers; see the contract in
-    ``samplers.py``."""
+    ``samplers.py``. ``cfg1_optimization``: keep ComfyUI's cfg-1 optimisation, so a step at cfg ≈ 1
+    skips the negative and reports the conditional x0 as the unconditional one (``cfgpp_ud10_ab``)."""
     with_uncond = getattr(model, "with_uncond", None)
     if with_uncond is not None:
+        if cfg1_optimization:
+            return with_uncond(x, sigma, skip_cfg1=True, **extra_args)
         return with_uncond(x, sigma, **extra_args)
     denoised = model(x, sigma, **extra_args)
     return denoised, denoised

@@ -36,7 +36,8 @@ LAYOUT: the algorithms live in family modules, which import helpers from ``sampl
 * ``solvers_dpm``: dpm_fast, dpm_adaptive (DPM-Solver);
 * ``solvers_dpmpp``: the DPM-Solver++ family (2s_ancestral, sde, 2m, 2m_sde, 3m_sde, ``*_gpu``);
 * ``solvers_multistep``: ipndm, ipndm_v, deis, uni_pc, uni_pc_bh2;
-* ``solvers_cfgpp``: CFG++ forms of euler, euler_ancestral, dpmpp_2s_ancestral, dpmpp_2m;
+* ``solvers_cfgpp``: CFG++ forms of euler, euler_ancestral, dpmpp_2s_ancestral, dpmpp_2m, and
+  cfgpp_ud10_ab (CFG++ Euler with AB2 history; keeps the cfg-1 optimisation, as ComfyUI);
 * ``solvers_res``: res_multistep (+ ancestral, CFG++), gradient_estimation (+ CFG++);
 * ``solvers_sde``: er_sde, seeds_2, seeds_3, exp_heun_2_x0, exp_heun_2_x0_sde;
 * ``solvers_sa``: sa_solver, sa_solver_pece;
@@ -60,6 +61,8 @@ import torch
 from .noise import BrownianTreeNoiseSampler, brownian_noise_sampler, default_noise_sampler
 from .sampler_utils import append_dims, denoise_with_uncond, get_ancestral_step, to_d
 from .solvers_cfgpp import (
+    sample_cfgpp_history,
+    sample_cfgpp_ud10_ab,
     sample_dpmpp_2m_cfg_pp,
     sample_dpmpp_2s_ancestral_cfg_pp,
     sample_euler_ancestral_cfg_pp,
@@ -118,15 +121,15 @@ from .solvers_sde import (
 
 Sampler = Callable[..., torch.Tensor]
 
-# ComfyUI's KSAMPLER_NAMES followed by ["ddim", "uni_pc", "uni_pc_bh2"], in its order. ComfyUI's
-# newest list also holds "cfgpp_ud10_ab" (after "deis"); it is not implemented here yet.
+# ComfyUI's KSAMPLER_NAMES (its newest list, with "cfgpp_ud10_ab" after "deis") followed by
+# ["ddim", "uni_pc", "uni_pc_bh2"], in its order.
 SAMPLER_NAMES: tuple[str, ...] = (
     "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2",
     "exp_heun_2_x0", "exp_heun_2_x0_sde", "dpm_2", "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral",
     "dpmpp_2s_ancestral_cfg_pp", "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp",
     "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu",
     "dpmpp_3m_sde", "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm", "ipndm_v", "deis",
-    "res_multistep", "res_multistep_cfg_pp", "res_multistep_ancestral",
+    "cfgpp_ud10_ab", "res_multistep", "res_multistep_cfg_pp", "res_multistep_ancestral",
     "res_multistep_ancestral_cfg_pp", "gradient_estimation", "gradient_estimation_cfg_pp",
     "er_sde", "seeds_2", "seeds_3", "sa_solver", "sa_solver_pece",
     "ddim", "uni_pc", "uni_pc_bh2",
@@ -163,6 +166,7 @@ SAMPLERS: dict[str, Sampler] = {
     "ipndm": sample_ipndm,
     "ipndm_v": sample_ipndm_v,
     "deis": sample_deis,
+    "cfgpp_ud10_ab": sample_cfgpp_ud10_ab,
     "res_multistep": sample_res_multistep,
     "res_multistep_cfg_pp": sample_res_multistep_cfg_pp,
     "res_multistep_ancestral": sample_res_multistep_ancestral,
@@ -216,6 +220,7 @@ __all__ = [
     "brownian_noise_sampler",
     "default_noise_sampler",
     "deis_coefficients",
+    "sample_cfgpp_history",
     *(f"sample_{name}" for name in SAMPLERS),
 ]
 
