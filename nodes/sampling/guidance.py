@@ -13,9 +13,11 @@
   whole batch tensor as ComfyUI does. N is skipped when neg_scale ≈ 0 and E too when cfg ≈ 1.
 
 * Dual-model CFG (ComfyUI ``DualModelGuider``): CFG with the positive evaluated on the guider's
-  MODEL and the negative on a second MODEL (``negative_model``), each with its own weights,
-  patches and precision; the guidance formula and the sampler patches (post-CFG functions,
-  CFGOverride) are the first model's. The negative list is resolved against the second model
+  MODEL and the negative on a second MODEL (``negative_model``), each with its own weights
+  (weight patches: LoRA, merges) and precision; as in ComfyUI (which hands the second model the
+  first model's ``model_options``), the forward-time UNet patches (FreeU, …) of the negative pass,
+  the guidance formula and the sampler patches (post-CFG functions, CFGOverride) are the first
+  model's, and the second model's own forward-time patches are not used. The negative list is resolved against the second model
   alone (no ControlNet carried over from the positive: ComfyUI prepares it on its own). At a base
   cfg ≈ 1 the second model is never run and the x0 prediction is the positive's, unpatched; a
   step whose cfg is driven to ≈ 1 (CFGOverride) does the same unless a patch needs the negative.
@@ -40,6 +42,8 @@ evaluated, as ComfyUI's CFG++ samplers disable the cfg1 optimisation. With ``ski
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 
 import torch
@@ -164,6 +168,19 @@ class PerpNegDenoiser(CondDenoiser):
         return self._predict(x, sigma, all_lists=not skip_cfg1)
 
 
+def _with_forward_patches_of(runner, first):
+    """``runner`` (the second model's SamplerModel) evaluating with ``first``'s forward-time UNet
+    patches in place of its own (ComfyUI runs the negative pass with the first model's
+    ``model_options``). A SamplerModel without a MODEL handle is returned as is."""
+    handle, first_handle = getattr(runner, "handle", None), getattr(first, "handle", None)
+    if handle is None or first_handle is None:
+        return runner
+    view = copy.copy(runner)
+    view.handle = dataclasses.replace(handle, unet_patches=first_handle.unet_patches)
+    view.run_state = {}
+    return view
+
+
 class DualModelDenoiser(CFGDenoiser):
     """CFG with the negative list evaluated on ``negative_model`` (a SamplerModel, or None when
     the base cfg is ≈ 1 and it is not loaded); see the module docstring."""
@@ -175,6 +192,7 @@ class DualModelDenoiser(CFGDenoiser):
         self._negative_off = negative_model is None or math.isclose(self.cfg, 1.0)
         self._uncond = None
         if not self._negative_off:
+            negative_model = _with_forward_patches_of(negative_model, model)
             self._uncond = CondDenoiser(negative_model, (negative,), (True,), latent_image,
                                         denoise_mask, ModelSampling.for_model(negative_model),
                                         control_to_uncond=None, seed=seed)

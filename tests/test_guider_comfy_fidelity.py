@@ -1,0 +1,65 @@
+"""ComfyUI fidelity of DualModelGuider's negative pass (the first model's forward-time UNet
+patches), PerpNegGuider's pre-CFG patches on ComfyUI's 3-item prediction list, and
+model-as-LoRA hooks on an already LoRA-patched model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mixgraph.graph.precision import parse_spec
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.payloads.conditioning import Cond
+from mixgraph.nodes.payloads.sampling import Guidance
+from mixgraph.nodes.sampling.cfg_patches import APG
+from mixgraph.nodes.sampling.cfg_patches_extra import LatentOperationCFG
+from mixgraph.nodes.sampling.guidance import build_denoiser, perp_neg
+from mixgraph.nodes.sampling.parameterization import CondDenoiser, ModelSampling
+from tests.test_custom_sampling import PromptModel, _c
+
+F32 = parse_spec("f32")
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    from tests.fixtures.checkpoints import write_sd15
+    root = tmp_path_factory.mktemp("fidelity_models")
+    paths = []
+    for seed in (4, 5):
+        path = root / f"sd15_{seed}.safetensors"
+        write_sd15(path, seed=seed)
+        paths.append(path)
+    return paths
+
+
+def _negative_pred(runner, negative, x, sigma):
+    den = CondDenoiser(runner, (negative,), (True,), x, None, ModelSampling.for_model(runner),
+                       control_to_uncond=None)
+    return den.calc_cond_batch(den.lists, x, sigma)[0]
+
+
+def test_dual_model_guider_negative_pass_uses_the_first_models_unet_patches(ckpts):
+    from mixgraph.nodes import model_patch_nodes as N
+    first, _, _ = loader.load_checkpoint(ckpts[0])
+    second, _, _ = loader.load_checkpoint(ckpts[1])
+    first_freeu = N.FreeU(first, 1.3, 1.4, 0.5, 0.2)[0]
+    assert first_freeu.unet_patches and not second.unet_patches
+    g = torch.Generator().manual_seed(3)
+    pos, neg = (Cond(torch.randn(1, 77, 32, generator=g)),), (Cond(torch.randn(1, 77, 32, generator=g)),)
+    x = torch.randn(1, 4, 8, 8, generator=g)
+    sigma = torch.tensor([2.0])
+    main_runner, second_runner = first_freeu.runner(F32), second.runner(F32)
+    den = build_denoiser(Guidance("dual_model", (pos, neg), (4.0,)), main_runner, x, None,
+                         ModelSampling.for_model(main_runner), negative_model=second_runner)
+    got = den.calc_cond_batch([den.negative], x, sigma)[0]
+    # the second model's weights with the first model's FreeU, as ComfyUI's model_options
+    want = _negative_pred(N.FreeU(second, 1.3, 1.4, 0.5, 0.2)[0].runner(F32), neg, x, sigma)
+    plain = _negative_pred(second_runner, neg, x, sigma)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-3)
+    # the second model's own forward patches are not used; its runner is left unchanged
+    second_freeu = N.FreeU(second, 1.3, 1.4, 0.5, 0.2)[0].runner(F32)
+    den2 = build_denoiser(Guidance("dual_model", (pos, neg), (4.0,)), first.runner(F32), x, None,
+                          ModelSampling.for_model(main_runner), negative_model=second_freeu)
+    assert torch.allclose(den2.calc_cond_batch([den2.negative], x, sigma)[0], plain, atol=1e-5)
+    assert second_freeu.handle.unet_patches
