@@ -63,3 +63,40 @@ def test_dual_model_guider_negative_pass_uses_the_first_models_unet_patches(ckpt
                           ModelSampling.for_model(main_runner), negative_model=second_freeu)
     assert torch.allclose(den2.calc_cond_batch([den2.negative], x, sigma)[0], plain, atol=1e-5)
     assert second_freeu.handle.unet_patches
+
+
+def _preds(x, sigma):
+    """PromptModel's (positive, negative, empty) x0 predictions, unpatched."""
+    den = _perp_neg_den((), x)
+    return den.calc_cond_batch([den.positive, den.negative, den.empty], x, sigma)
+
+
+def _perp_neg_den(patches, x, cfg=3.0, neg_scale=0.7):
+    model = PromptModel()
+    model.sampler_patches = patches
+    guidance = Guidance("perp_neg", (_c(2.0), _c(-1.0), _c(0.5)), (cfg, neg_scale))
+    return build_denoiser(guidance, model, x, None, ModelSampling("x0"))
+
+
+def test_perp_neg_latent_operation_cfg_acts_on_the_positive_of_the_three_item_list():
+    x = torch.linspace(-1, 1, 64).reshape(1, 4, 4, 4)
+    sigma = torch.tensor([1.0])
+    op = LatentOperationCFG(lambda latent: latent * 2.0)
+    out = _perp_neg_den((op,), x)(x, sigma)
+    p, n, e = _preds(x, sigma)
+    # ComfyUI: a conds_out of length 3 -> cond <- op(cond), not op(cond - uncond) + uncond
+    assert torch.allclose(out, perp_neg(2.0 * p, n, e, 0.7, 3.0), atol=1e-5)
+    assert not torch.allclose(out, perp_neg(2.0 * (p - n) + n, n, e, 0.7, 3.0), atol=1e-3)
+
+
+def test_perp_neg_apg_rewrites_positive_and_passes_the_empty_prediction_through():
+    x = torch.linspace(-1, 1, 64).reshape(1, 4, 4, 4)
+    sigma = torch.tensor([1.0])
+    apg = APG(eta=0.5, norm_threshold=0.0, momentum=0.0)
+    out = _perp_neg_den((apg,), x)(x, sigma)
+    p, n, e = _preds(x, sigma)
+    g = p - n
+    unit = p / p.norm()
+    parallel = (g * unit).sum() * unit
+    new_p = n + (g - parallel) + 0.5 * parallel + (p - n) / 3.0
+    assert torch.allclose(out, perp_neg(new_p, n, e, 0.7, 3.0), atol=1e-5)

@@ -59,11 +59,13 @@ def test_perp_neg_guider_runs_post_cfg_patch_on_its_result():
     assert not torch.allclose(out, perp_neg(p, n, e, 0.7, 3.0), atol=1e-3)
 
 
-def test_perp_neg_guider_runs_pre_cfg_patch_on_positive_and_negative():
+def test_perp_neg_guider_runs_pre_cfg_patch_on_the_three_item_list():
     den = _den(PERP, (LatentOperationCFG(_double),))
     p, n, e = _preds(den, den.positive, den.negative, den.empty)
     out = den(_x(), SIGMA)
-    assert torch.allclose(out, perp_neg(2.0 * (p - n) + n, n, e, 0.7, 3.0), atol=1e-6)
+    # ComfyUI's LatentApplyOperationCFG on a conds_out of length 3 ([P, N, E]): P <- op(P)
+    assert torch.allclose(out, perp_neg(2.0 * p, n, e, 0.7, 3.0), atol=1e-6)
+    assert not torch.allclose(out, perp_neg(2.0 * (p - n) + n, n, e, 0.7, 3.0), atol=1e-3)
 
 
 def test_perp_neg_guider_ignores_cfg_function_patch():

@@ -8,7 +8,8 @@ A MODEL handle carries them in ``sampler_patches``; ``CFGDenoiser`` hands each e
               the last such patch wins (ComfyUI keeps one cfg function, the last set).
 * "post_cfg": ``post(a, denoised) -> Tensor`` refines the guided x0, in patch order.
 * "pre_cfg":  ``pre(a) -> (cond, uncond)`` rewrites the two predictions before the CFG formula,
-              in patch order (ComfyUI's ``sampler_pre_cfg_function``); skipped when the negative
+              in patch order (ComfyUI's ``sampler_pre_cfg_function``; ``a.n_outputs`` is the
+              length of ComfyUI's prediction list, 3 under PerpNegGuider); skipped when the negative
               was not evaluated (cfg = 1), unless the patch says ``without_uncond = True``
               (it then sees zeros for uncond, as ComfyUI's functions do).
 * "cfg_scale": ``scale(sigma: float, cfg: float) -> float`` replaces the guider's cfg at that
@@ -60,6 +61,10 @@ class GuidanceArgs:
     has_uncond: bool = True  # False when cfg = 1 skipped the negative (uncond_denoised is zeros)
     # x0 of another CONDITIONING (a tuple of Cond, treated as a negative prompt) at x
     evaluate_conds: Callable[[Sequence], Tensor] | None = None
+    # how many predictions ComfyUI's ``conds_out`` list holds for the pre-CFG patches: 2 (cond,
+    # uncond) for CFG; 3 for PerpNegGuider ([positive, negative, empty]; the empty one is never
+    # rewritten by a pre-CFG patch here, as by ComfyUI's, but a patch may branch on the length)
+    n_outputs: int = 2
 
 
 def needs_uncond(patches: Sequence) -> bool:

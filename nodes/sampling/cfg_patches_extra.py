@@ -155,7 +155,9 @@ class LatentOperationCFG:
     """ComfyUI's LatentApplyOperationCFG (a ``sampler_pre_cfg_function``): a LATENT_OPERATION
     (``op(latent=[B, C, H, W]) -> tensor``) applied to the guidance direction,
     cond ← op(cond − uncond) + uncond, before the CFG formula. It also runs when cfg = 1 skipped
-    the negative (``without_uncond``): uncond is zeros there, as in ComfyUI, so cond ← op(cond)."""
+    the negative (``without_uncond``): uncond is zeros there, as in ComfyUI, so cond ← op(cond).
+    On a prediction list other than (cond, uncond) (PerpNegGuider's [positive, negative, empty])
+    ComfyUI applies the operation to the positive alone, cond ← op(cond); so does this patch."""
 
     operation: object
     stage: str = "pre_cfg"
@@ -163,4 +165,6 @@ class LatentOperationCFG:
 
     def pre(self, a: GuidanceArgs) -> tuple[Tensor, Tensor]:
         uncond = a.uncond_denoised
+        if a.n_outputs != 2:
+            return self.operation(latent=a.cond_denoised), uncond
         return self.operation(latent=a.cond_denoised - uncond) + uncond, uncond

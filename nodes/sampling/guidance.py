@@ -28,7 +28,9 @@ Sampler patches on the MODEL (``cfg_patches``), as ComfyUI's guiders run them:
   uncond = N, scale c2), the result plus ``c1·(P1 − P2)``; nested on (cond = P1, uncond = P2,
   scale c1) for the inner text prediction. A "cfg" patch (RescaleCFG, …) replaces that CFG and
   the post-CFG patches refine it, with those lists as the patches' cond/uncond.
-* Perp-Neg runs the pre-CFG patches on (P, N) (ComfyUI passes them [P, N, E]; E is left as is),
+* Perp-Neg runs the pre-CFG patches on (P, N) with ``GuidanceArgs.n_outputs`` = 3 (ComfyUI
+  passes them [P, N, E]: APG, TCFG and FreSca rewrite P/N and pass E through, as here;
+  LatentApplyOperationCFG then applies its operation to P alone, not to P − N),
   then ``perp_neg``, then the post-CFG patches with cond = P, uncond = N and scale cfg; a "cfg"
   patch is not used (ComfyUI's guider never calls the model's cfg function).
 * A patch that needs the negative (``needs_uncond``, ComfyUI's ``disable_cfg1_optimization``)
@@ -156,6 +158,7 @@ class PerpNegDenoiser(CondDenoiser):
             return perp_neg(p, n, e, self.neg_scale, cfg), (n if neg is not None else p)
         args = _guidance_args(self, x, sigma, cfg, (self.positive, self.negative), (p, n),
                               has_uncond=neg is not None)
+        args.n_outputs = 3  # ComfyUI's conds_out here: [positive, negative, empty]
         run_pre_cfg(patches, args)
         p, n = args.cond_denoised, args.uncond_denoised
         out = post_cfg(patches, args, perp_neg(p, n, e, self.neg_scale, cfg))
