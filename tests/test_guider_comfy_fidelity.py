@@ -100,3 +100,40 @@ def test_perp_neg_apg_rewrites_positive_and_passes_the_empty_prediction_through(
     parallel = (g * unit).sum() * unit
     new_p = n + (g - parallel) + 0.5 * parallel + (p - n) / 3.0
     assert torch.allclose(out, perp_neg(new_p, n, e, 0.7, 3.0), atol=1e-5)
+
+
+def test_hooks_model_as_lora_adds_the_difference_to_lora_patched_weights(ckpts, tmp_path):
+    from mixgraph.nodes.models.hooks import clip_patches, unet_patches
+    from mixgraph.nodes.models.lora import load_lora_patches
+    from mixgraph.nodes.payloads.hooks import ModelWeights, WeightHook
+    from tests.fixtures.workflow_models import write_lora
+    lora_path = write_lora(tmp_path / "lora.safetensors", ckpts[0], seed=5)
+    base, base_clip, _ = loader.load_checkpoint(ckpts[0])
+    other, other_clip, _ = loader.load_checkpoint(ckpts[1])
+    model, clip = load_lora_patches(lora_path, base, base_clip, 1.0, 1.0)  # LoraLoader first
+    s = 0.4
+    hook = WeightHook("h", ModelWeights(other, other_clip), strength_model=s, strength_clip=s)
+    hooked = model.with_patches(unet_patches(hook, 1.0, model)).runner(F32).model.state_dict()
+    orig, cur = base.runner(F32).model.state_dict(), model.runner(F32).model.state_dict()
+    oth = other.runner(F32).model.state_dict()
+    lora_changed = [k for k in orig if not torch.allclose(cur[k], orig[k])]
+    assert lora_changed  # the LoRA patched some UNet weights before the hook
+    for k in orig:  # ComfyUI's model_as_lora: W_current + s·(W_other − W_original)
+        torch.testing.assert_close(hooked[k], cur[k] + s * (oth[k] - orig[k]), atol=1e-5, rtol=1e-5)
+    k = lora_changed[0]  # not the blend (1 − s)·W_current + s·W_other
+    assert not torch.allclose(hooked[k], (1 - s) * cur[k] + s * oth[k], atol=1e-5)
+    # CLIP too: the text encoder's weights follow the same rule
+    name = clip.encoders[0]
+    hooked_clip = clip.with_patches(clip_patches(hook, 1.0, clip))
+
+    def enc(c):
+        from mixgraph.nodes.models.handles import _materialize
+        from mixgraph.nodes.models.clip import CLIPTextModel
+        patches = tuple(p for p in c.patches if getattr(p, "target", name) == name)
+        return _materialize(name, getattr(c, name), getattr(c, f"{name}_config"), F32.storage,
+                            patches, CLIPTextModel).state_dict()
+    h, c, o, b = enc(hooked_clip), enc(clip), enc(other_clip), enc(base_clip)
+    for key in b:
+        if key.endswith(("position_ids", "logit_scale")):
+            continue
+        torch.testing.assert_close(h[key], c[key] + s * (o[key] - b[key]), atol=1e-5, rtol=1e-5)

@@ -6,9 +6,12 @@ weight patches to a handle (``LoraPatch`` mapped by ``lora.load_lora``, the one 
 ``MergePatch`` for a checkpoint used as a LoRA), so the weight store merges and caches a hooked
 model like any LoRA stack (one entry per distinct set of strengths).
 
-Model as LoRA: ComfyUI adds ``s · (W_other − W_original)``; here the hook blends the current
-weights, ``(1 − s) · W + s · W_other`` (``merge.MergePatch``), which is the same when the hooked
-model has no weight patches of its own before the hook.
+Model as LoRA (ComfyUI's "model_as_lora" weight patch): the hook adds ``s · (W_other −
+W_original)`` to the current weights W (already patched by a LoraLoader or a merge before the
+hook), W_original being the hooked model's checkpoint weights without any patch. It is two
+``merge.MergePatch`` entries in one float32 pass: ``W − s · W_original``, then ``+ s · W_other``
+(in that order, so an unpatched model at s = 1 gets W_other exactly; a key the other model
+lacks, or with another shape, is left as it is).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections import OrderedDict
 
 from mixgraph.nodes.models.lora import LoraFile, LoraKeyWarning, load_lora
 from mixgraph.nodes.models.lora_keys import CLIP_TARGETS, group_modules
-from mixgraph.nodes.models.merge import SIMPLE, merge_clip, merge_model
+from mixgraph.nodes.models.merge import _CLIP_SKIP, MergePatch
 from mixgraph.nodes.models.safetensors_io import WeightSource, read_tensors
 from mixgraph.nodes.payloads.hooks import HookGroup, LoraWeights, ModelWeights, WeightHook
 
@@ -85,7 +88,9 @@ def unet_patches(hook: WeightHook, multiplier: float, model) -> tuple:
         lf = _mapped(w, "unet", model)
         return (lf.patch("unet", s),) if lf.adapters.get("unet") else ()
     if isinstance(w, ModelWeights) and w.model is not None:
-        return merge_model(model, w.model, SIMPLE, 1.0 - s).patches[len(model.patches):]
+        other = w.model
+        return (MergePatch("unet", model.source, model.config, (), (1.0, -s)),
+                MergePatch("unet", other.source, other.config, tuple(other.patches), (1.0, s)))
     return ()
 
 
@@ -99,7 +104,17 @@ def clip_patches(hook: WeightHook, multiplier: float, clip) -> tuple:
         lf = _mapped(w, "clip", clip)
         return tuple(lf.patch(t, s) for t in CLIP_TARGETS if lf.adapters.get(t))
     if isinstance(w, ModelWeights) and w.clip is not None:
-        return merge_clip(clip, w.clip, SIMPLE, 1.0 - s).patches[len(clip.patches):]
+        out = []
+        for name in clip.encoders:
+            source = getattr(w.clip, name, None)
+            if source is None:
+                continue
+            own = tuple(p for p in w.clip.patches if getattr(p, "target", name) == name)
+            out.append(MergePatch(name, getattr(clip, name), getattr(clip, f"{name}_config"), (),
+                                  (1.0, -s), (), _CLIP_SKIP))
+            out.append(MergePatch(name, source, getattr(w.clip, f"{name}_config"), own, (1.0, s),
+                                  (), _CLIP_SKIP))
+        return tuple(out)
     return ()
 
 
