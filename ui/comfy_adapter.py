@@ -16,7 +16,9 @@ same node to the engine:
   V1 attributes (as ComfyUI's does), so both go through one path; `execute` runs on a per-call
   class clone whose `hidden` holds the hidden inputs, `fingerprint_inputs`, `validate_inputs`
   and `check_lazy_status` are used when the class overrides them, and `NodeOutput` (values, `ui`,
-  `expand`, `block_execution`) is unpacked.
+  `expand`, `block_execution`) is unpacked. Its dynamic sockets (`io.MatchType`, `io.Autogrow`,
+  `io.DynamicCombo`) become graph/dynamic.py's declarations (`_v3_input`), so they behave as
+  mixgraph's built-in dynamic nodes do.
 
 Running a node (`_Node.__call__`): inputs are converted to ComfyUI's plain payloads
 (`comfy_payloads`), the call runs with the host modules on the path and `comfy_runtime.running()`
@@ -43,6 +45,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
+from mixgraph.graph import dynamic
 from mixgraph.graph.node import Result
 from mixgraph.graph.spec import MODEL_TYPES, REQUIRED, Hidden, Input, NodeSpec, Output
 from mixgraph.ui import comfy_payloads as payloads
@@ -132,6 +135,7 @@ class _InputInfo:
     optional: bool
     lazy: bool = False
     raw_link: bool = False
+    nested: bool = False     # a V3 Autogrow / DynamicCombo: its value is a dict of members
 
 
 def _input(name: str, entry: Any, optional: bool, claimed: bool, where: str) -> tuple[Input, _InputInfo]:
@@ -169,6 +173,79 @@ def _input(name: str, entry: Any, optional: bool, claimed: bool, where: str) -> 
         raise AdapterError(f"{where}: input {name!r}: {e}") from None
 
 
+# --- V3 dynamic sockets (io.MatchType / io.Autogrow / io.DynamicCombo) -------------------------
+
+
+def _v3_plain(inp: Any, where: str) -> Input:
+    """A V3 input object that is no group (an Autogrow template, a DynamicCombo sub-input)."""
+    if getattr(inp, "dynamic_kind", "") == "autogrow":
+        raise AdapterError(f"{where}: input {inp.id!r}: an Autogrow inside a group is not "
+                           "supported yet")
+    return _v3_input(inp, where)
+
+
+def _v3_input(inp: Any, where: str) -> Input:
+    """One V3 `io` input object as the engine's declaration; dynamic sockets become
+    graph/dynamic.py's (MatchType, Autogrow, DynamicCombo), as mixgraph's own nodes declare them."""
+    kind = getattr(inp, "dynamic_kind", "")
+    try:
+        if kind == "match":
+            t = inp.template
+            return dynamic.match_input(_template(t), optional=bool(inp.optional),
+                                       lazy=bool(inp.lazy), tooltip=inp.tooltip)
+        if kind == "autogrow":
+            t = inp.template
+            member = _v3_plain(t.input, where)
+            if hasattr(t, "prefix"):
+                return dynamic.autogrow(member, t.input.id, prefix=t.prefix, min=t.min, max=t.max,
+                                        optional=bool(inp.optional), tooltip=inp.tooltip)
+            return dynamic.autogrow(member, t.input.id, names=[str(n) for n in t.names],
+                                    min=t.min, optional=bool(inp.optional), tooltip=inp.tooltip)
+        if kind == "dynamic_combo":
+            options = [dynamic.Option(str(o.key), tuple((i.id, _v3_plain(i, where))
+                                                        for i in o.inputs)) for o in inp.options]
+            return dynamic.dynamic_combo(options, optional=bool(inp.optional), tooltip=inp.tooltip)
+    except TypeError as e:
+        raise AdapterError(f"{where}: input {inp.id!r}: {e}") from None
+    return _input(inp.id, (inp.get_io_type(), inp.as_dict()), bool(inp.optional), False, where)[0]
+
+
+def _template(t: Any) -> dynamic.MatchTemplate:
+    return dynamic.MatchTemplate(str(t.template_id), tuple(t.allowed_types) or ("*",))
+
+
+def _v3_dynamic_inputs(schema: Any, inputs: list[tuple[str, Input]],
+                       infos: dict[str, _InputInfo], where: str) -> list[tuple[str, Input]]:
+    """The spec's inputs with each V3 dynamic socket replaced by its engine declaration."""
+    by_id = {i.id: i for i in (getattr(schema, "inputs", None) or [])}
+    out = []
+    for name, inp in inputs:
+        v3 = by_id.get(name)
+        if v3 is not None and getattr(v3, "dynamic_kind", ""):
+            inp = _v3_input(v3, where)
+            infos[name].nested = inp.grow is not None
+        out.append((name, inp))
+    return out
+
+
+def _v3_match_outputs(schema: Any, outputs: tuple[Output, ...]) -> tuple[Output, ...]:
+    """`io.MatchType.Output`s as outputs carrying their template's resolved type."""
+    v3_outs = list(getattr(schema, "outputs", None) or [])
+    out = []
+    for i, o in enumerate(outputs):
+        t = getattr(v3_outs[i], "template", None) if i < len(v3_outs) else None
+        out.append(dynamic.match_output(_template(t), o.name, is_list=o.is_list)
+                   if t is not None else o)
+    return tuple(out)
+
+
+def _members_to_comfy(value: Any) -> Any:
+    """An Autogrow / DynamicCombo dict with each member value as ComfyUI's payload."""
+    if isinstance(value, dict):
+        return {k: _members_to_comfy(v) for k, v in value.items()}
+    return payloads.to_comfy("*", value)
+
+
 def spec_for_class(name: str, cls: Any, *, pack: str, display_name: str | None = None,
                    python_module: str | None = None) -> NodeSpec:
     """The engine's spec of one ComfyUI node class. AdapterError when the class cannot be read."""
@@ -199,6 +276,8 @@ def spec_for_class(name: str, cls: Any, *, pack: str, display_name: str | None =
             inp, info = _input(iname, entry, optional, iname in claimed, where)
             inputs.append((iname, inp))
             infos[iname] = info
+    if v3:
+        inputs = _v3_dynamic_inputs(cls.SCHEMA, inputs, infos, where)
     hidden = []
     for hname, kind in (types.get("hidden") or {}).items():
         kind = kind[0] if isinstance(kind, (tuple, list)) and kind else kind
@@ -211,6 +290,8 @@ def spec_for_class(name: str, cls: Any, *, pack: str, display_name: str | None =
     outputs = tuple(Output(t, str(rnames[i]) if i < len(rnames) else t,
                            bool(is_list[i]) if i < len(is_list) else False)
                     for i, t in enumerate(rtypes))
+    if v3:
+        outputs = _v3_match_outputs(cls.SCHEMA, outputs)
 
     info_extra: list[tuple[str, Any]] = []
     tooltips = getattr(cls, "OUTPUT_TOOLTIPS", None)
@@ -327,10 +408,13 @@ class _Node:
         args: dict[str, Any] = {}
         for n, v in kwargs.items():
             info = self.infos.get(n)
-            if info is not None and info.optional and given is not None and n not in given:
+            if info is not None and info.optional and given is not None and n not in given \
+                    and not info.nested:     # a group's members arrive under dotted names
                 continue     # absent optional input: the function's own default applies
             if info is not None and info.raw_link and given is not None and isinstance(given.get(n), list):
                 v = list(given[n])
+            elif info is not None and info.nested:
+                v = _members_to_comfy(v)
             else:
                 v = payloads.to_comfy(info.type if info else "*", v)
             args[n] = [v] if self.list_fallback else v
@@ -418,9 +502,10 @@ class _Node:
         if i >= len(self.outputs) or _is_blocker(v):
             return v
         out = self.outputs[i]
+        kind = "*" if out.match is not None else out.type   # a MatchType output: any payload
         if out.is_list and isinstance(v, list):
-            return [payloads.from_comfy(out.type, x) for x in v]
-        return payloads.from_comfy(out.type, v)
+            return [payloads.from_comfy(kind, x) for x in v]
+        return payloads.from_comfy(kind, v)
 
     # --- lazy inputs (called by the engine) ----------------------------------------------------
 

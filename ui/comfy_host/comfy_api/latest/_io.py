@@ -1,7 +1,8 @@
 """The V3 node schema (`comfy_api.latest.io`): `ComfyNode`, `Schema`, the input/output types,
 `Hidden`, `NodeOutput`. A ComfyNode also answers the V1 attributes (INPUT_TYPES, RETURN_TYPES,
 FUNCTION, OUTPUT_NODE...) from its schema, as ComfyUI's does, so mixgraph's adapter reads V1 and
-V3 classes the same way."""
+V3 classes the same way. The dynamic sockets (`MatchType`, `Autogrow`, `DynamicCombo`) only
+record their declaration here; the adapter translates them onto mixgraph's engine."""
 
 from __future__ import annotations
 
@@ -193,6 +194,96 @@ class MultiType:
 
         def get_io_type(self) -> str:
             return ",".join(self.types)
+
+
+def _type_names(types: Any) -> list[str]:
+    """Socket type names of one type class / name or a list of them."""
+    items = types if isinstance(types, (list, tuple)) else [types]
+    return [t.io_type if hasattr(t, "io_type") else str(t) for t in items]
+
+
+class _DynamicInput(Input):
+    """A dynamic socket (MatchType / Autogrow / DynamicCombo): the adapter translates it onto
+    mixgraph's engine declarations (graph/dynamic.py); `dynamic_kind` tells which."""
+
+    dynamic_kind = ""
+
+
+@comfytype("COMFY_MATCHTYPE_V3")
+class MatchType(ComfyTypeIO):
+    """Sockets sharing a `Template` take whatever one type is connected to them."""
+
+    class Template:
+        def __init__(self, template_id: str, allowed_types: Any = None):
+            self.template_id = template_id
+            self.allowed_types = _type_names(allowed_types) if allowed_types is not None else ["*"]
+
+        def as_dict(self) -> dict:
+            return {"template_id": self.template_id, "allowed_types": ",".join(self.allowed_types)}
+
+    class Input(_DynamicInput):
+        dynamic_kind = "match"
+
+        def __init__(self, id: str, template: "MatchType.Template", display_name=None,
+                     optional=False, tooltip=None, lazy=None, extra_dict=None, raw_link=None):
+            super().__init__(id, display_name, optional, tooltip, lazy, extra_dict, raw_link)
+            self.template = template
+
+        def as_dict(self) -> dict:
+            return super().as_dict() | {"template": self.template.as_dict()}
+
+    class Output(Output):
+        def __init__(self, template: "MatchType.Template", id: str | None = None,
+                     display_name: str | None = None, tooltip: str | None = None,
+                     is_output_list: bool = False):
+            super().__init__(id, display_name, tooltip, is_output_list)
+            self.template = template
+
+
+class Autogrow(ComfyTypeIO):
+    """An input that grows a member socket per connection: `TemplatePrefix` names them
+    `<prefix>0..<prefix>{max-1}`, `TemplateNames` from a list. `execute` gets one dict."""
+
+    io_type = "COMFY_AUTOGROW_V3"
+    Type = dict
+
+    class TemplatePrefix:
+        def __init__(self, input: Input, prefix: str, min: int = 1, max: int = 10):
+            self.input, self.prefix, self.min, self.max = input, prefix, min, max
+
+    class TemplateNames:
+        def __init__(self, input: Input, names: list, min: int = 1):
+            self.input, self.names, self.min = input, list(names), min
+
+    class Input(_DynamicInput):
+        io_type = "COMFY_AUTOGROW_V3"
+        dynamic_kind = "autogrow"
+
+        def __init__(self, id: str, template: Any, display_name=None, optional=False,
+                     tooltip=None, lazy=None, extra_dict=None):
+            super().__init__(id, display_name, optional, tooltip, lazy, extra_dict)
+            self.template = template
+
+
+class DynamicCombo(ComfyTypeIO):
+    """A combo whose chosen `Option` brings its own inputs; `execute` gets one dict
+    `{<input id>: key, <sub id>: value, ...}`."""
+
+    io_type = "COMFY_DYNAMICCOMBO_V3"
+    Type = dict
+
+    class Option:
+        def __init__(self, key: str, inputs: list):
+            self.key, self.inputs = key, list(inputs)
+
+    class Input(_DynamicInput):
+        io_type = "COMFY_DYNAMICCOMBO_V3"
+        dynamic_kind = "dynamic_combo"
+
+        def __init__(self, id: str, options: list, display_name=None, optional=False,
+                     tooltip=None, lazy=None, extra_dict=None):
+            super().__init__(id, display_name, optional, tooltip, lazy, extra_dict)
+            self.options = list(options)
 
 
 Image = _link_type("IMAGE")
@@ -452,4 +543,4 @@ __all__ = ["FolderType", "UploadType", "NumberDisplay", "comfytype", "Custom", "
            "Image", "Mask", "Latent", "Conditioning", "Sampler", "Sigmas", "Noise", "Guider",
            "Clip", "ControlNet", "Vae", "Model", "ClipVision", "ClipVisionOutput", "StyleModel",
            "Gligen", "UpscaleModel", "Audio", "Video", "LoraModel", "Webcam", "AnyType",
-           "MultiType", "Hidden", "HiddenHolder", "Schema", "ComfyNode", "NodeOutput"]
+           "MultiType", "MatchType", "Autogrow", "DynamicCombo", "Hidden", "HiddenHolder", "Schema", "ComfyNode", "NodeOutput"]
