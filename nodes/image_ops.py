@@ -16,6 +16,7 @@ from PIL import Image
 
 from mixgraph.nodes.imaging import match_alpha, upscale
 from mixgraph.nodes.mask_ops import paste
+from mixgraph.nodes.resize_ops import fit_side
 
 BLEND_MODES = ("normal", "multiply", "screen", "overlay", "soft_light", "difference")
 DITHERS = ("none", "floyd-steinberg", "bayer-2", "bayer-4", "bayer-8", "bayer-16")
@@ -82,13 +83,7 @@ MAX_DIMENSION_METHODS = ("area", "lanczos", "bilinear", "nearest-exact", "biline
 def scale_to_max_dimension(image: torch.Tensor, method: str, largest_size: int) -> torch.Tensor:
     """ImageScaleToMaxDimension: the longer side becomes largest_size, the other keeps the aspect
     ratio (Python's round); a square image becomes largest_size × largest_size."""
-    h, w = image.shape[1], image.shape[2]
-    if h > w:
-        w, h = round(w / h * largest_size), largest_size
-    elif w > h:
-        w, h = largest_size, round(h / w * largest_size)
-    else:
-        w = h = largest_size
+    w, h = fit_side(image.shape[1], image.shape[2], largest_size, longer=True)
     return upscale(image.movedim(-1, 1), w, h, method, "disabled").movedim(1, -1)
 
 

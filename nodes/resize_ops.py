@@ -50,26 +50,22 @@ def scale_dimensions(x: torch.Tensor, width: int, height: int, method: str,
     return _resize(x, width, height, method, crop)
 
 
+def fit_side(h: int, w: int, size: int, longer: bool) -> tuple[int, int]:
+    """(width, height) with the longer (``longer``) or shorter side at ``size`` and the other
+    keeping the aspect ratio (Python's round); a square becomes size × size."""
+    if h == w:
+        return size, size
+    if (h > w) == longer:
+        return round(w / h * size), size
+    return size, round(h / w * size)
+
+
 def scale_longer(x: torch.Tensor, size: int, method: str) -> torch.Tensor:
-    h, w = _hw(x)
-    if h > w:
-        w, h = round(w / h * size), size
-    elif w > h:
-        w, h = size, round(h / w * size)
-    else:
-        w = h = size
-    return _resize(x, w, h, method)
+    return _resize(x, *fit_side(*_hw(x), size, longer=True), method)
 
 
 def scale_shorter(x: torch.Tensor, size: int, method: str) -> torch.Tensor:
-    h, w = _hw(x)
-    if h < w:
-        w, h = round(w / h * size), size
-    elif w < h:
-        w, h = size, round(h / w * size)
-    else:
-        w = h = size
-    return _resize(x, w, h, method)
+    return _resize(x, *fit_side(*_hw(x), size, longer=False), method)
 
 
 def scale_total_pixels(x: torch.Tensor, megapixels: float, method: str) -> torch.Tensor:
