@@ -57,7 +57,7 @@ MODELS = {
     "checkpoints/sd_xl_refiner_1.0.safetensors": "sdxl_refiner",
     "checkpoints/flux1-schnell-fp8.safetensors": "flux",
     "checkpoints/sd3.5_large_fp8_scaled.safetensors": "sd3",
-    "diffusion_models/lotus-depth-d-v1-1.safetensors": "sd2_unet",
+    "diffusion_models/lotus-depth-d-v1-1.safetensors": "lotus_unet",
     "vae/vae-ft-mse-840000-ema-pruned.safetensors": "vae",
     "loras/blindbox_v1_mix.safetensors": "lora_sd15",
     "loras/MoXinV1.safetensors": "lora_sd15",
@@ -81,11 +81,7 @@ LOADERS = {  # (class, input) -> models folder
 # Fixtures that must be refused, and the family named in the refusal.
 REFUSED = {"templates_flux_schnell.json": "Flux", "templates_sd3.5_simple_example.json": "SD3 / SD3.5"}
 # Fixtures that need a core node mixgraph does not have yet (docs/comfy-core-coverage.md).
-MISSING = {
-    "templates_image_lotus_depth_v1_1.json": "LotusConditioning: ComfyUI inlines Lotus' null-prompt embedding (the "
-                                             "output of its frozen SD2 text encoder, 1024 wide) as a constant; not "
-                                             "in mixgraph yet, and a run needs a full-width SD2 UNet",
-}
+MISSING: dict[str, str] = {}
 
 
 def _fixtures() -> dict[str, dict]:
@@ -125,7 +121,7 @@ def _write_model(root: Path, rel: str, kind: str) -> None:
         "sd15_4level": lambda: write_sd15_4level(path),
         "sd2_v": lambda: write_sd2(path, v_prediction=True, seed=2),
         "sd2_inpaint": lambda: write_sd2(path, v_prediction=False, seed=3, inpaint=True),
-        "sd2_unet": lambda: write_unet(path, kind="sd2", seed=4),
+        "lotus_unet": lambda: write_unet(path, kind="lotus", seed=4),  # SD2 + 4-wide task input, 1024 context
         "sd2_unclip_ckpt": lambda: write_unclip_ckpt(path),
         "stable_zero123_ckpt": lambda: write_stable_zero123_ckpt(path),
         "sdxl": lambda: write_sdxl(path, seed=5),

@@ -71,6 +71,7 @@ def test_packaging_wheel_holds_only_mixgraph(wheel):
             rel = path.relative_to(ROOT / folder).as_posix()
             assert f"{package}/{rel}" in names, f"{folder}/{rel} is missing from the wheel"
     assert "mixgraph/nodes/models/data/bpe_simple_vocab_16e6.txt.gz" in names
+    assert "mixgraph/nodes/models/data/lotus_null_prompt.safetensors" in names  # LotusConditioning
     assert "mixgraph/ui/web/mixgraph.js" in names
     assert "mixgraph/ui/comfy_host/comfy_api/latest/_io.py" in names   # package data, not a package
 

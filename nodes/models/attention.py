@@ -5,6 +5,12 @@ The one attention entry point of the model runtime. It uses PyTorch's
 hand-written backend selection lives here. `upcast=True` runs scores and softmax in float32, the
 remedy for fp16 overflow in attention logits (ComfyUI's `attn_precision`, diffusers'
 `upcast_attention`); the result is cast back to the input dtype.
+
+``BACKENDS`` names the implementations a model can be pinned to (ModelAttentionBackend). There is
+one: "pytorch", this function, which is what ComfyUI's "pytorch attention" runs
+(``F.scaled_dot_product_attention``). ComfyUI's other choice there, Comfy Kitchen's quantized
+INT8 attention, computes something else (quantized scores) and has no implementation here; a
+name outside ``BACKENDS`` is refused, never replaced by another algorithm.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+__all__ = ["attention", "BACKENDS", "check_backend"]
 
 
 def attention(
@@ -45,3 +53,16 @@ def attention(
     # [B, heads, Tq, dh] -> [B, Tq, heads*dh]
     out = out.transpose(1, 2).reshape(b, tq, inner)
     return out.to(out_dtype)
+
+
+# name -> what computes it (the UNet's CrossAttention calls ``attention`` above)
+BACKENDS = {"pytorch": "torch.nn.functional.scaled_dot_product_attention"}
+
+
+def check_backend(name: str | None) -> str | None:
+    """``name`` if mixgraph has that attention implementation (None: the default); else a
+    NotImplementedError naming it."""
+    if name is not None and name not in BACKENDS:
+        raise NotImplementedError(f"attention backend {name!r}: not supported yet (mixgraph has: "
+                                  f"{', '.join(sorted(BACKENDS))})")
+    return name

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from mixgraph.nodes.models import store
+from mixgraph.nodes.models.attention import check_backend
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
 from mixgraph.nodes.models.controlnet import ControlNetModel
@@ -107,8 +108,14 @@ class ModelHandle:
     x4: ImageAugmentor | None = None
     # (linear_start, linear_end) of the discrete schedule; None = SD's 0.00085..0.012
     beta_range: tuple[float, float] | None = None
+    # Lotus: the constant vector input y, its task switcher (``lotus.task_embedding``)
+    task_embedding: tuple[float, ...] | None = None
+    # ModelAttentionBackend: the attention implementation pinned by name (``attention.BACKENDS``);
+    # None = mixgraph's default, which is the same kernel ("pytorch")
+    attention_backend: str | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
+        check_backend(self.attention_backend)  # the UNet's attention is BACKENDS' implementation
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
         return UNetRunner(self, apply_precision(module, policy), policy)
 
@@ -129,6 +136,10 @@ class ModelHandle:
 
     def with_sampler_patch(self, patch) -> "ModelHandle":
         return dataclasses.replace(self, sampler_patches=self.sampler_patches + (patch,))
+
+    def with_attention_backend(self, name: str | None) -> "ModelHandle":
+        """Pin the attention implementation (``attention.BACKENDS``); an unknown name raises."""
+        return dataclasses.replace(self, attention_backend=check_backend(name))
 
     def with_sampling(self, prediction: str, zsnr: bool = False, continuous: tuple | None = None) -> "ModelHandle":
         return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr), continuous_sampling=continuous)
@@ -207,8 +218,12 @@ class UNetRunner:
         width/height = latent size × 8, crops 0, target = width/height; refiner aesthetic score
         from the cond, else 6.0 (2.5 when ``negative``, ComfyUI's default for the uncond).
         SD2.1 unCLIP: the cond's unCLIP entries (zeros without); SDXL with unCLIP entries
-        (Revision): their embedding replaces the pooled text. ``seed``: the sampling seed."""
+        (Revision): their embedding replaces the pooled text; Lotus: its fixed task embedding
+        [1, 4]. ``seed``: the sampling seed."""
         adm_ch = self.handle.config.adm_in_channels
+        task = getattr(self.handle, "task_embedding", None)
+        if task is not None:  # Lotus: the same task switcher for every cond
+            return torch.tensor([task], dtype=torch.float32)
         x4 = getattr(self.handle, "x4", None)
         if x4 is not None:  # the x4 upscaler: the image's noise level as a label
             return x4.label(cond.noise_augmentation)

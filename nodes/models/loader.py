@@ -23,7 +23,8 @@ weight store reshapes on assignment.
 Prediction type: SD2 is v-prediction when the std of the last output block's first
 ``transformer_blocks.0.norm1.bias`` exceeds 0.09 (ComfyUI tests ``output_blocks.11`` — the last
 block of a real SD2 UNet); SDXL-family files carry ``v_pred`` / ``ztsnr`` marker keys; diffusers
-folders say it in ``scheduler/scheduler_config.json``. ``prediction=`` overrides all of these.
+folders say it in ``scheduler/scheduler_config.json``; a Lotus UNet (an SD2 UNet with a 4-wide
+vector input, ``lotus.py``) is x0 on the unscaled input. ``prediction=`` overrides all of these.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family, family_of_file, refusal
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
 from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
+from mixgraph.nodes.models.lotus import PREDICTION as LOTUS_PREDICTION
+from mixgraph.nodes.models.lotus import is_lotus
+from mixgraph.nodes.models.lotus import task_embedding as lotus_task_embedding
 from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
 from mixgraph.nodes.models.t2i_adapter import is_t2i_adapter, load_t2i_adapter
@@ -138,6 +142,8 @@ def detect_unet_kind(cfg: UNetConfig) -> str:
     """Model family from a UNet config (ComfyUI's supported_models matching, by structure)."""
     if is_x4_upscaler(cfg):
         return "sd2_x4"  # SD 2.x x4 upscaler: 7 input channels, noise-level class labels
+    if is_lotus(cfg):
+        return "sd2"  # Lotus: an SD2 UNet with a 4-wide task-switcher input (``lotus.py``)
     if cfg.adm_in_channels in UNCLIP_ADM and cfg.context_dim == 1024:
         return "sd2"  # SD2.1 unCLIP L / H (``unclip_augmentor``)
     if cfg.adm_in_channels is not None:
@@ -158,7 +164,7 @@ def _sd2_is_v(info: Info, cfg: UNetConfig, prefix: str, read: Callable[[str], to
 def unclip_augmentor(kind: str, cfg: UNetConfig) -> NoiseAugmentor | None:
     """An SD2-family UNet with a vector input is SD2.1 unCLIP: y = [noised image embedding,
     its noise level's embedding], each half of ``adm_in_channels`` (ComfyUI ``SD21UNCLIP``)."""
-    if kind != "sd2" or cfg.adm_in_channels is None:
+    if kind != "sd2" or cfg.adm_in_channels is None or is_lotus(cfg):
         return None
     if cfg.adm_in_channels % 2:
         raise ValueError(f"an SD2 UNet with a {cfg.adm_in_channels}-wide vector input is not an unCLIP model")
@@ -168,7 +174,10 @@ def unclip_augmentor(kind: str, cfg: UNetConfig) -> NoiseAugmentor | None:
 def _family(kind: str, cfg: UNetConfig) -> tuple[UNetConfig, dict]:
     """The family's settings that shapes cannot tell: (config, extra ModelHandle fields).
     The x4 upscaler (ComfyUI ``SD_X4Upscaler``): 8 heads at every width, the low-resolution
-    image input, the 0.0001..0.02 schedule, always v-prediction."""
+    image input, the 0.0001..0.02 schedule, always v-prediction. Lotus (``lotus.py``): its task
+    embedding as the vector input, x0 prediction on the unscaled input (``img_to_img``)."""
+    if kind == "sd2" and is_lotus(cfg):
+        return cfg, {"task_embedding": lotus_task_embedding(), "prediction": LOTUS_PREDICTION}
     if kind != "sd2_x4":
         return cfg, {}
     return x4_unet_config(cfg), {"x4": ImageAugmentor(), "beta_range": BETA_RANGE, "prediction": "v_prediction"}
