@@ -84,3 +84,15 @@ def test_lotus_one_step_sample_is_the_unets_x0_at_timestep_999(tmp_path):
                           torch.tensor([[0.0, 0.0, 1.0, 1.0]])) / scale
     assert torch.allclose(out.samples, expected, atol=1e-4, rtol=1e-4)
     assert not torch.allclose(out.samples, other_task, atol=1e-3)   # the task input matters
+
+
+def test_lotus_unet_loader_refuses_a_diffusers_layout_lotus(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "lotus_diffusers.safetensors"
+    write_unet(path, kind="sd2", layout="diffusers", seed=2)
+    sd = load_file(str(path))
+    sd["class_embedding.linear_1.weight"] = torch.zeros(256, 4)
+    save_file(sd, str(path))
+    with pytest.raises(NotImplementedError, match="lotus_diffusers.safetensors.*not supported yet"):
+        loader.load_unet(path)

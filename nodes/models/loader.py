@@ -425,6 +425,9 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     elif "input_blocks.0.0.weight" in info:
         source, sub = WeightSource.from_file(p), dict(info)
     elif "conv_in.weight" in info and any(k.startswith("down_blocks.0.resnets.0.") for k in info):
+        if "class_embedding.linear_1.weight" in info:  # diffusers' Lotus keeps its task input there
+            raise NotImplementedError(f"{p.name}: a diffusers-layout UNet with a class embedding (Lotus in "
+                                      f"diffusers format): not supported yet; use the LDM-layout file")
         source = WeightSource.from_file(p, "", "diffusers_unet")
         sub = _renamed_info(info, diffusers_unet_rename(info))
     else:
