@@ -663,7 +663,12 @@ def _batch_context(contexts: Sequence[torch.Tensor], b: int) -> torch.Tensor:
 class CFGDenoiser(CondDenoiser):
     """x0 denoiser with classifier-free guidance (Ho & Salimans 2022) on x0 predictions,
     ``uncond + (cond − uncond)·cfg``; at cfg == 1 (isclose) the negative is not evaluated
-    (ComfyUI's cfg1 optimisation). KSampler's and CFGGuider's rule."""
+    (ComfyUI's cfg1 optimisation). KSampler's and CFGGuider's rule. The model's sampler patches
+    run as ComfyUI's ``sampling_function`` runs them: the pre-CFG ones (also at cfg == 1, on a
+    zero negative), the "cfg" one, the post-CFG ones; a subclass whose ComfyUI guider calls
+    ``cfg_function`` alone sets ``pre_cfg = False``."""
+
+    pre_cfg = True  # run the pre-CFG patches (ComfyUI's sampling_function; not cfg_function)
 
     def __init__(
         self,
@@ -725,4 +730,4 @@ class CFGDenoiser(CondDenoiser):
 
         args = GuidanceArgs(x, sigma, cfg, cond, uncond, evaluate, evaluate_negative,
                             self.patch_state, has_uncond, evaluate_conds)
-        return guide(self.sampler_patches, args)
+        return guide(self.sampler_patches, args, pre=self.pre_cfg)
