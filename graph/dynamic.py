@@ -154,14 +154,16 @@ class DynCombo:
                 out.append(full)
         return out
 
-    def gather(self, name: str, kw: dict[str, Any]) -> dict[str, Any]:
+    def gather(self, name: str, kw: dict[str, Any], label: str | None = None) -> dict[str, Any]:
+        """The node body's dict `{label: choice, <sub>: value, ...}`; `label` is the input's own
+        name (default `name`), the last part of a nested one's dotted `name`."""
         key = kw.get(name)
         chosen = self.option(key)
-        values = {name: key}
+        values = {name if label is None else label: key}
         for sub, inp in (chosen.inputs if chosen is not None else ()):
             full = f"{name}.{sub}"
-            if isinstance(inp.grow, DynCombo):   # nested: one dict, ComfyUI's shape
-                values[sub] = inp.grow.gather(full, kw)
+            if isinstance(inp.grow, DynCombo):   # nested: one dict keyed by its own name, ComfyUI's shape
+                values[sub] = inp.grow.gather(full, kw, label=sub)
                 kw.pop(full, None)
             elif full in kw:
                 values[sub] = kw.pop(full)

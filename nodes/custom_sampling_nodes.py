@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, String, node
+from mixgraph.nodes.payloads.conditioning import TEXT_FREE
 from mixgraph.nodes.payloads.sampling import Guidance, Guider, Noise
 from mixgraph.nodes.precision import effective
 from mixgraph.nodes.sampling import ksampler, sampler_presets as presets, sigma_tools
@@ -350,12 +351,11 @@ def DualModelGuider(model=Socket("MODEL", tooltip="Model used for the positive (
                                             "Leave unconnected for a text-free (image-only) "
                                             "unconditional pass.")):
     """CFG with the negative pass on a second model (each with its own weights, patches and
-    precision); without model_negative it is CFGGuider."""
+    precision); without model_negative it is CFGGuider. Without negative the negative is
+    ``TEXT_FREE`` (ComfyUI's ``[[None, {}]]``): the negative pass runs the UNet with no text
+    context, which a UNet whose cross-attention needs text refuses when it runs (cfg ≠ 1)."""
     if negative is None:
-        raise ValueError("DualModelGuider: 'negative' is not connected. ComfyUI then runs a "
-                         "text-free (image-only) unconditional pass, which only image-only models "
-                         "take; SD 1.x/2.x/SDXL UNets need a negative CONDITIONING (e.g. an empty "
-                         "prompt or ConditioningZeroOut)")
+        negative = TEXT_FREE
     conds = (tuple(positive), tuple(negative))
     if model_negative is None:
         return (Guider(model, Guidance("cfg", conds, (cfg,))),)

@@ -14,17 +14,34 @@ is ComfyUI's:
   `A,B,G,R` (the file format wants them sorted) as FLOAT, uncompressed scanlines, `gamma` 1
   (ffmpeg's exr encoder defaults, which ComfyUI keeps), and extra header attributes: `prompt` / extra_pnginfo keys as `string`
   attributes holding JSON and `chromaticities` (Rec.709 for sRGB and linear, Rec.2020 for HDR).
+* AVIF (`encode_avif`): Pillow's AVIF writer (libavif + aom), not by hand. ComfyUI's choices it
+  can honour: 8-bit YUV 4:2:0 at the limited (MPEG) range, sRGB-tagged (nclx BT.709 primaries,
+  sRGB transfer; the matrix is libavif's BT.601 where ComfyUI tags BT.709, a decoder follows the
+  tag), `crf` as the AV1 quantizer (libavif's quality chosen so its quantizer equals crf; ComfyUI
+  hands crf to SVT-AV1), frames quantized as ComfyUI (`x·255` clamped, truncated), grey as RGB
+  (ComfyUI converts grey to yuv420p too), an animation with per-frame durations of 1000/fps ms
+  (libavif's millisecond timescale) that loops forever, and ComfyUI's EXIF item: tag 0x0110
+  `prompt:<JSON>`, then 0x010F, 0x010E, ... `<key>:<JSON>` per extra_pnginfo key. With metadata,
+  an animation's `avis` major brand becomes `avif` (`avis` stays a compatible brand), as ComfyUI
+  does so that the editor's metadata reader finds it; libavif-based readers (Pillow, Chromium)
+  then open such a file's first frame unless asked for its track, with ComfyUI's files as well.
+  Not honoured (refused at validation, `image_save.avif_problems`): 10-bit (Pillow writes 8 bits
+  per channel), the HDR colour descriptions (BT.2020 HLG / PQ: Pillow cannot write those nclx
+  tags), a finite loop count.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import struct
 import zlib
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EXR_MAGIC = b"\x76\x2f\x31\x01"
@@ -166,3 +183,65 @@ def encode_exr(image: torch.Tensor, colorspace: str, text: list[tuple[str, str]]
     offsets = first + np.arange(height, dtype=np.uint64) * (8 + row_bytes)
     rows = [struct.pack("<ii", y, row_bytes) + planes[y].tobytes() for y in range(height)]
     return head + offsets.astype("<u8").tobytes() + b"".join(rows)
+
+
+# --- AVIF -----------------------------------------------------------------------------------------
+
+
+def avif_quality_for_crf(crf: int) -> int:
+    """Pillow's AVIF `quality` whose libavif quantizer ((100 − q)·63 + 50) // 100 equals `crf`."""
+    if not 0 <= crf <= 63:
+        raise CodecError(f"AVIF crf {crf} is outside 0..63")
+    return 100 - math.ceil((100 * crf - 50) / 63)
+
+
+def avif_exif(text: Sequence[tuple[str, str]]) -> bytes:
+    """ComfyUI's AVIF EXIF: `prompt` under 0x0110 (Model), every other key from 0x010F (Make)
+    downwards, each value `<key>:<JSON>`."""
+    exif = Image.Exif()
+    tag = 0x010F
+    for key, value in text:
+        if key == "prompt":
+            exif[0x0110] = f"prompt:{value}"
+        else:
+            exif[tag] = f"{key}:{value}"
+            tag -= 1
+    return exif.tobytes()
+
+
+def _avif_frame(image: torch.Tensor) -> Image.Image:
+    px = quantize(_channels_last(image), 8)                        # [H,W,C] uint8
+    if px.shape[-1] == 4:
+        raise CodecError("AVIF saving supports 1-channel grey and 3-channel RGB images, not RGBA "
+                         "(as ComfyUI's); use png or exr for an image with alpha")
+    if px.shape[-1] == 1:
+        px = np.repeat(px, 3, axis=-1)                             # grey → RGB (→ YUV 4:2:0)
+    return Image.fromarray(np.ascontiguousarray(px), "RGB")
+
+
+def encode_avif(images: Sequence[torch.Tensor], crf: int, fps: float | None = None,
+                text: Sequence[tuple[str, str]] = (), speed: int = 8) -> bytes:
+    """[H,W,C] images as one AVIF: a still image (one image, `fps` None) or an animation at
+    `fps` that loops forever; 8-bit 4:2:0, limited range, sRGB-tagged (module docstring).
+    `speed`: libavif's 0 (slowest) .. 10, 8 by default (ComfyUI runs SVT-AV1 at preset 8)."""
+    frames = [_avif_frame(im) for im in images]
+    if not frames:
+        raise CodecError("no image to encode as AVIF")
+    opts: dict[str, Any] = dict(quality=avif_quality_for_crf(int(crf)), subsampling="4:2:0",
+                                range="limited", speed=speed, codec="auto")
+    if text:
+        opts["exif"] = avif_exif(text)
+    buf = io.BytesIO()
+    if fps is None:
+        if len(frames) != 1:
+            raise CodecError("a still AVIF holds one image")
+        frames[0].save(buf, "AVIF", **opts)
+        return buf.getvalue()
+    duration = max(1, round(1000.0 / float(fps)))
+    frames[0].save(buf, "AVIF", save_all=True, append_images=frames[1:], duration=duration, **opts)
+    data = bytearray(buf.getvalue())
+    # ftyp: size, "ftyp", major brand, minor version, compatible brands
+    size = struct.unpack_from(">I", data, 0)[0]
+    if text and data[4:8] == b"ftyp" and data[8:12] == b"avis" and b"avif" in bytes(data[16:size]):
+        data[8:12] = b"avif"   # ComfyUI's inject_avif_metadata does this, for the editor
+    return bytes(data)

@@ -1,7 +1,8 @@
 """ComfyUI nodes_images.py (015e604): `SaveImageAdvanced`, its `format` DynamicCombo (png / exr /
 avif, each with its own bit depth and input colour space; avif also crf and a nested `save_mode`
-DynamicCombo) as ComfyUI declares it. png (8-bit, 16-bit) and exr (32-bit float) are written
-(`nodes/image_save.py`); avif is refused at validation as not supported yet.
+DynamicCombo) as ComfyUI declares it. png (8-bit, 16-bit), exr (32-bit float) and avif (8-bit
+YUV420, sRGB, crf, still or animated) are written (`nodes/image_save.py`); avif's choices Pillow
+cannot honour (10-bit, HDR, a finite loop count) are refused at validation.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ FORMAT = dynamic_combo([
 
 
 def _check_format(env, format=None, **choice) -> list[tuple[str, str]]:
+    if format == "avif":
+        return image_save.avif_problems(
+            choice.get("format.bit_depth", "auto"), choice.get("format.input_color_space", "sRGB"),
+            choice.get("format.save_mode", "still images"), choice.get("format.save_mode.loop_count"))
     why = image_save.unsupported(format, choice.get("format.bit_depth", "8-bit"))
     return [("format", why)] if why else []
 
@@ -72,5 +77,10 @@ def SaveImageAdvanced(ctx, images=Socket("IMAGE", tooltip="The images to save.")
     """Saves the input images to your ComfyUI output directory."""
     saved = image_save.save_advanced(
         images, Path(ctx.env.output), filename_prefix, format["format"], format["bit_depth"],
-        format.get("input_color_space", "sRGB"), prompt=prompt, extra_pnginfo=extra_pnginfo)
-    return Result((images,), ui={"images": saved})
+        format.get("input_color_space", "sRGB"), prompt=prompt, extra_pnginfo=extra_pnginfo,
+        avif=format if format["format"] == "avif" else None)
+    ui = {"images": saved}
+    if format["format"] == "avif" and (format.get("save_mode") or {}).get("save_mode") == "animated" \
+            and len(images) > 1:
+        ui["animated"] = (True,)   # ComfyUI's flag for an animated result
+    return Result((images,), ui=ui)

@@ -12,7 +12,7 @@ import torch
 
 from mixgraph.graph.registry import REGISTRY
 from mixgraph.nodes import custom_sampling_nodes as csn
-from mixgraph.nodes.payloads.conditioning import Cond
+from mixgraph.nodes.payloads.conditioning import TEXT_FREE, Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.sampling import Guidance, Guider, Sampler
 from mixgraph.nodes.sampling import samplers as S
@@ -218,8 +218,9 @@ def test_dual_model_guider_node_payloads():
     (dual,) = csn.DualModelGuider(model="main", model_negative="other", positive=pos, cfg=4.0,
                                   negative=neg)
     assert dual.guidance.kind == "dual_model" and dual.negative_model == "other"
-    with pytest.raises(ValueError, match="'negative' is not connected"):
-        csn.DualModelGuider(model="main", model_negative="other", positive=pos, cfg=4.0,
-                            negative=None)
+    # unconnected negative: ComfyUI's text-free [[None, {}]] (refused only where a UNet runs it)
+    (free,) = csn.DualModelGuider(model="main", model_negative="other", positive=pos, cfg=4.0,
+                                  negative=None)
+    assert free.guidance.conds == (pos, TEXT_FREE) and free.guidance.conds[1][0].cross_attn is None
     with pytest.raises(ValueError, match="negative_model"):
         Guider("main", Guidance("dual_model", (pos, neg), (4.0,)))

@@ -35,6 +35,7 @@ from mixgraph.nodes.models.seamless import unet_wrappers
 from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt
 from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
+from mixgraph.nodes.models import unet as unet_module
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
 from mixgraph.nodes.models.zero123 import CameraProjectionWeights
@@ -178,6 +179,12 @@ class UNetRunner:
         if self._cc_module is None:
             self._cc_module = proj.module(self.policy)
         return proj.project(self._cc_module, cross_attn)
+
+    @functools.cached_property
+    def context_free_mismatch(self) -> tuple[int, int] | None:
+        """(text width, block width) where this UNet cannot run a text-free cond (no context),
+        or None when it can (``unet.context_free_mismatch``)."""
+        return unet_module.context_free_mismatch(self.model)
 
     @property
     def wants_sigma(self) -> bool:

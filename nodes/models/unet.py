@@ -292,6 +292,20 @@ class EmbedSequential(nn.ModuleList):
         return x
 
 
+def context_free_mismatch(model: nn.Module) -> tuple[int, int] | None:
+    """(text width, block width) of the first cross-attention of ``model`` that cannot run
+    without a text context, or None when every one can. With no context a cross-attention
+    attends to its own (normed) image tokens, as ComfyUI's ``default(context, x)``; its key and
+    value projections then take the block width, so that only works where the context width
+    equals it (never in SD 1.x/2.x/SDXL UNets, whose text is 768-2048 wide)."""
+    for m in model.modules():
+        if isinstance(m, BasicTransformerBlock):
+            ctx, width = m.attn2.to_k.in_features, m.attn2.to_q.in_features
+            if ctx != width:
+                return ctx, width
+    return None
+
+
 def _transformer(c: UNetConfig, ch: int, depth: int, disable_self_attn: bool = False) -> SpatialTransformer:
     if c.context_dim is None:
         raise ValueError("UNetConfig: transformer blocks need context_dim")

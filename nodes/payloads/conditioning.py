@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Cond", "SizeCond", "Control", "ControlLike", "Conditioning", "UnclipEntry"]
+__all__ = ["Cond", "SizeCond", "Control", "ControlLike", "Conditioning", "UnclipEntry", "TEXT_FREE"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,10 @@ class Cond:
 
     cross_attn:  [1, T, D] text-encoder hidden states (T a multiple of 77 for CLIP); [N, T, D]
                  gives image i of the sampled batch entry i (Stable Zero123's batched cameras:
-                 [N, 1, P+4] image embedding + camera, projected by the model).
+                 [N, 1, P+4] image embedding + camera, projected by the model). None: a text-free
+                 cond (ComfyUI's ``[[None, {}]]``, DualModelGuider's unconnected negative): the
+                 UNet runs with no context, each cross-attention attending to the image tokens
+                 (``TEXT_FREE``).
     pooled:      [1, P] pooled text embedding (SDXL clip_g projection) or None.
     area:        (h, w, y, x) in latent pixels (ComfyUI ConditioningSetArea divides px by 8), or
                  None for the whole latent.
@@ -162,7 +165,7 @@ class Cond:
                  (as in ComfyUI, whose SD ControlNets take the UNet's y).
     """
 
-    cross_attn: torch.Tensor
+    cross_attn: torch.Tensor | None
     pooled: torch.Tensor | None = None
     area: tuple[int, int, int, int] | None = None
     strength: float = 1.0
@@ -188,3 +191,7 @@ class Cond:
 
 
 Conditioning = tuple[Cond, ...]
+
+# ComfyUI's ``[[None, {}]]``: one cond without text, evaluated with no cross-attention context
+# (DualModelGuider's "text-free (image-only) unconditional pass").
+TEXT_FREE: Conditioning = (Cond(None),)

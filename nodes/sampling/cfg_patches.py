@@ -9,9 +9,12 @@ A MODEL handle carries them in ``sampler_patches``; ``CFGDenoiser`` hands each e
 * "post_cfg": ``post(a, denoised) -> Tensor`` refines the guided x0, in patch order.
 * "pre_cfg":  ``pre(a) -> (cond, uncond)`` rewrites the two predictions before the CFG formula,
               in patch order (ComfyUI's ``sampler_pre_cfg_function``; ``a.n_outputs`` is the
-              length of ComfyUI's prediction list, 3 under PerpNegGuider); skipped when the negative
-              was not evaluated (cfg = 1), unless the patch says ``without_uncond = True``
-              (it then sees zeros for uncond, as ComfyUI's functions do).
+              length of ComfyUI's prediction list, 3 under PerpNegGuider). Every one runs, also
+              when the negative was not evaluated (CFG at cfg = 1, Perp-Neg at neg_scale = 0):
+              ComfyUI calls every ``sampler_pre_cfg_function`` then, with zeros for the negative's
+              prediction and ``None`` for its conds. ``a.has_uncond`` is False there; a patch whose
+              ComfyUI function returns its input unchanged when ``None in conds[:2]`` (TCFG,
+              FreSca) checks it, one that does not (APG, LatentApplyOperationCFG) works on zeros.
 * "cfg_scale": ``scale(sigma: float, cfg: float) -> float`` replaces the guider's cfg at that
               sigma, in patch order (ComfyUI's CFGOverride wrapper; see ``cfg_at``); it also
               decides the cfg = 1 shortcut.
@@ -101,9 +104,11 @@ def guide(patches: Sequence, a: GuidanceArgs, pre: bool = True) -> Tensor:
 
 
 def run_pre_cfg(patches: Sequence, a: GuidanceArgs) -> None:
-    """The pre-CFG patches, in order, rewriting ``a.cond_denoised`` / ``a.uncond_denoised``."""
+    """The pre-CFG patches, in order, rewriting ``a.cond_denoised`` / ``a.uncond_denoised``; all of
+    them, also without a negative (``a.has_uncond`` False, uncond zeros), as ComfyUI's
+    ``sampling_function`` and PerpNegGuider call them."""
     for p in patches:
-        if p.stage == "pre_cfg" and (a.has_uncond or getattr(p, "without_uncond", False)):
+        if p.stage == "pre_cfg":
             a.cond_denoised, a.uncond_denoised = p.pre(a)
 
 
@@ -196,7 +201,11 @@ class APG:
     split into the part parallel to cond and the orthogonal part, and recombined as
     orthogonal + eta·parallel. The conditional prediction handed to CFG is then
     uncond + g' + (cond − uncond)/cfg, so CFG yields cond + (cfg − 1)·g' (the paper's update).
-    The running average is kept in the denoiser's per-run state, never across runs."""
+    The running average is kept in the denoiser's per-run state, never across runs.
+
+    Without a negative (cfg = 1, ``a.has_uncond`` False) it runs on uncond = 0, as ComfyUI's
+    function (which has no guard for that case) does: g = cond, so the result is
+    cond + eta·g' with g' = cond shrunk to the norm threshold, not cond."""
 
     eta: float
     norm_threshold: float
@@ -226,11 +235,15 @@ class APG:
 class TangentialDampingCFG:
     """TCFG (Kwon et al. 2025, "TCFG: Tangential Damping Classifier-free Guidance",
     arXiv:2503.18137): the unconditional score x − uncond is replaced by its projection onto the
-    first right singular vector of the per-sample 2×N matrix [uncond score; cond score]."""
+    first right singular vector of the per-sample 2×N matrix [uncond score; cond score].
+    Without a negative (``a.has_uncond`` False) it leaves both predictions as they are (ComfyUI's
+    function returns its input when ``None in conds[:2]``)."""
 
     stage: str = "pre_cfg"
 
     def pre(self, a: GuidanceArgs) -> tuple[Tensor, Tensor]:
+        if not a.has_uncond:
+            return a.cond_denoised, a.uncond_denoised
         x, cond, uncond = a.x, a.cond_denoised, a.uncond_denoised
         b = x.shape[0]
         c_score = (x - cond).reshape(b, 1, -1).float()

@@ -102,7 +102,9 @@ def fourier_filter(x: Tensor, scale_low: float, scale_high: float, freq_cutoff: 
 @dataclass(frozen=True)
 class FreSca:
     """ComfyUI's FreSca (pre-CFG): the guidance cond − uncond goes through ``fourier_filter``;
-    the conditional prediction becomes uncond + filtered guidance."""
+    the conditional prediction becomes uncond + filtered guidance. Without a negative
+    (``a.has_uncond`` False: cfg = 1, or Perp-Neg at neg_scale = 0) both predictions pass
+    unchanged, as ComfyUI 0.38.1's function returns its input when ``None in conds[:2]``."""
 
     scale_low: float
     scale_high: float
@@ -110,6 +112,8 @@ class FreSca:
     stage: str = "pre_cfg"
 
     def pre(self, a: GuidanceArgs) -> tuple[Tensor, Tensor]:
+        if not a.has_uncond:
+            return a.cond_denoised, a.uncond_denoised
         g = fourier_filter(a.cond_denoised - a.uncond_denoised, self.scale_low, self.scale_high,
                            self.freq_cutoff)
         return a.uncond_denoised + g, a.uncond_denoised
@@ -155,13 +159,12 @@ class LatentOperationCFG:
     """ComfyUI's LatentApplyOperationCFG (a ``sampler_pre_cfg_function``): a LATENT_OPERATION
     (``op(latent=[B, C, H, W]) -> tensor``) applied to the guidance direction,
     cond ← op(cond − uncond) + uncond, before the CFG formula. It also runs when cfg = 1 skipped
-    the negative (``without_uncond``): uncond is zeros there, as in ComfyUI, so cond ← op(cond).
+    the negative (as every pre-CFG patch): uncond is zeros there, as in ComfyUI, so cond ← op(cond).
     On a prediction list other than (cond, uncond) (PerpNegGuider's [positive, negative, empty])
     ComfyUI applies the operation to the positive alone, cond ← op(cond); so does this patch."""
 
     operation: object
     stage: str = "pre_cfg"
-    without_uncond: bool = True
 
     def pre(self, a: GuidanceArgs) -> tuple[Tensor, Tensor]:
         uncond = a.uncond_denoised

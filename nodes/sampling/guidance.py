@@ -16,8 +16,9 @@
   MODEL and the negative on a second MODEL (``negative_model``), each with its own weights
   (weight patches: LoRA, merges) and precision; as in ComfyUI (which hands the second model the
   first model's ``model_options``), the forward-time UNet patches (FreeU, …) of the negative pass,
-  the guidance formula and the sampler patches (post-CFG functions, CFGOverride) are the first
-  model's, and the second model's own forward-time patches are not used. The negative list is resolved against the second model
+  the guidance formula and the sampler patches ("cfg" and post-CFG functions, CFGOverride; no
+  pre-CFG function: ComfyUI's guider calls ``cfg_function``, not ``sampling_function``) are the
+  first model's, and the second model's own forward-time patches are not used. The negative list is resolved against the second model
   alone (no ControlNet carried over from the positive: ComfyUI prepares it on its own). At a base
   cfg ≈ 1 the second model is never run and the x0 prediction is the positive's, unpatched; a
   step whose cfg is driven to ≈ 1 (CFGOverride) does the same unless a patch needs the negative.
@@ -186,7 +187,10 @@ def _with_forward_patches_of(runner, first):
 
 class DualModelDenoiser(CFGDenoiser):
     """CFG with the negative list evaluated on ``negative_model`` (a SamplerModel, or None when
-    the base cfg is ≈ 1 and it is not loaded); see the module docstring."""
+    the base cfg is ≈ 1 and it is not loaded); see the module docstring. ComfyUI's guider calls
+    ``cfg_function`` itself, so the model's pre-CFG patches do not run (``pre_cfg``)."""
+
+    pre_cfg = False
 
     def __init__(self, model, negative_model, positive, negative, cfg: float, latent_image,
                  denoise_mask=None, model_sampling=None, seed=None):

@@ -182,7 +182,7 @@ class _Entry:
     """One cond resolved against the latent: what ``calc_cond_batch`` needs per evaluation."""
 
     cond: Cond
-    context: torch.Tensor  # [1, T, D]
+    context: torch.Tensor | None  # [1, T, D]; None for a text-free cond (``Cond.cross_attn`` None)
     y: torch.Tensor | None  # [1, adm] or None
     area: tuple[int, int, int, int] | None  # (h, w, y, x) latent px
     mask: torch.Tensor | None  # [Bm, H, W] resized to the latent, times mask_strength
@@ -447,10 +447,12 @@ class CondDenoiser:
             if gligen is None:
                 gligen = c.gligen.model.runner(getattr(self.model, "policy", None))
                 self._gligen_modules[id(c.gligen.model)] = gligen
-        context = c.cross_attn.to(self.device, torch.float32)
-        project = getattr(self.model, "project_context", None)
-        if project is not None:  # Stable Zero123's camera projection (ComfyUI's extra_conds)
-            context = project(context)
+        context = None  # a text-free cond: no cross-attention context (ComfyUI's [[None, {}]])
+        if c.cross_attn is not None:
+            context = c.cross_attn.to(self.device, torch.float32)
+            project = getattr(self.model, "project_context", None)
+            if project is not None:  # Stable Zero123's camera projection (ComfyUI's extra_conds)
+                context = project(context)
         control_context = None
         if c.controlnet_cross_attn is not None:  # CLIPTextEncodeControlnet
             control_context = c.controlnet_cross_attn.to(self.device, torch.float32)
@@ -605,7 +607,9 @@ class CondDenoiser:
         sig = torch.cat([sigma] * n)  # [n*B]
         xc = self.ms.calculate_input(sig, x_in)
         t = self.ms.timestep(sig).float()
-        context = _batch_context([e.context for e, _, _ in batch], b)  # [n*B, T, D]
+        context = _batch_context([e.context for e, _, _ in batch], b)  # [n*B, T, D] or None
+        if context is None:
+            _check_text_free(model, batch[0][0])
         y = None
         if batch[0][0].y is not None:
             y = torch.cat([e.y.expand(b, -1) for e, _, _ in batch])  # [n*B, adm]
@@ -652,10 +656,33 @@ def _can_concat(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return math.lcm(ta[1], tb[1]) // min(ta[1], tb[1]) <= 4
 
 
-def _batch_context(contexts: Sequence[torch.Tensor], b: int) -> torch.Tensor:
+def _check_text_free(model, entry: _Entry) -> None:
+    """A text-free cond runs the UNet with no context (ComfyUI's ``[[None, {}]]``): refuse, with
+    what to do, where that cannot work, instead of a matrix-shape error from inside the UNet."""
+    mismatch = getattr(model, "context_free_mismatch", None)
+    if mismatch is not None:
+        text_w, block_w = mismatch
+        raise ValueError(
+            f"DualModelGuider's 'negative' is not connected, so its negative pass is text-free: "
+            f"the UNet runs with no cross-attention context (ComfyUI's [[None, {{}}]] negative), "
+            f"each cross-attention attending to the image tokens instead. This UNet's "
+            f"cross-attention takes {text_w}-wide text tokens, not its {block_w}-wide image "
+            f"tokens, so it needs a text context (every SD 1.x/2.x/SDXL UNet does; ComfyUI stops "
+            f"here too, with a matrix-shape error). Connect a negative CONDITIONING (an empty "
+            f"prompt, or ConditioningZeroOut), or set cfg to 1 (the negative is then not run)")
+    if entry.cond.control is not None:
+        raise ValueError("a text-free cond (DualModelGuider's unconnected 'negative') cannot "
+                         "drive a ControlNet: the ControlNet reads the text context (ComfyUI "
+                         "fails here too); connect a negative CONDITIONING")
+
+
+def _batch_context(contexts: Sequence[torch.Tensor | None], b: int) -> torch.Tensor | None:
     """[n*b, T, D]: each cond's tokens repeated to the lcm length (repeating tokens leaves
     attention unchanged) and to the batch; a cond with one entry per image (Stable Zero123's
-    batched cameras) is cut or tiled to the batch, as ComfyUI."""
+    batched cameras) is cut or tiled to the batch, as ComfyUI. None for text-free conds (they
+    batch only with each other: ``_can_concat``)."""
+    if contexts[0] is None:
+        return None
     t_len = math.lcm(*(c.shape[1] for c in contexts))
     return torch.cat([repeat_to_batch(c.repeat(1, t_len // c.shape[1], 1), b) for c in contexts])
 
@@ -663,7 +690,12 @@ def _batch_context(contexts: Sequence[torch.Tensor], b: int) -> torch.Tensor:
 class CFGDenoiser(CondDenoiser):
     """x0 denoiser with classifier-free guidance (Ho & Salimans 2022) on x0 predictions,
     ``uncond + (cond − uncond)·cfg``; at cfg == 1 (isclose) the negative is not evaluated
-    (ComfyUI's cfg1 optimisation). KSampler's and CFGGuider's rule."""
+    (ComfyUI's cfg1 optimisation). KSampler's and CFGGuider's rule. The model's sampler patches
+    run as ComfyUI's ``sampling_function`` runs them: the pre-CFG ones (also at cfg == 1, on a
+    zero negative), the "cfg" one, the post-CFG ones; a subclass whose ComfyUI guider calls
+    ``cfg_function`` alone sets ``pre_cfg = False``."""
+
+    pre_cfg = True  # run the pre-CFG patches (ComfyUI's sampling_function; not cfg_function)
 
     def __init__(
         self,
@@ -725,4 +757,4 @@ class CFGDenoiser(CondDenoiser):
 
         args = GuidanceArgs(x, sigma, cfg, cond, uncond, evaluate, evaluate_negative,
                             self.patch_state, has_uncond, evaluate_conds)
-        return guide(self.sampler_patches, args)
+        return guide(self.sampler_patches, args, pre=self.pre_cfg)
