@@ -124,7 +124,9 @@ class NodeSpec:
     accept_all_inputs: bool = False
     # Editor-only widget values a UI-format workflow saves after the declared widgets (CustomCombo's
     # index and options): an object with `read(rest, inputs) -> dict` (the API inputs they give;
-    # `inputs` are the declared widgets' values) and `write(inputs) -> list` (UI export). None: none.
+    # `inputs` are the declared widgets' values), `read_named(values, inputs) -> dict` (the same
+    # from `widgets_values` saved as an object keyed by widget name) and `write(inputs) -> list`
+    # (UI export, always the editor's list form). None: none.
     ui_widgets: Any = None
     # ComfyUI's INPUT_IS_LIST: every input arrives as a list (literals as 1-element lists) and
     # the body is called once; otherwise list-valued inputs call it once per element.

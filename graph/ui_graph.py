@@ -193,7 +193,10 @@ def widget_inputs(n: UiNode, spec: Any) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     if isinstance(values, dict):  # some extensions serialise widgets by name
         widgets = {name for name, i in spec.inputs if i.is_widget or isinstance(i.grow, DynCombo)}
-        return {k: v for k, v in values.items() if k.split(".", 1)[0] in widgets}
+        inputs = {k: v for k, v in values.items() if k.split(".", 1)[0] in widgets}
+        if spec.ui_widgets is not None:   # editor-only widgets by their names (CustomCombo's options)
+            inputs.update(spec.ui_widgets.read_named(values, dict(inputs)))
+        return inputs
     values = values or []
     skip = 0   # the values of DynamicCombo sub-widgets read so far
     slots = widget_slots(spec)

@@ -146,6 +146,20 @@ class CustomComboWidgets:
         got["index"] = next((i for i, v in enumerate(options) if v == choice), -1)
         return got
 
+    def read_named(self, values: dict, inputs: dict) -> dict:
+        """`widgets_values` saved as an object keyed by widget name (the editor's widget names:
+        `choice`, the hidden `index`, `option1..N`). Options are taken in their number's order;
+        `index` is recomputed from them, as the editor does when it queues."""
+        numbered = sorted((int(k[6:]), v) for k, v in values.items()
+                          if k.startswith("option") and k[6:].isdigit() and int(k[6:]) >= 1)
+        if not numbered:
+            return {}
+        options = [v for _, v in numbered]
+        got = {f"option{i}": v for i, v in enumerate(options, 1)}
+        choice = inputs.get("choice")
+        got["index"] = next((i for i, v in enumerate(options) if v == choice), -1)
+        return got
+
     def write(self, inputs: dict) -> list:
         numbered = sorted((int(k[6:]), v) for k, v in inputs.items()
                           if k.startswith("option") and k[6:].isdigit())

@@ -74,7 +74,7 @@ def APG(model=Socket("MODEL"),
                   tooltip="Controls the scale of the parallel guidance vector. Default CFG behavior at a setting of 1."),
         norm_threshold=Float(5.0, min=0.0, max=50.0, step=0.1,
                              tooltip="Normalize guidance vector to this value, normalization disable at a setting of 0."),
-        momentum=Float(0.0, min=0.0, max=1.0, step=0.01,
+        momentum=Float(0.0, min=-5.0, max=1.0, step=0.01,
                        tooltip="Controls a running average of guidance during diffusion, disabled at a setting of 0.")):
     return (model.with_sampler_patch(cfg_patches.APG(eta, norm_threshold, momentum)),)
 

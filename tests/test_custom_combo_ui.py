@@ -90,3 +90,23 @@ def test_custom_combo_ui_export_of_an_api_prompt():
     assert node["widgets_values"] == ["y", 1, "x", "y", ""]   # index from the options, a blank last
     assert convert_ui(ui, REG).prompt["1"].inputs == {"choice": "y", "index": 1, "option1": "x",
                                                       "option2": "y", "option3": ""}
+
+
+def test_custom_combo_ui_object_widgets_values_keep_the_options(ex):
+    """`widgets_values` saved as an object keyed by the editor's widget names (`choice`, the hidden
+    `index`, `option1..N`): the options are read, renumbered in order, `index` recomputed."""
+    values = {"choice": "blue", "index": 0, "option2": "green", "option1": "red", "option3": "blue",
+              "option4": ""}
+    wf = convert_ui(ui_workflow(values), REG)
+    assert wf.prompt["4"].inputs == {"choice": "blue", "index": 2, "option1": "red",
+                                     "option2": "green", "option3": "blue", "option4": ""}
+    r = api.run(ui_workflow(values), executor=ex)
+    assert r.outputs["4"] == ("blue", 2)
+    # only the choice saved: no options, as for the list form
+    assert convert_ui(ui_workflow({"choice": "b"}), REG).prompt["4"].inputs == {"choice": "b"}
+
+
+def test_custom_combo_ui_object_widgets_values_export_as_the_editors_list():
+    wf = convert_ui(ui_workflow({"choice": "y", "option1": "x", "option2": "y", "option3": ""}), REG)
+    node = next(n for n in to_ui(wf, REG, Env.from_args())["nodes"] if n["type"] == "CustomCombo")
+    assert node["widgets_values"] == ["y", 1, "x", "y", ""]

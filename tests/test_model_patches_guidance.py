@@ -31,7 +31,7 @@ def test_guidance_patch_specs_match_comfyui():
     assert {k: req("APG")["norm_threshold"][1][k] for k in ("default", "min", "max", "step")} == \
         {"default": 5.0, "min": 0.0, "max": 50.0, "step": 0.1}
     assert {k: req("APG")["momentum"][1][k] for k in ("default", "min", "max", "step")} == \
-        {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}
+        {"default": 0.0, "min": -5.0, "max": 1.0, "step": 0.01}  # V3 940df5e
     assert INFO["APG"]["category"] == "sampling/custom_sampling" and INFO["APG"]["output"] == ["MODEL"]
     assert INFO["TCFG"]["input_order"]["required"] == ["model"]
     assert INFO["TCFG"]["output_name"] == ["patched_model"] and INFO["TCFG"]["category"] == "advanced/guidance"

@@ -196,8 +196,9 @@ def _project(v0: Tensor, v1: Tensor) -> tuple[Tensor, Tensor]:
 class APG:
     """Adaptive projected guidance (Sadat et al. 2024, "Eliminating Oversaturation and Artifacts
     of High Guidance Scales in Diffusion Models", Algorithm 1), ComfyUI's APG node. The guidance
-    g = cond − uncond is (momentum > 0) replaced by the running average ḡ ← momentum·ḡ + g, whose
-    state restarts when σ rises, (norm_threshold > 0) shrunk to at most that L2 norm per sample,
+    g = cond − uncond is (momentum ≠ 0; ComfyUI's V3 node takes −5 … 1, the paper's negative
+    momentum included) replaced by the running average ḡ ← momentum·ḡ + g, whose state restarts
+    when σ rises, (norm_threshold > 0) shrunk to at most that L2 norm per sample,
     split into the part parallel to cond and the orthogonal part, and recombined as
     orthogonal + eta·parallel. The conditional prediction handed to CFG is then
     uncond + g' + (cond − uncond)/cfg, so CFG yields cond + (cfg − 1)·g' (the paper's update).
@@ -220,7 +221,7 @@ class APG:
             st["avg"] = None
         st["prev_sigma"] = sigma
         g = cond - uncond
-        if self.momentum > 0:
+        if self.momentum != 0:
             st["avg"] = g if st["avg"] is None else self.momentum * st["avg"] + g
             g = st["avg"]
         if self.norm_threshold > 0:
