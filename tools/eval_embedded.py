@@ -8,6 +8,7 @@ text encoder, UNet, sampler, VAE) and is judged by the pixel-statistics check of
     PYTHONPATH=. python tools/eval_embedded.py precision [--n 24]  # PSNR/SSIM vs f32 + colour check
     PYTHONPATH=. python tools/eval_embedded.py lora                # strength 0 / 0.5 / 1
     PYTHONPATH=. python tools/eval_embedded.py controlnet          # the mask moves the shape
+    PYTHONPATH=. python tools/eval_embedded.py roundtrip [--n 240] # the check on VAE round trips
     ... --json                                                     # one JSON object on stdout
 """
 
@@ -64,10 +65,14 @@ def score(verdicts: list[tuple[S.Scene, S.Verdict]]) -> dict:
         "background": sum(v.background == s.background for s, v in verdicts) / n,
         "both_colors": sum(v.color == s.color and v.background == s.background for s, v in verdicts) / n,
         "shape": sum(v.shape == s.shape for s, v in verdicts) / n,
+        "shape_by_fill": sum(v.shape_by_fill == s.shape for s, v in verdicts) / n,
         "position": sum(v.position == s.position for s, v in verdicts) / n,
         "shape_by_size": {size: round(sum(v.shape == s.shape for s, v in verdicts if s.size == size)
                                       / max(1, sum(s.size == size for s, _ in verdicts)), 3)
                           for size in S.SIZES},
+        "shape_by_fill_by_size": {size: round(sum(v.shape_by_fill == s.shape for s, v in verdicts if s.size == size)
+                                              / max(1, sum(s.size == size for s, _ in verdicts)), 3)
+                                  for size in S.SIZES},
     }
 
 
@@ -161,9 +166,29 @@ def controlnet(args, runner: Runner) -> dict:
     return out
 
 
+def roundtrip(args, runner: Runner) -> dict:
+    """The ceiling the VAE puts on the shape score: held-out pictures drawn exactly (`render`),
+    encoded and decoded by the checkpoint's VAE, then checked. What the check misreads here no
+    UNet can fix; it also shows how much of that each reading (`shape`, `shape_by_fill`) loses."""
+    from mixgraph.graph.precision import Policy
+    from mixgraph.nodes.models.loader import load_checkpoint
+
+    _, _, vae = load_checkpoint(args.checkpoint or S.EMBEDDED_CHECKPOINT)
+    rng = random.Random(5)
+    scenes = S.held_out_scenes()
+    rng.shuffle(scenes)
+    scenes = scenes[:args.n]
+    pictures = torch.from_numpy(np.stack([S.render(s, rng) for s in scenes]).astype(np.float32) / 255.0)
+    decoded = vae.decode(vae.encode(pictures, Policy()), Policy()).clamp(0, 1).numpy()
+    out = {"n": len(scenes)}
+    for name, images in (("drawn", pictures.numpy()), ("vae round trip", decoded)):
+        out[name] = score([(s, S.check_image(im)) for s, im in zip(scenes, images)])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("quality", "precision", "lora", "controlnet", "all"))
+    p.add_argument("what", choices=("quality", "precision", "lora", "controlnet", "roundtrip", "all"))
     p.add_argument("--n", type=int)
     p.add_argument("--sampler", default="euler")
     p.add_argument("--scheduler", default="normal")
@@ -177,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(args.checkpoint)
     result = {}
     for what in (("quality", "precision", "lora", "controlnet") if args.what == "all" else (args.what,)):
-        args.n = args.n or {"quality": 200, "precision": 24}.get(what)
-        result[what] = {"quality": quality, "precision": precision, "lora": lora, "controlnet": controlnet}[what](args, runner)
+        args.n = args.n or {"quality": 200, "precision": 24, "roundtrip": 240}.get(what)
+        result[what] = {"quality": quality, "precision": precision, "lora": lora, "controlnet": controlnet,
+                        "roundtrip": roundtrip}[what](args, runner)
     print(json.dumps(result, indent=None if args.json else 1))
     return 0
 

@@ -184,17 +184,78 @@ def render(scene: Scene, rng: random.Random | None = None, size: int = IMAGE_SIZ
 class Verdict:
     color: str | None  # dominant colour of the shape (nearest palette colour)
     background: str | None  # dominant colour of the border
-    shape: str | None  # from the fill ratio of the shape's bounding box
+    shape: str | None  # the drawn shape whose blurred template fits the shape's coverage best
     position: str | None  # grid cell of the shape's centroid
     fill: float  # shape pixels / bounding-box pixels (circle ~0.79, square 1, triangle 0.5)
+    shape_by_fill: str | None = None  # the class the fill ratio alone gives (an older, blur-sensitive reading)
 
 
 _PALETTE = np.array(list(COLORS.values()), dtype=np.float32) / 255.0  # [K, 3]
 _NAMES = list(COLORS)
+_TEMPLATE_SUPERSAMPLE = 4  # as `render` draws
+#: Gaussian blurs (pixels) tried on each template: a decoded picture's edges are soft, and a
+#: 16-pixel square with softened corners fills its bounding box like a circle does
+_TEMPLATE_BLURS = (0.0, 0.8, 1.4, 2.0)
 
 
 def _nearest(rgb: np.ndarray) -> str:
     return _NAMES[int(np.argmin(((_PALETTE - rgb[None]) ** 2).sum(-1)))]
+
+
+def _template(shape: str, cx: float, cy: float, r: float, h: int, w: int) -> np.ndarray:
+    """Coverage [h, w] (0..1) of `shape` drawn as `render` draws it: centre (cx, cy), half-extent r."""
+    ss = _TEMPLATE_SUPERSAMPLE
+    xs = ((np.arange(w * ss) + 0.5) / ss)[None, :]
+    ys = ((np.arange(h * ss) + 0.5) / ss)[:, None]
+    if shape == "circle":
+        inside = (xs - cx) ** 2 + (ys - cy) ** 2 <= r * r
+    elif shape == "square":
+        inside = (np.abs(xs - cx) <= r) & (np.abs(ys - cy) <= r)
+    else:  # apex up at (cx, cy - r), base from cx - r to cx + r at cy + r
+        inside = (ys <= cy + r) & (np.abs(xs - cx) <= (ys - (cy - r)) / 2)
+    return inside.reshape(h, ss, w, ss).mean(axis=(1, 3))
+
+
+def _blur_matrix(sigma: float, n: int) -> np.ndarray:
+    """[n, n] row-normalised Gaussian: G @ X @ G'.T blurs X separably (edges renormalised)."""
+    if sigma == 0:
+        return np.eye(n)
+    i = np.arange(n)
+    g = np.exp(-0.5 * ((i[:, None] - i[None, :]) / sigma) ** 2)
+    return g / g.sum(axis=1, keepdims=True)
+
+
+def _match_shape(coverage: np.ndarray) -> str:
+    """The shape whose template, fitted to the coverage's area and centroid (scaled by +-10%,
+    moved by +-half a pixel) and blurred by one of `_TEMPLATE_BLURS`, leaves the least squared
+    error. A blurred picture is compared with equally blurred templates, so softened corners
+    count against no class in particular."""
+    h, w = coverage.shape
+    area = float(coverage.sum())
+    ys, xs = np.mgrid[0:h, 0:w] + 0.5
+    mx, my = float((coverage * xs).sum() / area), float((coverage * ys).sum() / area)
+    # half-extent r from the area (circle pi r^2, square 4 r^2, triangle 2 r^2); a triangle's
+    # centroid lies r/3 below the centre of its bounding box
+    fits = {"circle": (np.sqrt(area / np.pi), 0.0), "square": (np.sqrt(area) / 2, 0.0),
+            "triangle": (np.sqrt(area / 2), -1 / 3)}
+    # every template and its blur lie in this window; outside it the error is the same for all
+    reach = int(np.ceil(1.1 * np.sqrt(area / 2) * 4 / 3 + 3 * max(_TEMPLATE_BLURS) + 1))
+    y0, x0 = max(int(my) - reach, 0), max(int(mx) - reach, 0)
+    coverage = coverage[y0:int(my) + reach + 1, x0:int(mx) + reach + 1]
+    h, w = coverage.shape
+    mx, my = mx - x0, my - y0
+    blurs = [(_blur_matrix(s, h), _blur_matrix(s, w)) for s in _TEMPLATE_BLURS]
+    errors = {}
+    for shape, (r0, dy) in fits.items():
+        best = np.inf
+        for r in (0.9 * r0, r0, 1.1 * r0):
+            for ox in (-0.5, 0.0, 0.5):
+                for oy in (-0.5, 0.0, 0.5):
+                    t = _template(shape, mx + ox, my + oy + dy * r, r, h, w)
+                    for gy, gx in blurs:
+                        best = min(best, float(((gy @ t @ gx.T - coverage) ** 2).sum()))
+        errors[shape] = best
+    return min(errors, key=errors.get)
 
 
 def check_image(image: np.ndarray) -> Verdict:
@@ -203,8 +264,12 @@ def check_image(image: np.ndarray) -> Verdict:
     `image`: [H, W, 3], float 0..1 or uint8. The background colour is the median of the outer
     ring of pixels (shapes keep a margin from the edge); shape pixels are those nearer the
     shape's colour than the background's, the shape's colour being the median of the pixels far
-    from the background. The class follows from how much of its bounding box the shape fills:
-    a square fills all of it, a circle pi/4, a triangle half.
+    from the background. The class: each pixel's coverage is where its colour lies between
+    the background's and the shape's; the circle, square and triangle templates of the same
+    area and centroid, blurred alike, are compared with it and the closest wins
+    (`_match_shape`). `shape_by_fill` is the reading from how much of its bounding box the
+    shape fills (a square all of it, a circle pi/4, a triangle half), exact on sharp pictures
+    but pulled towards "circle" by soft edges on small shapes.
     """
     img = np.asarray(image, dtype=np.float32)
     if img.max() > 1.5:
@@ -226,12 +291,9 @@ def check_image(image: np.ndarray) -> Verdict:
     ys, xs = np.nonzero(mask)
     box = (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
     fill = float(mask.sum() / box)
-    if fill > 0.9:
-        shape = "square"
-    elif fill > 0.64:
-        shape = "circle"
-    else:
-        shape = "triangle"
+    by_fill = "square" if fill > 0.9 else "circle" if fill > 0.64 else "triangle"
+    axis = fg - bg
+    coverage = np.clip(((img - bg) @ axis) / float(axis @ axis), 0.0, 1.0)
     # where the centre lies in the range the shape's centre can take (see `render`)
     cells = []
     for lo, hi, n in ((ys.min(), ys.max(), h), (xs.min(), xs.max(), w)):
@@ -241,7 +303,7 @@ def check_image(image: np.ndarray) -> Verdict:
         cells.append(min(max(int(round(rel * 2)), 0), 2))
     cell = (cells[0], cells[1])
     position = next(p for p, rc in POSITIONS.items() if rc == cell)
-    return Verdict(_nearest(fg), _nearest(bg), shape, position, fill)
+    return Verdict(_nearest(fg), _nearest(bg), _match_shape(coverage), position, fill, by_fill)
 
 
 def vocabulary_text() -> str:
