@@ -36,6 +36,10 @@ def env(tmp_path):
                temp=tmp_path / "temp")
 
 
+# RebatchLatents' V3 widgets (required in ComfyUI's schema, so an API prompt names them)
+REBATCH = {"dimension": "b", "overlap": 0, "merge_overlap_mode": "truncate start"}
+
+
 def seed_list(seeds: str, steps: int = 2) -> dict:
     """txt2img with KSampler's seed from a SeedList (node 10): one image per seed."""
     p = txt2img("a.safetensors")
@@ -112,7 +116,7 @@ def _why(prompt: dict, outputs=("9",), parts: int = 2) -> str:
 def test_fanout_list_prompts_that_cannot_split_say_why():
     rebatch = seed_list("1,2,3")
     rebatch["11"] = {"class_type": "RebatchLatents", "inputs": {"latents": ["3", 0],
-                                                                "batch_size": 3}}
+                                                                "batch_size": 3, **REBATCH}}
     rebatch["8"]["inputs"]["samples"] = ["11", 0]
     assert _why(rebatch) == "node 11 (RebatchLatents) takes the whole list at once (INPUT_IS_LIST)"
     two = seed_list("1,2")
@@ -167,7 +171,7 @@ def test_ray_fan_out_seed_and_prompt_lists_over_2_workers_equal_one_worker(env, 
     texts = prompt_list(["a red fox", "a blue bird", "a green cat"])
     rebatch = seed_list("21,22,23,24")
     rebatch["11"] = {"class_type": "RebatchLatents", "inputs": {"latents": ["3", 0],
-                                                                "batch_size": 4}}
+                                                                "batch_size": 4, **REBATCH}}
     rebatch["8"]["inputs"]["samples"] = ["11", 0]
 
     async def main():
