@@ -23,11 +23,11 @@ def _batch_size(tip: str) -> Input:
 
 
 def _overlap(tip: str) -> Input:
-    return _advanced(Int(0, min=0, max=4096, tooltip=tip))
+    return _advanced(Int(0, min=0, max=4096, tooltip=tip, optional=True))
 
 
 def _mode(tip: str) -> Input:
-    return Combo(MERGE_MODES, default="truncate start", advanced=True, tooltip=tip)
+    return Combo(MERGE_MODES, default="truncate start", advanced=True, tooltip=tip, optional=True)
 
 
 def _check(env: Any, **literals: Any) -> list[tuple[str, str]]:
@@ -42,7 +42,7 @@ def _check(env: Any, **literals: Any) -> list[tuple[str, str]]:
       outputs=[Output("LATENT", "LATENT", is_list=True)], validate=_check)
 def RebatchLatents(latents=Socket("LATENT"),
                    batch_size=_batch_size("Output size along the selected dimension."),
-                   dimension=Combo(DIMENSIONS, default="b",
+                   dimension=Combo(DIMENSIONS, default="b", optional=True,
                                    tooltip="Rebatch batch items, video latent time, or audio latent time."),
                    overlap=_overlap("Samples duplicated between output splits and reconciled between "
                                     "input batches."),

@@ -22,28 +22,40 @@ NEW = dict(dimension="b", overlap=0, merge_overlap_mode="truncate start")
 
 
 def test_rebatch_specs_match_comfyui():
+    # the V3 copy declares dimension/overlap/merge_overlap_mode required; they are optional here
+    # (same defaults, same order, same widgets) so that API prompts saved before they existed,
+    # [latents, batch_size] only, still validate
     for name, sock, cat, extra in (("RebatchLatents", "latents", "model/latent/batch", ["dimension"]),
                                    ("RebatchImages", "images", "image/batch", [])):
         info = INFO[name]
-        req = info["input"]["required"]
-        assert list(req) == [sock, "batch_size", *extra, "overlap", "merge_overlap_mode"]
-        assert not info["input"].get("optional")
+        req, opt = info["input"]["required"], info["input"]["optional"]
+        assert list(req) == [sock, "batch_size"]
+        assert list(opt) == [*extra, "overlap", "merge_overlap_mode"]
         size = dict(req["batch_size"][1])
         assert size.pop("tooltip") and size == {"default": 1, "min": 1, "max": 4096}
         assert req["batch_size"][0] == "INT"
-        overlap = dict(req["overlap"][1])
+        overlap = dict(opt["overlap"][1])
         assert overlap.pop("tooltip") and overlap == {"default": 0, "min": 0, "max": 4096, "advanced": True}
-        assert req["merge_overlap_mode"][0] == MODES
-        assert req["merge_overlap_mode"][1]["advanced"] is True and req["merge_overlap_mode"][1]["tooltip"]
+        assert opt["merge_overlap_mode"][0] == MODES
+        assert opt["merge_overlap_mode"][1]["advanced"] is True and opt["merge_overlap_mode"][1]["tooltip"]
         assert REG.get(name).input_map["merge_overlap_mode"].default == "truncate start"
         assert info["category"] == cat and info["output_is_list"] == [True]
-    dim = INFO["RebatchLatents"]["input"]["required"]["dimension"]
+    dim = INFO["RebatchLatents"]["input"]["optional"]["dimension"]
     assert dim[0] == ["b", "t (video only)", "t (audio only)"] and "advanced" not in dim[1]
     assert REG.get("RebatchLatents").input_map["dimension"].default == "b"
     assert INFO["RebatchLatents"]["output"] == ["LATENT"]
     assert INFO["RebatchImages"]["output"] == ["IMAGE"]
     assert INFO["RebatchLatents"]["display_name"] == "Rebatch Latents"
     assert INFO["RebatchImages"]["display_name"] == "Rebatch Images"
+
+
+def test_rebatch_api_prompt_without_the_new_inputs_runs(tmp_path):
+    prompt = {"1": {"class_type": "EmptyLatentImage", "inputs": {"width": 16, "height": 16, "batch_size": 3}},
+              "2": {"class_type": "RebatchLatents", "inputs": {"latents": ["1", 0], "batch_size": 2}},
+              "3": {"class_type": "SaveLatent", "inputs": {"samples": ["2", 0], "filename_prefix": "rb"}}}
+    assert validate(load_workflow(prompt, REG).prompt, REG).clean
+    out = api.run(prompt, output=tmp_path)
+    assert [lat.samples.shape[0] for lat in out["2"][0]] == [2, 1]
 
 
 def _lat(n, hw, start, mask=None):
