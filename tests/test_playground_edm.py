@@ -241,3 +241,36 @@ def test_playground_workflow_runs(sdxl, tmp_path):
     samples = out[ks.node_id][0].samples
     assert samples.shape == (1, 4, 16, 16) and torch.isfinite(samples).all()
     assert torch.isfinite(out[dec.node_id][0]).all()
+
+
+# --- loading a Playground v2.5 checkpoint ------------------------------------------------------------
+
+def test_loader_detects_playground_checkpoint(tmp_path):
+    from tests.fixtures.checkpoints import _save, sd15_state_dict, sdxl_state_dict
+    markers = {"edm_mean": MEAN.clone(), "edm_std": STD.clone()}
+    path = _save(tmp_path / "pg.safetensors", sdxl_state_dict(seed=6) | markers)
+    model, clip, vae = loader.load_checkpoint(path)
+    assert (model.kind, model.prediction, model.continuous_sampling) == ("sdxl", "edm", ("edm", 0.002, 80.0))
+    assert model.latent_format == PLAYGROUND_V2_5 and clip is not None and vae is not None
+    assert ModelSampling.for_model(model.runner(F32)).sigma_data == SIGMA_DATA
+    unet = loader.load_unet(path)  # UNETLoader reads the same markers
+    assert (unet.prediction, unet.continuous_sampling, unet.latent_format) == \
+        ("edm", ("edm", 0.002, 80.0), PLAYGROUND_V2_5)
+    # a loaded Playground model samples exactly as the node-patched plain SDXL one
+    plain, _, _ = loader.load_checkpoint(_save(tmp_path / "sdxl.safetensors", sdxl_state_dict(seed=6)))
+    patched = N.ModelSamplingContinuousEDM(plain, "edm_playground_v2.5", 80.0, 0.002)[0]
+    cond = clip.encode("a cube", F32)[0]
+    z = MEAN + STD * _randn(1, 4, 16, 16, seed=13) * 0.3
+    runs = [sample(m.runner(F32), seed=4, steps=2, cfg=2.0, sampler_name="euler", scheduler="karras",
+                   positive=(cond,), negative=(cond,), latent=Latent(z), denoise=0.6).samples
+            for m in (model, patched)]
+    assert torch.equal(runs[0], runs[1])
+    # a plain SDXL file, edm_mean without edm_std, an SD1 file with the markers, edm_vpred: not Playground
+    assert plain.prediction == "eps" and plain.latent_format == LatentFormat(0.13025)
+    with pytest.raises(NotImplementedError, match="not supported yet"):
+        loader.load_checkpoint(_save(tmp_path / "half.safetensors", sdxl_state_dict(seed=6) | {"edm_mean": MEAN}))
+    with pytest.raises(NotImplementedError, match="not supported yet"):
+        loader.load_checkpoint(_save(tmp_path / "sd1.safetensors", sd15_state_dict(seed=1) | markers))
+    with pytest.raises(NotImplementedError, match="edm_vpred.*not supported yet"):
+        loader.load_checkpoint(_save(tmp_path / "vpred.safetensors",
+                                     sdxl_state_dict(seed=6) | {"edm_vpred.sigma_max": torch.tensor([120.0])}))

@@ -2,8 +2,9 @@
 ``sample_custom`` (SamplerCustom / SamplerCustomAdvanced), one core for both.
 
 ``sample`` turns steps into sigmas (scheduler, denoise, advanced cuts) and calls
-``sample_custom``, which owns the latent format (``process_in``/``process_out``), noising to σ0, the inpaint noise mask, the guidance
-denoiser (``guidance.build_denoiser``), progress/cancel and the way back to an unscaled LATENT.
+``sample_custom``, which owns the latent format (``process_in``/``process_out``), noising to σ0,
+the inpaint noise mask, the guidance denoiser (``guidance.build_denoiser``), progress/cancel and
+the way back to an unscaled LATENT.
 """
 
 from __future__ import annotations
