@@ -5,6 +5,7 @@ handle; the shared weights are never changed (ARCHITECTURE.md, "Model patches").
 from __future__ import annotations
 
 from mixgraph.graph.node import Combo, Float, Socket, node
+from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5
 from mixgraph.nodes.models.lora import ScalePatch
 from mixgraph.nodes.models.unet_patches import FreeU as FreeUPatch
 from mixgraph.nodes.sampling import cfg_patches
@@ -101,7 +102,6 @@ def DifferentialDiffusion(model=Socket("MODEL"),
 _SIGMA = dict(min=0.0, max=1000.0, step=0.001, round=False)
 _EDM_SAMPLING = ("v_prediction", "edm", "edm_playground_v2.5", "eps", "cosmos_rflow")
 _EDM_UNSUPPORTED = {
-    "edm_playground_v2.5": "it needs Playground v2.5's per-channel latent format",
     "cosmos_rflow": "Cosmos is a model family mixgraph does not run",
 }
 
@@ -116,10 +116,21 @@ def _continuous(model, prediction: str, kind: str, sigma_max: float, sigma_min: 
 def ModelSamplingContinuousEDM(model=Socket("MODEL"), sampling=Combo(_EDM_SAMPLING),
                                sigma_max=Float(120.0, **_SIGMA), sigma_min=Float(0.002, **_SIGMA)):
     """A continuous EDM schedule (timestep ¼·ln σ, log-spaced sigmas from sigma_min to sigma_max)
-    with the chosen prediction; "edm" uses Karras et al.'s preconditioning with σ_data = 0.5."""
+    with the chosen prediction; "edm" uses Karras et al.'s preconditioning with σ_data = 0.5 ("eps"
+    and "v_prediction" keep σ_data = 1). "edm_playground_v2.5" is "edm" plus Playground v2.5's
+    per-channel latent format (``models/latent_format.PLAYGROUND_V2_5``), which replaces the
+    model's, as ComfyUI's object patch does (``comfy_extras/nodes_model_advanced.py`` at
+    Comfy-Org/ComfyUI 691e8278)."""
     if sampling in _EDM_UNSUPPORTED:
         raise NotImplementedError(f"ModelSamplingContinuousEDM sampling {sampling!r}: not supported yet "
                                   f"({_EDM_UNSUPPORTED[sampling]})")
+    if sampling == "edm_playground_v2.5":
+        channels = model.latent_format.channels
+        if channels != PLAYGROUND_V2_5.channels:
+            raise ValueError(f"ModelSamplingContinuousEDM sampling 'edm_playground_v2.5': the model's latent has "
+                             f"{channels} channels, Playground v2.5's latent format has {PLAYGROUND_V2_5.channels}")
+        patched = _continuous(model, "edm", "edm", sigma_max, sigma_min, "ModelSamplingContinuousEDM")
+        return (patched.with_latent_format(PLAYGROUND_V2_5),)
     return (_continuous(model, sampling, "edm", sigma_max, sigma_min, "ModelSamplingContinuousEDM"),)
 
 

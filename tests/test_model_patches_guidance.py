@@ -263,8 +263,10 @@ def test_model_sampling_continuous_end_to_end(model):
         out = _sample(patched)
         assert torch.isfinite(out).all() and not torch.allclose(out, base, atol=1e-3)
     assert torch.equal(_sample(model), base)
-    with pytest.raises(NotImplementedError, match="edm_playground_v2.5"):
-        N.ModelSamplingContinuousEDM(model, "edm_playground_v2.5", 80.0, 0.002)
+    with pytest.raises(NotImplementedError, match="cosmos_rflow"):
+        N.ModelSamplingContinuousEDM(model, "cosmos_rflow", 80.0, 0.002)
+    pg = N.ModelSamplingContinuousEDM(model, "edm_playground_v2.5", 80.0, 0.002)[0]  # tests/test_playground_edm.py
+    assert pg.prediction == "edm" and pg.latent_format.name == "sdxl_playground_2_5"
     with pytest.raises(ValueError, match="sigma_min"):
         N.ModelSamplingContinuousV(model, "v_prediction", 1.0, 0.0)
 

@@ -29,6 +29,7 @@ from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
 from mixgraph.nodes.models.controlnet import ControlNetModel
 from mixgraph.nodes.models.hooks import encode_with_hooks
+from mixgraph.nodes.models.latent_format import LatentFormat
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.models.seamless import unet_wrappers
@@ -50,16 +51,8 @@ __all__ = [
 _SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025, "sd2_x4": X4_LATENT_SCALE}
 
 
-@dataclass(frozen=True)
-class LatentFormat:
-    """ComfyUI's LatentFormat: the sampler multiplies latents by ``scale_factor`` on the way in."""
-
-    scale_factor: float = 0.18215
-    channels: int = 4
-    downscale: int = 8  # image pixels per latent pixel along a side (the x4 upscaler's VAE: 4)
-
-
 def latent_format_for(kind: str, channels: int = 4) -> LatentFormat:
+    """The model kind's own (scalar) latent format (``latent_format.py``)."""
     return LatentFormat(_SCALE.get(kind, 0.18215), channels, 4 if kind == "sd2_x4" else 8)
 
 
@@ -145,6 +138,10 @@ class ModelHandle:
     def with_sampling(self, prediction: str, zsnr: bool = False, continuous: tuple | None = None) -> "ModelHandle":
         return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr), continuous_sampling=continuous)
 
+    def with_latent_format(self, fmt: LatentFormat) -> "ModelHandle":
+        """A handle whose sampler works in ``fmt`` (ComfyUI's ``latent_format`` object patch)."""
+        return dataclasses.replace(self, latent_format=fmt)
+
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Our module's weight keys → shapes (header only), e.g. for mapping a LoRA."""
         return _module_shapes(self.source)
@@ -160,7 +157,8 @@ class UNetRunner:
         self.run_state: dict = {}  # per sampling run (a runner is made per run): patch counters
         self.prediction = handle.prediction
         self.zsnr = handle.zsnr
-        self.latent_scale = handle.latent_format.scale_factor
+        self.latent_format = handle.latent_format  # process_in / process_out (``latent_format.py``)
+        self.latent_scale = handle.latent_format.scale_factor  # its scale alone (scalar formats)
         self.in_channels = handle.config.in_channels
         self.kind = handle.kind
         self.sampler_patches = handle.sampler_patches

@@ -22,7 +22,9 @@ weight store reshapes on assignment.
 
 Prediction type: SD2 is v-prediction when the std of the last output block's first
 ``transformer_blocks.0.norm1.bias`` exceeds 0.09 (ComfyUI tests ``output_blocks.11`` — the last
-block of a real SD2 UNet); SDXL-family files carry ``v_pred`` / ``ztsnr`` marker keys; diffusers
+block of a real SD2 UNet); SDXL-family files carry ``v_pred`` / ``ztsnr`` marker keys, and an SDXL
+file with ``edm_mean`` and ``edm_std`` keys is Playground v2.5 (ComfyUI ``supported_models.SDXL.
+model_type``, Comfy-Org/ComfyUI 01f03bbd: EDM, σ_data 0.5, σ 0.002..80, its latent format); diffusers
 folders say it in ``scheduler/scheduler_config.json``; a Lotus UNet (an SD2 UNet with a 4-wide
 vector input, ``lotus.py``) is x0 on the unscaled input. ``prediction=`` overrides all of these.
 """
@@ -42,6 +44,7 @@ from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, 
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family, family_of_file, refusal
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
+from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5
 from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
 from mixgraph.nodes.models.lotus import PREDICTION as LOTUS_PREDICTION
 from mixgraph.nodes.models.lotus import is_lotus
@@ -183,9 +186,25 @@ def _family(kind: str, cfg: UNetConfig) -> tuple[UNetConfig, dict]:
     return x4_unet_config(cfg), {"x4": ImageAugmentor(), "beta_range": BETA_RANGE, "prediction": "v_prediction"}
 
 
+def _is_playground(kind: str, info: Info) -> bool:
+    return kind == "sdxl" and "edm_mean" in info and "edm_std" in info
+
+
+def _playground(kind: str, info: Info) -> dict:
+    """Extra ModelHandle fields of a Playground v2.5 checkpoint (none for any other file)."""
+    if not _is_playground(kind, info):
+        return {}
+    return {"continuous_sampling": ("edm", 0.002, 80.0), "latent_format": PLAYGROUND_V2_5}
+
+
 def _prediction(kind: str, info: Info, cfg: UNetConfig, prefix: str, read) -> tuple[str, bool]:
-    if "edm_mean" in info or "edm_vpred.sigma_max" in info:
-        raise NotImplementedError("EDM checkpoints (Playground 2.5, edm_vpred): not supported yet")
+    if "edm_vpred.sigma_max" in info:
+        raise NotImplementedError("EDM v-prediction checkpoints (edm_vpred marker keys): not supported yet")
+    if "edm_mean" in info:
+        if _is_playground(kind, info):
+            return "edm", False
+        raise NotImplementedError(f"an {kind} checkpoint with EDM marker keys (edm_mean) that is not Playground "
+                                  f"v2.5 (an SDXL model with edm_mean and edm_std): not supported yet")
     if "v_pred" in info:
         return "v_prediction", "ztsnr" in info
     if kind == "sd2" and _sd2_is_v(info, cfg, prefix, read):
@@ -280,7 +299,8 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
         kind = "sd2"
     model = ModelHandle(
         source=unet_source, config=cfg, kind=model_kind, prediction=prediction or pred, zsnr=zsnr,
-        latent_format=latent_format_for(model_kind, cfg.out_channels), unclip=unclip, **family,
+        **{"latent_format": latent_format_for(model_kind, cfg.out_channels), **_playground(model_kind, info)},
+        unclip=unclip, **family,
     )
     sources, configs = {}, {}
     for role, (prefix, layout) in CLIP_PREFIXES[kind].items():
@@ -435,7 +455,8 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     cfg = unet_config_from_state_dict(sub)
     kind = detect_unet_kind(cfg)
     marker_info = dict(sub)
-    marker_info.update({k: v for k, v in info.items() if k in ("v_pred", "ztsnr", "edm_mean", "edm_vpred.sigma_max")})
+    marker_info.update({k: v for k, v in info.items()
+                        if k in ("v_pred", "ztsnr", "edm_mean", "edm_std", "edm_vpred.sigma_max")})
     rename = None if source.layout == "ldm" else diffusers_unet_rename(info)
 
     def read(key: str) -> torch.Tensor:
@@ -452,8 +473,8 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     pred = family.pop("prediction", pred)
     return ModelHandle(
         source=source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
-        latent_format=latent_format_for(kind, cfg.out_channels), weight_dtype=WEIGHT_DTYPES[weight_dtype],
-        unclip=unclip, **family,
+        **{"latent_format": latent_format_for(kind, cfg.out_channels), **_playground(kind, marker_info)},
+        weight_dtype=WEIGHT_DTYPES[weight_dtype], unclip=unclip, **family,
     )
 
 

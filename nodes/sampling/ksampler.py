@@ -2,8 +2,9 @@
 ``sample_custom`` (SamplerCustom / SamplerCustomAdvanced), one core for both.
 
 ``sample`` turns steps into sigmas (scheduler, denoise, advanced cuts) and calls
-``sample_custom``, which owns latent scaling, noising to σ0, the inpaint noise mask, the guidance
-denoiser (``guidance.build_denoiser``), progress/cancel and the way back to an unscaled LATENT.
+``sample_custom``, which owns the latent format (``process_in``/``process_out``), noising to σ0,
+the inpaint noise mask, the guidance denoiser (``guidance.build_denoiser``), progress/cancel and
+the way back to an unscaled LATENT.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from mixgraph.nodes.models.latent_format import format_of
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.sampling import Guidance
@@ -183,14 +185,15 @@ def sample_custom(
     KSampler, SamplerCustom and SamplerCustomAdvanced.
 
     ``noise`` is the initial noise (``initial_noise``), ``seed`` the seed the sampler's per-step
-    noise is built from (``extra_args["seed"]``). Steps: scale a non-empty latent by the model's
-    latent scale (the empty latent stays 0), noise it to ``sigmas[0]`` (sqrt(1 + σ0²) at full
-    denoise), wrap the guidance denoiser in the inpaint blend when the latent has a noise mask
-    (``ddim``: separate seed + 1 noise), run the sampler with ``sampler.options``, undo the
-    scaling.
+    noise is built from (``extra_args["seed"]``). Steps: bring a non-empty latent into the
+    model's latent space with its latent format's ``process_in`` (the empty latent stays 0, as in
+    ComfyUI), noise it to ``sigmas[0]`` (sqrt(1 + σ0²) at full denoise), wrap the guidance
+    denoiser in the inpaint blend when the latent has a noise mask (``ddim``: separate seed + 1
+    noise), run the sampler with ``sampler.options``, and return both the sample and the last x0
+    through ``process_out``.
 
     ``on_step``/``preview``: as in ``sample``; the preview sees the x0 prediction in the
-    sampler's (scaled) latent space, as ComfyUI's previewers do.
+    sampler's latent space (after ``process_in``), as ComfyUI's previewers do.
 
     ``negative_model``: the SamplerModel of a "dual_model" guidance's negative pass
     (DualModelGuider); None otherwise or when it is not loaded (base cfg ≈ 1).
@@ -208,9 +211,9 @@ def sample_custom(
     sigmas = sigmas.float()
 
     device = torch.device(getattr(model, "device", "cpu"))
-    scale = float(getattr(model, "latent_scale", 1.0))
-    if torch.count_nonzero(latent_image) > 0:  # ComfyUI does not scale the empty latent
-        latent_image = latent_image * scale
+    fmt = format_of(model)
+    if torch.count_nonzero(latent_image) > 0:  # ComfyUI does not shift the empty latent
+        latent_image = fmt.process_in(latent_image)
     latent_image = latent_image.to(device)
     noise = noise.float().to(device)
     sigmas = sigmas.to(device)
@@ -245,36 +248,30 @@ def sample_custom(
     out = fn(denoiser, x, sigmas, extra_args={"seed": seed}, callback=callback,
              **sampler.kwargs())
     out = ms.inverse_noise_scaling(sigmas[-1], out)
-    result = replace(latent, samples=(out / scale).float().cpu())
+    result = replace(latent, samples=fmt.process_out(out).float().cpu())
     if not last_x0:
         return result, result
-    return result, replace(latent, samples=(last_x0[0] / scale).float().cpu())
+    return result, replace(latent, samples=fmt.process_out(last_x0[0]).float().cpu())
 
 
 @torch.no_grad()
 def add_noise(model, noise: torch.Tensor, sigmas: torch.Tensor, latent: Latent) -> Latent:
     """ComfyUI's AddNoise: noise the latent to the level of a sigma span without sampling.
 
-    The noise level is |σ_first − σ_last| (σ_first for a single sigma); the latent is scaled by
-    the model's latent scale unless it is all zero, noised as ``latent + noise·level`` (the
-    model's ``noise_scaling``), scaled back, and NaN/±inf replaced by 0. Empty ``sigmas`` returns
-    the latent unchanged. ``model`` is anything with ``prediction``/``zsnr`` and a latent scale
-    (a MODEL handle or a SamplerModel).
+    The noise level is |σ_first − σ_last| (σ_first for a single sigma); the latent goes through
+    the model's ``process_in`` unless it is all zero, is noised as ``latent + noise·level`` (the
+    model's ``noise_scaling``), comes back through ``process_out``, and NaN/±inf become 0. Empty
+    ``sigmas`` returns the latent unchanged. ``model`` is anything with ``prediction``/``zsnr``
+    and a latent format or scale (a MODEL handle or a SamplerModel; ``latent_format.format_of``).
     """
     if len(sigmas) == 0:
         return latent
     ms = ModelSampling.for_model(model)
-    scale = _latent_scale(model)
+    fmt = format_of(model)
     level = (sigmas[0] - sigmas[-1]).abs() if len(sigmas) > 1 else sigmas[0]
     latent_image = latent.samples.float()
     if torch.count_nonzero(latent_image) > 0:
-        latent_image = latent_image * scale
-    noisy = ms.noise_scaling(level.float(), noise.float(), latent_image) / scale
+        latent_image = fmt.process_in(latent_image)
+    noisy = fmt.process_out(ms.noise_scaling(level.float(), noise.float(), latent_image))
     return replace(latent, samples=torch.nan_to_num(noisy, nan=0.0, posinf=0.0, neginf=0.0))
 
-
-def _latent_scale(model) -> float:
-    if hasattr(model, "latent_scale"):
-        return float(model.latent_scale)
-    fmt = getattr(model, "latent_format", None)
-    return float(fmt.scale_factor) if fmt is not None else 1.0

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from mixgraph.nodes.models.gligen import grounding_patch
+from mixgraph.nodes.models.latent_format import format_of
 from mixgraph.nodes.models.resize import center_crop
 from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .cfg_patches import GuidanceArgs, cfg_at, guide, needs_uncond
@@ -371,14 +372,14 @@ class CondDenoiser:
 
     def _inpaint_concat(self, concat_latent, concat_mask) -> torch.Tensor:
         """[B, 1+C, H, W] = cat(mask, masked latent) for a 9-channel inpaint model (ComfyUI
-        ``BaseModel.concat_cond``): the cond's InpaintModelConditioning latent (scaled here) and
-        mask when set, else the sampled latent and its noise mask, else all-ones and grey."""
+        ``BaseModel.concat_cond``): the cond's InpaintModelConditioning latent (through the
+        model's ``process_in`` here) and mask when set, else the sampled latent and its noise
+        mask, else all-ones and grey."""
         latent_image = self._latent_image
         B, C, H, W = latent_image.shape
-        scale = float(getattr(self.model, "latent_scale", 1.0))
         masked = latent_image
         if concat_latent is not None:
-            masked = concat_latent.to(self.device, torch.float32) * scale
+            masked = format_of(self.model).process_in(concat_latent.to(self.device, torch.float32))
             if tuple(masked.shape[-2:]) != (H, W):
                 masked = F.interpolate(masked, size=(H, W), mode="bilinear")
             masked = repeat_to_batch(masked, B)

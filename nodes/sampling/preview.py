@@ -7,7 +7,11 @@ Two previewers:
   (ComfyUI ``latent_formats``: ``rgb = latent · latent_rgb_factors + latent_rgb_factors_bias``),
   then ``(rgb + 1) / 2`` clamped to [0, 1]; the image has the latent's size (H/8 × W/8).
 * **taesd**: the TAESD decoder (``models/taesd.py``) from ``vae_approx/taesd_decoder`` (SD1/SD2)
-  or ``taesdxl_decoder`` (SDXL); full-size images, clamped to [0, 1].
+  or ``taesdxl_decoder`` (SDXL, Playground v2.5); full-size images, clamped to [0, 1].
+
+The tables are keyed by model kind, and by latent format name for a format that replaces its
+kind's own (``"sdxl_playground_2_5"``, ``models/latent_format.py``; ``preview_key``). Both
+previewers see the x0 in the sampler's latent space (after ``process_in``), as in ComfyUI.
 
 Only the first image of a batch is previewed. ``method``: "none" (no previews, ComfyUI's
 default), "auto" (taesd when the decoder file exists, else latent2rgb), "latent2rgb", "taesd"
@@ -28,7 +32,7 @@ from torch import Tensor
 from mixgraph.nodes.models.taesd import TAESDDecoder, load_taesd_decoder
 
 __all__ = ["PREVIEW_METHODS", "LATENT_RGB_FACTORS", "LATENT_RGB_BIAS", "TAESD_DECODER_NAMES",
-           "latent_to_rgb", "Latent2RGBPreviewer", "TAESDPreviewer", "make_previewer"]
+           "preview_key", "latent_to_rgb", "Latent2RGBPreviewer", "TAESDPreviewer", "make_previewer"]
 
 PREVIEW_METHODS = ("none", "auto", "latent2rgb", "taesd")
 
@@ -45,15 +49,31 @@ _SD_X4_FACTORS = ((-0.2340, -0.3863, -0.3257),  # ComfyUI latent_formats.SD_X4 (
                   (0.0994, 0.0885, -0.0908),
                   (-0.2833, -0.2349, -0.3741),
                   (0.2523, -0.0055, -0.1651))
+# ComfyUI latent_formats.SDXL_Playground_2_5 (Comfy-Org/ComfyUI 75399d78): SDXL's earlier factors,
+# no bias, taesdxl
+_PLAYGROUND_FACTORS = ((0.3920, 0.4054, 0.4549),
+                       (-0.2634, -0.0196, 0.0653),
+                       (0.0568, 0.1687, -0.0755),
+                       (-0.3112, -0.2359, -0.2076))
 LATENT_RGB_FACTORS: dict[str, tuple[tuple[float, float, float], ...]] = {
     "sd1": _SD1_FACTORS, "sd2": _SD1_FACTORS, "sdxl": _SDXL_FACTORS, "sdxl_refiner": _SDXL_FACTORS,
-    "sd2_x4": _SD_X4_FACTORS,
+    "sd2_x4": _SD_X4_FACTORS, "sdxl_playground_2_5": _PLAYGROUND_FACTORS,
 }
 LATENT_RGB_BIAS: dict[str, tuple[float, float, float]] = {
     "sdxl": (0.1084, -0.0175, -0.0011), "sdxl_refiner": (0.1084, -0.0175, -0.0011),
 }
 TAESD_DECODER_NAMES = {"sd1": "taesd_decoder", "sd2": "taesd_decoder",
-                       "sdxl": "taesdxl_decoder", "sdxl_refiner": "taesdxl_decoder"}
+                       "sdxl": "taesdxl_decoder", "sdxl_refiner": "taesdxl_decoder",
+                       "sdxl_playground_2_5": "taesdxl_decoder"}
+
+
+def preview_key(model) -> str | None:
+    """The preview table key for a sampler model or MODEL handle: its latent format's ``name``
+    when the tables know it, else its ``kind`` (None without one)."""
+    name = getattr(getattr(model, "latent_format", None), "name", None)
+    if name is not None and name in LATENT_RGB_FACTORS:
+        return name
+    return getattr(model, "kind", None)
 
 
 def latent_to_rgb(x0: Tensor, kind: str) -> Tensor:
@@ -102,7 +122,8 @@ def _cached_decoder(path: str, mtime_ns: int) -> TAESDDecoder:
 
 def make_previewer(method: str, kind: str, find_decoder: Callable[[str], Path | None],
                    max_size: int = 512) -> Callable[[Tensor], Image.Image] | None:
-    """The previewer for ``method`` and model ``kind``, or None for no previews.
+    """The previewer for ``method`` and ``kind`` (a model kind or latent format name,
+    ``preview_key``), or None for no previews.
 
     ``find_decoder(name)`` gives the path of ``vae_approx/<name>.*`` or None. Model kinds without
     factors (none yet beyond SD1/SD2/SDXL/x4 upscaler) get no previews; kinds without a TAESD
