@@ -1,4 +1,5 @@
-"""ComfyUI ``comfy_extras/nodes_controlnet.py`` (comfyanonymous/ComfyUI 060dbf5, V3 form):
+"""ComfyUI ``comfy_extras/nodes_controlnet.py`` (comfyanonymous/ComfyUI 060dbf5, V3 form; the type
+list from ``comfy/cldm/control_types.py`` at Comfy-Org/ComfyUI ee71d5c):
 `SetUnionControlNetType` and `ControlNetInpaintingAliMamaApply`.
 
 SetUnionControlNetType sets the CONTROL_NET's control type, ComfyUI's extra argument
@@ -19,8 +20,7 @@ from mixgraph.nodes.models.controlnet import apply_controlnet
 from mixgraph.nodes.models.controlnet_union import UNION_CONTROLNET_TYPES
 from mixgraph.nodes.precision import effective
 
-# ComfyUI lists "auto" and then every key of UNION_CONTROLNET_TYPES, which starts with "auto"
-# again: the option list has "auto" twice.
+# ComfyUI: ["auto"] + the keys of UNION_CONTROLNET_TYPES
 TYPE_OPTIONS = ["auto"] + list(UNION_CONTROLNET_TYPES)
 
 

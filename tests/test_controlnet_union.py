@@ -50,8 +50,7 @@ def test_set_union_controlnet_type_spec_matches_comfyui():
     req = info["input"]["required"]
     assert list(req) == ["control_net", "type"]
     assert req["control_net"] == ["CONTROL_NET"]
-    # ComfyUI: ["auto"] + list(UNION_CONTROLNET_TYPES), whose first key is "auto" again
-    assert req["type"][0] == ["auto"] + TYPES
+    assert req["type"][0] == TYPES  # ComfyUI: ["auto"] + list(UNION_CONTROLNET_TYPES)
     assert info["output"] == ["CONTROL_NET"] and info["output_name"] == ["CONTROL_NET"]
     assert info["category"] == "conditioning/controlnet" and "optional" not in info["input"]
 
@@ -70,7 +69,7 @@ def test_controlnet_inpainting_alimama_apply_spec_matches_comfyui():
 
 
 def test_union_controlnet_types_are_comfyuis_indices():
-    assert UNION_CONTROLNET_TYPES == {"auto": -1, "openpose": 0, "depth": 1, "hed/pidi/scribble/ted": 2,
+    assert UNION_CONTROLNET_TYPES == {"openpose": 0, "depth": 1, "hed/pidi/scribble/ted": 2,
                                       "canny/lineart/anime_lineart/mlsd": 3, "normal": 4, "segment": 5,
                                       "tile": 6, "repaint": 7}
 

@@ -6,7 +6,7 @@ Facts from ComfyUI ``comfy/cldm/cldm.py`` (comfyanonymous/ComfyUI 7914c47: ``Con
 ``union_controlnet_num_control_type``, ``ResBlockUnionControlnet``, ``union_controlnet_merge``),
 ``comfy/controlnet.py`` (the diffusers branch of ``load_controlnet_state_dict``: a file with
 ``control_add_embedding.linear_1.bias`` is a union net with ``task_embedding.shape[0]`` types) and
-``comfy/cldm/control_types.py`` (4151fbf, the type names):
+``comfy/cldm/control_types.py`` (Comfy-Org/ComfyUI ee71d5c, the 8 type names and indices):
 
 - ``task_embedding`` [N, W]: one learned vector per control type (W = 320 in SDXL, the width of the
   hint features, i.e. the UNet's model_channels).
@@ -44,9 +44,8 @@ from mixgraph.nodes.models.unet import timestep_embedding
 __all__ = ["UNION_CONTROLNET_TYPES", "UNION_KEY_PREFIXES", "UnionConfig", "UnionBlock", "ControlAddEmbedding",
            "union_config_from_shapes", "is_union_state_dict", "check_control_type"]
 
-#: ComfyUI ``UNION_CONTROLNET_TYPES``: name -> index into task_embedding ("auto": no type)
+#: ComfyUI ``UNION_CONTROLNET_TYPES``: name -> index into task_embedding (the node adds "auto": no type)
 UNION_CONTROLNET_TYPES: dict[str, int] = {
-    "auto": -1,
     "openpose": 0,
     "depth": 1,
     "hed/pidi/scribble/ted": 2,
