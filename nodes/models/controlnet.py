@@ -14,7 +14,10 @@ renamed to them by ``convert_controlnet_state_dict`` with the shared diffusersâ†
 values.
 
 T2I-Adapters (also CONTROL_NET) live in ``t2i_adapter.py``; ``apply_controlnet`` chains either
-kind. Not supported yet: ControlLoRA, union ControlNets, "shuffle" global pooling.
+kind. ControlNet++ "union" nets (xinsir controlnet-union-sdxl-1.0 / ProMax) add the parts of
+``controlnet_union.py``: a control type (``ControlNetChain.control_type``, set by
+SetUnionControlNetType) shifts the time embedding and, when given, the hint features. Not supported
+yet: ControlLoRA, "shuffle" global pooling.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mixgraph.nodes.models.controlnet_union import (UNION_KEY_PREFIXES, ControlAddEmbedding, UnionBlock,
+                                                   UnionConfig, check_control_type, is_union_state_dict,
+                                                   union_config_from_shapes)
 from mixgraph.nodes.models.diffusers_names import diffusers_to_ldm_table, diffusers_unet_layout, translate_diffusers_key
 from mixgraph.nodes.models.resize import upscale
 from mixgraph.nodes.models.unet import (UNetConfig, build_input_blocks, build_middle_block,
@@ -47,11 +53,13 @@ __all__ = [
 class ControlNetConfig:
     """unet: the encoder half's config (only input/middle fields are used; output fields empty).
     hint_channels: channels of the hint image (3 for RGB). hint_block_channels: widths of the hint
-    conv stack, one per resolution (LDM: 16, 32, 96, 256 for an 8x downscale)."""
+    conv stack, one per resolution (LDM: 16, 32, 96, 256 for an 8x downscale). union: the
+    ControlNet++ union parts' sizes (``controlnet_union.UnionConfig``), None for a plain net."""
 
     unet: UNetConfig
     hint_channels: int = 3
     hint_block_channels: tuple[int, ...] = (16, 32, 96, 256)
+    union: UnionConfig | None = None
 
 
 def _hint_block(hint_channels: int, widths: tuple[int, ...], out: int) -> nn.Sequential:
@@ -65,7 +73,7 @@ def _hint_block(hint_channels: int, widths: tuple[int, ...], out: int) -> nn.Seq
 
 
 class ControlNetModel(nn.Module):
-    keep_f32: tuple[str, ...] = ("time_embed", "label_emb")
+    keep_f32: tuple[str, ...] = ("time_embed", "label_emb", "control_add_embedding")
     keep_f32_inputs: tuple[str, ...] = ("timesteps", "y")
 
     def __init__(self, config: ControlNetConfig):
@@ -88,11 +96,28 @@ class ControlNetModel(nn.Module):
         self.zero_convs = nn.ModuleList(zero_conv(ch) for ch in channels)
         self.middle_block = build_middle_block(c, channels[-1])
         self.middle_block_out = zero_conv(channels[-1])
+        if (u := config.union) is not None:  # ControlNet++ union parts (controlnet_union.py)
+            if u.width != mc:
+                raise ValueError(f"union ControlNet: task_embedding is {u.width} wide, the hint features {mc}")
+            self.task_embedding = nn.Parameter(torch.empty(u.num_types, u.width))
+            self.transformer_layes = nn.Sequential(*[UnionBlock(u.width, u.heads) for _ in range(u.layers)])
+            self.spatial_ch_projs = nn.Linear(u.width, u.width)
+            self.control_add_embedding = ControlAddEmbedding(u.num_types, u.type_embed_dim, ted)
+
+    def union_hint(self, hint: Tensor, control_type: tuple[int, ...] | list[int]) -> Tensor:
+        """A union net's hint features for one control type: the pooled features plus the type's
+        task embedding form one token; the transformed token, projected, is a per-channel offset
+        added to the features (ComfyUI ``union_controlnet_merge`` for one hint)."""
+        feats = self.input_hint_block(hint)  # [B, W, h, w]
+        token = feats.mean(dim=(2, 3)) + self.task_embedding[control_type[0]].to(feats.dtype)  # [B, W]
+        token = self.transformer_layes(token[:, None])  # [B, 1, W]
+        return feats + self.spatial_ch_projs(token[:, 0])[:, :, None, None]
 
     def forward(self, x: Tensor, hint: Tensor, timesteps: Tensor, context: Tensor | None,
-                y: Tensor | None = None) -> list[Tensor]:
+                y: Tensor | None = None, control_type: tuple[int, ...] | list[int] = ()) -> list[Tensor]:
         """x: [B, in_channels, h, w] (the UNet's input, c_in-scaled); hint: [B, hint_channels, 8h, 8w];
-        timesteps: [B]; context: [B, T, D]; y: [B, adm] for SDXL nets.
+        timesteps: [B]; context: [B, T, D]; y: [B, adm] for SDXL nets; control_type: a union net's
+        type index, () = "auto" (a plain net ignores it, as ComfyUI's extra argument).
 
         Returns len(input_blocks) + 1 residuals: one per input block, then the middle one (a list,
         so the precision layer's exit cast reaches every tensor)."""
@@ -102,9 +127,17 @@ class ControlNetModel(nn.Module):
                 f"{'missing' if y is None else 'given'}"
             )
         emb = self.time_embed(timestep_embedding(timesteps, self.config.unet.model_channels))
+        guided_hint: Tensor | None = None
+        if self.config.union is not None:
+            control_type = tuple(int(t) for t in control_type)
+            check_control_type(control_type, self.config.union.num_types)
+            emb = emb + self.control_add_embedding(control_type, emb.device).to(emb.dtype)
+            if control_type:
+                guided_hint = self.union_hint(hint, control_type)
         if y is not None:
             emb = emb + self.label_emb(y)
-        guided_hint: Tensor | None = self.input_hint_block(hint)  # [B, mc, h, w]
+        if guided_hint is None:
+            guided_hint = self.input_hint_block(hint)  # [B, mc, h, w]
         outs: list[Tensor] = []
         h = x
         for block, zero in zip(self.input_blocks, self.zero_convs):
@@ -126,7 +159,8 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
     """Any supported ControlNet file -> our (LDM, unprefixed) keys.
 
     LDM files (``control_model.zero_convs.0.0.weight``, or the same without the prefix) are
-    stripped; diffusers files (``controlnet_cond_embedding.conv_in.weight``) are renamed.
+    stripped; diffusers files (``controlnet_cond_embedding.conv_in.weight``) are renamed, a union
+    net's own keys (``controlnet_union.UNION_KEY_PREFIXES``) kept as they are.
     """
     if any(k.startswith("control_model.") for k in sd):
         if "control_model.difference" in sd or "difference" in sd:
@@ -135,9 +169,16 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
     if "zero_convs.0.0.weight" in sd:
         return dict(sd)
     if "controlnet_cond_embedding.conv_in.weight" in sd:
-        if any(k.startswith(("controlnet_mode_embedding", "task_embedding", "transformer_layes")) for k in sd):
-            raise NotImplementedError("union ControlNet: not supported yet")
-        return _from_diffusers(sd)
+        if any(k.startswith("controlnet_mode_embedding") for k in sd):
+            raise NotImplementedError("ControlNet with controlnet_mode_embedding (InstantX union, an SD3/Flux "
+                                      "ControlNet): not supported yet")
+        # ControlNet++ union nets (comfy/controlnet.py's diffusers branch): the union keys keep
+        # their names, the rest is a diffusers ControlNet
+        union = {k: v for k, v in sd.items() if k.startswith(UNION_KEY_PREFIXES)}
+        if union and not is_union_state_dict(union):
+            raise ValueError(f"union ControlNet: control_add_embedding / task_embedding missing "
+                             f"(has {sorted(union)[:4]})")
+        return _from_diffusers({k: v for k, v in sd.items() if k not in union}) | union
     if any(k.startswith("lora_controlnet") for k in sd) or "lora_controlnet" in sd:
         raise NotImplementedError("ControlLoRA: not supported yet")
     raise NotImplementedError(
@@ -181,7 +222,7 @@ def controlnet_config_from_state_dict(sd: Mapping[str, Tensor]) -> ControlNetCon
     # widths: the first conv's output, then each stride-2 conv's (every second conv after the first)
     widths = (hint_shapes[0][0],) + tuple(s[0] for s in hint_shapes[2:-1:2])
     return ControlNetConfig(unet=encoder_config_from_shapes(shapes), hint_channels=hint_shapes[0][1],
-                            hint_block_channels=widths)
+                            hint_block_channels=widths, union=union_config_from_shapes(shapes))
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,6 +259,8 @@ class ControlNetChain:
               (ComfyUI compares sigma against ``percent_to_sigma`` of both ends; the sampler gives
               ``percent = sigma_to_percent(sigma)``, which is the same test in percent terms).
     vae_scale: pixel size of one latent cell (8 for SD): the hint is resized to latent Ã— 8.
+    control_type: a union net's control type, () = "auto" (``ControlNetHandle.control_type``; a
+              plain net ignores it).
     Identity-compared (holds tensors); a new chain is made by wrapping: ``ControlNetChain(...,
     previous=old)``.
     """
@@ -229,6 +272,7 @@ class ControlNetChain:
     end_percent: float = 1.0
     previous: "ControlNetChain | None" = None
     vae_scale: int = 8
+    control_type: tuple[int, ...] = ()
 
     def residuals(self, x_in: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None,
                   sigma: Tensor, percent: float) -> Control | None:
@@ -245,7 +289,8 @@ class ControlNetChain:
         h, w = x_in.shape[-2:]
         hint = resize_hint(self.hint.float(), h * self.vae_scale, w * self.vae_scale)
         hint = _broadcast(hint, x_in.shape[0])
-        outs = self.runner(x_in, hint, timesteps, context, y)
+        extra = {"control_type": self.control_type} if self.control_type else {}
+        outs = self.runner(x_in, hint, timesteps, context, y, **extra)
         own = Control(input=[o * self.strength for o in outs[:-1]], middle=outs[-1] * self.strength)
         return own if prev is None else prev + own
 
@@ -259,12 +304,14 @@ def apply_controlnet(conds, control_net, policy, image: Tensor, strength: float,
 
     chain = getattr(control_net, "chain_type", None) or ControlNetChain  # T2I-Adapters bring their own
     runner = control_net.runner(policy)
+    # SetUnionControlNetType's extra argument (ControlNetHandle.control_type)
+    extra = {"control_type": ct} if (ct := tuple(getattr(control_net, "control_type", ()))) else {}
     made: dict[int, ControlNetChain] = {}
     out = []
     for cond in conds:
         key = id(cond.control)
         if key not in made:
-            made[key] = chain(runner, image, strength, start_percent, end_percent, previous=cond.control)
+            made[key] = chain(runner, image, strength, start_percent, end_percent, previous=cond.control, **extra)
         out.append(dataclasses.replace(cond, control=made[key],
                                        control_apply_to_uncond=apply_to_uncond))
     return tuple(out)

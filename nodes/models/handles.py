@@ -28,6 +28,7 @@ from mixgraph.nodes.models.attention import check_backend
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
 from mixgraph.nodes.models.controlnet import ControlNetModel
+from mixgraph.nodes.models.controlnet_union import check_control_type
 from mixgraph.nodes.models.hooks import encode_with_hooks
 from mixgraph.nodes.models.latent_format import LatentFormat
 from mixgraph.nodes.models.layouts import reader_for_source
@@ -423,12 +424,21 @@ class VaeHandle:
 class ControlNetHandle:
     """CONTROL_NET: a ControlNet recipe (``nodes.models.controlnet``); ``config`` is a
     ``ControlNetConfig``. ``runner(policy)`` is the precision-applied ``ControlNetModel``
-    (f32 in, f32 out), what ``ControlNetChain.runner`` holds."""
+    (f32 in, f32 out), what ``ControlNetChain.runner`` holds. ``control_type``: the extra argument
+    SetUnionControlNetType sets (ComfyUI ``set_extra_arg("control_type", ...)``): () = "auto", or
+    one union type index; only union nets read it."""
 
     source: WeightSource
     config: Any
     patches: tuple = ()
     precision: PolicyLike | None = None
+    control_type: tuple[int, ...] = ()
+
+    def with_control_type(self, control_type: tuple[int, ...]) -> "ControlNetHandle":
+        union = getattr(self.config, "union", None)
+        if union is not None:
+            check_control_type(control_type, union.num_types)
+        return dataclasses.replace(self, control_type=tuple(control_type))
 
     def runner(self, policy: PolicyLike) -> torch.nn.Module:
         module = _materialize("controlnet", self.source, self.config, policy.storage, self.patches, ControlNetModel)
