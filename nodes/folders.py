@@ -33,6 +33,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "style_models": ("style_models",),
     "gligen": ("gligen",),
     "hypernetworks": ("hypernetworks",),
+    "photomaker": ("photomaker",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 

@@ -18,3 +18,4 @@ from mixgraph.nodes import webcam_nodes  # noqa: F401
 from mixgraph.nodes import cond_nodes, seamless_tiling_nodes  # noqa: F401
 from mixgraph.nodes import attention_backend_nodes, lotus_nodes  # noqa: F401
 from mixgraph.nodes import controlnet_extra_nodes  # noqa: F401
+from mixgraph.nodes import photomaker_nodes  # noqa: F401

@@ -34,7 +34,7 @@ from mixgraph.nodes.models.latent_format import LatentFormat
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.models.seamless import unet_wrappers
-from mixgraph.nodes.models.text_encode import TextEncoders, encode_prompt
+from mixgraph.nodes.models.text_encode import ENCODER_SPECS, TextEncoders, encode_prompt, encode_tokens
 from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
 from mixgraph.nodes.models import unet as unet_module
@@ -309,6 +309,12 @@ class ClipHandle:
         if self.hooks is not None:
             return encode_with_hooks(self, text, policy, embedding_lookup=embedding_lookup, warn=warn,
                                      texts=texts)
+        return encode_prompt(
+            self._text_encoders(policy), _tokenizer(), text, layer_idx=self.layer_idx,
+            embedding_lookup=embedding_lookup, warn=warn, texts=texts,
+        )
+
+    def _text_encoders(self, policy: PolicyLike) -> TextEncoders:
         models = {}
         for name in self.encoders:
             patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
@@ -316,11 +322,22 @@ class ClipHandle:
                 name, getattr(self, name), getattr(self, f"{name}_config"), policy.storage, patches, CLIPTextModel
             )
             models[name] = apply_precision(module, policy)
-        encoders = TextEncoders(self.kind, **models)
-        return encode_prompt(
-            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn,
-            texts=texts,
-        )
+        return TextEncoders(self.kind, **models)
+
+    def tokenize(self, text: str, embedding_lookup=None, warn: Callable[[str], None] | None = None) -> dict:
+        """ComfyUI's ``clip.tokenize(text, return_word_ids=True)``: encoder name -> chunks of
+        (token, weight, word id)."""
+        return {spec.name: _tokenizer().tokenize_with_weights(
+            text, pad_token=spec.pad_token, embedding_lookup=embedding_lookup, embedding_key=spec.name, warn=warn,
+            word_ids=True) for spec in ENCODER_SPECS[self.kind]}
+
+    def encode_tokens(self, tokenized: dict, policy: PolicyLike,
+                      warn: Callable[[str], None] | None = None) -> tuple[Cond, ...]:
+        """ComfyUI's ``clip.encode_from_tokens``: CONDITIONING for chunks from ``tokenize``."""
+        if self.hooks is not None:
+            raise NotImplementedError("encoding tokens with a CLIP that has hooks (SetClipHooks): not supported yet")
+        return encode_tokens(self._text_encoders(policy), _tokenizer(), tokenized, layer_idx=self.layer_idx,
+                             warn=warn)
 
     def with_layer(self, n: int | None) -> "ClipHandle":
         return dataclasses.replace(self, layer_idx=n)

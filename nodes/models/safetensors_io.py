@@ -247,6 +247,9 @@ def _load_pickle(path: str) -> dict[str, torch.Tensor]:
     if not isinstance(obj, dict):
         raise WeightFileError(f"{path}: pickle file holds a {type(obj).__name__}, not a state dict")
     tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if not tensors:  # a dict of state dicts (PhotoMaker's {"id_encoder": {...}, "lora_weights": {...}})
+        tensors = {f"{k}.{kk}": vv for k, v in obj.items() if isinstance(k, str) and isinstance(v, dict)
+                   for kk, vv in v.items() if isinstance(kk, str) and isinstance(vv, torch.Tensor)}
     if not tensors:
         raise WeightFileError(f"{path}: pickle file holds no tensors")
     if len(_pickle_cache) > 4:

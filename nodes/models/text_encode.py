@@ -44,6 +44,7 @@ __all__ = [
     "ENCODER_SPECS",
     "CHECKPOINT_PREFIXES",
     "encode_prompt",
+    "encode_tokens",
     "text_encoders_from_checkpoint",
 ]
 
@@ -125,13 +126,32 @@ def encode_prompt(
     unknown = sorted(set(texts or {}) - {s.name for s in specs})
     if unknown:
         raise ValueError(f"{encoders.kind} text encoding has no encoder {', '.join(unknown)}")
-    tokenized = [
-        tokenizer.tokenize_with_weights(
+    tokenized = {
+        spec.name: tokenizer.tokenize_with_weights(
             (texts or {}).get(spec.name, text), pad_token=spec.pad_token, embedding_lookup=embedding_lookup,
             embedding_key=spec.name, warn=warn,
         )
         for spec in specs
-    ]
+    }
+    return encode_tokens(encoders, tokenizer, tokenized, layer_idx=layer_idx, warn=warn)
+
+
+def encode_tokens(
+    encoders: TextEncoders,
+    tokenizer: CLIPTokenizer,
+    tokenized: Mapping[str, list[TokenWeights]],
+    *,
+    layer_idx: int | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[Cond, ...]:
+    """ComfyUI's ``encode_from_tokens``: the chunks of (token, weight) per encoder name (what
+    ``tokenize_with_weights`` gives; word ids, if present, are dropped) -> one Cond."""
+    warn = warn or logger.warning
+    specs = ENCODER_SPECS[encoders.kind]
+    missing = [s.name for s in specs if s.name not in tokenized]
+    if missing:
+        raise ValueError(f"{encoders.kind} text encoding: no tokens for {', '.join(missing)}")
+    tokenized = [[[(t[0], t[1]) for t in chunk] for chunk in tokenized[spec.name]] for spec in specs]
     n_chunks = max(len(c) for c in tokenized)
     for spec, chunks in zip(specs, tokenized):
         if len(chunks) < n_chunks:

@@ -138,6 +138,7 @@ class CLIPTokenizer:
         embedding_key: str = "clip_l",
         max_length: int = 77,
         warn: Callable[[str], None] | None = None,
+        word_ids: bool = False,
     ) -> list[TokenWeights]:
         """ComfyUI's ``SDTokenizer.tokenize_with_weights``: chunks of `max_length` (token, weight).
 
@@ -145,6 +146,9 @@ class CLIPTokenizer:
         1.0. Embedding vectors take one slot each. `pad_token` is 49407 (the end token) for SD1's
         clip_l and 0 for OpenCLIP encoders (SD2 clip_h, SDXL clip_g). Without `embedding_lookup`,
         ``embedding:name`` is ordinary text (ComfyUI without an embeddings folder).
+        `word_ids`: (token, weight, word id) triples, ComfyUI's ``return_word_ids``: a "word" is
+        one piece between ``embedding:`` markers within one weight segment (ids from 1, counted
+        over the whole prompt; an embedding is a word of its own); start/end/pad tokens have id 0.
         """
         warn = warn or logger.warning
         groups: list[TokenWeights] = []
@@ -162,33 +166,35 @@ class CLIPTokenizer:
                         continue
                     word = leftover
                 groups.append([(t, weight) for t in self.encode(word)])
-        return _chunk(groups, pad_token=pad_token, max_length=max_length)
+        chunks = _chunk(groups, pad_token=pad_token, max_length=max_length)
+        return chunks if word_ids else [[(t, w) for t, w, _ in c] for c in chunks]
 
 
-def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int) -> list[TokenWeights]:
-    """Pack token groups into start/end-delimited chunks as ComfyUI does."""
-    chunks: list[TokenWeights] = []
-    batch: TokenWeights = [(START_TOKEN, 1.0)]
+def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int) -> list[list[tuple]]:
+    """Pack token groups into start/end-delimited chunks as ComfyUI does: (token, weight, word id)."""
+    chunks: list[list[tuple]] = []
+    batch: list[tuple] = [(START_TOKEN, 1.0, 0)]
     chunks.append(batch)
-    for group in groups:
+    for word, pairs in enumerate(groups, start=1):
+        group = [(t, w, word) for t, w in pairs]
         is_large = len(group) >= _MAX_WORD_LENGTH
         while group:
             if len(group) + len(batch) > max_length - 1:
                 remaining = max_length - len(batch) - 1
                 if is_large:  # split the segment across the chunk boundary
                     batch.extend(group[:remaining])
-                    batch.append((END_TOKEN, 1.0))
+                    batch.append((END_TOKEN, 1.0, 0))
                     group = group[remaining:]
                 else:  # close this chunk; the segment moves whole to the next one
-                    batch.append((END_TOKEN, 1.0))
-                    batch.extend([(pad_token, 1.0)] * remaining)
-                batch = [(START_TOKEN, 1.0)]
+                    batch.append((END_TOKEN, 1.0, 0))
+                    batch.extend([(pad_token, 1.0, 0)] * remaining)
+                batch = [(START_TOKEN, 1.0, 0)]
                 chunks.append(batch)
             else:
                 batch.extend(group)
                 group = []
-    batch.append((END_TOKEN, 1.0))
-    batch.extend([(pad_token, 1.0)] * (max_length - len(batch)))
+    batch.append((END_TOKEN, 1.0, 0))
+    batch.extend([(pad_token, 1.0, 0)] * (max_length - len(batch)))
     return chunks
 
 
