@@ -27,6 +27,7 @@ from mixgraph.nodes.models import store
 from mixgraph.nodes.models.attention import check_backend
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
+from mixgraph.nodes.models.compile import compiled as compile_module
 from mixgraph.nodes.models.controlnet import ControlNetModel
 from mixgraph.nodes.models.controlnet_union import check_control_type
 from mixgraph.nodes.models.hooks import encode_with_hooks
@@ -108,11 +109,20 @@ class ModelHandle:
     # ModelAttentionBackend: the attention implementation pinned by name (``attention.BACKENDS``);
     # None = mixgraph's default, which is the same kernel ("pytorch")
     attention_backend: str | None = None
+    # TorchCompileModel: the torch.compile backend the UNet runs through (``compile.py``)
+    compile_backend: str | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         check_backend(self.attention_backend)  # the UNet's attention is BACKENDS' implementation
         module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
-        return UNetRunner(self, apply_precision(module, policy), policy)
+        module = apply_precision(module, policy)
+        if self.compile_backend is not None:
+            module = compile_module(module, self.compile_backend)
+        return UNetRunner(self, module, policy)
+
+    def with_compile(self, backend: str | None) -> "ModelHandle":
+        """A handle whose UNet runs through ``torch.compile`` with ``backend`` (None: eager)."""
+        return dataclasses.replace(self, compile_backend=backend)
 
     def with_patches(self, patches) -> "ModelHandle":
         """A handle with ``patches`` appended (applied in order at materialization)."""

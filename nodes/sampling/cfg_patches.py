@@ -21,6 +21,8 @@ A MODEL handle carries them in ``sampler_patches``; ``CFGDenoiser`` hands each e
 * "denoise_mask": ``mask(sigma, mask, sigmas, model_sampling) -> Tensor`` rewrites the inpaint
               noise mask before each model call (ComfyUI's ``denoise_mask_function``); applied by
               ``ksampler.InpaintDenoiser``, never by ``guide``.
+* "step_cache": EasyCache / LazyCache settings (``step_cache.py``), turned into per-run state by
+              ``ksampler.sample_custom`` (``step_cache.attach``), never by ``guide``.
 
 A patch with ``needs_uncond = True`` turns off the cfg = 1 shortcut (the negative is always
 evaluated). Per-run state (APG's momentum) lives in ``GuidanceArgs.state``, a dict the denoiser

@@ -23,6 +23,7 @@ from mixgraph.nodes.payloads.sampling import Sampler as SamplerSpec
 from .cfg_patches import denoise_mask_patches
 from .guidance import build_denoiser
 from .noise import initial_noise, prepare_inpaint_noise
+from . import step_cache
 from .parameterization import ModelSampling
 from .samplers import DISCARD_PENULTIMATE_SIGMA_SAMPLERS, get_sampler
 from .schedules import calculate_sigmas
@@ -224,6 +225,8 @@ def sample_custom(
 
     denoiser = build_denoiser(guidance, model, latent_image, denoise_mask, ms, seed=seed,
                               negative_model=negative_model)
+    # EasyCache / LazyCache: per-run state; LazyCache wraps the guided prediction (inside the blend)
+    denoiser, cache_run = step_cache.attach(denoiser, getattr(model, "sampler_patches", ()), ms)
     if denoise_mask is not None:
         inpaint_noise = noise
         if sampler.name == "ddim":
@@ -245,8 +248,12 @@ def sample_custom(
         else:
             on_step(step, total, preview(info["denoised"]))
 
-    out = fn(denoiser, x, sigmas, extra_args={"seed": seed}, callback=callback,
-             **sampler.kwargs())
+    try:
+        out = fn(denoiser, x, sigmas, extra_args={"seed": seed}, callback=callback,
+                 **sampler.kwargs())
+    finally:
+        if cache_run is not None:
+            cache_run.finish(total)
     out = ms.inverse_noise_scaling(sigmas[-1], out)
     result = replace(latent, samples=fmt.process_out(out).float().cpu())
     if not last_x0:

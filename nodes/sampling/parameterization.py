@@ -317,7 +317,14 @@ class CondDenoiser:
     The SD x4 upscaler (7 channels; the model has ``image_augmentor``) gets
     ``cat([c_in·x (4), low-resolution image (3)])`` per cond, from ``model.image_concat`` (the
     cond's ``concat_image``, noise-augmented with seed − 10; ``models/x4_upscaler.py``).
+
+    ``unet_hook`` (None, or a ``step_cache.EasyRun`` set for one sampling run) stands around each
+    UNet call: ``hook(call, unet_in, cond keys, sigma)``; ``hook.begin()`` marks each
+    ``calc_cond_batch`` unless ``unet_hook_begins`` is False (a nested denoiser).
     """
+
+    unet_hook = None
+    unet_hook_begins = True
 
     def __init__(
         self,
@@ -508,6 +515,8 @@ class CondDenoiser:
         (``sampling/hooks.py``), batched only with conds whose patches are equal. Default conds
         (``Cond.default``) fill, per list, the weight the other active conds leave uncovered
         (ComfyUI ``finalize_default_conds``)."""
+        if self.unet_hook is not None and self.unet_hook_begins:
+            self.unet_hook.begin()
         outs = [torch.zeros_like(x) for _ in cond_lists]
         counts = [torch.ones_like(x) * 1e-37 for _ in cond_lists]
         to_run = []
@@ -635,13 +644,19 @@ class CondDenoiser:
         if first.gligen is not None:
             b_, _, h_, w_ = inputs[0].shape
             unet_patches = tuple(unet_patches) + (grounding_patch(first.cond.gligen, first.gligen, b_, h_, w_),)
-        if getattr(model, "wants_sigma", False):
-            out = model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches),
-                             sigma=float(sig.reshape(-1)[0]))
-        elif unet_patches:
-            out = model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
+
+        def call():
+            if getattr(model, "wants_sigma", False):
+                return model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches),
+                                  sigma=float(sig.reshape(-1)[0]))
+            if unet_patches:
+                return model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
+            return model.unet(unet_in, t, context, y=y, control=control)
+
+        if self.unet_hook is not None:
+            out = self.unet_hook(call, unet_in, [id(e) for e, _, _ in batch], sig)
         else:
-            out = model.unet(unet_in, t, context, y=y, control=control)
+            out = call()
         out = out.float()
         return list(self.ms.calculate_denoised(sig, out, x_in).chunk(n))
 
