@@ -158,7 +158,8 @@ class DynCombo:
         """The node body's dict `{label: choice, <sub>: value, ...}`; `label` is the input's own
         name (default `name`), the last part of a nested one's dotted `name`."""
         key = kw.get(name)
-        chosen = self.option(key)
+        # an input_is_list node gets the key as a 1-element list; the body gets it as given
+        chosen = self.option(key[0] if isinstance(key, list) and len(key) == 1 else key)
         values = {name if label is None else label: key}
         for sub, inp in (chosen.inputs if chosen is not None else ()):
             full = f"{name}.{sub}"
@@ -234,9 +235,10 @@ def dynamic_combo(options: Sequence[Option], *, default: str | None = None,
                             f"without dots, got {subs}")
         for sub, inp in o.inputs:
             nested = isinstance(inp.grow, DynCombo)   # a DynamicCombo inside an option is fine
-            if (inp.grow is not None and not nested) or inp.match is not None or inp.lazy:
-                raise TypeError(f"dynamic_combo: option {o.key!r} input {sub!r}: autogrow, "
-                                "MatchType or lazy sub-inputs are not supported yet")
+            # a MatchType sub-input is rendered and passed; its template is not type-checked
+            if (inp.grow is not None and not nested) or inp.lazy:
+                raise TypeError(f"dynamic_combo: option {o.key!r} input {sub!r}: autogrow "
+                                "or lazy sub-inputs are not supported yet")
     if default is not None and default not in keys:
         raise TypeError(f"dynamic_combo: default {default!r} is not one of {keys}")
     extra = (("default", default),) if default is not None else ()

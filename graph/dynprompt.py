@@ -29,6 +29,10 @@ class DynamicPrompt:
         self.ephemeral: dict[str, dict] = {}
         self.parents: dict[str, str] = {}
         self.display: dict[str, str] = {}
+        # graph.loops: `{start id: {"_loop_body": [...], "_loop_end": id}}`, merged by get_node;
+        # node_overrides: inputs replaced while running (ComfyUI's override_node)
+        self.loop_marks: dict[str, dict] = {}
+        self.node_overrides: dict[str, dict] = {}
 
     def get_original_prompt(self) -> dict:
         if self._original is None:
@@ -43,13 +47,21 @@ class DynamicPrompt:
         return node_id in self.ephemeral or self._is_original(node_id)
 
     def get_node(self, node_id: str) -> dict:
-        node = self.ephemeral.get(node_id)
+        node = self.node_overrides.get(node_id)
         if node is not None:
             return node
-        node = self.get_original_prompt().get(node_id)
+        node = self.ephemeral.get(node_id)
+        if node is None:
+            node = self.get_original_prompt().get(node_id)
         if node is None:
             raise NodeNotFoundError(f"node {node_id} is not in the prompt")
-        return node
+        marks = self.loop_marks.get(node_id) if self.loop_marks else None
+        return {**node, **marks} if marks else node
+
+    def override_node(self, node_id: str, node: dict) -> None:
+        if not self.has_node(node_id):
+            raise NodeNotFoundError(f"node {node_id} is not in the prompt")
+        self.node_overrides[node_id] = node
 
     def all_node_ids(self) -> set[str]:
         return set(self.get_original_prompt()) | set(self.ephemeral)

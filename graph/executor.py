@@ -64,7 +64,7 @@ class _Run:
     from (whose precision region they inherit)."""
 
     __slots__ = ("prompt_id", "on_event", "interrupt", "report", "workflow", "extra_data",
-                 "_api_prompt", "display", "real", "_dynprompt")
+                 "_api_prompt", "display", "real", "_dynprompt", "execution_list")
 
     def __init__(self, prompt_id, on_event, interrupt, report, workflow, extra_data):
         self.prompt_id = prompt_id
@@ -77,6 +77,7 @@ class _Run:
         self.display: dict[str, str] = {}
         self.real: dict[str, str] = {}
         self._dynprompt: DynamicPrompt | None = None
+        self.execution_list: Any = None   # graph.loops.ExecutionList, set by the scheduler
 
     def progress(self, node_id: str, value: int, total: int, preview: Any = None) -> None:
         if self.on_event is not None:
@@ -110,6 +111,8 @@ class _Run:
             return self.extra_data.get("extra_pnginfo")
         if kind == "DYNPROMPT":
             return self.dynprompt
+        if kind == "EXECUTION_LIST":
+            return self.execution_list
         return None
 
 

@@ -105,7 +105,8 @@ def node(_fn: Callable | None = None, *, name: str | None = None, category: str 
          deterministic: bool = True, version: int = 1, fingerprint: Callable | None = None,
          validate: Callable | None = None, precision_types: Sequence[str] = (),
          input_is_list: bool = False, check_lazy_status: Callable | None = None,
-         accept_all_inputs: bool = False, ui_widgets: Any = None, register: bool = True):
+         accept_all_inputs: bool = False, ui_widgets: Any = None, register: bool = True,
+         loop_boundary: str | None = None):
     """Declare a node from a function. Returns the function, with its `NodeSpec` at `fn.spec`.
 
     `input_is_list`: every input arrives as a list and the body runs once (INPUT_IS_LIST);
@@ -121,7 +122,8 @@ def node(_fn: Callable | None = None, *, name: str | None = None, category: str 
             output_node=output_node, deterministic=deterministic, version=version,
             fingerprint=fingerprint, validate=validate, precision_types=precision_types,
             input_is_list=input_is_list, check_lazy_status=check_lazy_status,
-            accept_all_inputs=accept_all_inputs, ui_widgets=ui_widgets)
+            accept_all_inputs=accept_all_inputs, ui_widgets=ui_widgets,
+            loop_boundary=loop_boundary)
         fn.spec = spec  # type: ignore[attr-defined]
         if register:
             REGISTRY.add(spec)

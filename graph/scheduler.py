@@ -40,7 +40,8 @@ from mixgraph.graph.blocker import ExecutionBlocker
 from mixgraph.graph.cache import walk_tensors
 from mixgraph.graph.context import Context, Interrupted
 from mixgraph.graph.dynamic import group, grows_of, member_names
-from mixgraph.graph.expand import expansion
+from mixgraph.graph.expand import expansion, is_link
+from mixgraph.graph.loops import ExecutionList, loop_bodies
 from mixgraph.graph.lists import Elements, call_kwargs, find_blocker, merge_results, merge_ui
 from mixgraph.graph.node import Result
 from mixgraph.graph.plan import CYCLE_LISTED, topological
@@ -140,6 +141,8 @@ class Scheduler:
         self.current: str | None = None
         self.expanded = 0
         self.blocked: set[str] = set()       # nodes every call of which an ExecutionBlocker stopped
+        if any(p.spec.loop_boundary for p in plans.values()):
+            self._mark_loops(list(calls))
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -522,6 +525,70 @@ class Scheduler:
         if self.waiters:
             self._wake(nid)
 
+    # --- loops (graph/loops.py) ------------------------------------------------------------------
+
+    def _mark_loops(self, ids: list[str]) -> None:
+        calls, plans = self.calls, self.plans
+        marks = loop_bodies(
+            ids, lambda n: [x.node_id for x in calls[n].values() if type(x) is Link] if n in calls else [],
+            lambda n: plans[n].spec.loop_boundary if n in plans else None)
+        if marks:
+            dyn = self.run.dynprompt
+            for start, (body, end) in marks.items():
+                dyn.loop_marks[start] = {"_loop_body": body, "_loop_end": end}
+        if self.run.execution_list is None:
+            self.run.execution_list = ExecutionList(self)
+
+    def hold(self, nid: str) -> None:
+        """An external block: `nid` waits until `release(nid)`."""
+        self.waiting[nid] = self.waiting.get(nid, 0) + 1
+
+    def release(self, nid: str) -> None:
+        c = self.waiting.get(nid, 0) - 1
+        if c > 0:
+            self.waiting[nid] = c
+        else:
+            self.waiting.pop(nid, None)
+            if nid not in self.values:
+                self.ready.appendleft(nid)
+
+    def inhibit(self, ids: set[str]) -> None:
+        """Drop pending nodes: they never run; what waited on them waits no more for them."""
+        ids = {n for n in ids if n not in self.values and n != self.current}
+        if not ids:
+            return
+        waiting, waiters = self.waiting, self.waiters
+        for n in ids:
+            waiting.pop(n, None)
+            self.queued.discard(n)
+        for dep in list(waiters):
+            kept = [w for w in waiters[dep] if w not in ids]
+            if kept:
+                waiters[dep] = kept
+            else:
+                del waiters[dep]
+        woken = []
+        for n in ids:
+            for w in waiters.pop(n, ()):
+                c = waiting.get(w, 0) - 1
+                if c > 0:
+                    waiting[w] = c
+                elif w in waiting:
+                    del waiting[w]
+                    woken.append(w)
+        kept = [n for n in self.ready if n not in ids]
+        self.ready.clear()
+        self.ready.extend(kept)
+        self.ready.extendleft(reversed(woken))
+
+    def override(self, nid: str, inputs: dict) -> None:
+        """Replace a pending node's inputs (API form) in the run and in DYNPROMPT."""
+        if nid in self.values:
+            raise RuntimeError(f"node {nid} already ran; its inputs cannot be replaced")
+        dyn = self.run.dynprompt
+        dyn.override_node(nid, {"class_type": self.plans[nid].class_type, "inputs": dict(inputs)})
+        self.calls[nid] = {k: Link(str(v[0]), v[1]) if is_link(v) else v for k, v in inputs.items()}
+
     # --- expansion -----------------------------------------------------------------------------
 
     def _expand(self, nid, plan, results, expands, ui, listy, t0) -> None:
@@ -595,6 +662,8 @@ class Scheduler:
                                          f"expanded into: {', '.join(stuck[:CYCLE_LISTED])}")
             raise NodeError(parent, parent_plan.class_type, cause) from cause
         self.ex.keys_into(self.keys, order, calls, plans, self.resolver, self.env, run, run.real)
+        if any(plans[n].spec.loop_boundary for n in order):
+            self._mark_loops(order)
         self._cached(order)
 
     def _cached(self, ids: list[str]) -> None:

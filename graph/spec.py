@@ -133,6 +133,9 @@ class NodeSpec:
     input_is_list: bool = False
     # fn(**inputs) -> names of lazy inputs still needed (unevaluated lazy inputs are None).
     check_lazy_status: Callable[..., Any] | None = None
+    # ComfyUI's `loop_boundary` ("start" / "end" / None): graph/loops.py pairs the nodes and
+    # marks the loop body between them (`_loop_body`, `_loop_end` in DYNPROMPT).
+    loop_boundary: str | None = None
 
     @property
     def input_map(self) -> dict[str, Input]:
