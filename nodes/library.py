@@ -20,3 +20,4 @@ from mixgraph.nodes import attention_backend_nodes, lotus_nodes  # noqa: F401
 from mixgraph.nodes import controlnet_extra_nodes  # noqa: F401
 from mixgraph.nodes import photomaker_nodes  # noqa: F401
 from mixgraph.nodes import speed_patch_nodes  # noqa: F401
+from mixgraph.nodes import context_window_nodes  # noqa: F401
