@@ -23,7 +23,7 @@ from mixgraph.nodes.payloads.sampling import Sampler as SamplerSpec
 from .cfg_patches import denoise_mask_patches
 from .guidance import build_denoiser
 from .noise import initial_noise, prepare_inpaint_noise
-from . import step_cache
+from . import context_windows, step_cache
 from .parameterization import ModelSampling
 from .samplers import DISCARD_PENULTIMATE_SIGMA_SAMPLERS, get_sampler
 from .schedules import calculate_sigmas
@@ -225,8 +225,10 @@ def sample_custom(
 
     denoiser = build_denoiser(guidance, model, latent_image, denoise_mask, ms, seed=seed,
                               negative_model=negative_model)
+    context_windows.attach(denoiser, getattr(model, "sampler_patches", ()), sigmas)
     # EasyCache / LazyCache: per-run state; LazyCache wraps the guided prediction (inside the blend)
     denoiser, cache_run = step_cache.attach(denoiser, getattr(model, "sampler_patches", ()), ms)
+    noise = context_windows.shuffle_noise(getattr(model, "sampler_patches", ()), noise, seed)
     if denoise_mask is not None:
         inpaint_noise = noise
         if sampler.name == "ddim":

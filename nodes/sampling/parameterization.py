@@ -325,6 +325,7 @@ class CondDenoiser:
 
     unet_hook = None
     unet_hook_begins = True
+    context_run = None  # a context_windows.WindowRun for one sampling run (ContextWindowsManual)
 
     def __init__(
         self,
@@ -514,7 +515,16 @@ class CondDenoiser:
         Conds carrying hooks are evaluated with the hooks' weight patches at this sigma
         (``sampling/hooks.py``), batched only with conds whose patches are equal. Default conds
         (``Cond.default``) fill, per list, the weight the other active conds leave uncovered
-        (ComfyUI ``finalize_default_conds``)."""
+        (ComfyUI ``finalize_default_conds``).
+
+        With ``context_run`` set and the latent longer than its windows, the evaluation runs per
+        window and is fused there (``sampling/context_windows.py``)."""
+        run = self.context_run
+        if run is not None and run.applies(x):
+            return run.evaluate(self, cond_lists, x, sigma, unet_patches)
+        return self._calc_cond_batch(cond_lists, x, sigma, unet_patches)
+
+    def _calc_cond_batch(self, cond_lists, x: torch.Tensor, sigma: torch.Tensor, unet_patches=()):
         if self.unet_hook is not None and self.unet_hook_begins:
             self.unet_hook.begin()
         outs = [torch.zeros_like(x) for _ in cond_lists]
