@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from mixgraph.nodes.models import store
+from mixgraph.nodes.models import lora_bypass, store
 from mixgraph.nodes.models.attention import check_backend
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
@@ -110,8 +110,12 @@ class ModelHandle:
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         check_backend(self.attention_backend)  # the UNet's attention is BACKENDS' implementation
-        module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
-        return UNetRunner(self, apply_precision(module, policy), policy)
+        merged, bypass = lora_bypass.split(self.patches)
+        module = _materialize("unet", self.source, self.config, policy.storage, merged, UNetModel)
+        module = apply_precision(module, policy)
+        if bypass:  # LoraLoaderBypass: forward hooks on this use's private module
+            lora_bypass.install(module, bypass, "unet", "UNet")
+        return UNetRunner(self, module, policy)
 
     def with_patches(self, patches) -> "ModelHandle":
         """A handle with ``patches`` appended (applied in order at materialization)."""
@@ -310,11 +314,12 @@ class ClipHandle:
                                      texts=texts)
         models = {}
         for name in self.encoders:
-            patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
+            patches, bypass = lora_bypass.split(
+                tuple(p for p in self.patches if getattr(p, "target", name) == name))
             module = _materialize(
                 name, getattr(self, name), getattr(self, f"{name}_config"), policy.storage, patches, CLIPTextModel
             )
-            models[name] = apply_precision(module, policy)
+            models[name] = lora_bypass.install(apply_precision(module, policy), bypass, name, name)
         encoders = TextEncoders(self.kind, **models)
         return encode_prompt(
             encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn,
