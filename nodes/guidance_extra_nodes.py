@@ -1,11 +1,15 @@
 """Guidance model patches of ComfyUI 0.38.1 (``comfy_extras/nodes_cfg.py`` CFGNorm,
 ``nodes_mahiro.py``, ``nodes_fresca.py``, ``nodes_perpneg.py`` PerpNeg,
-``nodes_custom_sampler.py`` CFGOverride). Each returns a new MODEL handle carrying one sampler
+``nodes_custom_sampler.py`` CFGOverride), ``nodes_tag.py`` TangentialAmplifyingGuidance (110b1dc)
+and ``nodes_lumina2.py`` RenormCFG (09494bc). Each returns a new MODEL handle carrying one sampler
 patch of ``sampling/cfg_patches_extra.py``."""
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Boolean, Float, Int, Socket, node
+import dataclasses
+
+from mixgraph.graph.registry import REGISTRY
+from mixgraph.graph.node import Boolean, Float, Int, Socket, node, replace_spec
 from mixgraph.nodes.sampling import cfg_patches_extra as P
 from mixgraph.nodes.sampling.parameterization import ModelSampling
 
@@ -58,4 +62,36 @@ def CFGOverride(model=Socket("MODEL"), cfg=Float(1.0, min=0.0, max=100.0, step=0
     ms = ModelSampling.for_model(model)
     patch = P.CFGOverride(float(cfg), float(ms.percent_to_sigma(start_percent)),
                           float(ms.percent_to_sigma(end_percent)))
+    return (model.with_sampler_patch(patch),)
+
+
+def _advanced(inp):
+    """An input shown under the editor's "advanced" fold (ComfyUI V3's ``advanced=True``)."""
+    return dataclasses.replace(inp, extra=inp.extra + (("advanced", True),))
+
+
+@node(category="experimental", outputs=("MODEL",), display_name="Tangential Amplifying Guidance",
+      register=False)
+def TangentialAmplifyingGuidance(
+        model=Socket("MODEL"),
+        t_scale=Float(1.05, min=0.0, max=10.0, step=0.001,
+                      tooltip="scale for the tangential (orthogonal) component"),
+        r_scale=Float(1.0, min=0.0, max=10.0, step=0.001,
+                      tooltip="scale for the radial (parallel) component"),
+        start_percent=_advanced(Float(0.0, min=0.0, max=1.0, step=0.01)),
+        end_percent=_advanced(Float(1.0, min=0.0, max=1.0, step=0.01))):
+    ms = ModelSampling.for_model(model)
+    patch = P.TangentialAmplify(float(t_scale), float(r_scale), float(ms.percent_to_sigma(start_percent)),
+                                float(ms.percent_to_sigma(end_percent)))
+    return (model.with_sampler_patch(patch),)
+
+
+TangentialAmplifyingGuidance.spec = REGISTRY.add(replace_spec(  # type: ignore[attr-defined]
+    TangentialAmplifyingGuidance.spec, info_extra=(("experimental", True),)))
+
+
+@node(category="model/patch", outputs=("MODEL",))
+def RenormCFG(model=Socket("MODEL"), cfg_trunc=_advanced(Float(100, min=0.0, max=100.0, step=0.01)),
+              renorm_cfg=_advanced(Float(1.0, min=0.0, max=100.0, step=0.01))):
+    patch = P.RenormCFG(float(cfg_trunc), float(renorm_cfg), int(model.config.in_channels))
     return (model.with_sampler_patch(patch),)

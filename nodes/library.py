@@ -22,3 +22,4 @@ from mixgraph.nodes import photomaker_nodes  # noqa: F401
 from mixgraph.nodes import speed_patch_nodes  # noqa: F401
 from mixgraph.nodes import loop_nodes  # noqa: F401
 from mixgraph.nodes import context_window_nodes  # noqa: F401
+from mixgraph.nodes import camera_angle_nodes, lora_bypass_nodes, multigpu_nodes  # noqa: F401

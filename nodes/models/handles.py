@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from mixgraph.nodes.models import store
+from mixgraph.nodes.models import lora_bypass, store
 from mixgraph.nodes.models.attention import check_backend
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
@@ -123,6 +123,12 @@ class ModelHandle:
     def with_compile(self, backend: str | None) -> "ModelHandle":
         """A handle whose UNet runs through ``torch.compile`` with ``backend`` (None: eager)."""
         return dataclasses.replace(self, compile_backend=backend)
+        merged, bypass = lora_bypass.split(self.patches)
+        module = _materialize("unet", self.source, self.config, policy.storage, merged, UNetModel)
+        module = apply_precision(module, policy)
+        if bypass:  # LoraLoaderBypass: forward hooks on this use's private module
+            lora_bypass.install(module, bypass, "unet", "UNet")
+        return UNetRunner(self, module, policy)
 
     def with_patches(self, patches) -> "ModelHandle":
         """A handle with ``patches`` appended (applied in order at materialization)."""
@@ -327,7 +333,8 @@ class ClipHandle:
     def _text_encoders(self, policy: PolicyLike) -> TextEncoders:
         models = {}
         for name in self.encoders:
-            patches = tuple(p for p in self.patches if getattr(p, "target", name) == name)
+            patches, bypass = lora_bypass.split(
+                tuple(p for p in self.patches if getattr(p, "target", name) == name))
             module = _materialize(
                 name, getattr(self, name), getattr(self, f"{name}_config"), policy.storage, patches, CLIPTextModel
             )
@@ -348,6 +355,12 @@ class ClipHandle:
             raise NotImplementedError("encoding tokens with a CLIP that has hooks (SetClipHooks): not supported yet")
         return encode_tokens(self._text_encoders(policy), _tokenizer(), tokenized, layer_idx=self.layer_idx,
                              warn=warn)
+            models[name] = lora_bypass.install(apply_precision(module, policy), bypass, name, name)
+        encoders = TextEncoders(self.kind, **models)
+        return encode_prompt(
+            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn,
+            texts=texts,
+        )
 
     def with_layer(self, n: int | None) -> "ClipHandle":
         return dataclasses.replace(self, layer_idx=n)

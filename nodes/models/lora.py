@@ -483,6 +483,11 @@ def apply_patches(
     for p in patches:
         if target is not None and p.target != target:
             continue
+        if getattr(p, "bypass", False):  # lora_bypass.BypassPatch: a forward-time patch
+            raise NotImplementedError(
+                f"LoRA {p.lora.name!r} was loaded in bypass mode (LoraLoaderBypass): merging it into "
+                f"weights (saving, model merging, hooks or a ControlNet built from this model) is "
+                f"not supported yet; use LoraLoader")
         if isinstance(p, MergePatch):
             other = (others or {}).get(p)
             if other is None:

@@ -1,7 +1,8 @@
 """More sampler patches in the contract of ``cfg_patches.py`` (stages "pre_cfg", "cfg",
 "post_cfg", "cfg_scale"): ComfyUI's CFGNorm (nodes_cfg.py), Mahiro (nodes_mahiro.py), FreSca
 (nodes_fresca.py), the deprecated PerpNeg model patch (nodes_perpneg.py), CFGOverride
-(nodes_custom_sampler.py) and LatentApplyOperationCFG (nodes_latent.py).
+(nodes_custom_sampler.py), LatentApplyOperationCFG (nodes_latent.py), TangentialAmplifyingGuidance
+(nodes_tag.py) and RenormCFG (nodes_lumina2.py).
 
 All tensors are x0 (denoised) predictions [B, C, H, W] unless a docstring says noise space
 (x − x0, what ComfyUI hands a ``sampler_cfg_function`` as "cond"/"uncond").
@@ -19,7 +20,7 @@ from .cfg_patches import GuidanceArgs
 from .guidance import perp_neg
 
 __all__ = ["CFGNorm", "CFGNormPreCFG", "Mahiro", "FreSca", "fourier_filter", "PerpNegPatch",
-           "CFGOverride", "LatentOperationCFG"]
+           "CFGOverride", "LatentOperationCFG", "TangentialAmplify", "RenormCFG"]
 
 
 @dataclass(frozen=True)
@@ -171,3 +172,66 @@ class LatentOperationCFG:
         if a.n_outputs != 2:
             return self.operation(latent=a.cond_denoised), uncond
         return self.operation(latent=a.cond_denoised - uncond) + uncond, uncond
+
+
+@dataclass(frozen=True)
+class TangentialAmplify:
+    """ComfyUI's TangentialAmplifyingGuidance (``comfy_extras/nodes_tag.py``, 110b1dc; Cho et al.
+    2025, "Tangential Amplifying Guidance", arXiv:2510.04533, Algorithm 2), a post-CFG patch.
+    With p the noisy input x and dx = guided x0 − p, dx is split into its radial part
+    (dx·v)·v along v = p / (‖p‖ + 1e-8) and the tangential rest; the result is
+    p + t_scale·tangential + r_scale·radial. Norms and dot products run per sample over the
+    non-batch dimensions of size > 1. Active while sigma_low ≤ σ ≤ sigma_high (the node's
+    end and start percent; the first sample's σ decides), else the guided x0 passes unchanged."""
+
+    t_scale: float
+    r_scale: float
+    sigma_high: float
+    sigma_low: float
+    stage: str = "post_cfg"
+
+    def post(self, a: GuidanceArgs, denoised: Tensor) -> Tensor:
+        s = float(torch.as_tensor(a.sigma).reshape(-1)[0])
+        if not (self.sigma_low <= s <= self.sigma_high):
+            return denoised
+        p = a.x.to(denoised.dtype)
+        dims = tuple(i + 1 for i, n in enumerate(denoised.shape[1:]) if n > 1)
+        v = p / (p.norm(p=2, dim=dims, keepdim=True) + 1e-8)
+        dx = denoised - p
+        radial = (dx * v).sum(dim=dims, keepdim=True) * v
+        return p + self.t_scale * (dx - radial) + self.r_scale * radial
+
+
+@dataclass(frozen=True)
+class RenormCFG:
+    """ComfyUI's RenormCFG (``comfy_extras/nodes_lumina2.py``, 09494bc), a CFG-function patch.
+    On the first ``in_channels`` channels of the x0 predictions: below ``cfg_trunc`` (compared
+    with the first sample's σ, which ComfyUI hands its cfg functions as "timestep")
+    e = u + s·(c − u), and with ``renorm_cfg`` > 0 e is scaled down to at most
+    ‖c‖·renorm_cfg (L2 norm per sample over all non-batch dimensions; left as is when it is
+    within); at or above ``cfg_trunc`` e = c. Channels past ``in_channels`` come from c. On SD
+    models σ never reaches the default cfg_trunc of 100, so the clamped CFG always runs.
+
+    ComfyUI compares the norms with a Python ``if`` on a tensor, which works at batch size 1
+    only; here the clamp is decided per sample (the same result at batch 1)."""
+
+    cfg_trunc: float
+    renorm_cfg: float
+    in_channels: int
+    stage: str = "cfg"
+
+    def combine(self, a: GuidanceArgs) -> Tensor:
+        n = self.in_channels
+        c, u = a.cond_denoised, a.uncond_denoised
+        c_eps, rest = c[:, :n], c[:, n:]
+        s = float(torch.as_tensor(a.sigma).reshape(-1)[0])
+        if s < self.cfg_trunc:
+            eps = u[:, :n] + a.cond_scale * (c_eps - u[:, :n])
+            if self.renorm_cfg > 0.0:
+                dims = tuple(range(1, eps.ndim))
+                max_norm = torch.linalg.vector_norm(c_eps, dim=dims, keepdim=True) * self.renorm_cfg
+                norm = torch.linalg.vector_norm(eps, dim=dims, keepdim=True)
+                eps = torch.where(norm >= max_norm, eps * (max_norm / norm), eps)
+        else:
+            eps = c_eps
+        return torch.cat([eps, rest], dim=1)
