@@ -114,21 +114,18 @@ class ModelHandle:
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         check_backend(self.attention_backend)  # the UNet's attention is BACKENDS' implementation
-        module = _materialize("unet", self.source, self.config, policy.storage, self.patches, UNetModel)
+        merged, bypass = lora_bypass.split(self.patches)
+        module = _materialize("unet", self.source, self.config, policy.storage, merged, UNetModel)
         module = apply_precision(module, policy)
-        if self.compile_backend is not None:
+        if bypass:  # LoraLoaderBypass: forward hooks on this use's private module
+            lora_bypass.install(module, bypass, "unet", "UNet")
+        if self.compile_backend is not None:  # after the hooks, so the compiled graph includes them
             module = compile_module(module, self.compile_backend)
         return UNetRunner(self, module, policy)
 
     def with_compile(self, backend: str | None) -> "ModelHandle":
         """A handle whose UNet runs through ``torch.compile`` with ``backend`` (None: eager)."""
         return dataclasses.replace(self, compile_backend=backend)
-        merged, bypass = lora_bypass.split(self.patches)
-        module = _materialize("unet", self.source, self.config, policy.storage, merged, UNetModel)
-        module = apply_precision(module, policy)
-        if bypass:  # LoraLoaderBypass: forward hooks on this use's private module
-            lora_bypass.install(module, bypass, "unet", "UNet")
-        return UNetRunner(self, module, policy)
 
     def with_patches(self, patches) -> "ModelHandle":
         """A handle with ``patches`` appended (applied in order at materialization)."""
@@ -338,7 +335,7 @@ class ClipHandle:
             module = _materialize(
                 name, getattr(self, name), getattr(self, f"{name}_config"), policy.storage, patches, CLIPTextModel
             )
-            models[name] = apply_precision(module, policy)
+            models[name] = lora_bypass.install(apply_precision(module, policy), bypass, name, name)
         return TextEncoders(self.kind, **models)
 
     def tokenize(self, text: str, embedding_lookup=None, warn: Callable[[str], None] | None = None) -> dict:
@@ -355,12 +352,6 @@ class ClipHandle:
             raise NotImplementedError("encoding tokens with a CLIP that has hooks (SetClipHooks): not supported yet")
         return encode_tokens(self._text_encoders(policy), _tokenizer(), tokenized, layer_idx=self.layer_idx,
                              warn=warn)
-            models[name] = lora_bypass.install(apply_precision(module, policy), bypass, name, name)
-        encoders = TextEncoders(self.kind, **models)
-        return encode_prompt(
-            encoders, _tokenizer(), text, layer_idx=self.layer_idx, embedding_lookup=embedding_lookup, warn=warn,
-            texts=texts,
-        )
 
     def with_layer(self, n: int | None) -> "ClipHandle":
         return dataclasses.replace(self, layer_idx=n)
