@@ -17,3 +17,4 @@ from mixgraph.nodes import crop_nodes, save_image_nodes  # noqa: F401
 from mixgraph.nodes import webcam_nodes  # noqa: F401
 from mixgraph.nodes import cond_nodes, seamless_tiling_nodes  # noqa: F401
 from mixgraph.nodes import attention_backend_nodes, lotus_nodes  # noqa: F401
+from mixgraph.nodes import lora_stack_nodes, sdpose_nodes, text_overlay_nodes  # noqa: F401
