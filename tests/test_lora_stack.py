@@ -153,3 +153,21 @@ def test_lora_stack_without_rows_fails_validation(executor, models):
          "99": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}}}
     with pytest.raises(ValidationFailed, match="rows"):
         api.run(g, executor=executor, models=models)
+
+
+def test_lora_stack_ui_widgets_saved_by_name_give_the_rows():
+    from mixgraph.graph.ui_format import convert_ui
+    ui = {"last_node_id": 2, "last_link_id": 1, "version": 0.4, "groups": [], "config": {}, "extra": {},
+          "nodes": [
+              {"id": 1, "type": "CheckpointLoaderSimple", "pos": [0, 0], "size": [300, 100], "flags": {},
+               "order": 0, "mode": 0, "inputs": [],
+               "outputs": [{"name": "MODEL", "type": "MODEL", "links": [1], "slot_index": 0}],
+               "properties": {}, "widgets_values": ["sd15.safetensors"]},
+              {"id": 2, "type": "LoadLoraModel", "pos": [400, 0], "size": [300, 100], "flags": {},
+               "order": 1, "mode": 0, "inputs": [{"name": "model", "type": "MODEL", "link": 1}],
+               "outputs": [], "properties": {},
+               "widgets_values": {"loras.0.lora_name": LORA, "loras.0.strength": 0.5}}],
+          "links": [[1, 1, 0, 2, 0, "MODEL"]]}
+    wf = convert_ui(ui, REG)
+    assert {k: v for k, v in wf.prompt["2"].inputs.items() if k != "model"} == \
+        {"loras.0.lora_name": LORA, "loras.0.strength": 0.5}
