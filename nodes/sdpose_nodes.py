@@ -6,12 +6,22 @@ it needs an SDPose checkpoint (an SD UNet with a heatmap head), which mixgraph c
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from pathlib import Path
 
-from mixgraph.graph.node import Boolean, Combo, Float, Int, Result, Socket, node, replace_spec
+from mixgraph.graph.node import Boolean, Combo, Float, Int, Result, Socket, Widget, node, replace_spec
 from mixgraph.graph.registry import REGISTRY
 from mixgraph.graph.spec import Output
 from mixgraph.nodes import crop_ops, imaging, sdpose_ops
+
+
+
+def _boxes_socket(optional: bool = False, tooltip: str | None = None):
+    """ComfyUI's `io.BoundingBox.Input(..., force_input=True)`: a link-only BOUNDING_BOX that
+    still shows the widget's default box and `socketless` in object_info."""
+    return replace(Widget("BOUNDING_BOX", dict(crop_ops.BOX_DEFAULTS), optional=optional,
+                          tooltip=tooltip, socketless=True), force_input=True)
+
 
 EXTRACTOR_UNSUPPORTED = (
     "SDPoseKeypointExtractor: not supported yet (SDPose checkpoints: an SD UNet with a heatmap "
@@ -24,9 +34,10 @@ EXTRACTOR_UNSUPPORTED = (
                   "https://huggingface.co/Comfy-Org/SDPose/tree/main/checkpoints")
 def SDPoseKeypointExtractor(model=Socket("MODEL"), vae=Socket("VAE"), image=Socket("IMAGE"),
                             batch_size=Int(16, min=1, max=10000, step=1),
-                            bboxes=Socket("BOUNDING_BOX", optional=True,
-                                          tooltip="Optional bounding boxes for more accurate "
-                                                  "detections. Required for multi-person detection.")):
+                            bboxes=_boxes_socket(optional=True,
+                                                 tooltip="Optional bounding boxes for more accurate "
+                                                         "detections. Required for multi-person "
+                                                         "detection.")):
     raise NotImplementedError(EXTRACTOR_UNSUPPORTED)
 
 
@@ -57,7 +68,7 @@ def SDPoseFaceBBoxes(keypoints=Socket("POSE_KEYPOINT"),
       display_name="Crop By Bounding Boxes",
       description="Crop and resize regions from the input image batch based on provided bounding "
                   "boxes.", register=False)
-def CropByBBoxes(ctx, image=Socket("IMAGE"), bboxes=Socket("BOUNDING_BOX"),
+def CropByBBoxes(ctx, image=Socket("IMAGE"), bboxes=_boxes_socket(),
                  output_width=Int(512, min=64, max=4096, step=8, tooltip="Width each crop is resized to."),
                  output_height=Int(512, min=64, max=4096, step=8, tooltip="Height each crop is resized to."),
                  padding=Int(0, min=0, max=1024, step=1, tooltip="Extra padding in pixels added on "

@@ -15,7 +15,7 @@ def TextOverlay(ctx, images=Socket("IMAGE"), text=String("", multiline=True),
                 font=Combo(folders.options("fonts")),
                 font_size=Float(5.0, min=0.5, max=50.0, step=0.5,
                                 tooltip="Font size as a percentage of the image height."),
-                color=Widget("COLOR", "#ffffff", tooltip="Color of the text."),
+                color=Widget("COLOR", "#ffffff", socketless=True, tooltip="Color of the text."),
                 position=Combo(["top", "bottom"], "top"),
                 align=Combo(["left", "center", "right"], "left"),
                 outline=Boolean(True, tooltip="Draw a black outline around the text.")):

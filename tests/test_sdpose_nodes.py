@@ -70,7 +70,8 @@ def test_sdpose_specs_match_comfyui():
     assert c["has_intermediate_output"] is True
     req = c["input"]["required"]
     assert list(req) == ["image", "bboxes", "output_width", "output_height", "padding", "keep_aspect"]
-    assert req["bboxes"][0] == "BOUNDING_BOX" and req["bboxes"][1]["forceInput"] is True
+    assert req["bboxes"] == ["BOUNDING_BOX", {"default": {"x": 0, "y": 0, "width": 512, "height": 512},
+                                              "socketless": True, "forceInput": True}]
     assert {k: req["output_width"][1][k] for k in ("default", "min", "max", "step")} == \
         {"default": 512, "min": 64, "max": 4096, "step": 8}
     assert {k: req["padding"][1][k] for k in ("default", "min", "max")} == {"default": 0, "min": 0, "max": 1024}

@@ -37,7 +37,7 @@ def test_text_overlay_spec_matches_comfyui():
     assert req["font"] == [[]]   # no fonts folder here
     assert {k: req["font_size"][1][k] for k in ("default", "min", "max", "step")} == \
         {"default": 5.0, "min": 0.5, "max": 50.0, "step": 0.5}
-    assert req["color"][0] == "COLOR" and req["color"][1]["default"] == "#ffffff"
+    assert req["color"] == ["COLOR", {"default": "#ffffff", "socketless": True, "tooltip": "Color of the text."}]
     assert req["position"] == [["top", "bottom"]] and req["align"] == [["left", "center", "right"]]
     assert req["outline"] == ["BOOLEAN", {"default": True,
                                           "tooltip": "Draw a black outline around the text."}]
