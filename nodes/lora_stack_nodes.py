@@ -66,6 +66,7 @@ def LoadLoraModel(ctx, model=Socket("MODEL", tooltip="The diffusion model the Lo
 @node(category="model/loaders", outputs=("CLIP",), display_name="Load LoRA (Text Encoder)",
       description="Apply a stack of LoRAs to a CLIP text encoder. Add one row per LoRA; each row "
                   "picks a LoRA file and its strength.", fingerprint=_fingerprint)
-def LoadLoraTextEncoder(ctx, clip=Socket("CLIP", tooltip="The CLIP text encoder the LoRAs will be applied to."),
+def LoadLoraTextEncoder(ctx, clip=Socket("CLIP", tooltip="The CLIP text encoder the LoRAs will be "
+                                                          "applied to."),
                         loras=_rows_input("Each row applies one LoRA to the text encoder.")):
     return (_apply(ctx, None, clip, loras, False)[1],)
