@@ -29,7 +29,17 @@ type is `COMFY_MATCHTYPE_V3` with the template id in `output_matchtypes`; an aut
 "min", "max"}}]` (or `"names"`, `"min"`); a DynamicCombo input is `["COMFY_DYNAMICCOMBO_V3", {"options": [{"key", "inputs":
 {"required"|"optional": {sub: entry}}}, ...]}]`.
 
-`Input.grow` holds either a `Grow` or a `DynCombo`: both stand for a group of dotted inputs, and
+* **DynamicGroup** (`dynamic_group`, `Rows`): rows of a template of widgets, repeated (V3
+  `_DynamicGroup`, ComfyUI 0.38 `comfy_api/latest/_io.py` 04e2a91). API prompts carry
+  `<input>.<row>.<field>` (`"loras.0.lora_name"`), the row a decimal without leading zeros below
+  `max`; the number of rows given must lie in [min, max]; each given row is validated against the
+  template (its required fields must be there), rows missing in between are not. The body gets a
+  list of row dicts up to the highest row given; a missing row, or a missing field of a given one,
+  is None (no widget defaults are filled in), and no rows at all is `[]`. object_info:
+  `["COMFY_DYNAMICGROUP_V3", {"template": {"required"|"optional": {field: entry}}, "min", "max",
+  "group_name"}]`. UI-format workflows (`widgets_values`) do not carry group rows yet.
+
+`Input.grow` holds a `Grow`, a `DynCombo` or `Rows`: each stands for a group of dotted inputs, and
 the scheduler asks them the same three questions (`member_names`, `group`, object_info keys).
 
 Imports only `graph.spec`; the registry, validation and scheduler call in.
@@ -45,6 +55,8 @@ from mixgraph.graph.spec import WIDGET_TYPES, Input, NodeSpec, Output
 MATCH_TYPE = "COMFY_MATCHTYPE_V3"
 AUTOGROW_TYPE = "COMFY_AUTOGROW_V3"
 DYNAMIC_COMBO_TYPE = "COMFY_DYNAMICCOMBO_V3"
+DYNAMIC_GROUP_TYPE = "COMFY_DYNAMICGROUP_V3"
+MAX_ROWS = 20     # ComfyUI's _DynamicGroup._MaxRows
 MAX_NAMES = 100   # ComfyUI's Autogrow._MaxNames
 
 
@@ -181,6 +193,56 @@ class DynCombo:
         return out
 
 
+@dataclass(frozen=True)
+class Rows:
+    """A DynamicGroup: rows of `fields` (widget inputs), between `min` and `max` rows given."""
+
+    fields: tuple[tuple[str, Input], ...]
+    min: int
+    max: int
+    group_name: str = "Group"
+
+    def info_keys(self, entry: Any) -> dict:
+        groups: dict[str, dict] = {}
+        for f, inp in self.fields:
+            groups.setdefault("optional" if inp.optional else "required", {})[f] = entry(inp)
+        return {"template": {g: groups[g] for g in ("required", "optional") if g in groups},
+                "min": self.min, "max": self.max, "group_name": self.group_name}
+
+    def parse(self, name: str, key: str) -> tuple[int, str] | str:
+        """(row, field) of a dotted key under `name`, or why it is not one."""
+        index, sep, field = key[len(name) + 1:].partition(".")
+        if (not sep or not index.isascii() or not index.isdecimal()
+                or (len(index) > 1 and index.startswith("0"))
+                or field not in dict(self.fields)):
+            return (f"Input '{key}' is not a row field of '{name}': expected "
+                    f"'{name}.<row>.<field>', field one of {[f for f, _ in self.fields]}")
+        if int(index) >= self.max:
+            return f"Input '{key}' is past the last row of '{name}' (row {self.max - 1}, max={self.max})"
+        return int(index), field
+
+    def rows(self, name: str, call: dict[str, Any]) -> set[int]:
+        out = set()
+        for key in call:
+            if key.startswith(name + "."):
+                got = self.parse(name, key)
+                if not isinstance(got, str):
+                    out.add(got[0])
+        return out
+
+    def present(self, name: str, call: dict[str, Any]) -> list[str]:
+        rows = sorted(self.rows(name, call))
+        return [f"{name}.{r}.{f}" for r in rows for f, _ in self.fields if f"{name}.{r}.{f}" in call]
+
+    def gather(self, name: str, kw: dict[str, Any]) -> list[dict[str, Any]]:
+        last = max(self.rows(name, kw), default=-1)
+        out = []
+        for r in range(last + 1):
+            out.append({f: kw.pop(f"{name}.{r}.{f}", None) for f, _ in self.fields})
+        kw.pop(name, None)
+        return out
+
+
 def match_input(template: MatchTemplate, *, optional: bool = False, lazy: bool = False,
                 tooltip: str | None = None) -> Input:
     """A socket whose type is whatever its template resolves to (`io.MatchType.Input`)."""
@@ -246,6 +308,24 @@ def dynamic_combo(options: Sequence[Option], *, default: str | None = None,
                  grow=DynCombo(options))
 
 
+def dynamic_group(fields: Sequence[tuple[str, Input]], *, min: int = 0, max: int = MAX_ROWS,
+                  group_name: str = "Group", optional: bool = False,
+                  tooltip: str | None = None) -> Input:
+    """Repeated rows of widget inputs (V3 `_DynamicGroup.Input`); the body gets a list of row
+    dicts `{field: value or None}`."""
+    fields = tuple(fields)
+    names = [f for f, _ in fields]
+    if not fields or len(set(names)) != len(names) or any(not f or "." in f for f in names):
+        raise TypeError(f"dynamic_group: need unique field names without dots, got {names}")
+    for f, inp in fields:
+        if not inp.is_widget or inp.grow is not None or inp.match is not None or inp.force_input:
+            raise TypeError(f"dynamic_group: field {f!r} must be a plain widget input")
+    if not 1 <= max <= MAX_ROWS or not 0 <= min <= max:
+        raise TypeError(f"dynamic_group: need 1 <= max <= {MAX_ROWS} and 0 <= min <= max")
+    return Input(DYNAMIC_GROUP_TYPE, optional=optional, tooltip=tooltip,
+                 grow=Rows(fields, min, max, group_name))
+
+
 # --- the members of a node's groups ------------------------------------------------------------
 
 
@@ -272,6 +352,9 @@ def expand_inputs(spec: NodeSpec, given: dict[str, Any]
         dot = name + "."
         if isinstance(grow, DynCombo):
             _expand_combo(name, inp, grow, given, pairs, unknown)
+            continue
+        if isinstance(grow, Rows):
+            _expand_rows(name, grow, given, pairs, unknown)
             continue
         for i, member in enumerate(grow.names):
             full = dot + member
@@ -315,6 +398,27 @@ def _expand_combo(name: str, inp: Input, combo: DynCombo, given: dict[str, Any],
                 f"its options are {combo.keys}"
             unknown.append((k, f"Input '{k}' is not a sub-input of any option of '{name}'; "
                                f"{where}"))
+
+
+def _expand_rows(name: str, rows: Rows, given: dict[str, Any],
+                 pairs: list[tuple[str, Input]], unknown: list[tuple[str, str]]) -> None:
+    """A DynamicGroup's part of `expand_inputs`: every field of every given row (gaps are not
+    validated); a bad key or a row count outside [min, max] is reported."""
+    present: set[int] = set()
+    for key in given:
+        if key.startswith(name + "."):
+            got = rows.parse(name, key)
+            if isinstance(got, str):
+                unknown.append((key, got))
+            else:
+                present.add(got[0])
+    if name in given:
+        unknown.append((name, f"Input '{name}' is a group of rows: give '{name}.<row>.<field>'"))
+    if not rows.min <= len(present) <= rows.max:
+        unknown.append((name, f"Input '{name}' received {len(present)} rows; expected between "
+                              f"{rows.min} and {rows.max} ('{name}.<row>.<field>' keys)"))
+    for r in sorted(present):
+        pairs += [(f"{name}.{r}.{f}", inp) for f, inp in rows.fields]
 
 
 def member_names(grows: Iterable[tuple[str, Any]], call: dict[str, Any]) -> list[str]:

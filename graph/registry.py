@@ -23,8 +23,9 @@ class RegistryError(ValueError):
     """A node declared twice under one name."""
 
 
-def option_keys(inp: Input) -> dict[str, Any]:
-    """The options dict of one input, without combo options and in ComfyUI's usual key order."""
+def option_keys(inp: Input, env: Any = None) -> dict[str, Any]:
+    """The options dict of one input, without combo options and in ComfyUI's usual key order
+    (`env` lists the combos inside a dynamic group's template)."""
     opts: dict[str, Any] = {}
     if inp.has_default and not _default_is_implicit(inp):
         opts["default"] = inp.default
@@ -44,7 +45,8 @@ def option_keys(inp: Input) -> dict[str, Any]:
     if inp.match is not None:   # dynamic sockets: graph/dynamic.py
         opts["template"] = inp.match.info()
     if inp.grow is not None:
-        opts.update(inp.grow.info_keys(input_entry))   # autogrow template / DynamicCombo options
+        # autogrow template / DynamicCombo options / dynamic group template
+        opts.update(inp.grow.info_keys(lambda i: input_entry(i, env)))
     return opts
 
 
@@ -61,7 +63,7 @@ def input_entry(inp: Input, env: Any = None, options: list[str] | None = None) -
         kind: Any = list(options) if options is not None else inp.option_list(env)
     else:
         kind = inp.type
-    opts = option_keys(inp)
+    opts = option_keys(inp, env)
     return [kind, opts] if opts else [kind]
 
 

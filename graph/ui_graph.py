@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mixgraph.graph.dynamic import DynCombo
+from mixgraph.graph.dynamic import DynCombo, Rows
 from mixgraph.graph.prompt import WorkflowError
 from mixgraph.graph.registry import widget_order
 
@@ -192,7 +192,7 @@ def widget_inputs(n: UiNode, spec: Any) -> dict[str, Any]:
     values = n.widgets_values
     inputs: dict[str, Any] = {}
     if isinstance(values, dict):  # some extensions serialise widgets by name
-        widgets = {name for name, i in spec.inputs if i.is_widget or isinstance(i.grow, DynCombo)}
+        widgets = {name for name, i in spec.inputs if i.is_widget or isinstance(i.grow, (DynCombo, Rows))}
         inputs = {k: v for k, v in values.items() if k.split(".", 1)[0] in widgets}
         if spec.ui_widgets is not None:   # editor-only widgets by their names (CustomCombo's options)
             inputs.update(spec.ui_widgets.read_named(values, dict(inputs)))

@@ -34,10 +34,15 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "gligen": ("gligen",),
     "hypernetworks": ("hypernetworks",),
     "photomaker": ("photomaker",),
+    "fonts": ("fonts",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 
 MODEL_EXTENSIONS = (".safetensors", ".sft", ".ckpt", ".pt", ".pt2", ".pth", ".bin")
+# folders that list other files than model weights (ComfyUI's folder_paths: fonts are .ttf / .otf)
+FOLDER_EXTENSIONS = {"fonts": (".ttf", ".otf")}
+# folders ComfyUI keeps next to `models/` (in its base folder), not inside it: searched in both
+BESIDE_MODELS = ("fonts",)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
@@ -97,6 +102,8 @@ def roots(env: Any, folder: str) -> list[Path]:
     for base in getattr(env, "models", (Path("models"),)):
         for name in FOLDERS[folder]:
             found.append(Path(base) / name)
+            if folder in BESIDE_MODELS:
+                found.append(Path(base).parent / name)
     found.extend(_extra_roots(env).get(folder, []))
     found.append(EMBEDDED_MODELS / FOLDERS[folder][0])  # models that ship with mixgraph, last
     return found
@@ -117,7 +124,7 @@ def list_files(env: Any, folder: str) -> list[str]:
     """Combo options for a model folder: relative paths, sorted, without duplicates."""
     names: set[str] = set()
     for root in roots(env, folder):
-        names.update(_walk(root, MODEL_EXTENSIONS))
+        names.update(_walk(root, FOLDER_EXTENSIONS.get(folder, MODEL_EXTENSIONS)))
         if folder in ("checkpoints", "diffusion_models", "unet"):
             names.update(_diffusers_dirs(root))
     return sorted(names)

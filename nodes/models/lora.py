@@ -545,18 +545,20 @@ def load_lora_patches(path: str | os.PathLike, model, clip, strength_model: floa
                       strength_clip: float, warn=None):
     """LoraLoader: new (MODEL, CLIP) handles with this file's patches appended (nothing mutated).
 
-    `clip` may be None (LoraLoaderModelOnly). Unmatched keys warn once through `warn` (the node's
-    ctx.warn) as well as the Python warning."""
+    `clip` may be None (LoraLoaderModelOnly), and so may `model` (LoadLoraTextEncoder: the text
+    encoder only). Unmatched keys warn once through `warn` (the node's ctx.warn) as well as the
+    Python warning."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LoraKeyWarning)
-        lora = load_lora(path, model.weight_shapes(),
+        lora = load_lora(path, model.weight_shapes() if model is not None else None,
                          clip.weight_shapes() if clip is not None and strength_clip else None)
     for w in caught:
         if warn is not None:
             warn(str(w.message))
         else:
             warnings.warn(w.message, stacklevel=2)
-    unet_patches, clip_patches = lora.patches(strength_model, strength_clip if clip is not None else 0.0)
-    new_model = model.with_patches(unet_patches) if unet_patches else model
+    unet_patches, clip_patches = lora.patches(strength_model if model is not None else 0.0,
+                                              strength_clip if clip is not None else 0.0)
+    new_model = model.with_patches(unet_patches) if model is not None and unet_patches else model
     new_clip = clip.with_patches(clip_patches) if clip is not None and clip_patches else clip
     return new_model, new_clip

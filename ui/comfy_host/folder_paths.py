@@ -43,7 +43,7 @@ def _refresh() -> None:
     for key, canonical in keys.items():
         paths = [str(p.resolve()) for p in _folders.roots(env, canonical)]
         old = folder_names_and_paths.get(key)
-        exts = old[1] if old else set(supported_pt_extensions)
+        exts = old[1] if old else set(_folders.FOLDER_EXTENSIONS.get(canonical, supported_pt_extensions))
         folder_names_and_paths[key] = (paths + [p for p in _added.get(key, []) if p not in paths],
                                        exts)
     base = Path(env.models[0]).resolve()
