@@ -34,6 +34,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "gligen": ("gligen",),
     "hypernetworks": ("hypernetworks",),
     "photomaker": ("photomaker",),
+    "background_removal": ("background_removal",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 

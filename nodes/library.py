@@ -22,3 +22,4 @@ from mixgraph.nodes import photomaker_nodes  # noqa: F401
 from mixgraph.nodes import speed_patch_nodes  # noqa: F401
 from mixgraph.nodes import loop_nodes  # noqa: F401
 from mixgraph.nodes import context_window_nodes  # noqa: F401
+from mixgraph.nodes import bg_removal_nodes  # noqa: F401
