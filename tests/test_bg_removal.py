@@ -195,7 +195,8 @@ def test_preprocess_stretches_quantises_and_normalises():
     img = torch.full((1, 10, 20, 4), 0.5)
     px = preprocess(img, 32)
     assert px.shape == (1, 3, 32, 32)
-    expected = (torch.tensor([128 / 255] * 3) - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225])
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    expected = (torch.tensor([128 / 255] * 3) - mean) / std
     assert torch.allclose(px[0, :, 5, 5], expected, atol=1e-5)
 
 
@@ -228,7 +229,8 @@ def test_bg_removal_nodes_through_the_engine(tmp_path):
     env = Env(models=(models,), input=tmp_path / "in", output=tmp_path / "out", temp=tmp_path / "t")
     ex = Executor(api.default_registry(), env, cache=OutputCache(max_bytes=1 << 26))
     prompt = {
-        "1": {"class_type": "LoadBackgroundRemovalModel", "inputs": {"bg_removal_name": "tiny_birefnet.safetensors"}},
+        "1": {"class_type": "LoadBackgroundRemovalModel",
+              "inputs": {"bg_removal_name": "tiny_birefnet.safetensors"}},
         "2": {"class_type": "LoadImage", "inputs": {"image": "small.png"}},
         "3": {"class_type": "RemoveBackground",
               "inputs": {"bg_removal_model": ["1", 0], "image": ["2", 0], "resolution": 256}},
