@@ -35,6 +35,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "hypernetworks": ("hypernetworks",),
     "photomaker": ("photomaker",),
     "fonts": ("fonts",),
+    "background_removal": ("background_removal",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 
