@@ -37,7 +37,11 @@ type is `COMFY_MATCHTYPE_V3` with the template id in `output_matchtypes`; an aut
   list of row dicts up to the highest row given; a missing row, or a missing field of a given one,
   is None (no widget defaults are filled in), and no rows at all is `[]`. object_info:
   `["COMFY_DYNAMICGROUP_V3", {"template": {"required"|"optional": {field: entry}}, "min", "max",
-  "group_name"}]`. UI-format workflows (`widgets_values`) do not carry group rows yet.
+  "group_name"}]`. In a UI-format workflow the editor (ComfyUI_frontend
+  `src/core/graph/widgets/dynamicGroupWidget.ts`, 2bdf0e5) saves the group in `widgets_values`
+  at the input's place as its hidden row-count widget's value followed by each row's field values
+  (`Rows.widget_fields` order, each field's control value after it); its add/remove buttons and
+  notice are not saved. `graph.ui_graph.widget_inputs` reads that, `graph.ui_export` writes it.
 
 `Input.grow` holds a `Grow`, a `DynCombo` or `Rows`: each stands for a group of dotted inputs, and
 the scheduler asks them the same three questions (`member_names`, `group`, object_info keys).
@@ -208,6 +212,25 @@ class Rows:
             groups.setdefault("optional" if inp.optional else "required", {})[f] = entry(inp)
         return {"template": {g: groups[g] for g in ("required", "optional") if g in groups},
                 "min": self.min, "max": self.max, "group_name": self.group_name}
+
+    def widget_fields(self) -> list[str]:
+        """The fields in the editor's order within a row (required ones, then optional ones, as
+        the frontend's `dynamicGroupWidget` adds them)."""
+        return ([f for f, i in self.fields if not i.optional]
+                + [f for f, i in self.fields if i.optional])
+
+    def editor_count(self, value: Any) -> int:
+        """How many rows the editor shows for a saved row count (its hidden count widget): a
+        finite number truncated, at least `min`; anything else leaves `min` rows. Like the
+        editor, a count past `max` is kept (validation reports the extra rows)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                or value in (float("inf"), float("-inf")):
+            return self.min
+        return max(self.min, int(value), 0)
+
+    def last_row(self, name: str, call: dict[str, Any]) -> int:
+        """The highest row given in `call` (-1 when none)."""
+        return max(self.rows(name, call), default=-1)
 
     def parse(self, name: str, key: str) -> tuple[int, str] | str:
         """(row, field) of a dotted key under `name`, or why it is not one."""
@@ -574,6 +597,6 @@ def output_types(spec: NodeSpec) -> list[str | None] | None:
     return ids if any(i is not None for i in ids) else None
 
 
-__all__ = ["AUTOGROW_TYPE", "DYNAMIC_COMBO_TYPE", "MATCH_TYPE", "DynCombo", "Grow", "Option", "MatchTemplate", "TypeResolver", "autogrow",
-           "check_literal", "check_templates", "dynamic_combo", "expand_inputs", "group", "grows_of", "is_dynamic",
+__all__ = ["AUTOGROW_TYPE", "DYNAMIC_COMBO_TYPE", "DYNAMIC_GROUP_TYPE", "MATCH_TYPE", "DynCombo", "Grow", "Option", "MatchTemplate", "Rows", "TypeResolver", "autogrow",
+           "check_literal", "check_templates", "dynamic_combo", "dynamic_group", "expand_inputs", "group", "grows_of", "is_dynamic",
            "literal_type", "match_input", "match_output", "member_names", "output_types"]

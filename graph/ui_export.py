@@ -7,7 +7,10 @@ dependency depth, nodes stacked in each column.
 
 Widget values follow `widget_slots` (object_info order; a seed's control value "fixed" after it);
 a widget-type input fed by a link appears in `inputs` with a `widget` entry and keeps its default
-(or the declared first option) in `widgets_values`, as the editor itself saves it. A node's
+(or the declared first option) in `widgets_values`, as the editor itself saves it. A DynamicGroup
+is written as the editor saves it: its row count, then each row's field values (a linked row
+field: an input `<group>.<row>.<field>` with a `widget` entry; a row the prompt skips: None
+values). A node's
 editor-only values (`NodeSpec.ui_widgets`: CustomCombo's index and options) come last. A file made
 here converts back (`convert_ui`) to the same prompt.
 """
@@ -16,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mixgraph.graph.dynamic import DynCombo
+from mixgraph.graph.dynamic import DynCombo, Rows
 from mixgraph.graph.prompt import Link, Workflow
 from mixgraph.graph.ui_format import widget_slots
+from mixgraph.graph.ui_graph import companions
 
 __all__ = ["to_ui"]
 
@@ -71,24 +75,36 @@ def to_ui(wf: Workflow, registry: Any, env: Any = None) -> dict:
         spec = registry.get(call.class_type)
         spec_inputs = spec.input_map
         inputs: list[dict] = []
+
+        def link(name: str, inp: Any, value: Link) -> None:
+            link_id = len(links) + 1
+            origin_spec = registry.get(wf.prompt[value.node_id].class_type)
+            out_type = origin_spec.outputs[value.slot].type
+            entry = {"name": name, "type": inp.type if inp.type != "COMBO" else out_type, "link": link_id}
+            if inp.is_widget:
+                entry["widget"] = {"name": name}
+            inputs.append(entry)
+            links.append([link_id, _node_id(value.node_id), value.slot, _node_id(nid), len(inputs) - 1, out_type])
+            out_links.setdefault((value.node_id, value.slot), []).append(link_id)
+
         for name, inp in _ordered(spec):
             value = call.inputs.get(name)
             if isinstance(value, Link):
-                link_id = len(links) + 1
-                origin_spec = registry.get(wf.prompt[value.node_id].class_type)
-                out_type = origin_spec.outputs[value.slot].type
-                entry = {"name": name, "type": inp.type if inp.type != "COMBO" else out_type, "link": link_id}
-                if inp.is_widget:
-                    entry["widget"] = {"name": name}
-                inputs.append(entry)
-                links.append([link_id, _node_id(value.node_id), value.slot, _node_id(nid), len(inputs) - 1, out_type])
-                out_links.setdefault((value.node_id, value.slot), []).append(link_id)
+                link(name, inp, value)
+            elif isinstance(inp.grow, Rows):   # a DynamicGroup's linked row fields
+                fields = dict(inp.grow.fields)
+                for key in inp.grow.present(name, call.inputs):
+                    if isinstance(call.inputs[key], Link):
+                        link(key, fields[key.rsplit(".", 1)[1]], call.inputs[key])
         widgets: list[Any] = []
         for slot in widget_slots(spec):
             if slot is None:
                 widgets.append("fixed" if widgets and isinstance(widgets[-1], int) else "")
                 continue
             value = call.inputs.get(slot)
+            if isinstance(spec_inputs[slot].grow, Rows):   # the row count, then the rows' fields
+                widgets += _row_widgets(slot, spec_inputs[slot].grow, call.inputs, env)
+                continue
             widgets.append(_placeholder(spec_inputs[slot], env) if value is None or isinstance(value, Link) else value)
             if isinstance(spec_inputs[slot].grow, DynCombo):   # its chosen option's widgets follow
                 subs = [call.inputs.get(f"{slot}.{sub}") for sub in spec_inputs[slot].grow.widget_subs(value)]
@@ -120,6 +136,24 @@ def to_ui(wf: Workflow, registry: Any, env: Any = None) -> dict:
         "last_link_id": len(links), "nodes": nodes, "links": links, "groups": _groups(wf, nodes), "config": {},
         "extra": {"ds": _view(nodes)}, "version": 0.4,
     }
+
+
+def _row_widgets(name: str, rows: Rows, given: dict[str, Any], env: Any) -> list[Any]:
+    """A DynamicGroup's `widgets_values` part as the editor saves it: the row count (up to the
+    highest row given), then each row's fields (`Rows.widget_fields` order, each followed by its
+    control values). A linked field keeps its default (the link is in `inputs`); a field or row
+    the prompt does not give is None, which `ui_graph.widget_inputs` reads back as left out."""
+    count = rows.last_row(name, given) + 1
+    out: list[Any] = [count]
+    fields = dict(rows.fields)
+    for r in range(count):
+        for f in rows.widget_fields():
+            value = given.get(f"{name}.{r}.{f}")
+            out.append(_placeholder(fields[f], env) if isinstance(value, Link) else value)
+            extra = companions(f, fields[f])   # a control value ("fixed" after an INT), a filter
+            if extra:
+                out += ["fixed" if isinstance(out[-1], int) else ""] + [""] * (extra - 1)
+    return out
 
 
 def _view(nodes: list[dict], width: float = 1200.0, height: float = 640.0) -> dict:

@@ -158,21 +158,29 @@ def widget_slots(spec: Any) -> list[str | None]:
     `noise_seed`, is followed by its control value ("fixed", "randomize", ...); a COMBO with
     `control_after_generate` by the control value and a filter string; a COMBO with
     `image_upload` by the upload button's value. A DynamicCombo's slot is its chosen key; the
-    chosen option's widget values follow it (`widget_inputs` reads them: their count depends on
-    the key)."""
+    chosen option's widget values follow it. A DynamicGroup's slot is its hidden row-count
+    widget; the rows' field values follow it (`widget_inputs` reads both: their count depends on
+    the value in the slot)."""
     slots: list[str | None] = []
     for input_name, inp in widget_order(spec):
-        if not inp.is_widget and not isinstance(inp.grow, DynCombo):
+        if not inp.is_widget and not isinstance(inp.grow, (DynCombo, Rows)):
             continue
         slots.append(input_name)
-        extra = dict(inp.extra)
-        if inp.type == "INT" and (extra.get("control_after_generate") or input_name in CONTROL_NAMES):
-            slots.append(None)
-        elif inp.type == "COMBO" and extra.get("control_after_generate"):
-            slots += [None, None]  # control mode + the combo filter string
-        if inp.type == "COMBO" and any(extra.get(k) for k in UPLOAD_KEYS):
-            slots.append(None)
+        slots += [None] * companions(input_name, inp)
     return slots
+
+
+def companions(name: str, inp: Any) -> int:
+    """How many UI-only values the editor saves right after widget input `inp` named `name`."""
+    extra = dict(inp.extra)
+    n = 0
+    if inp.type == "INT" and (extra.get("control_after_generate") or name in CONTROL_NAMES):
+        n += 1
+    elif inp.type == "COMBO" and extra.get("control_after_generate"):
+        n += 2  # control mode + the combo filter string
+    if inp.type == "COMBO" and any(extra.get(k) for k in UPLOAD_KEYS):
+        n += 1
+    return n
 
 
 def companion_count(spec: Any, widget_name: str) -> int:
@@ -193,22 +201,25 @@ def widget_inputs(n: UiNode, spec: Any) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     if isinstance(values, dict):  # some extensions serialise widgets by name
         widgets = {name for name, i in spec.inputs if i.is_widget or isinstance(i.grow, (DynCombo, Rows))}
-        inputs = {k: v for k, v in values.items() if k.split(".", 1)[0] in widgets}
+        counts = {name for name, i in spec.inputs if isinstance(i.grow, Rows)}   # row counts: UI-only
+        inputs = {k: v for k, v in values.items() if k.split(".", 1)[0] in widgets and k not in counts}
         if spec.ui_widgets is not None:   # editor-only widgets by their names (CustomCombo's options)
             inputs.update(spec.ui_widgets.read_named(values, dict(inputs)))
         return inputs
     values = values or []
-    skip = 0   # the values of DynamicCombo sub-widgets read so far
+    skip = 0   # the values of DynamicCombo sub-widgets and DynamicGroup rows read so far
     slots = widget_slots(spec)
     for i, slot in enumerate(slots):
         if slot is None:
             continue
         i += skip
-        if i < len(values):
+        grow = spec.input_map[slot].grow
+        if isinstance(grow, Rows):
+            skip += _read_rows(slot, grow, values, i, inputs)
+        elif i < len(values):
             inputs[slot] = values[i]
-            combo = spec.input_map[slot].grow
-            if isinstance(combo, DynCombo):
-                for sub in combo.widget_subs(values[i]):
+            if isinstance(grow, DynCombo):
+                for sub in grow.widget_subs(values[i]):
                     skip += 1
                     if i + skip < len(values):
                         inputs[f"{slot}.{sub}"] = values[i + skip]
@@ -219,6 +230,28 @@ def widget_inputs(n: UiNode, spec: Any) -> dict[str, Any]:
     if spec.ui_widgets is not None:   # editor-only values after the declared ones (CustomCombo)
         inputs.update(spec.ui_widgets.read(values[len(slots) + skip:], dict(inputs)))
     return inputs
+
+
+def _read_rows(name: str, rows: Rows, values: list, at: int, inputs: dict[str, Any]) -> int:
+    """A DynamicGroup's part of `widget_inputs`: `values[at]` is the row count (the editor's
+    hidden count widget), then each row's fields in `Rows.widget_fields` order, each followed by
+    its UI-only values. Gives `<name>.<row>.<field>` as the editor queues them; a None value is
+    a field left out (how `ui_export` writes a row missing from the prompt), a value past the end
+    of the list the field's default (the editor's new row). Returns how many values after the
+    count the rows took."""
+    count = rows.editor_count(values[at] if at < len(values) else None)
+    inp_of = dict(rows.fields)
+    k = at + 1
+    for r in range(count):
+        for f in rows.widget_fields():
+            inp = inp_of[f]
+            if k < len(values):
+                if values[k] is not None:
+                    inputs[f"{name}.{r}.{f}"] = values[k]
+            elif inp.has_default:
+                inputs[f"{name}.{r}.{f}"] = inp.default
+            k += 1 + companions(f, inp)
+    return k - (at + 1)
 
 
 def bypass_input(n: UiNode, slot: int) -> int | None:

@@ -3,7 +3,9 @@
 and `strength`, 1 to 20; API keys `loras.<row>.lora_name` / `loras.<row>.strength`;
 `graph.dynamic.dynamic_group`). Each row with a name and a non-zero strength is applied in turn
 through LoraLoader's code path (`models.lora.load_lora_patches`), to the model only (CLIP strength
-0) or to the text encoder only (model strength 0); other rows are skipped, as in ComfyUI."""
+0) or to the text encoder only (model strength 0); other rows are skipped, as in ComfyUI.
+In a UI-format workflow the editor saves `[row count, name 0, strength 0, name 1, ...]`
+(ComfyUI_frontend `dynamicGroupWidget.ts` 2bdf0e5); `graph.ui_graph` reads it."""
 
 from __future__ import annotations
 
