@@ -1,7 +1,8 @@
 """ComfyUI ``comfy_extras/nodes_sdpose.py`` (Comfy-Org/ComfyUI 47e4a90): `SDPoseDrawKeypoints`,
 `SDPoseFaceBBoxes`, `CropByBBoxes` (no model; `nodes/sdpose_ops.py`, drawing in
-`nodes/pose_draw.py`) and `SDPoseKeypointExtractor`, declared with its spec but not supported yet:
-it needs an SDPose checkpoint (an SD UNet with a heatmap head), which mixgraph cannot load."""
+`nodes/pose_draw.py`) and `SDPoseKeypointExtractor` (an SDPose checkpoint: a Lotus UNet with a
+heatmap head, loaded by UNETLoader / CheckpointLoaderSimple; pipeline in `nodes/sdpose_extract.py`,
+head and decoding in `nodes/models/sdpose.py`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 from mixgraph.graph.node import Boolean, Combo, Float, Int, Result, Socket, Widget, node, replace_spec
 from mixgraph.graph.registry import REGISTRY
 from mixgraph.graph.spec import Output
-from mixgraph.nodes import crop_ops, imaging, sdpose_ops
+from mixgraph.nodes import crop_ops, imaging, sdpose_extract, sdpose_ops
+from mixgraph.nodes.precision import effective
 
 
 
@@ -23,22 +25,24 @@ def _boxes_socket(optional: bool = False, tooltip: str | None = None):
                           tooltip=tooltip, socketless=True), force_input=True)
 
 
-EXTRACTOR_UNSUPPORTED = (
-    "SDPoseKeypointExtractor: not supported yet (SDPose checkpoints: an SD UNet with a heatmap "
-    "head, https://huggingface.co/Comfy-Org/SDPose, cannot be loaded by mixgraph)")
-
-
 @node(category="image/detection", outputs=(Output("POSE_KEYPOINT", "keypoints"),),
       display_name="SDPose Keypoint Extractor",
       description="Extract pose keypoints from images using the SDPose model: "
                   "https://huggingface.co/Comfy-Org/SDPose/tree/main/checkpoints")
-def SDPoseKeypointExtractor(model=Socket("MODEL"), vae=Socket("VAE"), image=Socket("IMAGE"),
+def SDPoseKeypointExtractor(ctx, model=Socket("MODEL"), vae=Socket("VAE"), image=Socket("IMAGE"),
                             batch_size=Int(16, min=1, max=10000, step=1),
                             bboxes=_boxes_socket(optional=True,
                                                  tooltip="Optional bounding boxes for more accurate "
                                                          "detections. Required for multi-person "
                                                          "detection.")):
-    raise NotImplementedError(EXTRACTOR_UNSUPPORTED)
+    done = [0]
+
+    def on_image(n: int) -> None:
+        done[0] += n
+        ctx.progress(done[0], int(image.shape[0]))
+
+    return (sdpose_extract.extract(model, vae, image, batch_size, bboxes, effective(ctx, model, "MODEL"),
+                                   effective(ctx, vae, "VAE"), on_image),)
 
 
 @node(category="image/detection", outputs=("IMAGE",), display_name="SDPose Draw Keypoints")

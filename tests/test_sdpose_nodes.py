@@ -1,5 +1,5 @@
 """ComfyUI nodes_sdpose.py (47e4a90): SDPoseDrawKeypoints (drawing as keypoint_draw.py 1294041),
-SDPoseFaceBBoxes, CropByBBoxes, and SDPoseKeypointExtractor's clear refusal. Specs against
+SDPoseFaceBBoxes, CropByBBoxes, and SDPoseKeypointExtractor's refusal of a model without a heatmap head. Specs against
 ComfyUI's declarations; pixel colours of a drawn limb; face boxes against values worked by hand;
 crops against hand-sliced, area-resized references; a graph run."""
 
@@ -86,9 +86,10 @@ def test_sdpose_specs_match_comfyui():
     assert e["input"]["optional"]["bboxes"][1]["forceInput"] is True
 
 
-def test_sdpose_extractor_says_not_supported_yet():
-    with pytest.raises(NotImplementedError, match=r"not supported yet \(SDPose checkpoints"):
-        sdpose_nodes.SDPoseKeypointExtractor(model=None, vae=None, image=torch.zeros(1, 8, 8, 3))
+def test_sdpose_extractor_refuses_a_model_without_heatmap_head():
+    from mixgraph.nodes import sdpose_extract
+    with pytest.raises(ValueError, match="does not have a heatmap_head"):
+        sdpose_extract.extract(object(), None, torch.zeros(1, 8, 8, 3), 16, None, None, None)
 
 
 def test_sdpose_draw_limb_colours_at_midpoint_and_joints():

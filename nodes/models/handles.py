@@ -42,6 +42,7 @@ from mixgraph.nodes.models import unet as unet_module
 from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
 from mixgraph.nodes.models.zero123 import CameraProjectionWeights
+from mixgraph.nodes.models.sdpose import HeatmapHeadWeights
 from mixgraph.nodes.models.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
 from mixgraph.nodes.models.x4_upscaler import ImageAugmentor
 from mixgraph.nodes.payloads.conditioning import Cond
@@ -111,6 +112,8 @@ class ModelHandle:
     attention_backend: str | None = None
     # TorchCompileModel: the torch.compile backend the UNet runs through (``compile.py``)
     compile_backend: str | None = None
+    # SDPose: the keypoint heatmap head stored next to the UNet (``sdpose.py``)
+    heatmap_head: HeatmapHeadWeights | None = None
 
     def runner(self, policy: PolicyLike) -> "UNetRunner":
         check_backend(self.attention_backend)  # the UNet's attention is BACKENDS' implementation

@@ -48,6 +48,7 @@ from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5
 from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
 from mixgraph.nodes.models.lotus import PREDICTION as LOTUS_PREDICTION
 from mixgraph.nodes.models.lotus import is_lotus
+from mixgraph.nodes.models.sdpose import HeatmapHeadWeights
 from mixgraph.nodes.models.lotus import task_embedding as lotus_task_embedding
 from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
@@ -300,7 +301,8 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
     model = ModelHandle(
         source=unet_source, config=cfg, kind=model_kind, prediction=prediction or pred, zsnr=zsnr,
         **{"latent_format": latent_format_for(model_kind, cfg.out_channels), **_playground(model_kind, info)},
-        unclip=unclip, **family,
+        unclip=unclip, heatmap_head=HeatmapHeadWeights.from_unet(unet_source, _sub(UNET_PREFIX, info), p.name),
+        **family,
     )
     sources, configs = {}, {}
     for role, (prefix, layout) in CLIP_PREFIXES[kind].items():
@@ -474,7 +476,9 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     return ModelHandle(
         source=source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
         **{"latent_format": latent_format_for(kind, cfg.out_channels), **_playground(kind, marker_info)},
-        weight_dtype=WEIGHT_DTYPES[weight_dtype], unclip=unclip, **family,
+        weight_dtype=WEIGHT_DTYPES[weight_dtype], unclip=unclip,
+        heatmap_head=HeatmapHeadWeights.from_unet(source, sub, p.name) if source.layout == "ldm" else None,
+        **family,
     )
 
 
