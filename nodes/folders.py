@@ -36,6 +36,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "photomaker": ("photomaker",),
     "fonts": ("fonts",),
     "background_removal": ("background_removal",),
+    "model_patches": ("model_patches",),
 }
 ALIASES = {"unet": "diffusion_models", "clip": "text_encoders"}
 

@@ -25,3 +25,4 @@ from mixgraph.nodes import context_window_nodes  # noqa: F401
 from mixgraph.nodes import camera_angle_nodes, lora_bypass_nodes, multigpu_nodes  # noqa: F401
 from mixgraph.nodes import lora_stack_nodes, sdpose_nodes, text_overlay_nodes  # noqa: F401
 from mixgraph.nodes import bg_removal_nodes  # noqa: F401
+from mixgraph.nodes import supir_nodes  # noqa: F401

@@ -279,13 +279,16 @@ class EmbedSequential(nn.ModuleList):
     """One LDM block: layers run in order, each fed what it needs (emb, context, target size)."""
 
     def forward(self, x: Tensor, emb: Tensor, context: Tensor | None,
-                size: tuple[int, int] | None = None, attn: dict | None = None) -> Tensor:
+                size: tuple[int, int] | None = None, attn: dict | None = None,
+                before_upsample=None) -> Tensor:
         for layer in self:
             if isinstance(layer, ResBlock):
                 x = layer(x, emb)
             elif isinstance(layer, SpatialTransformer):
                 x = layer(x, context, attn)
             elif isinstance(layer, Upsample):
+                if before_upsample is not None:
+                    x = before_upsample(x)
                 x = layer(x, size)
             else:
                 x = layer(x)
@@ -417,6 +420,9 @@ class UNetModel(nn.Module):
         Returns [B, out_channels, H, W].
         ``patches``: forward-time patches for this call only (``unet_patches.py``)."""
         c = self.config
+        if any(hasattr(p, "begin") for p in patches):  # per-call patches (SUPIR): None = inactive
+            patches = tuple(q for q in (p.begin(x, timesteps, context, y) if hasattr(p, "begin") else p
+                                        for p in patches) if q is not None)
         needs_y = c.adm_in_channels is not None or c.num_classes is not None
         if (y is not None) != needs_y:
             raise ValueError(
@@ -456,15 +462,26 @@ class UNetModel(nn.Module):
         if control is not None:
             if control.middle is not None:
                 h = h + control.middle.to(h.dtype)
+        for p in patches:
+            if hasattr(p, "middle_after"):
+                h = p.middle_after(h)
         out_patches = [p for p in patches if hasattr(p, "output_block")]
+        ups = [p.before_upsample for p in patches if hasattr(p, "before_upsample")]
+        before_upsample = None
+        if ups:
+            def before_upsample(t: Tensor, _fns=tuple(ups)) -> Tensor:
+                for fn in _fns:
+                    t = fn(t)
+                return t
         for i, block in enumerate(self.output_blocks):
             skip = hs.pop()
             for p in out_patches:
                 h, skip = p.output_block(h, skip, i)
-            # [B, C, H, W] + skip [B, C_skip, H, W] -> [B, C + C_skip, H, W]
-            h = torch.cat([h, skip], dim=1)
+            if skip is not None:  # a patch that returns no skip has merged it into h itself (SUPIR)
+                # [B, C, H, W] + skip [B, C_skip, H, W] -> [B, C + C_skip, H, W]
+                h = torch.cat([h, skip], dim=1)
             h = block(h, emb, context, hs[-1].shape[-2:] if hs else None,
-                      attn=self._attn(patches, ("output", i)))
+                      attn=self._attn(patches, ("output", i)), before_upsample=before_upsample)
         return self.out(h)
 
     def _attn(self, patches: tuple, block: tuple[str, int]) -> dict | None:

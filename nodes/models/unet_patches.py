@@ -7,7 +7,14 @@ is a frozen dataclass (hashable, compared by value) with one or both of these me
 
 * ``output_block(h, skip, index) -> (h, skip)``: called before output block ``index``
   concatenates the main path ``h`` [B, C, H, W] with its skip connection ``skip`` (after any
-  ControlNet residual was added), ComfyUI's ``output_block_patch``.
+  ControlNet residual was added), ComfyUI's ``output_block_patch``. A ``skip`` of None returned
+  means the patch merged the skip into ``h`` itself and no concatenation follows (SUPIR).
+* ``begin(x, timesteps, context, y) -> object | None``: called first in every UNet call; the
+  object returned (None: nothing this call) replaces the patch for that call. It may have the
+  other hooks plus ``middle_after(h) -> h`` (after the middle block and any ControlNet middle
+  residual, ComfyUI's ``middle_block_after_patch``) and ``before_upsample(h) -> h`` (in an
+  output block, just before its Upsample; ComfyUI's ``forward_timestep_embed_patch`` on
+  Upsample). ``models/supir.py``.
 * ``attention(q, k, v, heads) -> Tensor`` together with ``attn`` ("attn1" self-attention or
   "attn2" cross-attention) and ``block`` (("input" | "middle" | "output", index), ComfyUI's
   block numbering): replaces softmax(qkᵀ/√d)v inside every transformer block of that UNet block;
