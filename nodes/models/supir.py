@@ -290,7 +290,10 @@ def load_model_patch(path: str | os.PathLike) -> SupirWeights:
     if not any(k in keys for k in SUPIR_KEYS):
         raise ModelPatchError(f"{name}: not a model patch format mixgraph knows (SUPIR is recognised by "
                               f"{SUPIR_KEYS[1]!r}, with or without the 'model.' prefix)")
-    sd, denoise = split_supir_state_dict(read_tensors(path, dtype=torch.float32))
+    # a SUPIR checkpoint often holds a whole SDXL model too: read only what the remap keeps
+    wanted = [k for k in keys if k.startswith(("model.control_model.", "model.diffusion_model.project_modules.",
+                                               "control_model.", "project_modules.", DENOISE_ENCODER_PREFIX))]
+    sd, denoise = split_supir_state_dict(read_tensors(path, wanted, dtype=torch.float32))
     model = build_supir({k: tuple(v.shape) for k, v in sd.items()})
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
