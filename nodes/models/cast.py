@@ -33,9 +33,10 @@ Rules:
   arXiv:2208.07339). Every nn.Conv2d not kept f32 becomes an `Int8Conv2d`, the same scheme over
   im2col patches (one row per output pixel, in bounded chunks); convolutions are most of an SD
   UNet's FLOPs (62% at 256 px, 55% at 512 px for SD1.5; the Linears 34% / 29%). Grouped convs,
-  non-zero padding modes and string padding stay cast layers (`int8_conv_supported`). The first
-  and last convs are converted too: keeping them f32 removed only a tenth of the int8 error on the
-  tiny UNets and they are a sliver of the FLOPs.
+  non-zero padding modes and string padding stay cast layers (`int8_conv_supported`).
+- `int8_skip`: a class attribute (patterns as above) naming Linear/Conv2d modules that `int8`
+  leaves as cast layers (f32, since int8 computes in f32): the UNet's and the VAE's first and last
+  convs, which read or write the latent/pixels themselves and are a sliver of the FLOPs.
 - Half compute on CPU: Conv2d weights are stored channels_last and activations made channels_last,
   since NCHW half convolutions on CPU are orders of magnitude slower.
 - The per-forward weight cast writes into a reused per-thread scratch buffer (one per device,
@@ -322,6 +323,7 @@ def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
 
     kept = _keep_f32_names(module)
     as_stored = _matched_names(module, "keep_stored")
+    int8_names = _int8_names(module, policy)
     vector_dtype = compute if storage in FP8_DTYPES else storage
     to_half_cpu = compute in HALF_DTYPES
 
@@ -334,7 +336,7 @@ def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
                 memo[id(buf)] = buf
         f32 = name in kept
         if type(m) in _CAST_CLASSES:
-            plans[name] = "int8" if policy.int8 and not f32 and _int8_able(m) else "cast"
+            plans[name] = "int8" if name in int8_names else "cast"
         for pname, p in m._parameters.items():
             if p is None or id(p) in memo:
                 continue
@@ -398,6 +400,7 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
     and `store.dtype_rule`."""
     kept = _keep_f32_names(module)
     as_stored = _matched_names(module, "keep_stored")
+    int8_names = _int8_names(module, policy)
     storage, compute = policy.storage, policy.compute
     size = {dt: torch.empty((), dtype=dt).element_size() for dt in (*STORAGE_DTYPES,)}
     held = per_use = 0
@@ -412,7 +415,7 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
                 continue
             if name in kept or type(m) not in _CAST_CLASSES:
                 held += n * 4
-            elif policy.int8 and _int8_able(m):
+            elif name in int8_names:
                 held += n * 4  # the store keeps the f32 weights the int8 copy is made from
                 if pname == "weight" and type(m) is nn.Linear:
                     per_use += n + m.out_features * 4  # int8 matrix, f32 scales
@@ -431,9 +434,14 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
 # helpers
 
 
-def _int8_able(m: nn.Module) -> bool:
-    """Whether the int8 policy turns `m` into an int8 layer (Int8Linear / Int8Conv2d)."""
-    return type(m) is nn.Linear or (type(m) is nn.Conv2d and int8_conv_supported(m))
+def _int8_names(module: nn.Module, policy: PolicyLike) -> set[str]:
+    """Names of the modules `policy` turns into Int8Linear / Int8Conv2d: under `int8`, every
+    nn.Linear and supported nn.Conv2d not kept f32 and not named by `int8_skip`."""
+    if not policy.int8:
+        return set()
+    skip = _keep_f32_names(module) | _matched_names(module, "int8_skip")
+    return {name for name, m in module.named_modules() if name not in skip and (
+        type(m) is nn.Linear or (type(m) is nn.Conv2d and int8_conv_supported(m)))}
 
 
 def _keep_f32_names(module: nn.Module) -> set[str]:

@@ -249,6 +249,8 @@ class AutoencoderKL(nn.Module):
     layer (``handles.VaeHandle``) casts f32 in and out."""
 
     keep_f32: tuple[str, ...] = ()
+    # int8 leaves the convs that read/write pixels and latents f32 (see UNetModel.int8_skip)
+    int8_skip: tuple[str, ...] = ("encoder.conv_in", "encoder.conv_out", "decoder.conv_in", "decoder.conv_out")
 
     def __init__(self, cfg: VAEConfig):
         super().__init__()
