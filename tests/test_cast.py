@@ -87,8 +87,7 @@ def expected_bytes(model: nn.Module, policy: Policy) -> int:
                 total += 4 * n
             elif policy.int8 and type(m) is nn.Linear:
                 total += n + 4 * m.out_features if pname == "weight" else 4 * n  # int8 + f32 scale
-            elif policy.int8 and type(m) is nn.Conv2d and mname not in ("input_blocks.0.0", "out.2"):
-                # int8 [K, N] padded to 8s + f32 scale (UNetModel.int8_skip: first/last conv f32)
+            elif policy.int8 and type(m) is nn.Conv2d:  # int8 [K, N] padded to 8s + f32 scale
                 k, n_out = int8_conv_gemm_shape(m)
                 total += k * n_out + 4 * m.out_channels if pname == "weight" else 4 * n
             elif policy.storage in (E4M3, E5M2):

@@ -170,14 +170,10 @@ def test_int8_policy_on_tiny_sd15_unet_converts_convs_and_stays_close_to_f32():
     cast = apply_precision(model, Policy())
     convs = {n for n, m in model.named_modules() if type(m) is nn.Conv2d}
     int8_convs = {n for n, m in cast.named_modules() if isinstance(m, Int8Conv2d)}
-    ends = {"input_blocks.0.0", "out.2"}  # UNetModel.int8_skip: first and last conv
-    assert len(convs) > 10 and int8_convs == convs - ends
-    for name in ends:
-        m = cast.get_submodule(name)
-        assert type(m) is CastConv2d and m.compute_dtype == F32 and m.weight.dtype == F32
+    assert len(convs) > 10 and int8_convs == convs  # first and last conv included
     out = cast(*args)
     assert out.dtype == F32 and out.shape == ref.shape
-    # measured 0.034 (0.038 with the first/last conv int8 too, 0.017 with only the Linears)
+    # measured 0.038 (0.034 with the first/last conv f32, 0.017 with only the Linears int8)
     assert 1e-3 < _rel(out, ref) <= 0.1
     # the memory figures skip the same modules: per use, exactly the int8 copies are added
     held, per_use = precision_bytes(model, Policy())

@@ -365,9 +365,6 @@ class UNetModel(nn.Module):
     keep_f32: tuple[str, ...] = ("time_embed", "label_emb")
     # forward inputs that apply_precision must not cast (bf16 cannot even represent t=999)
     keep_f32_inputs: tuple[str, ...] = ("timesteps", "y")
-    # int8 leaves the first and last convs f32: they read/write the latent itself and are ~0.02% of
-    # the FLOPs (on the tiny UNet they hold a tenth of the int8 error)
-    int8_skip: tuple[str, ...] = ("input_blocks.0.0", "out.2")
 
     def __init__(self, config: UNetConfig):
         super().__init__()
