@@ -145,7 +145,7 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
     pinned:      the handle's own precision (a `Set*Precision` node); beats `base`.
     storage:     a storage dtype the loader pinned (UNETLoader's `weight_dtype`); it replaces the
                  storage of whichever policy won, keeping its compute dtype and flags. int8 is a
-                 storage format too (int8 Linear weights, f32 for the rest) and cannot hold the
+                 storage format too (int8 Linear/Conv2d weights, f32 for the rest) and cannot hold the
                  pinned dtype, so the pin wins: the model stores `storage` and computes in f32,
                  int8's compute dtype (`int8` + fp8_e4m3fn -> `fp8_e4m3fn:f32`), and `warn` is
                  told. What the report names is then what is stored and computed.
@@ -190,8 +190,8 @@ def parse_spec(spec: str, device: str = "cpu", socket: str = "MODEL") -> Policy:
     if preset is not None:
         return parse_spec(preset_spec(preset, socket, device_caps(device)), device, socket)
     if text == "int8":
-        # Dynamic int8 Linear layers (weights int8, activations quantized per call, f32 math);
-        # every other layer keeps f32 weights, hence storage f32.
+        # Dynamic int8 Linear and Conv2d layers (weights int8, activations quantized per call,
+        # f32 math); every other layer keeps f32 weights, hence storage f32.
         return _make(torch.float32, torch.float32, int8=True)
     base, *flags = text.split("+")
     store_name, sep, compute_name = base.partition(":")
@@ -521,7 +521,7 @@ def emulation_warning(policy: Policy, device: str, caps: DeviceCaps | None = Non
         if caps.native_int8:
             return None
         return (f"int8 on {device} is emulated (no VNNI/AMX-INT8): expect it slower than f32; "
-                f"it still stores Linear weights in a quarter of the memory")
+                f"it still stores Linear and conv weights in a quarter of the memory")
     if not policy.is_half or caps.native(policy.compute):
         return None
     name = _NAMES[policy.compute]

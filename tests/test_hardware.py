@@ -156,7 +156,8 @@ def test_precision_bytes_match_the_applied_copy():
     assert per_use == 2 * vectors
     assert held - vectors + per_use == weight_bytes(apply_precision(model, parse_spec("fp8_e4m3fn:bf16")))
     held, per_use = precision_bytes(model, parse_spec("int8"))
-    assert held == weight_bytes(model) and per_use == 64 * 128 + 128 * 4
+    # int8 Linear [64, 128] and int8 conv [128*3*3, 8], each with its f32 per-output scales
+    assert held == weight_bytes(model) and per_use == 64 * 128 + 128 * 4 + 128 * 9 * 8 + 8 * 4
 
 
 def test_trace_peak_counts_live_activations_only():
