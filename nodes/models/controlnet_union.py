@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mixgraph.nodes.models.attention import attention
+from mixgraph.nodes.models.attention import ResidualAttentionBlock
 from mixgraph.nodes.models.unet import timestep_embedding
 
 __all__ = ["UNION_CONTROLNET_TYPES", "UNION_KEY_PREFIXES", "UnionConfig", "UnionBlock", "ControlAddEmbedding",
@@ -111,44 +111,9 @@ def check_control_type(control_type: Sequence[int], num_types: int) -> None:
                              f"of this net's {num_types} types (indices 0..{num_types - 1})")
 
 
-class _SelfAttention(nn.Module):
-    """q, k, v from one stacked projection (``in_proj_weight`` [3W, W], ``in_proj_bias``),
-    ``heads``-headed SDPA, then ``out_proj``."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.upcast_attention = False
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * width, width))
-        self.in_proj_bias = nn.Parameter(torch.empty(3 * width))
-        self.out_proj = nn.Linear(width, width)
-
-    def forward(self, x: Tensor) -> Tensor:
-        q, k, v = F.linear(x, self.in_proj_weight.to(x.dtype), self.in_proj_bias.to(x.dtype)).chunk(3, dim=-1)
-        return self.out_proj(attention(q, k, v, self.heads, upcast=self.upcast_attention))
-
-
-class _QuickGELU(nn.Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
-class UnionBlock(nn.Module):
-    """Pre-norm residual block: x + attn(ln_1 x), then + mlp(ln_2 x) (c_fc 4W, QuickGELU, c_proj)."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.attn = _SelfAttention(width, heads)
-        self.ln_1 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential()
-        self.mlp.add_module("c_fc", nn.Linear(width, 4 * width))
-        self.mlp.add_module("gelu", _QuickGELU())
-        self.mlp.add_module("c_proj", nn.Linear(4 * width, width))
-        self.ln_2 = nn.LayerNorm(width)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+#: Pre-norm residual block: x + attn(ln_1 x), then + mlp(ln_2 x) (c_fc 4W, QuickGELU, c_proj), with
+#: the stacked in_proj attention: the style adapter's block layout, so the same module
+UnionBlock = ResidualAttentionBlock
 
 
 class ControlAddEmbedding(nn.Module):

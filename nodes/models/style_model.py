@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from mixgraph.nodes.models import store
-from mixgraph.nodes.models.attention import attention
+from mixgraph.nodes.models.attention import ResidualAttentionBlock
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.payloads.vision import ClipVisionOutput
@@ -58,45 +58,6 @@ class StyleConfig:
         heads = HEADS if width % HEADS == 0 else 1
         return cls(width=int(width), context_dim=int(shapes["proj"][1]), layers=layers, num_tokens=int(tokens),
                    heads=heads)
-
-
-class MultiheadSelfAttention(nn.Module):
-    """``nn.MultiheadAttention``'s parameter names (in_proj_weight [3W, W], out_proj), computed
-    with the shared SDPA ``attention`` so precision policies apply as everywhere else."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.upcast_attention = False
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * width, width))
-        self.in_proj_bias = nn.Parameter(torch.empty(3 * width))
-        self.out_proj = nn.Linear(width, width)
-
-    def forward(self, x: Tensor) -> Tensor:
-        qkv = nn.functional.linear(x, self.in_proj_weight.to(x.dtype), self.in_proj_bias.to(x.dtype))
-        q, k, v = qkv.chunk(3, dim=-1)  # [B, N, 3W] -> 3 x [B, N, W]
-        return self.out_proj(attention(q, k, v, self.heads, upcast=self.upcast_attention))
-
-
-class QuickGELU(nn.Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
-class ResidualAttentionBlock(nn.Module):
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.attn = MultiheadSelfAttention(width, heads)
-        self.ln_1 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential()
-        self.mlp.add_module("c_fc", nn.Linear(width, 4 * width))
-        self.mlp.add_module("gelu", QuickGELU())
-        self.mlp.add_module("c_proj", nn.Linear(4 * width, width))
-        self.ln_2 = nn.LayerNorm(width)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
 
 
 class StyleAdapter(nn.Module):
