@@ -2,15 +2,12 @@
 hand-computed values, and windowed sampling on a tiny SD1.5 UNet (which acts per batch item, so
 any windowing must reproduce the unpatched result)."""
 
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.context_window_nodes import ContextWindowsManual
-from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import context_windows as cw
@@ -100,11 +97,8 @@ def test_index_list_input_errors_name_the_input():
 
 @pytest.fixture(scope="module")
 def model():
-    from tests.fixtures.checkpoints import write_sd15
-    root = Path(tempfile.mkdtemp())
-    write_sd15(root / "sd15.safetensors", seed=4)
-    m, _, _ = loader.load_checkpoint(root / "sd15.safetensors")
-    return m
+    from tests.fixtures.checkpoints import tiny_sd15_model
+    return tiny_sd15_model(seed=4)
 
 
 def _patched(handle, length, overlap, schedule="standard_static", **kw):

@@ -4,8 +4,6 @@ tiny SD1.5 checkpoint."""
 
 import math
 import os
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +11,6 @@ import torch
 from mixgraph.graph.env import Env
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes import speed_patch_nodes as N
-from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import cfg_patches, eps_patches, step_cache
@@ -176,11 +173,8 @@ def test_lazycache_skip_rule_hand_values():
 
 @pytest.fixture(scope="module")
 def model():
-    from tests.fixtures.checkpoints import write_sd15
-    root = Path(tempfile.mkdtemp())
-    write_sd15(root / "sd15.safetensors", seed=4)
-    m, _, _ = loader.load_checkpoint(root / "sd15.safetensors")
-    return m
+    from tests.fixtures.checkpoints import tiny_sd15_model
+    return tiny_sd15_model(seed=4)
 
 
 def _sample(handle, steps=10, cfg=4.0, sampler="euler"):

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models import loader
 from mixgraph.nodes.models.unet import attention
 from mixgraph.nodes.models.unet_patches import AttentionRecorder, attention_with_probs
 from mixgraph.nodes.payloads.conditioning import Cond
@@ -163,14 +162,8 @@ def test_differential_diffusion_thresholds_by_timestep_fraction():
 
 @pytest.fixture(scope="module")
 def model():
-    import tempfile
-    from pathlib import Path
-
-    from tests.fixtures.checkpoints import write_sd15
-    root = Path(tempfile.mkdtemp())
-    write_sd15(root / "sd15.safetensors", seed=4)
-    m, _, _ = loader.load_checkpoint(root / "sd15.safetensors")
-    return m
+    from tests.fixtures.checkpoints import tiny_sd15_model
+    return tiny_sd15_model(seed=4)
 
 
 def _sample(model, cfg=4.0, steps=3, size=8, mask=None, denoise=1.0, latent=None):
