@@ -66,3 +66,33 @@ def test_estimate_counts_both_sdxl_text_encoders(tmp_path):
                if not k.endswith("token_embedding.weight"))
     assert est["weights_bytes"] == pytest.approx(held, rel=0.01)
     assert est["nodes"]["6"]["weights_bytes"] > 0 and est["nodes"]["6"]["policy"] == {"CLIP": "f32"}
+
+
+def test_store_nbytes_counts_views_of_one_buffer_each_and_tied_tensors_once():
+    from mixgraph.nodes.models.store import _nbytes
+
+    fused = torch.zeros(3 * 8, 8)                       # OpenCLIP in_proj, split into q/k/v views
+    q, k, v = fused.chunk(3, dim=0)
+    assert _nbytes({"q": q, "k": k, "v": v}) == fused.numel() * 4
+    assert _nbytes({"a": q, "tied": q}) == q.numel() * 4
+
+
+def test_estimate_drops_what_the_weight_store_evicts(tmp_path):
+    from mixgraph.nodes.models import store
+
+    synthetic.write_sdxl_checkpoint(tmp_path / "models" / "checkpoints" / "xl.safetensors", "tiny")
+    wf = api.set_inputs(api.load("workflows/txt2img_sd15.json"),
+                        {"4.ckpt_name": "xl.safetensors", "5.width": 64, "5.height": 64, "3.steps": 1})
+    reg, env = api.default_registry(), Env.from_args(models=str(tmp_path / "models"))
+    roomy = estimate(wf, reg, env, "f32")
+    clip, unet = roomy["nodes"]["6"]["weights_bytes"], roomy["nodes"]["3"]["weights_bytes"]
+    assert roomy["nodes"]["3"]["resident_bytes"] == clip + unet
+    old = store.STORE.budget_bytes
+    try:
+        store.configure(unet + 1)          # the UNet's load evicts both text encoders
+        tight = estimate(wf, reg, env, "f32")
+    finally:
+        store.configure(old)
+    assert tight["nodes"]["3"]["resident_bytes"] == unet
+    assert tight["nodes"]["3"]["peak_bytes"] == roomy["nodes"]["3"]["peak_bytes"] - clip
+    assert tight["weights_bytes"] == roomy["weights_bytes"]     # loaded all the same
