@@ -1,5 +1,5 @@
 """Hardware benchmark: what this machine computes natively, each precision and preset
-on the full-size SD 1.5 architecture, and the memory estimate against the measured peak.
+on the full-size SD 1.5 or SDXL architecture, and the memory estimate against the measured peak.
 
 For each size (default 256 and 512) and each run (default: f32, bf16, `f32,MODEL=bf16`, int8 and
 the presets quality/balanced/memory/fast), one child process runs workflows/txt2img_sd15.json
@@ -10,11 +10,17 @@ per-model SPECs as a run already measured on this machine are not run again (the
 which). The parent also prints `mixgraph estimate`'s prediction for every run, and its error
 against the measured peak.
 
+`--arch sdxl` runs the same graph (ComfyUI's default txt2img, which is also SDXL base's) on a
+seeded random full-size SDXL base checkpoint (`nodes.models.synthetic.write_sdxl_checkpoint`,
+13.9 GB in f32, streamed to $MIXGRAPH_BENCH_DIR on first use); its default runs are f32 and the
+`memory` preset.
+
 ComfyUI itself is not installed here (nothing is downloaded), so the side-by-side with ComfyUI's
 CPU default is not measured; its stand-in is our f32 run (`--precision f32` / `quality`), which
 keeps ComfyUI parity (benchmarks/PARITY.md). Ratios are within this process tree, same machine.
 
-    python benchmarks/bench_hardware.py [--sizes 256,512] [--steps 3] [--runs "f32;bf16"] [--json]
+    python benchmarks/bench_hardware.py [--arch sd15|sdxl] [--sizes 256,512] [--steps 3]
+        [--runs "f32;bf16"] [--json]
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,14 +41,28 @@ from bench_runtime import BENCH_DIR, full_checkpoint, warm_page_cache  # noqa: E
 
 ROOT = Path(__file__).resolve().parents[1]
 WF = ROOT / "workflows" / "txt2img_sd15.json"
-DEFAULT_RUNS = "f32;bf16;f32,MODEL=bf16;int8;quality;balanced;memory;fast"
+DEFAULT_RUNS = {"sd15": "f32;bf16;f32,MODEL=bf16;int8;quality;balanced;memory;fast",
+                "sdxl": "f32;memory"}
+CKPT_NAME = {"sd15": "sd15.safetensors", "sdxl": "sdxl_base.safetensors"}
 
 
-def _models() -> Path:
-    import os
+def sdxl_full_checkpoint(dtype: str = "f32", seed: int = 0) -> Path:
+    """The cached full-size SDXL base checkpoint (streamed to disk on first use)."""
+    from mixgraph.graph.precision import parse_spec
+    from mixgraph.nodes.models.synthetic import write_sdxl_checkpoint
 
-    ckpt = full_checkpoint()
-    link = BENCH_DIR / "models" / "checkpoints" / "sd15.safetensors"
+    path = BENCH_DIR / f"sdxl-full-{dtype}-seed{seed}.safetensors"
+    if not path.exists():
+        t0 = time.perf_counter()
+        write_sdxl_checkpoint(path, size="full", seed=seed, dtype=parse_spec(dtype).storage)
+        print(f"wrote {path} ({path.stat().st_size / 1e9:.1f} GB) in "
+              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return path
+
+
+def _models(arch: str) -> Path:
+    ckpt = full_checkpoint() if arch == "sd15" else sdxl_full_checkpoint()
+    link = BENCH_DIR / "models" / "checkpoints" / CKPT_NAME[arch]
     if not link.exists() or os.stat(link).st_ino != os.stat(ckpt).st_ino:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.unlink(missing_ok=True)
@@ -49,8 +71,8 @@ def _models() -> Path:
     return link.parents[1]
 
 
-def _sets(size: int, steps: int) -> dict:
-    return {"5.width": size, "5.height": size, "3.steps": steps}
+def _sets(arch: str, size: int, steps: int) -> dict:
+    return {"4.ckpt_name": CKPT_NAME[arch], "5.width": size, "5.height": size, "3.steps": steps}
 
 
 def child(cfg: dict) -> None:
@@ -60,7 +82,7 @@ def child(cfg: dict) -> None:
 
     base = rss_bytes()
     m = run_measured(str(WF), cfg["spec"], env_kw={"models": cfg["models"], "output": cfg["output"]},
-                     set=_sets(cfg["size"], cfg["steps"]))
+                     set=_sets(cfg["arch"], cfg["size"], cfg["steps"]))
     torch.save([i.float() for i in m.pop("images")], cfg["images"])
     emit_child_result({"s_per_step": m["s_per_step"], "seconds": m["seconds"],
                        "node_seconds": m["node_seconds"], "nan_fallbacks": m["nan_fallbacks"],
@@ -78,9 +100,11 @@ def resolved(spec: str) -> tuple:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", choices=sorted(DEFAULT_RUNS), default="sd15")
     ap.add_argument("--sizes", default="256,512")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--runs", default=DEFAULT_RUNS, help="';'-separated --precision arguments")
+    ap.add_argument("--runs", default=None, help="';'-separated --precision arguments "
+                    "(default: per --arch, " + "; ".join(f"{a}: {r}" for a, r in DEFAULT_RUNS.items()) + ")")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -92,15 +116,16 @@ def main() -> None:
     from mixgraph.ui.bench_precision import fmt_bytes, format_table, psnr, run_child, ssim
     from mixgraph.ui.estimate import estimate
 
-    models = _models()
+    models = _models(args.arch)
+    ckpt = models / "checkpoints" / CKPT_NAME[args.arch]
     hw = hardware_section("cpu")
     reg = api.default_registry()
     env = Env.from_args(models=str(models))
-    runs = [r.strip() for r in args.runs.split(";") if r.strip()]
+    runs = [r.strip() for r in (args.runs or DEFAULT_RUNS[args.arch]).split(";") if r.strip()]
     rows = []
     with tempfile.TemporaryDirectory(prefix="mixgraph-hw-") as tmp:
         for size in [int(s) for s in args.sizes.split(",") if s]:
-            wf = api.set_inputs(api.load(str(WF), reg), _sets(size, args.steps))
+            wf = api.set_inputs(api.load(str(WF), reg), _sets(args.arch, size, args.steps))
             ref, seen = None, {}
             for i, spec in enumerate(runs):
                 key = resolved(spec)
@@ -113,9 +138,10 @@ def main() -> None:
                     rows.append(row)
                     continue
                 images = f"{tmp}/img_{size}_{i}.pt"
-                warm_page_cache(models / "checkpoints" / "sd15.safetensors")
+                warm_page_cache(ckpt)
                 res = run_child([__file__, "child", json.dumps(
-                    {"spec": spec, "size": size, "steps": args.steps, "models": str(models),
+                    {"spec": spec, "arch": args.arch, "size": size, "steps": args.steps,
+                     "models": str(models),
                      "output": f"{tmp}/out", "images": images})])
                 imgs = torch.load(images)
                 ref = ref if ref is not None else imgs
@@ -127,20 +153,22 @@ def main() -> None:
                 seen[key] = {k: v for k, v in row.items() if k not in ("precision", "estimate_bytes")}
                 seen[key]["precision"] = spec
                 rows.append(row)
-                print(f"{size} {spec}: {row['s_per_step']:.2f} s/step, "
-                      f"{fmt_bytes(row['peak_rss_bytes'])}", file=sys.stderr)
+                per_step = row["s_per_step"] or float("nan")
+                print(f"{args.arch} {size} {spec}: {per_step:.2f} s/step, "
+                      f"{fmt_bytes(row['peak_rss_bytes'])}, estimate {fmt_bytes(row['estimate_bytes'])} "
+                      f"({100 * row['estimate_error']:+.0f}%)", file=sys.stderr)
         for size in {r["size"] for r in rows}:
-            f32 = next(r for r in rows if r["size"] == size and r["precision"] == "f32")
+            f32 = next((r for r in rows if r["size"] == size and r["precision"] == "f32"), None)
             for r in rows:
-                if r["size"] == size and r.get("s_per_step"):
+                if f32 is not None and r["size"] == size and r.get("s_per_step"):
                     r["vs_f32"] = r["s_per_step"] / f32["s_per_step"]
-    result = {"hardware": hw, "threads": torch.get_num_threads(), "steps": args.steps,
+    result = {"arch": args.arch, "hardware": hw, "threads": torch.get_num_threads(), "steps": args.steps,
               "comfyui": "not measured: ComfyUI is not installed here; f32 (ComfyUI parity) is "
                          "the reference", "rows": rows}
     if args.json:
         print(json.dumps(result, indent=1, default=str))
         return
-    print(f"CPU: {hw['name']}; native bf16 {hw['native_bf16']}, f16 {hw['native_f16']}, "
+    print(f"{args.arch}; CPU: {hw['name']}; native bf16 {hw['native_bf16']}, f16 {hw['native_f16']}, "
           f"int8 {hw['native_int8']} ({hw['why']}); auto = {hw['auto']}")
     print(format_table(rows, [
         ("size", "size", str), ("precision", "precision", str), ("resolved", "MODEL/CLIP/VAE", str),

@@ -5,9 +5,13 @@ cannot fit (server and CLI) with the preset that would.
 The model of one run's peak resident memory:
 
     peak = BASE_BYTES                      the interpreter, torch and the node library
-         + weights held at the node        every model loaded so far stays in the weight store
-                                           (per file component, storage dtype and LoRA stack:
-                                           `cast.precision_bytes`, from shapes only)
+         + weights held at the node        what the weight store holds: every module loaded so
+                                           far (per file component and text encoder, storage
+                                           dtype and LoRA stack: `cast.precision_bytes`, from
+                                           shapes only), least recently used ones dropped as the
+                                           store does when a load takes it over its budget
+                                           (`store.STORE.budget_bytes`, half the RAM by default:
+                                           SDXL in f32 is over it)
          + ACTIVATION_FACTOR * activations the largest live set of tensors while the node's model
                                            runs at the workflow's size and batch, traced on fake
                                            tensors (no memory, no arithmetic: `trace_peak`), plus
@@ -18,7 +22,7 @@ taken as the maximum over the nodes, in run order. Weights come from each file's
 loaders read nothing else), so estimating a 7 GB checkpoint costs milliseconds plus one traced
 forward per distinct (model, policy, shape), about a second on a CPU for an SD1.5 UNet.
 BASE_BYTES and ACTIVATION_FACTOR are calibrated against measured peak RSS of full-size SD1.5
-runs (benchmarks/bench_hardware.py, numbers in benchmarks/README.md).
+runs and checked on full-size SDXL (benchmarks/bench_hardware.py, numbers in benchmarks/README.md).
 
 Nodes the model knows: the loaders (CheckpointLoaderSimple, CheckpointLoader, UNETLoader,
 VAELoader, CLIPLoader, DualCLIPLoader, ControlNetLoader), pass-through model nodes (LoRA,
@@ -34,6 +38,7 @@ from __future__ import annotations
 import functools
 import os
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -211,34 +216,108 @@ def _load(class_type: str, paths: tuple[str, ...], mtimes: tuple[int, ...], extr
 
 
 def _modules(socket: str, handle: Any) -> list:
-    """Builders of the modules a handle materializes (each on the meta device when called)."""
+    """(builder, weight source) of each module a handle materializes (builders make it on the
+    meta device when called)."""
     if socket == "MODEL":
         from mixgraph.nodes.models.unet import UNetModel
-        return [lambda: UNetModel(handle.config)]
+        return [(lambda: UNetModel(handle.config), getattr(handle, "source", None))]
     if socket == "VAE":
         from mixgraph.nodes.models.vae import AutoencoderKL
-        return [lambda: AutoencoderKL(handle.config)]
+        return [(lambda: AutoencoderKL(handle.config), getattr(handle, "source", None))]
     if socket == "CONTROL_NET":
         from mixgraph.nodes.models.controlnet import ControlNetModel
-        return [lambda: ControlNetModel(handle.config)]
+        return [(lambda: ControlNetModel(handle.config), getattr(handle, "source", None))]
     if socket == "CLIP":
         from mixgraph.nodes.models.clip import CLIPTextModel
-        cfgs = [getattr(handle, f"{r}_config", None) for r in ("clip_l", "clip_g", "clip_h")]
-        return [functools.partial(CLIPTextModel, c) for c in cfgs if c is not None]
+        roles = [r for r in ("clip_l", "clip_g", "clip_h") if getattr(handle, f"{r}_config", None) is not None]
+        return [(functools.partial(CLIPTextModel, getattr(handle, f"{r}_config")), getattr(handle, r, None))
+                for r in roles]
     return []
 
 
+def _stored_table_bytes(module: torch.nn.Module, source: Any) -> int:
+    """Bytes of the module's `keep_stored` tables in the file's dtype: the weight store counts
+    them against its budget although they stay lazily paged views (not resident)."""
+    from mixgraph.nodes.models.cast import _matched_names
+    from mixgraph.nodes.models.safetensors_io import source_dtypes
+
+    names = _matched_names(module, "keep_stored")
+    if not names:
+        return 0
+    try:
+        item = max((torch.empty((), dtype=d).element_size() for d in source_dtypes(source)), default=4)
+    except (OSError, ValueError, AttributeError, AssertionError):
+        item = 4
+    mods = dict(module.named_modules())
+    return sum(p.numel() * item for n in names if n in mods for p in mods[n].parameters(recurse=False))
+
+
 @functools.lru_cache(maxsize=128)
-def _weight_bytes(socket: str, handle: Any, pkey: tuple) -> tuple[int, int]:
+def _weight_parts(socket: str, handle: Any, pkey: tuple) -> tuple[tuple[int, int, int], ...]:
+    """(held, per use, counted) bytes of each module the handle materializes, one weight store
+    entry each (a CLIP handle's text encoders are separate entries); `counted` is what the store
+    counts against its budget (held plus the lazily paged tables)."""
     from mixgraph.nodes.models.cast import precision_bytes
 
-    held = per_use = 0
-    for build in _modules(socket, handle):
+    parts = []
+    for build, source in _modules(socket, handle):
         with torch.device("meta"):
             module = build()
-        h, u = precision_bytes(module, Policy(*pkey))
-        held, per_use = held + h, per_use + u
-    return held, per_use
+        held, use = precision_bytes(module, Policy(*pkey))
+        parts.append((held, use, held + _stored_table_bytes(module, source)))
+    return tuple(parts)
+
+
+def _weight_bytes(socket: str, handle: Any, pkey: tuple) -> tuple[int, int]:
+    parts = _weight_parts(socket, handle, pkey)
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def _store_budget() -> int:
+    from mixgraph.nodes.models import store
+    return store.STORE.budget_bytes
+
+
+class _Held:
+    """The weight store as the run will fill it: an LRU of entries, bounded like
+    `nodes.models.store.WeightStore` (a new entry evicts the least recently used others while
+    the total is over the budget; the new one is always kept). Entries a node is using stay
+    resident until the node ends even when evicted (its module still references them)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.entries: OrderedDict[tuple, tuple[int, int]] = OrderedDict()  # (resident, counted)
+        self.loaded: dict[tuple, int] = {}
+        self.pinned: dict[tuple, int] = {}         # evicted during this node but in use by it
+        self.using: set[tuple] = set()
+
+    def use(self, key: tuple, nbytes: int, counted: int | None = None) -> int:
+        """Use one entry of `nbytes` resident bytes (`counted` against the budget, default the
+        same); returns the bytes it loads (0 on a hit)."""
+        self.using.add(key)
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return 0
+        self.entries[key] = (nbytes, nbytes if counted is None else counted)
+        self.loaded[key] = nbytes
+        total = sum(c for _, c in self.entries.values())
+        for k in list(self.entries):
+            if total <= self.budget:
+                break
+            if k == key:
+                continue
+            dropped, c = self.entries.pop(k)
+            total -= c
+            if k in self.using:
+                self.pinned[k] = dropped
+        return nbytes
+
+    def resident(self) -> int:
+        return sum(r for r, _ in self.entries.values()) + sum(self.pinned.values())
+
+    def end_node(self) -> None:
+        self.pinned.clear()
+        self.using.clear()
 
 
 class _Graph:
@@ -364,7 +443,7 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
     resolver = Resolver(wf.precision, types, default, device, caps=caps)
     graph = _Graph(wf, registry, env)
     controls: list[tuple[str, _Component]] = []
-    held: dict[tuple, int] = {}                   # weight store entries: key -> bytes
+    held = _Held(_store_budget())                 # the weight store's entries
     outputs = 0
     nodes: dict[str, dict] = {}
     peak, peak_node = BASE_BYTES, None
@@ -390,9 +469,8 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 continue
             store_key = (comp.loader, socket, policy.storage, policy.int8, comp.patched)
             w_held, w_use = _weight_bytes(socket, comp.handle, pkey)
-            if store_key not in held:
-                held[store_key] = w_held
-                entry["weights_bytes"] += w_held
+            for part, (p_held, _, p_counted) in enumerate(_weight_parts(socket, comp.handle, pkey)):
+                entry["weights_bytes"] += held.use(store_key + (part,), p_held, p_counted)
             activation += w_use
             if policy.is_half and not resolver.caps.native(policy.compute):
                 activation += EMULATED_HALF_FACTOR * w_held / ACTIVATION_FACTOR
@@ -407,9 +485,7 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                     cpol = resolve(resolver.policy(cn_nid, "CONTROL_NET"), pinned=cn.pinned)
                     ckey = (cn.loader, "CONTROL_NET", cpol.storage, cpol.int8, cn.patched)
                     c_held, c_use = _weight_bytes("CONTROL_NET", cn.handle, _policy_key(cpol))
-                    if ckey not in held:
-                        held[ckey] = c_held
-                        entry["weights_bytes"] += c_held
+                    entry["weights_bytes"] += held.use(ckey, c_held)
                     act += c_use + _controlnet_peak(cn.handle.config, _policy_key(cpol), batch,
                                                     h, w, down)
                 activation += act
@@ -432,7 +508,8 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 if assumed:
                     entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
                 outputs += b * h * w * 3 * 4 if mode == "decode" else b * 4 * (h // vdown) * (w // vdown) * 4
-        resident = sum(held.values())
+        resident = held.resident()
+        held.end_node()
         node_peak = BASE_BYTES + resident + outputs + int(ACTIVATION_FACTOR * activation)
         entry.update(activation_bytes=int(ACTIVATION_FACTOR * activation), resident_bytes=resident,
                      peak_bytes=node_peak)
@@ -442,7 +519,7 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
         if node_peak > peak:
             peak, peak_node = node_peak, nid
     return {"peak_bytes": peak, "peak_node": peak_node, "base_bytes": BASE_BYTES,
-            "weights_bytes": sum(held.values()), "precision": precision or "workflow",
+            "weights_bytes": sum(held.loaded.values()), "precision": precision or "workflow",
             "resolved": resolver.describe(), "nodes": nodes}
 
 

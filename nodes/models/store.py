@@ -88,9 +88,11 @@ class _Entry:
 
 
 def _nbytes(sd: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of the distinct tensors (a tensor tied under two names counts once; distinct views
+    of one buffer, as OpenCLIP's fused q/k/v split into three, count each)."""
     seen, total = set(), 0
     for t in sd.values():
-        key = (t.untyped_storage().data_ptr(), t.dtype, tuple(t.shape))
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
         if key not in seen:
             seen.add(key)
             total += t.numel() * t.element_size()
