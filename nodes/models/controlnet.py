@@ -16,8 +16,9 @@ values.
 T2I-Adapters (also CONTROL_NET) live in ``t2i_adapter.py``; ``apply_controlnet`` chains either
 kind. ControlNet++ "union" nets (xinsir controlnet-union-sdxl-1.0 / ProMax) add the parts of
 ``controlnet_union.py``: a control type (``ControlNetChain.control_type``, set by
-SetUnionControlNetType) shifts the time embedding and, when given, the hint features. Not supported
-yet: ControlLoRA, "shuffle" global pooling.
+SetUnionControlNetType) shifts the time embedding and, when given, the hint features. Stability's
+ControlLoRA files are built on the sampled model's UNet by ``control_lora.py``. Not supported yet:
+"shuffle" global pooling.
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
     stripped; diffusers files (``controlnet_cond_embedding.conv_in.weight``) are renamed, a union
     net's own keys (``controlnet_union.UNION_KEY_PREFIXES``) kept as they are.
     """
+    if "lora_controlnet" in sd:  # ControlLoRA: built per base model (control_lora.py)
+        raise ValueError("ControlLoRA file: its net is built from the sampled model's UNet "
+                         "(control_lora.ControlLoraHandle), not converted on its own")
     if any(k.startswith("control_model.") for k in sd):
         if "control_model.difference" in sd or "difference" in sd:
             raise NotImplementedError("diff ControlNet (needs the base model): not supported yet")
@@ -179,8 +183,6 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
             raise ValueError(f"union ControlNet: control_add_embedding / task_embedding missing "
                              f"(has {sorted(union)[:4]})")
         return _from_diffusers({k: v for k, v in sd.items() if k not in union}) | union
-    if any(k.startswith("lora_controlnet") for k in sd) or "lora_controlnet" in sd:
-        raise NotImplementedError("ControlLoRA: not supported yet")
     raise NotImplementedError(
         f"ControlNet format not recognised (T2I-Adapter or another family): not supported yet; "
         f"keys such as {sorted(sd)[:4]}"

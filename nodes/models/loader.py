@@ -40,6 +40,7 @@ import torch
 
 from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip
 from mixgraph.nodes.models.clip_vision_handle import clip_vision_handle
+from mixgraph.nodes.models.control_lora import ControlLoraHandle, is_control_lora
 from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family, family_of_file, refusal
@@ -577,6 +578,8 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     _refuse_family(p.name, info)
     if is_t2i_adapter(info):  # ComfyUI's ControlNetLoader loads T2I-Adapters too
         return load_t2i_adapter(p, info)
+    if is_control_lora(info):  # built on the sampled model's UNet (control_lora.py)
+        return ControlLoraHandle(path=p)
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
 

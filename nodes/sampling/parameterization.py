@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from mixgraph.nodes.models.control_lora import bind_chain
 from mixgraph.nodes.models.gligen import grounding_patch
 from mixgraph.nodes.models.latent_format import format_of
 from mixgraph.nodes.models.resize import center_crop
@@ -351,6 +352,10 @@ class CondDenoiser:
         _add_same_area_opposites(lists)
         if control_to_uncond is not None:
             _apply_control_to_uncond(lists[control_to_uncond[0]], lists[control_to_uncond[1]])
+        # ControlLoRA links are built on this model's UNet (ComfyUI ControlLora.pre_run)
+        bound: dict = {}
+        lists = [[c if c.control is None else replace(c, control=bind_chain(c.control, model, bound))
+                  for c in conds] for conds in lists]
         self.concat = None
         self._latent_image = latent_image
         self._denoise_mask = denoise_mask
