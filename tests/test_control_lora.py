@@ -17,8 +17,9 @@ from tests.fixtures.tiny_lora import tiny_controlnet_state_dict
 
 F32 = parse_spec("f32")
 RANK = 2
-# LoRA'd layers: the first conv (4-D weight) and the first transformer's proj_in (a linear or 1x1)
-LORA_LAYERS = ("input_blocks.0.0", "input_blocks.1.0.in_layers.2")
+# LoRA'd layers: convs (4-D weights) and linears (a transformer's q projection, a time-embedding layer)
+LORA_LAYERS = ("input_blocks.0.0", "input_blocks.1.0.in_layers.2",
+               "input_blocks.3.1.transformer_blocks.0.attn1.to_q", "input_blocks.1.0.emb_layers.1")
 
 
 def _control_lora_file(path, seed: int = 7):

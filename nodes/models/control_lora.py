@@ -1,7 +1,7 @@
 """Stability's ControlLoRA files (SDXL ``control-lora-canny/depth/recolor/sketch`` rank 128/256).
 
-Detection (ComfyUI ``comfy/controlnet.py``, ``load_controlnet_state_dict``, Comfy-Org/ComfyUI
-master as read): the file holds a ``lora_controlnet`` marker key. It is no full ControlNet: the net
+Detection (ComfyUI ``comfy/controlnet.py``: ``load_controlnet_state_dict``, ``ControlLora``,
+``ControlLoraOps``): the file holds a ``lora_controlnet`` marker key. It is no full ControlNet: the net
 is a copy of the *sampled* model's UNet encoder, built when sampling starts (ComfyUI
 ``ControlLora.pre_run``), whose weights are
 
