@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -35,6 +36,7 @@ from mixgraph.nodes.models.latent_format import LatentFormat
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.models.seamless import unet_wrappers
+from mixgraph.nodes.models.taesd import load_taesd_autoencoder
 from mixgraph.nodes.models.text_encode import ENCODER_SPECS, TextEncoders, encode_prompt, encode_tokens
 from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
@@ -452,7 +454,6 @@ class VaeHandle:
 
 @functools.lru_cache(maxsize=4)
 def _taesd_module(encoder: str, decoder: str, name: str, stamp: tuple) -> torch.nn.Module:
-    from mixgraph.nodes.models.taesd import load_taesd_autoencoder
     return load_taesd_autoencoder(encoder, decoder, name)
 
 
@@ -478,7 +479,6 @@ class TaesdVaeHandle:
         return self.latent_format.channels
 
     def module(self, policy: PolicyLike) -> torch.nn.Module:
-        import os
         stamp = tuple(os.stat(p).st_mtime_ns for p in (self.encoder_path, self.decoder_path))
         return apply_precision(_taesd_module(self.encoder_path, self.decoder_path, self.name, stamp), policy)
 

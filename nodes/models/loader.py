@@ -46,6 +46,7 @@ from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family
 from mixgraph.nodes.models.handles import (ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle,
                                           latent_format_for)
 from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5
+from mixgraph.nodes.models.taesd import load_taesd_autoencoder
 from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
 from mixgraph.nodes.models.lotus import PREDICTION as LOTUS_PREDICTION
 from mixgraph.nodes.models.lotus import is_lotus
@@ -515,7 +516,6 @@ def load_taesd_vae(name: str, encoder_path: str | os.PathLike, decoder_path: str
     """VAELoader "taesd" / "taesdxl": the encoder/decoder pair from ``vae_approx`` as a VAE (ComfyUI
     nodes.py ``VAELoader.load_taesd``: scale 0.18215 resp. 0.13025, shift 0). The files are
     checked here; the weights are read when a node first runs the VAE."""
-    from mixgraph.nodes.models.taesd import load_taesd_autoencoder
     if name not in TAESD_VAE_KINDS:
         raise NotImplementedError(f"VAE {name!r}: not supported yet (TAESD VAEs: taesd, taesdxl)")
     module = load_taesd_autoencoder(encoder_path, decoder_path, name)  # validates both layouts
