@@ -124,9 +124,53 @@ def DualCLIPLoader(ctx, clip_name1=Combo(folders.options("text_encoders")),
     return (loader.load_clip(paths, type),)
 
 
+TAESD_VAE_NAMES = ("taesd", "taesdxl")
+
+
+def _taesd_halves(env: Any, name: str) -> tuple[str | None, str | None]:
+    """The first ``vae_approx`` files named ``<name>_encoder.*`` / ``<name>_decoder.*`` (ComfyUI's
+    ``load_taesd`` takes the first match of ``startswith``)."""
+    files = folders.list_files(env, "vae_approx") if env is not None else []
+    enc = next((f for f in files if f.startswith(f"{name}_encoder.")), None)
+    dec = next((f for f in files if f.startswith(f"{name}_decoder.")), None)
+    return enc, dec
+
+
+def vae_options(env: Any) -> list[str]:
+    """ComfyUI nodes.py ``VAELoader.vae_list``: the vae folder's files, then "taesd" / "taesdxl"
+    where ``vae_approx`` holds both halves, then "pixel_space" (ComfyUI also lists taesd3 / taef1
+    and video TAEs: out of scope)."""
+    names = folders.list_files(env, "vae") if env is not None else []
+    names += [n for n in TAESD_VAE_NAMES if all(_taesd_halves(env, n))]
+    return names + ["pixel_space"]
+
+
+def _vae_fingerprint(env: Any, **literals: Any):
+    name = literals.get("vae_name")
+    if name in TAESD_VAE_NAMES:
+        prints = []
+        for half in _taesd_halves(env, name):
+            try:
+                prints.append(fingerprint_file(folders.resolve(env, "vae_approx", half)))
+            except (folders.FolderError, OSError, TypeError):
+                prints.append(None)
+        return tuple(prints)
+    return _fingerprint("vae", "vae_name")(env, **literals)
+
+
 @node(category="loaders", outputs=("VAE",), display_name="Load VAE",
-      fingerprint=_fingerprint("vae", "vae_name"), validate=_family_check("vae", "vae_name"))
-def VAELoader(ctx, vae_name=Combo(folders.options("vae"))):
+      fingerprint=_vae_fingerprint, validate=_family_check("vae", "vae_name"))
+def VAELoader(ctx, vae_name=Combo(vae_options)):
+    """Loads a VAE file, or TAESD ("taesd" / "taesdxl": the encoder/decoder pair in vae_approx)."""
+    if vae_name in TAESD_VAE_NAMES:
+        enc, dec = _taesd_halves(ctx.env, vae_name)
+        if enc is None or dec is None:
+            raise ValueError(f"VAE {vae_name!r} needs both {vae_name}_encoder.* and {vae_name}_decoder.* "
+                             f"in models/vae_approx")
+        return (loader.load_taesd_vae(vae_name, folders.resolve(ctx.env, "vae_approx", enc),
+                                      folders.resolve(ctx.env, "vae_approx", dec)),)
+    if vae_name == "pixel_space":
+        raise NotImplementedError("VAE 'pixel_space' (ComfyUI's pixel-space VAE): not supported yet")
     return (loader.load_vae(folders.resolve(ctx.env, "vae", vae_name)),)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -35,6 +36,7 @@ from mixgraph.nodes.models.latent_format import LatentFormat
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.models.seamless import unet_wrappers
+from mixgraph.nodes.models.taesd import load_taesd_autoencoder
 from mixgraph.nodes.models.text_encode import ENCODER_SPECS, TextEncoders, encode_prompt, encode_tokens
 from mixgraph.nodes.models.tokenizer import CLIPTokenizer
 from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
@@ -48,7 +50,7 @@ from mixgraph.nodes.models.x4_upscaler import ImageAugmentor
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
-    "LatentFormat", "latent_format_for", "ModelHandle", "UNetRunner", "ClipHandle", "VaeHandle", "ControlNetHandle",
+    "LatentFormat", "latent_format_for", "ModelHandle", "UNetRunner", "ClipHandle", "VaeHandle", "TaesdVaeHandle", "ControlNetHandle",
 ]
 
 _SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025, "sd2_x4": X4_LATENT_SCALE}
@@ -447,6 +449,66 @@ class VaeHandle:
             )
 
     def with_precision(self, policy: PolicyLike | None) -> "VaeHandle":
+        return dataclasses.replace(self, precision=policy)
+
+
+@functools.lru_cache(maxsize=4)
+def _taesd_module(encoder: str, decoder: str, name: str, stamp: tuple) -> torch.nn.Module:
+    return load_taesd_autoencoder(encoder, decoder, name)
+
+
+@dataclass(frozen=True)
+class TaesdVaeHandle:
+    """VAE: ComfyUI's TAESD VAE (VAELoader "taesd" / "taesdxl"): the tiny encoder/decoder pair in
+    ``vae_approx`` (``models/taesd.py``, ``TAESDAutoencoder``). Same interface and latent space as
+    ``VaeHandle``: latents unscaled, IMAGE tensors [B,H,W,3] float32 in 0..1."""
+
+    name: str
+    encoder_path: str
+    decoder_path: str
+    latent_format: LatentFormat = LatentFormat()
+    precision: PolicyLike | None = None
+    downscale: int = 8
+
+    @property
+    def latent_scale(self) -> float:
+        return self.latent_format.scale_factor
+
+    @property
+    def latent_channels(self) -> int:
+        return self.latent_format.channels
+
+    def module(self, policy: PolicyLike) -> torch.nn.Module:
+        stamp = tuple(os.stat(p).st_mtime_ns for p in (self.encoder_path, self.decoder_path))
+        return apply_precision(_taesd_module(self.encoder_path, self.decoder_path, self.name, stamp), policy)
+
+    def decode(self, samples: Tensor, policy: PolicyLike) -> Tensor:
+        m = self.module(policy)
+        with torch.inference_mode():
+            return decode_image(lambda z: m.decode(z).float(), samples, downscale=self.downscale)
+
+    def decode_tiled(self, samples: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64) -> Tensor:
+        if tile_size < overlap * 4:
+            overlap = tile_size // 4
+        f = self.downscale
+        m = self.module(policy)
+        with torch.inference_mode():
+            return decode_tiled(lambda z: m.decode(z).float(), samples, tile=tile_size // f, overlap=overlap // f,
+                                downscale=f)
+
+    def encode(self, pixels: Tensor, policy: PolicyLike) -> Tensor:
+        m = self.module(policy)
+        with torch.inference_mode():
+            return encode_image(lambda x: m.encode(x).float(), pixels, downscale=self.downscale,
+                                latent_channels=self.latent_channels)
+
+    def encode_tiled(self, pixels: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64) -> Tensor:
+        m = self.module(policy)
+        with torch.inference_mode():
+            return encode_tiled(lambda x: m.encode(x).float(), pixels, tile=tile_size, overlap=overlap,
+                                downscale=self.downscale, latent_channels=self.latent_channels)
+
+    def with_precision(self, policy: PolicyLike | None) -> "TaesdVaeHandle":
         return dataclasses.replace(self, precision=policy)
 
 

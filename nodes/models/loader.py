@@ -44,8 +44,10 @@ from mixgraph.nodes.models.control_lora import ControlLoraHandle, is_control_lor
 from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family, family_of_file, refusal
-from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, VaeHandle, latent_format_for
+from mixgraph.nodes.models.handles import (ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle,
+                                          latent_format_for)
 from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5
+from mixgraph.nodes.models.taesd import load_taesd_autoencoder
 from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
 from mixgraph.nodes.models.lotus import PREDICTION as LOTUS_PREDICTION
 from mixgraph.nodes.models.lotus import is_lotus
@@ -499,10 +501,27 @@ def load_vae(path: str | os.PathLike, kind: str | None = None) -> VaeHandle:
     elif "decoder.conv_in.weight" in info and "encoder.down_blocks.0.resnets.0.conv1.weight" in info:
         source = WeightSource.from_file(p, "", "diffusers_vae")
     elif "taesd_decoder.1.weight" in info or "decoder.layers.1.weight" in info:
-        raise NotImplementedError(f"{p.name}: TAESD VAEs: not supported yet")
+        raise NotImplementedError(
+            f"{p.name}: a single TAESD encoder or decoder file as a VAE: not supported yet; put both "
+            f"taesd_encoder.* and taesd_decoder.* (or taesdxl_*) in models/vae_approx and pick the "
+            f"VAE name 'taesd' (or 'taesdxl')")
     else:
         raise ValueError(f"{p.name}: not a KL VAE file ({_describe(info)})")
     return _vae_handle(source, info, kind)
+
+
+TAESD_VAE_KINDS = {"taesd": "sd1", "taesdxl": "sdxl"}
+
+
+def load_taesd_vae(name: str, encoder_path: str | os.PathLike, decoder_path: str | os.PathLike) -> TaesdVaeHandle:
+    """VAELoader "taesd" / "taesdxl": the encoder/decoder pair from ``vae_approx`` as a VAE (ComfyUI
+    nodes.py ``VAELoader.load_taesd``: scale 0.18215 resp. 0.13025, shift 0). The files are
+    checked here; the weights are read when a node first runs the VAE."""
+    if name not in TAESD_VAE_KINDS:
+        raise NotImplementedError(f"VAE {name!r}: not supported yet (TAESD VAEs: taesd, taesdxl)")
+    module = load_taesd_autoencoder(encoder_path, decoder_path, name)  # validates both layouts
+    return TaesdVaeHandle(name=name, encoder_path=os.fspath(encoder_path), decoder_path=os.fspath(decoder_path),
+                          latent_format=latent_format_for(TAESD_VAE_KINDS[name], module.latent_channels))
 
 
 _STANDALONE_CLIP_PREFIXES = (
