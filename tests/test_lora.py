@@ -373,11 +373,13 @@ def test_apply_patches_rejects_shape_mismatch_when_loaded_by_keys_only(unets):
         apply_patches(unets["sd15"], [lf.patch("unet", 1.0)])
 
 
-def test_load_lora_dora_is_not_supported_yet(unets):
+def test_load_lora_dora_alone_is_not_supported_yet(unets):
+    """DoRA on LoRA/LoHa/LoKr merges (tests/test_lora_dora.py); a dora_scale with no factors
+    to decompose is refused."""
     usd = unets["sd15"]
     key = UNET_TARGETS["sd15"][1]
     names, lsd = _unet_lora(usd, "sd15", "kohya_ldm", keys=(key,))
-    lsd[names[key] + ".dora_scale"] = torch.ones(usd[key].shape[0], 1)
+    lsd = {names[key] + ".dora_scale": torch.ones(usd[key].shape[0], 1)}
     with pytest.raises(NotImplementedError, match="DoRA"):
         load_lora(lsd, usd)
 

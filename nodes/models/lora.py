@@ -21,7 +21,15 @@ Weight formats (per module, the suffix after the module name):
     ΔW = scale · w1 ⊗ w2 (Kronecker), w1/w2 stored whole or as ``_a @ _b`` (w2 optionally Tucker
     with ``lokr_t2``); scale = alpha / rank of the factorized part, 1 if neither is factorized.
   Full differences: ``diff`` (ΔW) and ``diff_b`` (Δbias).
-Not supported (raise NotImplementedError): DoRA (``dora_scale``), GLoRA, OFT/BOFT.
+  DoRA (Liu et al. 2024, arXiv:2402.09353): a LoRA / LoHa / LoKr module with ``dora_scale`` (the
+    magnitude vector m) merges as ComfyUI's ``weight_decompose`` (comfy/weight_adapter/base.py,
+    9c0cf36): W_c = W + scale · ΔW (strength not applied yet); if m has as many rows as W has
+    output channels ("wd_on_output"), W_c is divided by the per-output-row norm of W *before*
+    this patch (ComfyUI uses the unpatched W there, not W_c); otherwise (kohya/LyCORIS default,
+    m of shape [1, in(, 1, 1)]) by the norm of W_c per input channel (over out and kernel dims);
+    eps = float32 eps is added to the norm; W_c ← W_c · m / norm; finally
+    W ← W + strength · (W_c − W) (W_c itself at strength 1). Bypass mode refuses DoRA.
+Not supported (raise NotImplementedError): GLoRA, OFT/BOFT, DoRA on a full-difference module.
 
 Merging follows ComfyUI: weights to float32, each patch in stack order adds
 ``(strength · scale) · Δ``, then one cast back to the storage dtype. fp8 storage is rounded to
@@ -55,6 +63,7 @@ __all__ = [
     "LoraPatch",
     "load_lora",
     "apply_patches",
+    "dora_merge",
     "describe_lora",
 ]
 
@@ -90,6 +99,7 @@ class LoraAdapter:
     down: Tensor  # [r, in] or [r, in, kh, kw] ([r, in, 1, 1] with mid)
     mid: Tensor | None = None  # [r, r, kh, kw]
     alpha: float | None = None
+    dora_scale: Tensor | None = None  # DoRA magnitude: [out, 1(, 1, 1)] or [1, in(, 1, 1)]
 
     @property
     def rank(self) -> int:
@@ -123,6 +133,7 @@ class LohaAdapter:
     t1: Tensor | None = None  # [r, r, kh, kw]
     t2: Tensor | None = None
     alpha: float | None = None
+    dora_scale: Tensor | None = None  # DoRA magnitude (see LoraAdapter)
 
     @property
     def rank(self) -> int:
@@ -161,6 +172,7 @@ class LokrAdapter:
     w2b: Tensor | None = None  # [r, i2*kh*kw]; with t2 [r, i2]
     t2: Tensor | None = None  # [r, r, kh, kw]
     alpha: float | None = None
+    dora_scale: Tensor | None = None  # DoRA magnitude (see LoraAdapter)
 
     def _w1(self) -> Tensor:
         return _f32(self.w1) if self.w1 is not None else _f32(self.w1a) @ _f32(self.w1b)
@@ -283,18 +295,17 @@ class ScalePatch:
 
 def _build_adapter(module: str, slots: dict[str, Tensor]) -> tuple[Adapter | None, Adapter | None]:
     """(weight adapter, bias adapter) for one module's tensors."""
-    if "dora_scale" in slots:
-        raise NotImplementedError(f"LoRA module {module}: DoRA (dora_scale) is not supported yet")
     if "unsupported" in slots:
         raise NotImplementedError(f"LoRA module {module}: this adapter type (OFT/GLoRA/norm) is not supported yet")
     alpha = float(slots["alpha"].float().item()) if "alpha" in slots else None
     bias = DiffAdapter(slots["diff_b"]) if "diff_b" in slots else None
+    dora = slots.get("dora_scale")
     if "up" in slots and "down" in slots:
-        return LoraAdapter(slots["up"], slots["down"], slots.get("mid"), alpha), bias
+        return LoraAdapter(slots["up"], slots["down"], slots.get("mid"), alpha, dora), bias
     if all(f"hada_{w}" in slots for w in ("w1_a", "w1_b", "w2_a", "w2_b")):
         return LohaAdapter(
             slots["hada_w1_a"], slots["hada_w1_b"], slots["hada_w2_a"], slots["hada_w2_b"],
-            slots.get("hada_t1"), slots.get("hada_t2"), alpha,
+            slots.get("hada_t1"), slots.get("hada_t2"), alpha, dora,
         ), bias
     lokr = {k[5:]: v for k, v in slots.items() if k.startswith("lokr_")}
     if lokr:
@@ -304,8 +315,12 @@ def _build_adapter(module: str, slots: dict[str, Tensor]) -> tuple[Adapter | Non
             raise ValueError(f"LoRA module {module}: incomplete LoKr tensors {sorted(lokr)}")
         return LokrAdapter(
             lokr.get("w1"), lokr.get("w1_a"), lokr.get("w1_b"),
-            lokr.get("w2"), lokr.get("w2_a"), lokr.get("w2_b"), lokr.get("t2"), alpha,
+            lokr.get("w2"), lokr.get("w2_a"), lokr.get("w2_b"), lokr.get("t2"), alpha, dora,
         ), bias
+    if dora is not None:
+        raise NotImplementedError(
+            f"LoRA module {module}: DoRA (dora_scale) without LoRA/LoHa/LoKr factors (on a full "
+            f"difference or alone) is not supported yet")
     if "diff" in slots:
         return DiffAdapter(slots["diff"]), bias
     if bias is not None:
@@ -451,14 +466,24 @@ def _fits(ad: Adapter, shape: tuple[int, ...]) -> bool:
     if isinstance(ad, DiffAdapter):
         return tuple(ad.diff.shape) == tuple(shape) or ad.diff.numel() == math.prod(shape) and ad.diff.shape[0] == shape[0]
     rows, cols = ad.flat_shape()
+    if getattr(ad, "dora_scale", None) is not None and not _dora_fits(ad.dora_scale, shape):
+        return False
     return len(shape) > 0 and rows == shape[0] and rows * cols == math.prod(shape)
+
+
+def _dora_fits(m: Tensor, shape: tuple[int, ...]) -> bool:
+    """A magnitude vector of one entry per output row ([out, 1, ...]) or per input channel."""
+    if len(shape) < 2 or m.ndim == 0:
+        return False
+    return (m.shape[0] == shape[0] and m.numel() == shape[0]) or m.numel() == shape[1]
 
 
 def _describe_shape(ad: Adapter) -> str:
     if isinstance(ad, DiffAdapter):
         return str(list(ad.diff.shape))
     rows, cols = ad.flat_shape()
-    return f"[{rows}, {cols}]"
+    dora = getattr(ad, "dora_scale", None)
+    return f"[{rows}, {cols}]" + (f" with dora_scale {list(dora.shape)}" if dora is not None else "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,7 +554,10 @@ def apply_patches(
                 raise ValueError(
                     f"LoRA {p.lora.name!r}: {key} has shape {list(w.shape)}, the LoRA gives {_describe_shape(ad)}"
                 )
-            w32 += _scaled_delta(ad, w.shape, strength)
+            if getattr(ad, "dora_scale", None) is not None:
+                w32 = dora_merge(w32, ad, strength)
+            else:
+                w32 += _scaled_delta(ad, w.shape, strength)
         out[key] = w32.to(w.dtype)
     for p, keys in mismatched.items():
         warn_mismatches(p, keys, {k: tuple(others[p][k].shape) for k in keys})
@@ -539,6 +567,26 @@ def apply_patches(
 def _scaled_delta(ad: Adapter, shape: torch.Size, strength: float) -> Tensor:
     """(strength · scale) · raw Δ: one scalar multiply, the order ComfyUI uses."""
     return (strength * ad.scale) * ad.raw(shape)
+
+
+def dora_merge(w32: Tensor, ad: Adapter, strength: float) -> Tensor:
+    """One DoRA patch on the float32 weight ``w32`` (ComfyUI ``weight_decompose``,
+    comfy/weight_adapter/base.py 9c0cf36; see the module docstring). Returns the new weight."""
+    shape = w32.shape
+    calc = w32 + ad.scale * ad.raw(shape)  # strength enters only in the final blend
+    m = _f32(ad.dora_scale).to(w32.device)
+    lead = [1] * (w32.ndim - 1)
+    if m.shape[0] == shape[0]:  # wd_on_output: per output row, of the weight before this patch
+        norm = w32.reshape(shape[0], -1).norm(dim=1).reshape(shape[0], *lead)
+    else:  # per input channel, over output rows and kernel taps, of the patched weight
+        norm = calc.transpose(0, 1).reshape(shape[1], -1).norm(dim=1).reshape(1, shape[1], *lead[1:])
+    norm = norm + torch.finfo(torch.float32).eps
+    if m.numel() == norm.numel():
+        m = m.reshape(norm.shape)
+    calc = calc * (m / norm)
+    if strength == 1.0:
+        return calc
+    return w32 + strength * (calc - w32)
 
 
 def load_lora_patches(path: str | os.PathLike, model, clip, strength_model: float,

@@ -13,6 +13,8 @@ h per adapter kind:
   LoRA / LoCon: ``up(down(x))`` (Tucker: ``up(mid(down(x)))``), the conv's stride / padding /
     dilation / groups on the down (or mid) conv, up as a 1×1 conv; times strength·alpha/rank.
   LoHa / LoKr: the layer's op with the adapter's ΔW (strength·scale·ΔW) and no bias.
+DoRA modules (``dora_scale``) are refused (NotImplementedError naming the module): their
+magnitude rescaling needs the merged weight's norms; use LoraLoader, which merges them.
 Full differences (``diff`` / ``diff_b``) are merged as weight patches, as ComfyUI applies its
 non-adapter patches by regular patching. h runs in the layer output's dtype with the adapter
 weights cast to it (ComfyUI casts them to the layer weight's dtype).
@@ -53,6 +55,12 @@ def bypass_patches(lora: LoraFile, strength_model: float, strength_clip: float,
                    with_clip: bool) -> tuple[tuple, tuple]:
     """(unet patches, clip patches) of LoraLoaderBypass: the adapters as ``BypassPatch``es, the
     full differences as merged ``LoraPatch``es; a zero strength or absent part gives ()."""
+    for per in lora.adapters.values():
+        for key, ad in per.items():
+            if getattr(ad, "dora_scale", None) is not None:
+                raise NotImplementedError(
+                    f"LoRA {lora.name!r}: {key} is a DoRA module (dora_scale); DoRA in bypass mode "
+                    f"(LoraLoaderBypass) is not supported yet; load it with LoraLoader")
     hooked, merged = _only(lora, False, "bypass"), _only(lora, True, "diff")
 
     def part(targets, strength):
