@@ -5,6 +5,8 @@ end-to-end txt2img with the taesd VAE on a tiny SD1.5 checkpoint."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -120,6 +122,11 @@ def test_txt2img_with_the_taesd_vae(tmp_path):
         "11": {"class_type": "PreviewImage", "inputs": {"images": ["9", 0]}},
         "12": {"class_type": "SaveLatent", "inputs": {"samples": ["10", 0], "filename_prefix": "t"}},
     }
+    from mixgraph.ui.cli import main
+
+    (tmp_path / "wf.json").write_text(json.dumps(prompt))  # the memory estimate names no vae file
+    assert main(["estimate", str(tmp_path / "wf.json"), "--json", "--models", str(models)]) in (0, 1)
+    assert main(["validate", str(tmp_path / "wf.json"), "--models", str(models)]) == 0
     res = api.run(prompt, models=models, output=tmp_path / "out")
     image = res.outputs["9"][0]
     assert image.shape == (1, 64, 64, 3) and torch.isfinite(image).all()

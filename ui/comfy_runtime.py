@@ -167,5 +167,5 @@ def explain(exc: BaseException, pack: str, node: str | None) -> BaseException | 
 
 def _comfy_kind(obj: Any) -> str:
     name = type(obj).__name__
-    return {"ModelHandle": "ModelPatcher", "ClipHandle": "CLIP", "VaeHandle": "VAE",
-            "ControlNetHandle": "ControlNet"}.get(name, name)
+    return {"ModelHandle": "ModelPatcher", "ClipHandle": "CLIP", "VaeHandle": "VAE", "TaesdVaeHandle": "VAE",
+            "ControlNetHandle": "ControlNet", "ControlLoraHandle": "ControlNet"}.get(name, name)

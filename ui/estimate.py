@@ -68,6 +68,15 @@ DEFAULT_SIDE = 512
 #: `MIXGRAPH_MEMORY_CHECK=0` turns the refusal of runs that would not fit off.
 MEMORY_CHECK_ENV = "MIXGRAPH_MEMORY_CHECK"
 
+#: VAELoader choices that name no file of the vae folder: TAESD's pair in vae_approx (a few MB,
+#: not counted) and pixel space
+_BUILTIN_VAES = ("taesd", "taesdxl", "pixel_space")
+
+
+def _names_a_file(call: Any) -> bool:
+    return not (call.class_type == "VAELoader" and call.inputs.get("vae_name") in _BUILTIN_VAES)
+
+
 _LOADERS = {   # class -> (folder, file inputs, {output slot: socket type})
     "CheckpointLoaderSimple": ("checkpoints", ("ckpt_name",), {0: "MODEL", 1: "CLIP", 2: "VAE"}),
     "CheckpointLoader": ("checkpoints", ("ckpt_name",), {0: "MODEL", 1: "CLIP", 2: "VAE"}),
@@ -343,6 +352,8 @@ class _Graph:
         if call is None or depth > 200:
             return None
         ct = call.class_type
+        if ct in _LOADERS and not _names_a_file(call):
+            return None
         if ct in _LOADERS:
             folder, names, outs = _LOADERS[ct]
             if outs.get(link.slot) is None:
@@ -631,7 +642,7 @@ def _upper_bound(wf: Workflow, registry: Any, env: Any) -> float:
     files = 0
     pixels = DEFAULT_SIDE * DEFAULT_SIDE
     for nid, call in wf.prompt.items():
-        if call.class_type in _LOADERS:
+        if call.class_type in _LOADERS and _names_a_file(call):
             folder, names, _ = _LOADERS[call.class_type]
             for n in names:
                 try:
