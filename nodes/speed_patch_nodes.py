@@ -46,14 +46,17 @@ _EASY = _cache_inputs("EasyCache")
 _LAZY = _cache_inputs("LazyCache")
 
 
+def _with_step_cache(settings: type, model, reuse_threshold, start_percent, end_percent, verbose):
+    return (model.with_sampler_patch(settings(float(reuse_threshold), float(start_percent), float(end_percent),
+                                              bool(verbose), model.latent_format.channels)),)
+
+
 @node(category="advanced/debug", outputs=("MODEL",), display_name="EasyCache",
       description="Native EasyCache implementation.")
 def EasyCache(model=Socket("MODEL", tooltip="The model to add EasyCache to."),
               reuse_threshold=_EASY["reuse_threshold"], start_percent=_EASY["start_percent"],
               end_percent=_EASY["end_percent"], verbose=_EASY["verbose"]):
-    patch = step_cache.EasyCache(float(reuse_threshold), float(start_percent), float(end_percent),
-                                 bool(verbose), model.latent_format.channels)
-    return (model.with_sampler_patch(patch),)
+    return _with_step_cache(step_cache.EasyCache, model, reuse_threshold, start_percent, end_percent, verbose)
 
 
 @node(category="advanced/debug", outputs=("MODEL",), display_name="LazyCache",
@@ -63,9 +66,7 @@ def EasyCache(model=Socket("MODEL", tooltip="The model to add EasyCache to."),
 def LazyCache(model=Socket("MODEL", tooltip="The model to add LazyCache to."),
               reuse_threshold=_LAZY["reuse_threshold"], start_percent=_LAZY["start_percent"],
               end_percent=_LAZY["end_percent"], verbose=_LAZY["verbose"]):
-    patch = step_cache.LazyCache(float(reuse_threshold), float(start_percent), float(end_percent),
-                                 bool(verbose), model.latent_format.channels)
-    return (model.with_sampler_patch(patch),)
+    return _with_step_cache(step_cache.LazyCache, model, reuse_threshold, start_percent, end_percent, verbose)
 
 
 def _check_backend(env, backend=None) -> list[tuple[str, str]]:

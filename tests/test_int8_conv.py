@@ -3,8 +3,6 @@ converts, and the tiny SD1.5 UNet under it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from torch import nn
@@ -19,6 +17,7 @@ from mixgraph.nodes.models.cast import (
     weight_bytes,
 )
 from tests.fixtures.tiny_unet import tiny_unet, tiny_unet_config
+from tests.test_cast import Policy as CastPolicy
 
 F32 = torch.float32
 
@@ -29,13 +28,8 @@ F32 = torch.float32
 REL_BOUND = 0.02
 
 
-@dataclass(frozen=True)
-class Policy:  # stands in for graph.precision.Policy (duck-typed seam)
-    storage: torch.dtype = F32
-    compute: torch.dtype = F32
-    upcast_attention: bool = False
-    f32_norms: bool = False
-    int8: bool = True
+def Policy() -> CastPolicy:  # the int8 policy: f32 storage and compute
+    return CastPolicy(int8=True)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -112,11 +112,15 @@ def load_taesd_decoder(path: str | os.PathLike) -> TAESDDecoder:
     """The decoder in ``path`` (safetensors or a pickle), float32 on the CPU, eval mode."""
     sd = read_tensors(path, dtype=torch.float32)
     config = TAESDConfig.from_state_dict(sd, os.fspath(path))
-    model = TAESDDecoder(config)
+    return _loaded(TAESDDecoder(config), sd, path, "decoder")
+
+
+def _loaded(model: nn.Module, sd: dict, path: str | os.PathLike, what: str) -> nn.Module:
+    """``model`` holding ``sd`` exactly (eval mode, no grad); a layout mismatch names the file."""
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
         raise TAESDFileError(
-            f"{os.fspath(path)}: not a TAESD decoder layout (missing {sorted(missing)[:4]}, "
+            f"{os.fspath(path)}: not a TAESD {what} layout (missing {sorted(missing)[:4]}, "
             f"unexpected {sorted(unexpected)[:4]})")
     return model.eval().requires_grad_(False)
 
@@ -146,13 +150,7 @@ def load_taesd_encoder(path: str | os.PathLike) -> TAESDEncoder:
         raise TAESDFileError(
             f"{os.fspath(path)}: not a TAESD encoder (expected keys '0.weight' [width, 3, 3, 3] and "
             f"'{_ENCODER_LAST}.weight' [latent, width, 3, 3])")
-    model = TAESDEncoder(int(last.shape[0]), int(first.shape[0]))
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise TAESDFileError(
-            f"{os.fspath(path)}: not a TAESD encoder layout (missing {sorted(missing)[:4]}, "
-            f"unexpected {sorted(unexpected)[:4]})")
-    return model.eval().requires_grad_(False)
+    return _loaded(TAESDEncoder(int(last.shape[0]), int(first.shape[0])), sd, path, "encoder")
 
 
 class TAESDAutoencoder(nn.Module):

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from mixgraph.nodes.models.unet_patches import AttentionRecorder, IdentityAttention
 
-__all__ = ["GuidanceArgs", "guide", "run_pre_cfg", "post_cfg", "cfg_at", "RescaleCFG", "CFGZeroStar", "PerturbedAttentionGuidance", "APG",
+__all__ = ["GuidanceArgs", "last_patch", "guide", "run_pre_cfg", "post_cfg", "cfg_at", "RescaleCFG", "CFGZeroStar", "PerturbedAttentionGuidance", "APG",
            "TangentialDampingCFG", "SelfAttentionGuidance", "DifferentialDiffusion", "needs_uncond",
            "denoise_mask_patches", "gaussian_blur_2d", "sag_blur_map"]
 
@@ -85,6 +85,11 @@ def cfg_at(patches: Sequence, sigma, cfg: float) -> float:
     for p in stages:
         cfg = p.scale(s, cfg)
     return cfg
+
+
+def last_patch(patches: Sequence, stage: str):
+    """The last sampler patch of ``stage`` (a later one replaces an earlier one), or None."""
+    return next((p for p in reversed(tuple(patches)) if getattr(p, "stage", None) == stage), None)
 
 
 def denoise_mask_patches(patches: Sequence) -> tuple:

@@ -41,6 +41,8 @@ from typing import Sequence
 
 import torch
 
+from mixgraph.nodes.sampling.cfg_patches import last_patch
+
 __all__ = ["ContextWindows", "SCHEDULES", "FUSE_METHODS", "context_windows_of", "attach",
            "get_windows", "fuse_weights", "relative_bias", "ordered_halving", "apply_freenoise",
            "parse_index_list", "WindowRun"]
@@ -79,8 +81,7 @@ class ContextWindows:
 
 def context_windows_of(patches) -> ContextWindows | None:
     """The handle's context-window settings (the last ContextWindowsManual wins), or None."""
-    found = [p for p in patches if getattr(p, "stage", None) == "context_windows"]
-    return found[-1] if found else None
+    return last_patch(patches, "context_windows")
 
 
 def parse_index_list(text: str, name: str) -> tuple[int, ...]:

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mixgraph.nodes.sampling.cfg_patches import last_patch
+
 __all__ = ["EasyCache", "LazyCache", "EasyRun", "LazyRun", "attach", "step_cache_of"]
 
 log = logging.getLogger(__name__)
@@ -57,31 +59,26 @@ SUBSAMPLE = 8  # ComfyUI's subsample_factor
 
 
 @dataclass(frozen=True)
-class EasyCache:
+class _StepCacheSettings:
     reuse_threshold: float
     start_percent: float
     end_percent: float
     verbose: bool = False
     channels: int = 4  # the latent format's channels (ComfyUI's output_channels)
     stage: str = "step_cache"
+
+
+class EasyCache(_StepCacheSettings):
     name = "EasyCache"
 
 
-@dataclass(frozen=True)
-class LazyCache:
-    reuse_threshold: float
-    start_percent: float
-    end_percent: float
-    verbose: bool = False
-    channels: int = 4
-    stage: str = "step_cache"
+class LazyCache(_StepCacheSettings):
     name = "LazyCache"
 
 
 def step_cache_of(patches) -> EasyCache | LazyCache | None:
     """The handle's step cache: the last "step_cache" sampler patch, or None."""
-    found = [p for p in patches if getattr(p, "stage", None) == "step_cache"]
-    return found[-1] if found else None
+    return last_patch(patches, "step_cache")
 
 
 def _l1(t: Tensor) -> Tensor:
