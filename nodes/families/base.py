@@ -1,0 +1,136 @@
+"""The family seam: what one diffusion model family declares (DESIGN §11, docs/ARCHITECTURE.md).
+
+A model family (SD 1.x/2.x/SDXL, Flux.1, SD3.x, Z-Image, Qwen-Image, Wan, ...) is one folder under
+``nodes/families/`` holding one object that satisfies ``Family`` plus its model files, and one
+line in ``nodes/families/__init__.py``'s registry. Shared code (loaders, handles, the sampler, the
+memory estimate) asks the registry and the family; it never branches on a family's name.
+
+What a family says, and who asks:
+
+* ``detect(info)``: from a diffusion model's tensor names and shapes alone (a safetensors header,
+  its checkpoint prefix already stripped), whether the weights are this family's, and which
+  variant and config they are (``Detection``). The loaders ask every registered family in order.
+* ``build(config)``: the diffusion model as a plain ``nn.Module`` whose attribute names are the
+  checkpoint keys (the weight store materializes it in a storage dtype).
+* ``runner(handle, module, policy)``: the sampler seam, a ``FamilyRunner``: the model with the
+  family's conditioning. The denoiser hands it ``Cond``s and the latent; the runner says what
+  each cond becomes (``cond_inputs``) and calls the model (``__call__``). Samplers never see it:
+  they see ``denoise(x, sigma, ...)`` only.
+* ``sampling(variant)``: the parameterisation (eps, v, EDM, x0, flow matching / CONST with a
+  shift) and schedule defaults (``Sampling``).
+* ``latent_format(variant, channels)``: ``latent_format.LatentFormat`` (scale, shift, channels).
+* ``text_encoders(variant)``: the named encoders the family pairs with (``TextEncoderSlot``).
+* ``precision_roles``: which precision role each part runs under (presets decide per role).
+* ``trace_inputs(config, latent_shape, batch)``: dummy inputs for the memory estimate's traced
+  forward, so the estimate knows no model class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+__all__ = ["Sampling", "TextEncoderSlot", "Detection", "FamilyRunner", "Family", "PREDICTIONS"]
+
+#: Parameterisations a family may name (``sampling/parameterization.py`` implements each).
+#: "flow" is rectified flow / flow matching (ComfyUI's CONST): x_σ = (1 − σ)·x0 + σ·ε, the model
+#: predicts v = ε − x0, σ = shifted t.
+PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img", "edm", "flow")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A family variant's parameterisation and schedule (ComfyUI's ``model_sampling`` settings).
+
+    prediction: one of ``PREDICTIONS``. zsnr: zero terminal SNR (discrete schedules).
+    beta_range: (linear_start, linear_end) of a discrete schedule; None = SD's 0.00085..0.012.
+    continuous: (kind "edm" | "v", sigma_min, sigma_max) for a continuous-time schedule.
+    shift, multiplier: flow matching: σ(t) = shift·t / (1 + (shift − 1)·t) and the timestep the
+        model sees is σ·multiplier (SD3: shift 3, multiplier 1000; Flux: multiplier 1).
+    """
+
+    prediction: str = "eps"
+    zsnr: bool = False
+    beta_range: tuple[float, float] | None = None
+    continuous: tuple | None = None
+    shift: float = 1.0
+    multiplier: float = 1000.0
+
+
+@dataclass(frozen=True)
+class TextEncoderSlot:
+    """One named text encoder a family pairs with: ``name`` ("clip_l", "clip_g", "t5xxl",
+    "qwen3_4b", ...), the ``tokenizer`` it reads, and the precision ``role`` it runs under."""
+
+    name: str
+    tokenizer: str
+    role: str = "text"
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What a family recognised in a state dict: its ``variant`` name, the model ``config``
+    (a frozen dataclass derived from shapes) and the extra ``ModelHandle`` fields the family
+    sets from the keys (``fields``: e.g. the prediction type a marker key tells)."""
+
+    family: str
+    variant: str
+    config: Any
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class FamilyRunner(Protocol):
+    """The sampler seam: one precision-applied diffusion model with its family's conditioning.
+
+    Everything goes in and comes out float32. ``sampling`` builds the denoiser's
+    ``ModelSampling``; ``latent_format`` scales latents in and out; ``in_channels`` counts the
+    model's input channels (more than the latent's: concat conditioning such as inpainting).
+    """
+
+    sampling: Sampling
+    latent_format: Any
+    in_channels: int
+
+    def cond_inputs(self, cond: Any, latent_shape: tuple[int, ...], *, negative: bool = False,
+                    seed: int = 0) -> Mapping[str, Tensor]:
+        """The model inputs one CONDITIONING entry gives beside its text tokens (SDXL's vector
+        ``y``; Flux's ``guidance`` and pooled vector; ...): name -> tensor with a batch dim of 1,
+        batched by the denoiser with the conds evaluated together."""
+        ...
+
+    def __call__(self, x: Tensor, timestep: Tensor, context: Tensor | None,
+                 inputs: Mapping[str, Tensor], control: Any = None, patches: tuple = (),
+                 sigma: float | None = None) -> Tensor:
+        """The raw model output (eps / v / x0 / flow velocity, per ``sampling.prediction``) for
+        ``x`` [B, C, ...] already scaled by the parameterisation's c_in and concat-ed with any
+        extra input channels; ``timestep`` [B]; ``context`` [B, T, D] or None; ``inputs`` the
+        batched ``cond_inputs``; ``control`` residuals; ``patches`` forward-time patches."""
+        ...
+
+
+@runtime_checkable
+class Family(Protocol):
+    """A model family (see the module docstring). ``name`` is the registry key; ``display`` is
+    what messages call it ("SD 1.x / 2.x / SDXL")."""
+
+    name: str
+    display: str
+    precision_roles: Mapping[str, str]
+
+    def detect(self, info: Mapping[str, Any]) -> Detection | None: ...
+
+    def build(self, config: Any) -> nn.Module: ...
+
+    def runner(self, handle: Any, module: nn.Module, policy: Any) -> FamilyRunner: ...
+
+    def sampling(self, variant: str) -> Sampling: ...
+
+    def latent_format(self, variant: str, channels: int) -> Any: ...
+
+    def text_encoders(self, variant: str) -> tuple[TextEncoderSlot, ...]: ...
+
+    def trace_inputs(self, config: Any, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]: ...
