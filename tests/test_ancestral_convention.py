@@ -32,6 +32,7 @@ from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling.ksampler import compute_sigmas, sample
 from mixgraph.nodes.sampling.noise import default_noise_sampler, prepare_noise
 from mixgraph.nodes.sampling.parameterization import ModelSampling
+from tests.fixtures.sampler_models import UNetSeam
 
 pytestmark = pytest.mark.filterwarnings("ignore:Should have tb<=t1")
 
@@ -42,7 +43,7 @@ STEPS = 8
 
 
 @dataclass
-class TanhX0Model:
+class TanhX0Model(UNetSeam):
     """x0-predicting model, D(x, σ) = 0.3 + tanh(0.8·c_in·x) with c_in = 1/sqrt(σ² + 1): nonlinear,
     so each evaluation point matters; the timestep is ignored so the reference needs no
     timestep quantisation."""

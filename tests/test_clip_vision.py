@@ -268,7 +268,7 @@ def test_style_model_apply_end_to_end(models, tmp_path):
 
 
 def test_sdxl_revision_uses_the_noised_image_embedding_as_pooled_text():
-    from mixgraph.nodes.models.handles import UNetRunner
+    from mixgraph.nodes.families.sd.runner import UNetRunner
     from mixgraph.nodes.models.unet import sdxl_adm
     from tests.fixtures.tiny_unet import TINY_POOLED, tiny_unet_config
 

@@ -12,13 +12,14 @@ from mixgraph.nodes import cond_ops
 from mixgraph.nodes.payloads.conditioning import Cond, SizeCond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling, resolve_area_and_mask
 from mixgraph.ui import api
+from tests.fixtures.sampler_models import UNetSeam
 
 INFO = api.default_registry().object_info()
 POS = torch.full((1, 2, 3), 1.0)
 
 
 @dataclass
-class ContextModel:
+class ContextModel(UNetSeam):
     """x0-predicting model: the prediction is the cond's first context value everywhere."""
 
     prediction: str = "x0"
@@ -175,7 +176,7 @@ def test_inpaint_model_uses_cond_concat_latent_and_mask():
 
 
 def test_refiner_aesthetic_default_depends_on_prompt_side():
-    from mixgraph.nodes.models.handles import UNetRunner
+    from mixgraph.nodes.families.sd.runner import UNetRunner
     from tests.fixtures.tiny_unet import tiny_unet_config
 
     cfg = tiny_unet_config("sdxl_refiner")

@@ -24,6 +24,7 @@ from mixgraph.nodes.sampling.noise import initial_noise, prepare_noise
 from mixgraph.nodes.sampling.parameterization import ModelSampling
 from mixgraph.nodes.sampling.samplers import SAMPLER_NAMES
 from mixgraph.nodes.sampling.schedules import SCHEDULER_NAMES, DiscreteSchedule
+from tests.fixtures.sampler_models import UNetSeam
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 SCHED = DiscreteSchedule()
@@ -337,7 +338,7 @@ def test_extend_intermediate_sigmas_inside_range_only(spacing, fracs):
 
 
 @dataclass
-class PromptModel:
+class PromptModel(UNetSeam):
     """x0 model predicting k·c + 0.1·c²·input for a cond whose context holds the value c, so
     differences of predictions are not all parallel (``k``: the model's own weight, so two models
     differ); records each UNet call's batch size."""

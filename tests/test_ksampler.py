@@ -12,13 +12,14 @@ from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling.ksampler import compute_sigmas, cut_sigmas, sample
 from mixgraph.nodes.sampling.noise import prepare_noise
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling
+from tests.fixtures.sampler_models import UNetSeam
 
 POS = torch.full((1, 2, 3), 1.0)
 NEG = torch.full((1, 2, 3), -1.0)
 
 
 @dataclass
-class ContextModel:
+class ContextModel(UNetSeam):
     """x0-predicting model whose prediction is the cond's first context value everywhere;
     records every UNet call."""
 

@@ -19,6 +19,7 @@ from mixgraph.nodes.sampling import samplers as se
 from mixgraph.nodes.sampling.noise import default_noise_sampler
 from mixgraph.nodes.sampling.solvers_sa import sa_solver_b_coeffs, sa_solver_default_tau
 from mixgraph.nodes.sampling.solvers_sde import er_sde_default_noise_scaler
+from tests.fixtures.sampler_models import UNetSeam
 
 MU, S = 0.3, 0.5
 SIGMA_MIN, SIGMA_MAX = 0.0292, 14.6146
@@ -298,7 +299,7 @@ def test_registry_dict_names_and_partial_schedules():
         assert float(out.std()) > S, name
 
 
-class PromptShiftedEps:
+class PromptShiftedEps(UNetSeam):
     """A real (non-mock) SamplerModel for ``CFGDenoiser``: an eps predictor linear in its input and
     shifted by the prompt embedding's mean, so different prompts give different x0."""
 

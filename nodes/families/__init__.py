@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mixgraph.nodes.families.base import Detection, Family
+from mixgraph.nodes.families.sd.family import SD
 
 __all__ = ["FAMILIES", "register", "unregister", "get", "detect"]
 
@@ -37,11 +38,15 @@ def get(name: str) -> Family:
         raise KeyError(f"model family {name!r} is not registered (known: {', '.join(FAMILIES)})") from None
 
 
-def detect(info: Mapping[str, Any]) -> Detection | None:
-    """The first registered family that recognises ``info`` (diffusion-model keys, prefix
-    stripped -> TensorInfo), or None."""
+def detect(info: Mapping[str, Any], read: Any = None, source: Any = None) -> Detection | None:
+    """The first registered family that recognises ``info`` (``base.Family.detect``: the file's
+    keys, the diffusion model's prefix stripped -> TensorInfo), or None."""
     for family in FAMILIES.values():
-        found = family.detect(info)
+        found = family.detect(info, read, source)
         if found is not None:
             return found
     return None
+
+
+# -- the registry: one line per family, the more specific signature first
+register(SD)

@@ -7,9 +7,16 @@ memory estimate) asks the registry and the family; it never branches on a family
 
 What a family says, and who asks:
 
-* ``detect(info)``: from a diffusion model's tensor names and shapes alone (a safetensors header,
-  its checkpoint prefix already stripped), whether the weights are this family's, and which
-  variant and config they are (``Detection``). The loaders ask every registered family in order.
+* ``detect(info, read=None, source=None)``: from a diffusion model's tensor names and shapes
+  alone, whether the weights are this family's, and which variant and config they are
+  (``Detection``). ``info`` is the file's header (name -> ``TensorInfo``) with the diffusion
+  model's checkpoint prefix stripped (and its keys renamed to the family's own layout, e.g. from
+  diffusers); keys outside the diffusion model (text encoders, marker keys such as ``v_pred``,
+  a diffusers folder's ``text_encoder.*`` / ``text_encoder_2.*``) stay as they are, so a family
+  can tell variants apart by what is stored beside the model. ``read(key)`` reads one tensor of
+  ``info`` (None: no data may be read, e.g. for validation); ``source`` is the diffusion model's
+  ``WeightSource``, for parts stored beside it that its handle reads later. The loaders ask
+  every registered family in order.
 * ``build(config)``: the diffusion model as a plain ``nn.Module`` whose attribute names are the
   checkpoint keys (the weight store materializes it in a storage dtype).
 * ``runner(handle, module, policy)``: the sampler seam, a ``FamilyRunner``: the model with the
@@ -63,11 +70,18 @@ class Sampling:
 @dataclass(frozen=True)
 class TextEncoderSlot:
     """One named text encoder a family pairs with: ``name`` ("clip_l", "clip_g", "t5xxl",
-    "qwen3_4b", ...), the ``tokenizer`` it reads, and the precision ``role`` it runs under."""
+    "qwen3_4b", ...), the ``tokenizer`` it reads, and the precision ``role`` it runs under.
+    Where the loaders find it: ``prefix`` and key ``layout`` in a single-file checkpoint ("" when
+    checkpoints do not carry it), ``folder`` in a diffusers pipeline folder; ``encoding``: the
+    text-encode rules (``text_encode.ENCODER_SPECS`` key) the encoders of the variant run under."""
 
     name: str
     tokenizer: str
     role: str = "text"
+    prefix: str = ""
+    layout: str = ""
+    folder: str = ""
+    encoding: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,7 +135,7 @@ class Family(Protocol):
     display: str
     precision_roles: Mapping[str, str]
 
-    def detect(self, info: Mapping[str, Any]) -> Detection | None: ...
+    def detect(self, info: Mapping[str, Any], read: Any = None, source: Any = None) -> Detection | None: ...
 
     def build(self, config: Any) -> nn.Module: ...
 
@@ -133,4 +147,7 @@ class Family(Protocol):
 
     def text_encoders(self, variant: str) -> tuple[TextEncoderSlot, ...]: ...
 
-    def trace_inputs(self, config: Any, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]: ...
+    def trace_inputs(self, config: Any, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
+        """(args, kwargs) for ``build(config)(*args, **kwargs)``: one model call on a latent of
+        ``latent_shape`` (its spatial dims, in latent pixels) for ``batch`` evaluated entries."""
+        ...

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from mixgraph.nodes import families
 from mixgraph.nodes.models import lora_bypass, store
 from mixgraph.nodes.models.attention import check_backend
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
@@ -35,31 +36,20 @@ from mixgraph.nodes.models.hooks import encode_with_hooks
 from mixgraph.nodes.models.latent_format import LatentFormat
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
-from mixgraph.nodes.models.seamless import unet_wrappers
 from mixgraph.nodes.models.taesd import load_taesd_autoencoder
 from mixgraph.nodes.models.text_encode import ENCODER_SPECS, TextEncoders, encode_prompt, encode_tokens
 from mixgraph.nodes.models.tokenizer import CLIPTokenizer
-from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
-from mixgraph.nodes.models import unet as unet_module
-from mixgraph.nodes.models.unet import UNetConfig, UNetModel, sdxl_adm, sdxl_refiner_adm
+from mixgraph.nodes.models.unclip import NoiseAugmentor
+from mixgraph.nodes.models.unet import UNetConfig
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
 from mixgraph.nodes.models.zero123 import CameraProjectionWeights
 from mixgraph.nodes.models.sdpose import HeatmapHeadWeights
-from mixgraph.nodes.models.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
 from mixgraph.nodes.models.x4_upscaler import ImageAugmentor
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
-    "LatentFormat", "latent_format_for", "ModelHandle", "UNetRunner", "ClipHandle", "VaeHandle", "TaesdVaeHandle", "ControlNetHandle",
+    "LatentFormat", "ModelHandle", "ClipHandle", "VaeHandle", "TaesdVaeHandle", "ControlNetHandle",
 ]
-
-_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025, "sd2_x4": X4_LATENT_SCALE}
-
-
-def latent_format_for(kind: str, channels: int = 4) -> LatentFormat:
-    """The model kind's own (scalar) latent format (``latent_format.py``)."""
-    return LatentFormat(_SCALE.get(kind, 0.18215), channels, 4 if kind == "sd2_x4" else 8)
-
 
 def _materialize(kind, source, config, storage, patches, build):
     return store.materialize(kind, source, config, storage, patches, build)
@@ -71,11 +61,14 @@ def _materialize(kind, source, config, storage, patches, build):
 
 @dataclass(frozen=True)
 class ModelHandle:
-    """MODEL: a diffusion UNet recipe.
+    """MODEL: a diffusion model recipe of one model family (``nodes/families``).
 
-    kind: "sd1" | "sd2" | "sdxl" | "sdxl_refiner" | "sd2_x4" (the SD 2.x x4 upscaler); prediction: "eps" | "v_prediction" | "x0" |
-    "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by UNETLoader
-    (read by the resolver, not applied here).
+    family: the registry name of its family ("sd": SD 1.x / 2.x / SDXL); kind: the family's
+    variant name (SD: "sd1" | "sd2" | "sdxl" | "sdxl_refiner" | "sd2_x4", the x4 upscaler);
+    config: the family's model config (SD: ``UNetConfig``); prediction: "eps" | "v_prediction" |
+    "x0" | "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by
+    UNETLoader (read by the resolver, not applied here). The SD-only fields below (unclip,
+    cc_projection, x4, task_embedding, heatmap_head) are set by the SD family's detection.
 
     Patches, three kinds (ARCHITECTURE.md, "Model patches"): ``patches`` change weights and are
     merged at materialization (LoRA, attention multipliers); ``unet_patches`` act inside every
@@ -85,7 +78,7 @@ class ModelHandle:
     """
 
     source: WeightSource
-    config: UNetConfig
+    config: UNetConfig | Any
     kind: str
     prediction: str = "eps"
     zsnr: bool = False
@@ -116,17 +109,28 @@ class ModelHandle:
     compile_backend: str | None = None
     # SDPose: the keypoint heatmap head stored next to the UNet (``sdpose.py``)
     heatmap_head: HeatmapHeadWeights | None = None
+    # the model family (``nodes/families`` registry name) whose variant ``kind`` is
+    family: str = "sd"
 
-    def runner(self, policy: PolicyLike) -> "UNetRunner":
-        check_backend(self.attention_backend)  # the UNet's attention is BACKENDS' implementation
+    def runner(self, policy: PolicyLike):
+        """The sampler seam (``families.base.FamilyRunner``): the family's model, built through
+        the weight store in the policy's storage dtype, precision applied, with its family's
+        conditioning."""
+        family = families.get(self.family)
+        check_backend(self.attention_backend)  # the model's attention is BACKENDS' implementation
         merged, bypass = lora_bypass.split(self.patches)
-        module = _materialize("unet", self.source, self.config, policy.storage, merged, UNetModel)
+        module = _materialize("unet", self.source, self.config, policy.storage, merged, family.build)
         module = apply_precision(module, policy)
         if bypass:  # LoraLoaderBypass: forward hooks on this use's private module
             lora_bypass.install(module, bypass, "unet", "UNet")
         if self.compile_backend is not None:  # after the hooks, so the compiled graph includes them
             module = compile_module(module, self.compile_backend)
-        return UNetRunner(self, module, policy)
+        return family.runner(self, module, policy)
+
+    def build(self) -> "torch.nn.Module":
+        """The family's model for this handle's config, unloaded (call under ``torch.device
+        ("meta")`` for shapes only)."""
+        return families.get(self.family).build(self.config)
 
     def with_compile(self, backend: str | None) -> "ModelHandle":
         """A handle whose UNet runs through ``torch.compile`` with ``backend`` (None: eager)."""
@@ -164,121 +168,6 @@ class ModelHandle:
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Our module's weight keys → shapes (header only), e.g. for mapping a LoRA."""
         return _module_shapes(self.source)
-
-
-class UNetRunner:
-    """The sampler seam (``SamplerModel``): one precision-applied UNet plus its metadata."""
-
-    def __init__(self, handle: ModelHandle, model: torch.nn.Module, policy: PolicyLike | None = None):
-        self.handle = handle
-        self.model = model
-        self.policy = policy  # what add-on models patched into the UNet (GLIGEN) run under
-        self.run_state: dict = {}  # per sampling run (a runner is made per run): patch counters
-        self.prediction = handle.prediction
-        self.zsnr = handle.zsnr
-        self.latent_format = handle.latent_format  # process_in / process_out (``latent_format.py``)
-        self.latent_scale = handle.latent_format.scale_factor  # its scale alone (scalar formats)
-        self.in_channels = handle.config.in_channels
-        self.kind = handle.kind
-        self.sampler_patches = handle.sampler_patches
-        self.continuous_sampling = handle.continuous_sampling
-        self._cc_module = None
-        self.beta_range = getattr(handle, "beta_range", None)
-        self.image_augmentor = getattr(handle, "x4", None)
-
-    def project_context(self, cross_attn: Tensor) -> Tensor:
-        """A cond's cross-attention tokens as the UNet takes them: Stable Zero123 projects its
-        camera-conditioned image embeddings to the context width (under this runner's policy);
-        every other model takes them as they are. Called once per cond and sampling run."""
-        proj = self.handle.cc_projection
-        if proj is None:
-            return cross_attn
-        if self._cc_module is None:
-            self._cc_module = proj.module(self.policy)
-        return proj.project(self._cc_module, cross_attn)
-
-    @functools.cached_property
-    def context_free_mismatch(self) -> tuple[int, int] | None:
-        """(text width, block width) where this UNet cannot run a text-free cond (no context),
-        or None when it can (``unet.context_free_mismatch``)."""
-        return unet_module.context_free_mismatch(self.model)
-
-    @property
-    def wants_sigma(self) -> bool:
-        """Whether a UNet patch of the handle depends on the noise level (``at_sigma``)."""
-        return any(hasattr(p, "at_sigma") for p in self.handle.unet_patches)
-
-    def unet(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None, control=None,
-             patches: tuple = (), sigma: float | None = None) -> Tensor:
-        """``patches``: forward-time patches for this call, after the handle's own. ``sigma``: the
-        evaluated noise level, bound into patches that depend on it (``at_sigma``). A patch with
-        ``wrap_unet(call, x, control=)`` runs around the whole call (``seamless.py``)."""
-        every = self.handle.unet_patches + tuple(patches)
-        if sigma is not None:
-            every = tuple(p.at_sigma(sigma) if hasattr(p, "at_sigma") else p for p in every)
-        if any(hasattr(p, "for_call") for p in every):  # token patches: input shape + run state
-            every = tuple(p.for_call(tuple(x.shape), self.run_state) if hasattr(p, "for_call") else p
-                          for p in every)
-        wraps, every = unet_wrappers(every)
-
-        def call(x_in: Tensor) -> Tensor:
-            if every:
-                return self.model(x_in, timesteps, context, y, control, every)
-            return self.model(x_in, timesteps, context, y, control)
-
-        for wrap in wraps:  # call wrappers (seamless tiling): a later patch wraps the earlier ones
-            call = functools.partial(wrap.wrap_unet, call, control=control)
-        return call(x)
-
-    def image_concat(self, cond: Cond, latent_shape: tuple[int, ...], seed: int) -> Tensor:
-        """The x4 upscaler's extra input channels [B, 3, H, W] for ``cond`` (``x4_upscaler.py``)."""
-        x4 = getattr(self.handle, "x4", None)
-        if x4 is None:
-            raise ValueError("image_concat: this model takes no image input")
-        return x4.concat(cond.concat_image, cond.noise_augmentation, latent_shape, seed)
-
-    def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False, seed: int = 0) -> Tensor | None:
-        """SDXL vector conditioning, with ComfyUI's defaults (``samplers.encode_model_conds``):
-        width/height = latent size × 8, crops 0, target = width/height; refiner aesthetic score
-        from the cond, else 6.0 (2.5 when ``negative``, ComfyUI's default for the uncond).
-        SD2.1 unCLIP: the cond's unCLIP entries (zeros without); SDXL with unCLIP entries
-        (Revision): their embedding replaces the pooled text; Lotus: its fixed task embedding
-        [1, 4]. ``seed``: the sampling seed."""
-        adm_ch = self.handle.config.adm_in_channels
-        task = getattr(self.handle, "task_embedding", None)
-        if task is not None:  # Lotus: the same task switcher for every cond
-            return torch.tensor([task], dtype=torch.float32)
-        x4 = getattr(self.handle, "x4", None)
-        if x4 is not None:  # the x4 upscaler: the image's noise level as a label
-            return x4.label(cond.noise_augmentation)
-        if adm_ch is None:  # unCLIP entries on an SD1/SD2 model are ignored, as in ComfyUI
-            return None
-        augmentor = getattr(self.handle, "unclip", None)
-        if augmentor is not None:
-            if not cond.unclip:
-                return torch.zeros(1, adm_ch)
-            return unclip_adm(cond.unclip, augmentor, seed)
-        size = cond.size
-        h, w = latent_hw
-        width = float(size.width) if size and size.width is not None else w * 8.0
-        height = float(size.height) if size and size.height is not None else h * 8.0
-        crop_w = float(size.crop_w) if size else 0.0
-        crop_h = float(size.crop_h) if size else 0.0
-        n_numbers = 5 if self.kind == "sdxl_refiner" else 6
-        pooled = cond.pooled
-        pooled_w = adm_ch - n_numbers * 256
-        if cond.unclip:  # ComfyUI's sdxl_pooled: merge level 0, the first `pooled_w` values
-            pooled = unclip_adm(cond.unclip, NoiseAugmentor(pooled_w, 0.0), seed)[:, :pooled_w]
-        if pooled is None:
-            pooled = torch.zeros(1, pooled_w)
-        if self.kind == "sdxl_refiner":
-            score = size.aesthetic_score if size is not None else None
-            if score is None:
-                score = 2.5 if negative else 6.0
-            return sdxl_refiner_adm(pooled, width, height, crop_w, crop_h, score)
-        tw = float(size.target_width) if size and size.target_width is not None else width
-        th = float(size.target_height) if size and size.target_height is not None else height
-        return sdxl_adm(pooled, width, height, crop_w, crop_h, tw, th)
 
 
 # --------------------------------------------------------------------------------------------

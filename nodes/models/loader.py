@@ -20,13 +20,12 @@ The diffusers → LDM key renaming (``diffusers_unet_rename``, ``diffusers_vae_r
 attention projections are [C, C] Linear weights where LDM has [C, C, 1, 1] 1×1 convs, which the
 weight store reshapes on assignment.
 
-Prediction type: SD2 is v-prediction when the std of the last output block's first
-``transformer_blocks.0.norm1.bias`` exceeds 0.09 (ComfyUI tests ``output_blocks.11`` — the last
-block of a real SD2 UNet); SDXL-family files carry ``v_pred`` / ``ztsnr`` marker keys, and an SDXL
-file with ``edm_mean`` and ``edm_std`` keys is Playground v2.5 (ComfyUI ``supported_models.SDXL.
-model_type``, Comfy-Org/ComfyUI 01f03bbd: EDM, σ_data 0.5, σ 0.002..80, its latent format); diffusers
-folders say it in ``scheduler/scheduler_config.json``; a Lotus UNet (an SD2 UNet with a 4-wide
-vector input, ``lotus.py``) is x0 on the unscaled input. ``prediction=`` overrides all of these.
+Which model a diffusion model is (family, variant, config, prediction type and the variant's
+extra fields) is its family's to say: the loaders ask the registered families
+(``nodes/families``, ``families.detect``) and build a ``ModelHandle`` from the ``Detection``; a
+CLIP is built from the text encoders the family pairs the variant with (``text_encoders``).
+SD 1.x / 2.x / SDXL detection is ``nodes/families/sd/detect.py``. ``prediction=`` overrides the
+detected prediction type.
 """
 
 from __future__ import annotations
@@ -38,29 +37,22 @@ from pathlib import Path
 
 import torch
 
+from mixgraph.nodes import families
+from mixgraph.nodes.families.base import Detection
 from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip
 from mixgraph.nodes.models.clip_vision_handle import clip_vision_handle
 from mixgraph.nodes.models.control_lora import ControlLoraHandle, is_control_lora
 from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
 from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family, family_of_file, refusal
-from mixgraph.nodes.models.handles import (ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle,
-                                          latent_format_for)
-from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5
+from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle
 from mixgraph.nodes.models.taesd import load_taesd_autoencoder
 from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
-from mixgraph.nodes.models.lotus import PREDICTION as LOTUS_PREDICTION
-from mixgraph.nodes.models.lotus import is_lotus
-from mixgraph.nodes.models.sdpose import HeatmapHeadWeights
-from mixgraph.nodes.models.lotus import task_embedding as lotus_task_embedding
 from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
 from mixgraph.nodes.models.t2i_adapter import is_t2i_adapter, load_t2i_adapter
-from mixgraph.nodes.models.unclip import NoiseAugmentor
-from mixgraph.nodes.models.unet import UNetConfig, UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.models.vae import VAEConfig
-from mixgraph.nodes.models.zero123 import CameraProjectionWeights, is_zero123
-from mixgraph.nodes.models.x4_upscaler import BETA_RANGE, ImageAugmentor, is_x4_upscaler, x4_unet_config
+from mixgraph.nodes.models.zero123 import is_zero123
 
 __all__ = [
     "load_checkpoint",
@@ -72,20 +64,13 @@ __all__ = [
     "load_clip",
     "load_controlnet",
     "load_diff_controlnet",
-    "detect_unet_kind",
 ]
 
 UNET_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "first_stage_model."
-CLIP_PREFIXES = {  # kind -> {encoder: (prefix, layout)}
-    "sd1": {"clip_l": ("cond_stage_model.transformer.", "hf_clip")},
-    "sd2": {"clip_h": ("cond_stage_model.model.", "open_clip")},
-    "sdxl": {
-        "clip_l": ("conditioner.embedders.0.transformer.", "hf_clip"),
-        "clip_g": ("conditioner.embedders.1.model.", "open_clip"),
-    },
-    "sdxl_refiner": {"clip_g": ("conditioner.embedders.0.model.", "open_clip")},
-}
+#: text-encoder kind -> {encoder: (checkpoint prefix, layout)}: the SD family's table (``save.py``)
+CLIP_PREFIXES = {kind: {slot.name: (slot.prefix, slot.layout) for slot in families.get("sd").text_encoders(kind)}
+                 for kind in ("sd1", "sd2", "sdxl", "sdxl_refiner")}
 CLIP_ACTIVATION = {"clip_l": "quick_gelu", "clip_g": "gelu", "clip_h": "gelu"}
 WEIGHT_DTYPES = {
     "default": None,
@@ -95,7 +80,8 @@ WEIGHT_DTYPES = {
 }
 
 Info = Mapping[str, TensorInfo]
-UNCLIP_ADM = (1536, 2048)  # SD2.1 unCLIP: 2 × the CLIP vision projection (ViT-L 768, ViT-H 1024)
+#: marker keys a checkpoint keeps beside the diffusion model (prediction type, Playground v2.5)
+MARKERS = ("v_pred", "ztsnr", "edm_mean", "edm_std", "edm_vpred.sigma_max")
 UNCLIP_VISION_PREFIX = "embedder.model.visual."
 ZERO123_VISION_PREFIX = "cond_stage_model.model.visual."  # ComfyUI's Stable_Zero123.clip_vision_prefix
 
@@ -145,75 +131,33 @@ def _describe(info: Info) -> str:
     return f"{len(info)} tensors; top key prefixes: " + ", ".join(f"{p}.* ({n})" for p, n in common)
 
 
-def detect_unet_kind(cfg: UNetConfig) -> str:
-    """Model family from a UNet config (ComfyUI's supported_models matching, by structure)."""
-    if is_x4_upscaler(cfg):
-        return "sd2_x4"  # SD 2.x x4 upscaler: 7 input channels, noise-level class labels
-    if is_lotus(cfg):
-        return "sd2"  # Lotus: an SD2 UNet with a 4-wide task-switcher input (``lotus.py``)
-    if cfg.adm_in_channels in UNCLIP_ADM and cfg.context_dim == 1024:
-        return "sd2"  # SD2.1 unCLIP L / H (``unclip_augmentor``)
-    if cfg.adm_in_channels is not None:
-        if cfg.adm_in_channels == 2560 or cfg.model_channels == 384 or cfg.context_dim == 1280:
-            return "sdxl_refiner"
-        return "sdxl"
-    return "sd2" if cfg.use_linear_in_transformer else "sd1"
+def _detect(name: str, info: Info, read: Callable[[str], torch.Tensor] | None,
+            source: WeightSource) -> Detection:
+    """The registered family's Detection of a diffusion model (``families.detect``); ``info``
+    as ``base.Family.detect`` takes it."""
+    found = families.detect(info, read, source)
+    if found is None:
+        raise ValueError(f"{name}: no model family recognises this diffusion model ({_describe(info)})")
+    return found
 
 
-def _sd2_is_v(info: Info, cfg: UNetConfig, prefix: str, read: Callable[[str], torch.Tensor]) -> bool:
-    n_out = sum(n + 1 for n in cfg.num_res_blocks)
-    key = f"{prefix}output_blocks.{n_out - 1}.1.transformer_blocks.0.norm1.bias"
-    if cfg.in_channels != 4 or key not in info:
-        return False
-    return float(read(key).float().std()) > 0.09
+def _model_handle(found: Detection, source: WeightSource, override: str | None, **extra) -> ModelHandle:
+    """A MODEL handle from a family's Detection: the family's sampling defaults for the variant,
+    then what detection found, then the loader's ``extra`` fields, then ``override`` (the
+    loader's ``prediction=`` argument)."""
+    family = families.get(found.family)
+    sampling = family.sampling(found.variant)
+    fields = {"prediction": sampling.prediction, "zsnr": sampling.zsnr, "beta_range": sampling.beta_range,
+              "continuous_sampling": sampling.continuous, **found.fields, **extra}
+    if "latent_format" not in fields:
+        fields["latent_format"] = family.latent_format(found.variant, getattr(found.config, "out_channels", 4))
+    if override:
+        fields["prediction"] = override
+    return ModelHandle(source=source, config=found.config, kind=found.variant, family=found.family, **fields)
 
 
-def unclip_augmentor(kind: str, cfg: UNetConfig) -> NoiseAugmentor | None:
-    """An SD2-family UNet with a vector input is SD2.1 unCLIP: y = [noised image embedding,
-    its noise level's embedding], each half of ``adm_in_channels`` (ComfyUI ``SD21UNCLIP``)."""
-    if kind != "sd2" or cfg.adm_in_channels is None or is_lotus(cfg):
-        return None
-    if cfg.adm_in_channels % 2:
-        raise ValueError(f"an SD2 UNet with a {cfg.adm_in_channels}-wide vector input is not an unCLIP model")
-    return NoiseAugmentor(cfg.adm_in_channels // 2)
-
-
-def _family(kind: str, cfg: UNetConfig) -> tuple[UNetConfig, dict]:
-    """The family's settings that shapes cannot tell: (config, extra ModelHandle fields).
-    The x4 upscaler (ComfyUI ``SD_X4Upscaler``): 8 heads at every width, the low-resolution
-    image input, the 0.0001..0.02 schedule, always v-prediction. Lotus (``lotus.py``): its task
-    embedding as the vector input, x0 prediction on the unscaled input (``img_to_img``)."""
-    if kind == "sd2" and is_lotus(cfg):
-        return cfg, {"task_embedding": lotus_task_embedding(), "prediction": LOTUS_PREDICTION}
-    if kind != "sd2_x4":
-        return cfg, {}
-    return x4_unet_config(cfg), {"x4": ImageAugmentor(), "beta_range": BETA_RANGE, "prediction": "v_prediction"}
-
-
-def _is_playground(kind: str, info: Info) -> bool:
-    return kind == "sdxl" and "edm_mean" in info and "edm_std" in info
-
-
-def _playground(kind: str, info: Info) -> dict:
-    """Extra ModelHandle fields of a Playground v2.5 checkpoint (none for any other file)."""
-    if not _is_playground(kind, info):
-        return {}
-    return {"continuous_sampling": ("edm", 0.002, 80.0), "latent_format": PLAYGROUND_V2_5}
-
-
-def _prediction(kind: str, info: Info, cfg: UNetConfig, prefix: str, read) -> tuple[str, bool]:
-    if "edm_vpred.sigma_max" in info:
-        raise NotImplementedError("EDM v-prediction checkpoints (edm_vpred marker keys): not supported yet")
-    if "edm_mean" in info:
-        if _is_playground(kind, info):
-            return "edm", False
-        raise NotImplementedError(f"an {kind} checkpoint with EDM marker keys (edm_mean) that is not Playground "
-                                  f"v2.5 (an SDXL model with edm_mean and edm_std): not supported yet")
-    if "v_pred" in info:
-        return "v_prediction", "ztsnr" in info
-    if kind == "sd2" and _sd2_is_v(info, cfg, prefix, read):
-        return "v_prediction", False
-    return "eps", False
+def _markers(info: Info) -> dict[str, TensorInfo]:
+    return {k: v for k, v in info.items() if k in MARKERS}
 
 
 def _clip_handle(kind: str, sources: dict[str, WeightSource], configs: dict[str, CLIPTextConfig]) -> ClipHandle:
@@ -235,11 +179,14 @@ def _clip_config(info: Info, source: WeightSource, role: str) -> CLIPTextConfig:
     return CLIPTextConfig.from_state_dict(sub, activation=CLIP_ACTIVATION[role])
 
 
-def _vae_handle(source: WeightSource, info: Info, kind: str | None = None) -> VaeHandle:
+def _vae_handle(source: WeightSource, info: Info, kind: str | None = None, family: str = "sd") -> VaeHandle:
+    """``kind``: the variant of ``family`` the VAE pairs with, for its latent format (a
+    standalone VAE file does not say: SD 1.x's, as ComfyUI's VAELoader)."""
     rename, _ = reader_for_source(source)
     sub = _renamed_info(_sub(source.prefix, info), rename)
     cfg = VAEConfig.from_state_dict(sub)
-    return VaeHandle(source=source, config=cfg, latent_format=latent_format_for(kind or "sd1", cfg.latent_channels))
+    fmt = families.get(family).latent_format(kind or "sd1", cfg.latent_channels)
+    return VaeHandle(source=source, config=cfg, latent_format=fmt)
 
 
 def _is_diffusers_folder(path: Path) -> bool:
@@ -258,7 +205,10 @@ def _find_weights(folder: Path, stem: str) -> Path:
 def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> tuple[ModelHandle, ClipHandle | None, VaeHandle | None]:
     """CheckpointLoaderSimple: (MODEL, CLIP, VAE) handles for a single file or diffusers folder.
 
-    ``prediction`` overrides the detected prediction type ("eps", "v_prediction", ...).
+    ``prediction`` overrides the detected prediction type ("eps", "v_prediction", ...). The
+    model family, variant and config are the registered families' (``families.detect``); the
+    text encoders are the ones the family pairs the variant with (``text_encoders``), where the
+    checkpoint holds them.
     """
     p = Path(path)
     if p.is_dir():
@@ -274,73 +224,44 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
             f"{p.name}: not a Stable Diffusion checkpoint: no UNet under '{UNET_PREFIX}' ({_describe(info)}). "
             f"Standalone UNet, VAE or text-encoder files go in diffusion_models/, vae/ or text_encoders/."
         )
-    if is_zero123(info):  # its cond_stage_model.model.* is a CLIP image tower, not SD2's text encoder
-        return _zero123_model(p, info, prediction), None, _checkpoint_vae(p, info, "sd1")
-    unet_source = WeightSource.from_file(p, UNET_PREFIX)
-    cfg = unet_config_from_state_dict(info, UNET_PREFIX)
-    if any(k.startswith(CLIP_PREFIXES["sdxl"]["clip_g"][0]) for k in info):
-        kind = "sdxl"
-    elif any(k.startswith(CLIP_PREFIXES["sdxl_refiner"]["clip_g"][0]) for k in info):
-        kind = "sdxl_refiner"
-    elif any(k.startswith(CLIP_PREFIXES["sd2"]["clip_h"][0]) for k in info):
-        kind = "sd2"
-    elif any(k.startswith(CLIP_PREFIXES["sd1"]["clip_l"][0]) for k in info):
-        kind = "sd1"
-    else:
-        kind = detect_unet_kind(cfg)
+    model, found = _checkpoint_model(p, info, prediction)
+    family = families.get(found.family)
+    slots = family.text_encoders(found.variant)
+    sources, configs = {}, {}
+    for slot in slots:
+        if slot.prefix and any(k.startswith(slot.prefix) for k in info):
+            sources[slot.name] = WeightSource.from_file(p, slot.prefix, slot.layout)
+            configs[slot.name] = _clip_config(info, sources[slot.name], slot.name)
+    clip = None
+    if slots and len(sources) == len(slots):
+        clip = _clip_handle(slots[0].encoding, sources, configs)
+    return model, clip, _checkpoint_vae(p, info, found)
+
+
+def _checkpoint_model(p: Path, info: Info, prediction: str | None) -> tuple[ModelHandle, Detection]:
+    """The MODEL of a single-file checkpoint: its diffusion model's keys without ``UNET_PREFIX``,
+    the other keys as they are (``base.Family.detect``)."""
+    view = {k[len(UNET_PREFIX):] if k.startswith(UNET_PREFIX) else k: v for k, v in info.items()}
 
     def read(key: str) -> torch.Tensor:
-        return read_tensors(p, [key])[key]
+        stored = UNET_PREFIX + key if UNET_PREFIX + key in info else key
+        return read_tensors(p, [stored])[stored]
 
-    pred, zsnr = _prediction(kind, info, cfg, UNET_PREFIX, read)
-    unclip = unclip_augmentor(kind, cfg)
-    if unclip is not None and "v_pred" not in info:
-        pred = "v_prediction"  # ComfyUI's SD21UNCLIP is a v-prediction model
-    model_kind = "sd2_x4" if is_x4_upscaler(cfg) else kind
-    cfg, family = _family(model_kind, cfg)
-    pred = family.pop("prediction", pred)
-    if kind == "sd2_x4":  # no text encoder keys: the x4 upscaler's is SD2's OpenCLIP
-        kind = "sd2"
-    model = ModelHandle(
-        source=unet_source, config=cfg, kind=model_kind, prediction=prediction or pred, zsnr=zsnr,
-        **{"latent_format": latent_format_for(model_kind, cfg.out_channels), **_playground(model_kind, info)},
-        unclip=unclip, heatmap_head=HeatmapHeadWeights.from_unet(unet_source, _sub(UNET_PREFIX, info), p.name),
-        **family,
-    )
-    sources, configs = {}, {}
-    for role, (prefix, layout) in CLIP_PREFIXES[kind].items():
-        if any(k.startswith(prefix) for k in info):
-            sources[role] = WeightSource.from_file(p, prefix, layout)
-            configs[role] = _clip_config(info, sources[role], role)
-    clip = _clip_handle(kind, sources, configs) if len(sources) == len(CLIP_PREFIXES[kind]) else None
-    return model, clip, _checkpoint_vae(p, info, model_kind)
+    source = WeightSource.from_file(p, UNET_PREFIX)
+    found = _detect(p.name, view, read, source)
+    return _model_handle(found, source, prediction), found
 
 
-def _checkpoint_vae(p: Path, info: Info, kind: str) -> VaeHandle | None:
+def _checkpoint_vae(p: Path, info: Info, found: Detection) -> VaeHandle | None:
     if f"{VAE_PREFIX}decoder.conv_in.weight" not in info:
         return None
-    return _vae_handle(WeightSource.from_file(p, VAE_PREFIX), info, kind)
-
-
-def _zero123_model(p: Path, info: Info, prediction: str | None) -> ModelHandle:
-    """Stable Zero123's MODEL: an SD 1.x UNet taking 8 channels (latent + input view's latent),
-    eps prediction, SD1 latent format, with the checkpoint's ``cc_projection`` (ComfyUI's
-    ``Stable_Zero123`` config and model)."""
-    cfg = unet_config_from_state_dict(info, UNET_PREFIX)
-    cc = CameraProjectionWeights.from_info(WeightSource.from_file(p, "", "zero123_cc"), info, p.name)
-    if cfg.in_channels != 2 * cfg.out_channels or cfg.adm_in_channels is not None:
-        raise ValueError(f"{p.name}: a cc_projection (Stable Zero123) with a UNet of {cfg.in_channels} input "
-                         f"channels{' and a vector input' if cfg.adm_in_channels else ''}; Stable Zero123's "
-                         f"takes {2 * cfg.out_channels} (latent + the input view's latent) and no vector")
-    if cc.config.out_features != cfg.context_dim:
-        raise ValueError(f"{p.name}: cc_projection gives {cc.config.out_features}-wide context; the UNet "
-                         f"attends to {cfg.context_dim}")
-    return ModelHandle(source=WeightSource.from_file(p, UNET_PREFIX), config=cfg, kind="sd1",
-                       prediction=prediction or "eps", latent_format=latent_format_for("sd1", cfg.out_channels),
-                       cc_projection=cc)
+    return _vae_handle(WeightSource.from_file(p, VAE_PREFIX), info, found.variant, found.family)
 
 
 def _load_diffusers_folder(root: Path, prediction: str | None):
+    """A diffusers pipeline folder: the ``unet/`` weights renamed to the LDM layout, seen by the
+    families beside the text encoders' keys under their folder names (``text_encoder.*``,
+    ``text_encoder_2.*``); the prediction type from ``scheduler/scheduler_config.json``."""
     index = root / "model_index.json"
     if index.is_file() and "StableDiffusionUpscale" in index.read_text(errors="replace"):
         raise NotImplementedError(f"{root.name}: the x4 upscaler as a diffusers folder is not supported yet "
@@ -348,37 +269,29 @@ def _load_diffusers_folder(root: Path, prediction: str | None):
     unet_file = _find_weights(root / "unet", "diffusion_pytorch_model")
     info = inspect_file(unet_file)
     source = WeightSource.from_file(unet_file, "", "diffusers_unet")
-    cfg = unet_config_from_state_dict(_renamed_info(info, diffusers_unet_rename(info)))
-    has_te1, has_te2 = (root / "text_encoder").is_dir(), (root / "text_encoder_2").is_dir()
-    if has_te2:
-        kind = "sdxl" if has_te1 else "sdxl_refiner"
-    else:
-        kind = detect_unet_kind(cfg)
-    if kind == "sd2_x4":
-        raise NotImplementedError(f"{root.name}: the x4 upscaler as a diffusers folder is not supported yet "
-                                  f"(use the single-file x4-upscaler-ema.safetensors)")
-    pred, zsnr = "eps", False
+    view = _renamed_info(info, diffusers_unet_rename(info))
+    for folder in ("text_encoder", "text_encoder_2"):
+        if (root / folder).is_dir():
+            view.update({f"{folder}.{k}": v for k, v in inspect_file(_find_weights(root / folder, "model")).items()})
+    found = _detect(unet_file.name, view, None, source)
+    extra = {}
     sched = root / "scheduler" / "scheduler_config.json"
     if sched.is_file():
         sc = json.loads(sched.read_text())
-        pred = {"v_prediction": "v_prediction", "epsilon": "eps", "sample": "x0"}.get(sc.get("prediction_type", "epsilon"), "eps")
-        zsnr = bool(sc.get("rescale_betas_zero_snr", False))
-    model = ModelHandle(
-        source=source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
-        latent_format=latent_format_for(kind, cfg.out_channels),
-    )
-    roles = {"sd1": ("clip_l",), "sd2": ("clip_h",), "sdxl": ("clip_l", "clip_g"), "sdxl_refiner": ("clip_g",)}[kind]
-    folders = ["text_encoder", "text_encoder_2"] if kind == "sdxl" else ["text_encoder_2" if kind == "sdxl_refiner" else "text_encoder"]
+        extra["prediction"] = {"v_prediction": "v_prediction", "epsilon": "eps", "sample": "x0"}.get(
+            sc.get("prediction_type", "epsilon"), "eps")
+        extra["zsnr"] = bool(sc.get("rescale_betas_zero_snr", False))
+    model = _model_handle(found, source, prediction, **extra)
+    slots = families.get(found.family).text_encoders(found.variant)
     sources, configs = {}, {}
-    for role, folder in zip(roles, folders):
-        if (root / folder).is_dir():
-            f = _find_weights(root / folder, "model")
-            src, cfg_c = _standalone_clip_source(f, role)
-            sources[role], configs[role] = src, cfg_c
-    clip = _clip_handle(kind, sources, configs) if len(sources) == len(roles) else None
+    for slot in slots:
+        if slot.folder and (root / slot.folder).is_dir():
+            f = _find_weights(root / slot.folder, "model")
+            sources[slot.name], configs[slot.name] = _standalone_clip_source(f, slot.name)
+    clip = _clip_handle(slots[0].encoding, sources, configs) if slots and len(sources) == len(slots) else None
     vae = None
     if (root / "vae").is_dir():
-        vae = load_vae(_find_weights(root / "vae", "diffusion_pytorch_model"), kind=kind)
+        vae = load_vae(_find_weights(root / "vae", "diffusion_pytorch_model"), kind=found.variant)
     return model, clip, vae
 
 
@@ -428,7 +341,8 @@ def load_image_only_checkpoint(path: str | os.PathLike):
     vision = clip_vision_handle(p, info, ZERO123_VISION_PREFIX)
     if vision is None:
         raise ValueError(f"{p.name}: the keys under {ZERO123_VISION_PREFIX} are not a CLIP vision tower")
-    return _zero123_model(p, info, None), vision, _checkpoint_vae(p, info, "sd1")
+    model, found = _checkpoint_model(p, info, None)
+    return model, vision, _checkpoint_vae(p, info, found)
 
 
 def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction: str | None = None) -> ModelHandle:
@@ -447,8 +361,6 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     _refuse_family(p.name, info)
     if sum(k.startswith(UNET_PREFIX) for k in info) > 5:
         source, sub = WeightSource.from_file(p, UNET_PREFIX), _sub(UNET_PREFIX, info)
-    elif "input_blocks.0.0.weight" in info:
-        source, sub = WeightSource.from_file(p), dict(info)
     elif "conv_in.weight" in info and any(k.startswith("down_blocks.0.resnets.0.") for k in info):
         if "class_embedding.linear_1.weight" in info:  # diffusers' Lotus keeps its task input there
             raise NotImplementedError(f"{p.name}: a diffusers-layout UNet with a class embedding (Lotus in "
@@ -456,12 +368,8 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
         source = WeightSource.from_file(p, "", "diffusers_unet")
         sub = _renamed_info(info, diffusers_unet_rename(info))
     else:
-        raise ValueError(f"{p.name}: not a UNet file ({_describe(info)})")
-    cfg = unet_config_from_state_dict(sub)
-    kind = detect_unet_kind(cfg)
-    marker_info = dict(sub)
-    marker_info.update({k: v for k, v in info.items()
-                        if k in ("v_pred", "ztsnr", "edm_mean", "edm_std", "edm_vpred.sigma_max")})
+        source, sub = WeightSource.from_file(p), dict(info)
+    view = {**sub, **_markers(info)}
     rename = None if source.layout == "ldm" else diffusers_unet_rename(info)
 
     def read(key: str) -> torch.Tensor:
@@ -470,19 +378,10 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
         stored = next(k for k in info if rename(k) == key)
         return read_tensors(p, [stored])[stored]
 
-    pred, zsnr = _prediction(kind, marker_info, cfg, "", read)
-    unclip = unclip_augmentor(kind, cfg)
-    if unclip is not None and "v_pred" not in marker_info:
-        pred = "v_prediction"
-    cfg, family = _family(kind, cfg)
-    pred = family.pop("prediction", pred)
-    return ModelHandle(
-        source=source, config=cfg, kind=kind, prediction=prediction or pred, zsnr=zsnr,
-        **{"latent_format": latent_format_for(kind, cfg.out_channels), **_playground(kind, marker_info)},
-        weight_dtype=WEIGHT_DTYPES[weight_dtype], unclip=unclip,
-        heatmap_head=HeatmapHeadWeights.from_unet(source, sub, p.name) if source.layout == "ldm" else None,
-        **family,
-    )
+    found = families.detect(view, read, source)
+    if found is None:
+        raise ValueError(f"{p.name}: not a diffusion model file that a model family recognises ({_describe(info)})")
+    return _model_handle(found, source, prediction, weight_dtype=WEIGHT_DTYPES[weight_dtype])
 
 
 def load_vae(path: str | os.PathLike, kind: str | None = None) -> VaeHandle:
@@ -521,7 +420,8 @@ def load_taesd_vae(name: str, encoder_path: str | os.PathLike, decoder_path: str
         raise NotImplementedError(f"VAE {name!r}: not supported yet (TAESD VAEs: taesd, taesdxl)")
     module = load_taesd_autoencoder(encoder_path, decoder_path, name)  # validates both layouts
     return TaesdVaeHandle(name=name, encoder_path=os.fspath(encoder_path), decoder_path=os.fspath(decoder_path),
-                          latent_format=latent_format_for(TAESD_VAE_KINDS[name], module.latent_channels))
+                          latent_format=families.get("sd").latent_format(TAESD_VAE_KINDS[name],
+                                                                          module.latent_channels))
 
 
 _STANDALONE_CLIP_PREFIXES = (
@@ -619,6 +519,6 @@ def load_diff_controlnet(path: str | os.PathLike, model: ModelHandle) -> Control
         raise ValueError(f"{p}: a diff ControlNet without control_model.* keys is not supported yet")
     cfg = controlnet_config_from_state_dict(convert_diff_controlnet(info))
     add_model = MergePatch("controlnet", model.source, model.config, tuple(model.patches), (1.0, 1.0),
-                           kind="unet", build=UNetModel)
+                           kind="unet", build=families.get(model.family).build)
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet_diff"), config=cfg,
                             patches=(add_model,))

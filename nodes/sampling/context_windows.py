@@ -287,8 +287,8 @@ def _slice_entry(e, dim: int, idx: list[int], full: int, cw: ContextWindows, mem
         changes = {}
         if e.context is not None and e.context.shape[0] == full:
             changes["context"] = _take(e.context, 0, idx, keep, "cond_retain_index_list")
-        if e.y is not None and e.y.shape[0] == full:
-            changes["y"] = _take(e.y, 0, idx)
+        if any(v.shape[0] == full for v in e.inputs.values()):
+            changes["inputs"] = {k: _take(v, 0, idx) if v.shape[0] == full else v for k, v in e.inputs.items()}
         if e.mask is not None and e.mask.shape[0] == full:
             changes["mask"] = _take(e.mask, 0, idx)
         if e.concat is not None and e.concat.shape[0] == full:

@@ -18,7 +18,9 @@ timestep, and
 ``CFGDenoiser`` is the callable the samplers see (the sampler contract in ``samplers.py``):
 classifier-free guidance (Ho & Salimans 2022) on x0 predictions, ``uncond + (cond − uncond)·cfg``,
 with several conds / areas / masks combined as ComfyUI's ``calc_cond_batch`` weighted average,
-SDXL ADM vectors, ControlNet residuals, 9-channel inpaint concat and timestep ranges.
+the model family's own conditioning (``FamilyRunner.cond_inputs``: SDXL's vector ``y``, ...),
+ControlNet residuals, 9-channel inpaint concat and timestep ranges. The model is called as
+``model(x, timestep, context, inputs, control=, patches=, sigma=)`` (``families/base.py``).
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class ModelSampling:
         existing = getattr(model, "model_sampling", None)
         if isinstance(existing, ModelSampling):
             return existing
+        sampling = getattr(model, "sampling", None)  # a FamilyRunner's ``families.base.Sampling``
+        if sampling is not None:
+            return cls(sampling.prediction, bool(sampling.zsnr), sampling.continuous, sampling.beta_range)
         return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)),
                    getattr(model, "continuous_sampling", None), getattr(model, "beta_range", None))
 
@@ -185,7 +190,7 @@ class _Entry:
 
     cond: Cond
     context: torch.Tensor | None  # [1, T, D]; None for a text-free cond (``Cond.cross_attn`` None)
-    y: torch.Tensor | None  # [1, adm] or None
+    inputs: dict  # name -> [1, ...]: the model's own conditioning (``FamilyRunner.cond_inputs``)
     area: tuple[int, int, int, int] | None  # (h, w, y, x) latent px
     mask: torch.Tensor | None  # [Bm, H, W] resized to the latent, times mask_strength
     sigma_start: float | None  # active while sigma_end <= σ <= sigma_start
@@ -298,7 +303,8 @@ class CondDenoiser:
     ``CFGGuider.inner_set_conds`` + ``process_conds`` with named lists, in its order.
 
     Args:
-        model: a ``SamplerModel`` (see ARCHITECTURE.md): ``unet``, ``adm``, ``in_channels``.
+        model: a ``SamplerModel`` (see ARCHITECTURE.md): a ``families.base.FamilyRunner``
+            (``cond_inputs``, called as the model, ``in_channels``, ``sampling``).
         cond_lists: one CONDITIONING tuple per list (e.g. positive, negative).
         negatives: per list, whether it is a "negative" prompt (SDXL ADM defaults).
         latent_image: [B, C, H, W] the process_in-scaled input latent (for the inpaint concat).
@@ -307,7 +313,7 @@ class CondDenoiser:
         control_to_uncond: (positive index, negative index) for ControlNetApply's
             ``control_apply_to_uncond``; None to skip.
         seed: the sampling seed; a cond's unCLIP image embeddings are noised with seed − 10
-            (``models/unclip.py``), so the model's ``adm`` gets it for conds that carry them.
+            (``models/unclip.py``), so the model's ``cond_inputs`` gets it.
 
     9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
     ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
@@ -431,16 +437,11 @@ class CondDenoiser:
         if c.area is not None:
             h, w, y, x = (int(v) for v in c.area)
             area = (min(H - y, h), min(W - x, w), y, x)
-        y_vec = None
-        adm = getattr(self.model, "adm", None)
-        if adm is not None:
-            # ComfyUI's refiner defaults the aesthetic score by prompt type (6.0 / 2.5 negative)
-            kw = {"negative": True} if negative else {}
-            if c.unclip:
-                kw["seed"] = 0 if self.seed is None else self.seed
-            y_vec = adm(c, self.latent_hw, **kw)
-            if y_vec is not None:
-                y_vec = y_vec.to(self.device, torch.float32)
+        # the family's conditioning (SDXL's y: the refiner's aesthetic score defaults by prompt
+        # side, 6.0 / 2.5 negative; unCLIP noises image embeddings with the sampling seed)
+        inputs = self.model.cond_inputs(c, tuple(self._latent_image.shape), negative=negative,
+                                        seed=0 if self.seed is None else self.seed)
+        inputs = {k: v.to(self.device, torch.float32) for k, v in inputs.items()}
         start, end = c.timestep_range
         if c.clip_range is not None:  # a CLIP hook schedule's range (ComfyUI clip_start/end_percent)
             start, end = max(c.clip_range[0], start), min(c.clip_range[1], end)
@@ -470,7 +471,7 @@ class CondDenoiser:
         control_context = None
         if c.controlnet_cross_attn is not None:  # CLIPTextEncodeControlnet
             control_context = c.controlnet_cross_attn.to(self.device, torch.float32)
-        return _Entry(c, context, y_vec, area, mask, s_start, s_end, concat, gligen, control_context)
+        return _Entry(c, context, inputs, area, mask, s_start, s_end, concat, gligen, control_context)
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -615,7 +616,7 @@ class CondDenoiser:
             return False  # a per-cond UNet patch: evaluated on its own (ComfyUI)
         if (ea.concat is None) != (eb.concat is None):
             return False
-        if (ea.y is None) != (eb.y is None) or (ea.y is not None and ea.y.shape != eb.y.shape):
+        if ea.inputs.keys() != eb.inputs.keys() or any(ea.inputs[k].shape != eb.inputs[k].shape for k in ea.inputs):
             return False
         if ea.cond.control is not None and not _can_concat(ea.control_context, eb.control_context):
             return False  # ControlNet-only text: only with the same kind (ComfyUI's can_concat)
@@ -635,9 +636,8 @@ class CondDenoiser:
         context = _batch_context([e.context for e, _, _ in batch], b)  # [n*B, T, D] or None
         if context is None:
             _check_text_free(model, batch[0][0])
-        y = None
-        if batch[0][0].y is not None:
-            y = torch.cat([e.y.expand(b, -1) for e, _, _ in batch])  # [n*B, adm]
+        inputs = {name: torch.cat([e.inputs[name].expand(b, *v.shape[1:]) for e, _, _ in batch])
+                  for name, v in batch[0][0].inputs.items()}  # name -> [n*B, ...]
         control: Control | None = None
         chain = batch[0][0].cond.control
         if chain is not None:
@@ -645,7 +645,7 @@ class CondDenoiser:
             cn_context = context
             if batch[0][0].control_context is not None:  # ComfyUI's crossattn_controlnet
                 cn_context = _batch_context([e.control_context for e, _, _ in batch], b)
-            control = chain.residuals(xc, t, cn_context, y, sig, percent)
+            control = chain.residuals(xc, t, cn_context, inputs.get("y"), sig, percent)
         unet_in = xc
         if batch[0][0].concat is not None:
             crops = []
@@ -660,13 +660,11 @@ class CondDenoiser:
             b_, _, h_, w_ = inputs[0].shape
             unet_patches = tuple(unet_patches) + (grounding_patch(first.cond.gligen, first.gligen, b_, h_, w_),)
 
+        sigma_arg = float(sig.reshape(-1)[0]) if getattr(model, "wants_sigma", False) else None
+
         def call():
-            if getattr(model, "wants_sigma", False):
-                return model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches),
-                                  sigma=float(sig.reshape(-1)[0]))
-            if unet_patches:
-                return model.unet(unet_in, t, context, y=y, control=control, patches=tuple(unet_patches))
-            return model.unet(unet_in, t, context, y=y, control=control)
+            return model(unet_in, t, context, inputs, control=control, patches=tuple(unet_patches),
+                         sigma=sigma_arg)
 
         if self.unet_hook is not None:
             out = self.unet_hook(call, unet_in, [id(e) for e, _, _ in batch], sig)

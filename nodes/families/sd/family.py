@@ -1,0 +1,89 @@
+"""The SD 1.x / 2.x / SDXL family (``base.Family``): the LDM UNet and its variants.
+
+Variants (``ModelHandle.kind``): "sd1", "sd2", "sdxl", "sdxl_refiner", "sd2_x4" (the SD 2.x x4
+upscaler). Inpaint (9 channels), instruct-pix2pix (8), SD2.1 unCLIP, Lotus / SDPose, Stable
+Zero123 and Playground v2.5 are these variants with extra handle fields (``detect.py``). Model
+files live in ``nodes/models`` (``unet.py``, ``x4_upscaler.py``, ``lotus.py``, ``unclip.py``,
+``zero123.py``, ``sdpose.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.sd.detect import CHECKPOINT_ENCODERS, detect_sd
+from mixgraph.nodes.families.sd.runner import UNetRunner
+from mixgraph.nodes.models.latent_format import LatentFormat
+from mixgraph.nodes.models.safetensors_io import WeightSource
+from mixgraph.nodes.models.unet import UNetConfig, UNetModel
+from mixgraph.nodes.models.x4_upscaler import BETA_RANGE as X4_BETA_RANGE
+from mixgraph.nodes.models.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
+
+__all__ = ["SD", "SDFamily", "VARIANTS", "CLIP_PREFIXES"]
+
+VARIANTS = ("sd1", "sd2", "sdxl", "sdxl_refiner", "sd2_x4")
+_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025, "sd2_x4": X4_LATENT_SCALE}
+# diffusers pipeline folder of each text encoder, per variant
+_FOLDERS = {"sd1": {"clip_l": "text_encoder"}, "sd2": {"clip_h": "text_encoder"},
+            "sdxl": {"clip_l": "text_encoder", "clip_g": "text_encoder_2"},
+            "sdxl_refiner": {"clip_g": "text_encoder_2"}}
+_ENCODING = {"sd2_x4": "sd2"}  # the x4 upscaler encodes its prompt as SD 2.x does
+#: text-encoder kind ("sd1", ...) -> {encoder: (checkpoint prefix, layout)}, in the usual order
+CLIP_PREFIXES = {k: CHECKPOINT_ENCODERS[k] for k in ("sd1", "sd2", "sdxl", "sdxl_refiner")}
+TRACE_TOKENS = 77  # one CLIP chunk: the memory estimate's context length
+
+
+class SDFamily:
+    """``base.Family`` for SD 1.x / 2.x / SDXL (see the module docstring)."""
+
+    name = "sd"
+    display = "SD 1.x / 2.x / SDXL"
+    variants = VARIANTS
+    precision_roles: Mapping[str, str] = {"diffusion": "unet", "text": "text", "vae": "vae"}
+
+    def detect(self, info: Mapping[str, Any], read: Callable[[str], Tensor] | None = None,
+               source: WeightSource | None = None) -> Detection | None:
+        return detect_sd(info, read, source, self.latent_format)
+
+    def build(self, config: UNetConfig) -> UNetModel:
+        return UNetModel(config)
+
+    def runner(self, handle, module: torch.nn.Module, policy) -> UNetRunner:
+        return UNetRunner(handle, module, policy)
+
+    def sampling(self, variant: str) -> Sampling:
+        if variant == "sd2_x4":
+            return Sampling(prediction="v_prediction", beta_range=X4_BETA_RANGE)
+        return Sampling()
+
+    def latent_format(self, variant: str, channels: int = 4) -> LatentFormat:
+        """The variant's own (scalar) latent format (``latent_format.py``)."""
+        return LatentFormat(_SCALE.get(variant, 0.18215), channels, 4 if variant == "sd2_x4" else 8)
+
+    def text_encoders(self, variant: str) -> tuple[TextEncoderSlot, ...]:
+        """The CLIP encoders of ``variant``: where a checkpoint keeps each, in which layout, its
+        diffusers folder, and the text-encode rules they run under (``text_encode.ENCODER_SPECS``)."""
+        encoding = _ENCODING.get(variant, variant)
+        if encoding not in CLIP_PREFIXES:
+            raise ValueError(f"SD variant {variant!r}: no text encoders known (variants: {', '.join(VARIANTS)})")
+        return tuple(TextEncoderSlot(name, "clip", "text", prefix=prefix, layout=layout,
+                                     folder=_FOLDERS[encoding][name], encoding=encoding)
+                     for name, (prefix, layout) in CLIP_PREFIXES[encoding].items())
+
+    def trace_inputs(self, config: UNetConfig, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
+        """``UNetModel.forward`` inputs on ``latent_shape`` (h, w) latent pixels: x, timesteps,
+        one CLIP chunk of context, and the vector input (the x4 upscaler's noise label)."""
+        h, w = latent_shape[-2:]
+        y = torch.empty(batch, config.adm_in_channels) if config.adm_in_channels else None
+        if getattr(config, "num_classes", None):  # the x4 upscaler's noise-level label
+            y = torch.zeros(batch, 1)
+        return (torch.empty(batch, config.in_channels, h, w), torch.empty(batch),
+                torch.empty(batch, TRACE_TOKENS, config.context_dim or 768), y), {}
+
+
+SD = SDFamily()
