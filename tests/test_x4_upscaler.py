@@ -212,8 +212,8 @@ def test_x4_denoiser_feeds_the_image_and_its_noise_level(handles):
     d = CFGDenoiser(runner, (cond,), (plain,), 5.0, latent, seed=40)
     e, u = d.lists[0][0], d.lists[1][0]
     assert torch.equal(e.concat, model.x4.concat(image, 0.1, (2, 4, 4, 6), 40)) and e.concat.shape == (2, 3, 4, 6)
-    assert torch.equal(e.y, torch.tensor([[35.0]]))
-    assert torch.equal(u.concat, torch.zeros(2, 3, 4, 6)) and torch.equal(u.y, torch.zeros(1, 1))
+    assert torch.equal(e.inputs["y"], torch.tensor([[35.0]]))
+    assert torch.equal(u.concat, torch.zeros(2, 3, 4, 6)) and torch.equal(u.inputs["y"], torch.zeros(1, 1))
     out = d(torch.randn(2, 4, 4, 6), torch.tensor([2.0, 2.0]))
     assert out.shape == (2, 4, 4, 6) and torch.isfinite(out).all()
     # the schedule is the family's: betas 0.0001..0.02 linear in sqrt

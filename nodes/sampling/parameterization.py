@@ -439,9 +439,12 @@ class CondDenoiser:
             area = (min(H - y, h), min(W - x, w), y, x)
         # the family's conditioning (SDXL's y: the refiner's aesthetic score defaults by prompt
         # side, 6.0 / 2.5 negative; unCLIP noises image embeddings with the sampling seed)
-        inputs = self.model.cond_inputs(c, tuple(self._latent_image.shape), negative=negative,
-                                        seed=0 if self.seed is None else self.seed)
-        inputs = {k: v.to(self.device, torch.float32) for k, v in inputs.items()}
+        cond_inputs = getattr(self.model, "cond_inputs", None)  # None: a model with no conditioning of its own
+        inputs = {}
+        if cond_inputs is not None:
+            inputs = cond_inputs(c, tuple(self._latent_image.shape), negative=negative,
+                                 seed=0 if self.seed is None else self.seed)
+            inputs = {k: v.to(self.device, torch.float32) for k, v in inputs.items()}
         start, end = c.timestep_range
         if c.clip_range is not None:  # a CLIP hook schedule's range (ComfyUI clip_start/end_percent)
             start, end = max(c.clip_range[0], start), min(c.clip_range[1], end)
