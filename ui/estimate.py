@@ -150,19 +150,18 @@ def _policy_key(p: Policy) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _unet_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, tokens: int) -> int:
-    from mixgraph.nodes.models.unet import UNetModel
+def _model_peak(family_name: str, config: Any, pkey: tuple, batch: int, h: int, w: int) -> int:
+    """The traced peak of one diffusion model call on an h x w latent (latent pixels): the
+    model class and its dummy inputs are the family's (``build``, ``trace_inputs``)."""
+    from mixgraph.nodes import families
 
-    cfg = config
+    family = families.get(family_name)
     policy = Policy(*pkey)
 
     def run(m):
-        y = torch.empty(batch, cfg.adm_in_channels) if cfg.adm_in_channels else None
-        if getattr(cfg, "num_classes", None):  # the x4 upscaler's noise-level label
-            y = torch.zeros(batch, 1)
-        return m(torch.empty(batch, cfg.in_channels, h, w), torch.empty(batch),
-                 torch.empty(batch, tokens, cfg.context_dim or 768), y)
-    return trace_peak(lambda: UNetModel(cfg), policy, run)
+        args, kwargs = family.trace_inputs(config, (h, w), batch)
+        return m(*args, **kwargs)
+    return trace_peak(lambda: family.build(config), policy, run)
 
 
 @functools.lru_cache(maxsize=64)
@@ -228,8 +227,9 @@ def _modules(socket: str, handle: Any) -> list:
     """(builder, weight source) of each module a handle materializes (builders make it on the
     meta device when called)."""
     if socket == "MODEL":
-        from mixgraph.nodes.models.unet import UNetModel
-        return [(lambda: UNetModel(handle.config), getattr(handle, "source", None))]
+        from mixgraph.nodes import families
+        build = families.get(getattr(handle, "family", "sd")).build
+        return [(lambda: build(handle.config), getattr(handle, "source", None))]
     if socket == "VAE":
         from mixgraph.nodes.models.vae import AutoencoderKL
         return [(lambda: AutoencoderKL(handle.config), getattr(handle, "source", None))]
@@ -490,8 +490,8 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 cfg = call.inputs.get("cfg", 8.0)
                 batch = b * (1 if cfg == 1 else 2)
                 down = getattr(getattr(comp.handle, "latent_format", None), "downscale", 8)
-                act = _unet_peak(comp.handle.config, pkey, batch, max(1, h // down),
-                                 max(1, w // down), 77)
+                act = _model_peak(getattr(comp.handle, "family", "sd"), comp.handle.config, pkey, batch,
+                                  max(1, h // down), max(1, w // down))
                 for cn_nid, cn in controls:
                     cpol = resolve(resolver.policy(cn_nid, "CONTROL_NET"), pinned=cn.pinned)
                     ckey = (cn.loader, "CONTROL_NET", cpol.storage, cpol.int8, cn.patched)
@@ -503,7 +503,8 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 entry["size"] = [b, h, w]
                 if assumed:
                     entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
-                outputs += b * 4 * (h // down) * (w // down) * 4
+                channels = getattr(getattr(comp.handle, "latent_format", None), "channels", 4)
+                outputs += b * channels * (h // down) * (w // down) * 4
             elif socket == "VAE" and ct in _VAE_NODES:
                 inp, mode = _VAE_NODES[ct]
                 b, h, w, assumed = graph.size(call.inputs.get(inp))
