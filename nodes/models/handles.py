@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from mixgraph.nodes import families
+from mixgraph.nodes.families.base import Sampling
 from mixgraph.nodes.models import lora_bypass, store
 from mixgraph.nodes.models.attention import check_backend
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
@@ -126,6 +127,14 @@ class ModelHandle:
         if self.compile_backend is not None:  # after the hooks, so the compiled graph includes them
             module = compile_module(module, self.compile_backend)
         return family.runner(self, module, policy)
+
+    @property
+    def sampling(self) -> Sampling:
+        """The parameterisation and schedule (``families.base.Sampling``): the family's settings
+        for the variant (a flow shift, ...) with this handle's prediction, zsnr and schedule."""
+        return dataclasses.replace(families.get(self.family).sampling(self.kind), prediction=self.prediction,
+                                   zsnr=bool(self.zsnr), beta_range=self.beta_range,
+                                   continuous=self.continuous_sampling)
 
     def build(self) -> "torch.nn.Module":
         """The family's model for this handle's config, unloaded (call under ``torch.device

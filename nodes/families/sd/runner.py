@@ -46,8 +46,7 @@ class UNetRunner:
         self._cc_module = None
         self.beta_range = getattr(handle, "beta_range", None)
         self.image_augmentor = getattr(handle, "x4", None)
-        self.sampling = Sampling(prediction=self.prediction, zsnr=bool(self.zsnr), beta_range=self.beta_range,
-                                 continuous=self.continuous_sampling)
+        self.sampling: Sampling = handle.sampling
 
     def project_context(self, cross_attn: Tensor) -> Tensor:
         """A cond's cross-attention tokens as the UNet takes them: Stable Zero123 projects its
