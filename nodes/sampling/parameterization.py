@@ -639,8 +639,8 @@ class CondDenoiser:
         context = _batch_context([e.context for e, _, _ in batch], b)  # [n*B, T, D] or None
         if context is None:
             _check_text_free(model, batch[0][0])
-        inputs = {name: torch.cat([e.inputs[name].expand(b, *v.shape[1:]) for e, _, _ in batch])
-                  for name, v in batch[0][0].inputs.items()}  # name -> [n*B, ...]
+        cond_inputs = {name: torch.cat([e.inputs[name].expand(b, *v.shape[1:]) for e, _, _ in batch])
+                       for name, v in batch[0][0].inputs.items()}  # name -> [n*B, ...]
         control: Control | None = None
         chain = batch[0][0].cond.control
         if chain is not None:
@@ -648,7 +648,7 @@ class CondDenoiser:
             cn_context = context
             if batch[0][0].control_context is not None:  # ComfyUI's crossattn_controlnet
                 cn_context = _batch_context([e.control_context for e, _, _ in batch], b)
-            control = chain.residuals(xc, t, cn_context, inputs.get("y"), sig, percent)
+            control = chain.residuals(xc, t, cn_context, cond_inputs.get("y"), sig, percent)
         unet_in = xc
         if batch[0][0].concat is not None:
             crops = []
@@ -666,7 +666,7 @@ class CondDenoiser:
         sigma_arg = float(sig.reshape(-1)[0]) if getattr(model, "wants_sigma", False) else None
 
         def call():
-            return model(unet_in, t, context, inputs, control=control, patches=tuple(unet_patches),
+            return model(unet_in, t, context, cond_inputs, control=control, patches=tuple(unet_patches),
                          sigma=sigma_arg)
 
         if self.unet_hook is not None:
