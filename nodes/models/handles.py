@@ -136,11 +136,6 @@ class ModelHandle:
                                    zsnr=bool(self.zsnr), beta_range=self.beta_range,
                                    continuous=self.continuous_sampling)
 
-    def build(self) -> "torch.nn.Module":
-        """The family's model for this handle's config, unloaded (call under ``torch.device
-        ("meta")`` for shapes only)."""
-        return families.get(self.family).build(self.config)
-
     def with_compile(self, backend: str | None) -> "ModelHandle":
         """A handle whose UNet runs through ``torch.compile`` with ``backend`` (None: eager)."""
         return dataclasses.replace(self, compile_backend=backend)
