@@ -90,9 +90,9 @@ def CLIPTextEncodeSDXL(ctx, clip=Socket("CLIP"), width=Int(1024, **_SIZE), heigh
     """SDXL base: clip_g reads text_g and clip_l reads text_l; size conditioning as given."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
-    if set(clip.encoders) != {"clip_l", "clip_g"}:
+    if set(clip.names) != {"clip_l", "clip_g"}:
         raise ValueError(f"CLIPTextEncodeSDXL needs an SDXL CLIP (clip_l + clip_g); this CLIP has "
-                         f"{', '.join(clip.encoders) or 'no encoder'} ({clip.kind})")
+                         f"{', '.join(clip.names) or 'no encoder'} ({clip.kind})")
     conds = clip.encode("", effective(ctx, clip, "CLIP"), embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn),
                         warn=ctx.warn, texts={"clip_g": text_g, "clip_l": text_l})
     size = SizeCond(width=width, height=height, crop_w=crop_w, crop_h=crop_h,

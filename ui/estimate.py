@@ -236,11 +236,8 @@ def _modules(socket: str, handle: Any) -> list:
     if socket == "CONTROL_NET":
         from mixgraph.nodes.models.controlnet import ControlNetModel
         return [(lambda: ControlNetModel(handle.config), getattr(handle, "source", None))]
-    if socket == "CLIP":
-        from mixgraph.nodes.models.clip import CLIPTextModel
-        roles = [r for r in ("clip_l", "clip_g", "clip_h") if getattr(handle, f"{r}_config", None) is not None]
-        return [(functools.partial(CLIPTextModel, getattr(handle, f"{r}_config")), getattr(handle, r, None))
-                for r in roles]
+    if socket == "CLIP":  # one module per text encoder of the set
+        return [(functools.partial(e.build, e.config), e.source) for e in handle.encoders]
     return []
 
 
@@ -588,8 +585,7 @@ def weights_needed(wf: Workflow, registry: Any, env: Any,
                 continue
             source = getattr(comp.handle, "source", None) if comp is not None else None
             if source is None:          # CLIP handles name their file per encoder
-                sources = [getattr(comp.handle, r, None) for r in
-                           ("clip_l", "clip_g", "clip_h")] if comp is not None else []
+                sources = [e.source for e in getattr(comp.handle, "encoders", ())] if comp is not None else []
             else:
                 sources = [source]
             policy = resolve(resolver.policy(nid, socket), pinned=comp.pinned,
