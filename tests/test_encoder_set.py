@@ -91,7 +91,7 @@ def test_a_set_names_each_encoder_once_and_one_pooled_vector(entries):
     with pytest.raises(TypeError, match="EncoderEntry"):
         ClipHandle("toy", ("clip_l",))
     with pytest.raises(ValueError, match="at least one"):
-        ClipHandle("toy", ()).encode(TEXT, F32)
+        ClipHandle("toy", ())
 
 
 def test_patches_target_encoders_by_name(entries, tmp_path):
