@@ -342,7 +342,8 @@ class ClipHandle:
             embedding_lookup=embedding_lookup, warn=warn, texts=texts,
         )
 
-    def policy_for(self, entry: EncoderEntry, policy: PolicyLike,
+    @staticmethod
+    def policy_for(entry: EncoderEntry, policy: PolicyLike,
                    policies: Mapping[str, PolicyLike] | None = None) -> PolicyLike:
         """The policy ``entry`` runs under: its role's in ``policies``, else ``policy``."""
         return (policies or {}).get(entry.role, policy)
