@@ -20,6 +20,7 @@ from mixgraph.nodes.sampling import samplers
 from mixgraph.nodes.sampling.ksampler import fix_empty_latent_channels, sample
 from mixgraph.nodes.sampling.noise import default_noise_sampler, prepare_noise
 from mixgraph.nodes.sampling.parameterization import PREDICTIONS, ModelSampling
+from mixgraph.nodes.sampling.schedule_flow import flux_resolution_shift
 from mixgraph.nodes.sampling.schedules import calculate_sigmas
 from mixgraph.ui.comfy_payloads import cond_from_comfy, cond_to_comfy
 
@@ -84,6 +85,14 @@ def test_flux_exponential_shift_closed_form():
     for p in (0.2, 0.7):
         assert ms.percent_to_sigma(p) == pytest.approx(flux_shift(1 - p, mu))
         assert sched.sigma_to_percent(ms.percent_to_sigma(p)) == pytest.approx(p, abs=1e-12)
+
+
+def test_flux_resolution_shift():
+    assert flux_resolution_shift(1024, 1024) == pytest.approx(1.15)   # 4096 patches: max_shift
+    assert flux_resolution_shift(256, 256) == pytest.approx(0.5)      # 256 patches: base_shift
+    mid = 256 + (4096 - 256) / 2
+    side = int(math.sqrt(mid * 256))
+    assert flux_resolution_shift(side, side) == pytest.approx(0.5 + 0.65 * (side * side / 256 - 256) / 3840)
 
 
 def test_table_schedulers_on_the_flow_schedule():

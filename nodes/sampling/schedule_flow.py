@@ -25,7 +25,7 @@ import math
 
 import torch
 
-__all__ = ["FlowSchedule", "FLOW_SHIFT_KINDS", "time_snr_shift", "flux_time_shift"]
+__all__ = ["FlowSchedule", "FLOW_SHIFT_KINDS", "time_snr_shift", "flux_time_shift", "flux_resolution_shift"]
 
 FLOW_SHIFT_KINDS = ("linear", "exponential")
 
@@ -40,6 +40,16 @@ def time_snr_shift(shift: float, t):
 def flux_time_shift(mu: float, t):
     """σ(t) = e^μ / (e^μ + (1/t − 1)) (Flux's time shift with exponent 1)."""
     return math.exp(mu) / (math.exp(mu) + (1 / t - 1) ** 1.0)
+
+
+def flux_resolution_shift(width: int, height: int, max_shift: float = 1.15, base_shift: float = 0.5) -> float:
+    """Flux's μ for an image size (ComfyUI's ModelSamplingFlux node, Flux.1's reference code):
+    linear in the number of 2x2 latent patches, ``base_shift`` at 256 patches (256² px) and
+    ``max_shift`` at 4096 (1024² px), extrapolated beyond."""
+    x1, x2 = 256, 4096
+    slope = (max_shift - base_shift) / (x2 - x1)
+    intercept = base_shift - slope * x1
+    return (width * height / (8 * 8 * 2 * 2)) * slope + intercept
 
 
 class FlowSchedule:
