@@ -285,7 +285,8 @@ def _contains(outer: tuple, inner: tuple) -> bool:
 
 def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
     """For every cond with an area, make sure each other list has a cond with that area: copy the
-    smallest enclosing cond's text/pooled/size into it (ComfyUI create_cond_with_same_area_if_none).
+    smallest enclosing cond's model inputs (text, pooled, size, concat, a family's
+    ``model_inputs``) into it (ComfyUI create_cond_with_same_area_if_none copies its model_conds).
     Keeps both sides of CFG evaluated on the same crops."""
     for k, src in enumerate(lists):
         for c in src:  # lists grow while iterated, as in ComfyUI
@@ -312,7 +313,8 @@ def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
                     replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
                             size=smallest.size, unclip=smallest.unclip, concat_latent=smallest.concat_latent,
                             concat_mask=smallest.concat_mask, concat_image=smallest.concat_image,
-                            noise_augmentation=smallest.noise_augmentation)
+                            noise_augmentation=smallest.noise_augmentation,
+                            model_inputs=smallest.model_inputs)
                 )
 
 
