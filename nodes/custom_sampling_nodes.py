@@ -385,6 +385,7 @@ def SamplerCustom(ctx, model=Socket("MODEL"), add_noise=Boolean(True),
     x0 prediction (denoised_output)."""
     runner = model.runner(effective(ctx, model, "MODEL"))
     guidance = Guidance("cfg", (tuple(positive), tuple(negative)), (cfg,))
+    latent_image = ksampler.fix_empty_latent_channels(runner, latent_image)  # before the noise
     return ksampler.sample_custom(runner, guidance=guidance, sampler=sampler, sigmas=sigmas,
                                   noise=initial_noise(latent_image, noise_seed, add_noise),
                                   seed=noise_seed, latent=latent_image, on_step=_progress(ctx),
@@ -402,6 +403,7 @@ def SamplerCustomAdvanced(ctx, noise=Socket("NOISE"), guider=Socket("GUIDER"),
     negative_runner = None
     if guider.negative_model is not None and not math.isclose(guider.guidance.scales[0], 1.0):
         negative_runner = guider.negative_model.runner(effective(ctx, guider.negative_model, "MODEL"))
+    latent_image = ksampler.fix_empty_latent_channels(runner, latent_image)  # before the noise
     return ksampler.sample_custom(runner, guidance=guider.guidance, sampler=sampler,
                                   sigmas=sigmas,
                                   noise=initial_noise(latent_image, noise.seed, noise.add),
