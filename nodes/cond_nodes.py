@@ -14,16 +14,16 @@ from pathlib import Path
 from mixgraph.graph.env import writable_folder
 from mixgraph.graph.node import Combo, Socket, String, node
 from mixgraph.nodes import folders
-from mixgraph.nodes.conditioning import _embeddings_fingerprint
+from mixgraph.nodes.embeddings import embeddings_fingerprint
 from mixgraph.nodes.embeddings import embedding_lookup
-from mixgraph.nodes.imaging import _next_counter
+from mixgraph.nodes.imaging import next_counter
 from mixgraph.nodes.loading import _fingerprint
 from mixgraph.nodes.models import cond_file
 from mixgraph.nodes.precision import effective
 
 
 @node(category="model/conditioning", outputs=("CONDITIONING",), display_name="CLIP Text Encode (Controlnet)",
-      fingerprint=_embeddings_fingerprint)
+      fingerprint=embeddings_fingerprint)
 def CLIPTextEncodeControlnet(ctx, clip=Socket("CLIP"), conditioning=Socket("CONDITIONING"),
                              text=String(multiline=True, dynamic_prompts=True)):
     """Adds a text that only the ControlNets of these conds read (their cross-attention); the
@@ -46,7 +46,7 @@ def SaveConditioning(ctx, conditioning=Socket("CONDITIONING"),
     target = folders.safe_join(root, filename_prefix)
     folder, stem = target.parent, target.name
     writable_folder(folder, "output folder")
-    cond_file.save_conditioning(folder / f"{stem}_{_next_counter(folder, stem):05}_.safetensors", conditioning)
+    cond_file.save_conditioning(folder / f"{stem}_{next_counter(folder, stem):05}_.safetensors", conditioning)
     return (conditioning,)
 
 

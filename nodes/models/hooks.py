@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 from mixgraph.nodes.models.lora import LoraFile, LoraKeyWarning, load_lora
 from mixgraph.nodes.models.lora_keys import CLIP_TARGETS, group_modules
-from mixgraph.nodes.models.merge import _CLIP_SKIP, MergePatch
+from mixgraph.nodes.models.merge import CLIP_SKIP, MergePatch
 from mixgraph.nodes.models.safetensors_io import WeightSource, read_tensors
 from mixgraph.nodes.payloads.hooks import HookGroup, LoraWeights, ModelWeights, WeightHook
 
@@ -111,9 +111,9 @@ def clip_patches(hook: WeightHook, multiplier: float, clip) -> tuple:
                 continue
             own = tuple(p for p in w.clip.patches if getattr(p, "target", name) == name)
             out.append(MergePatch(name, getattr(clip, name), getattr(clip, f"{name}_config"), (),
-                                  (1.0, -s), (), _CLIP_SKIP))
+                                  (1.0, -s), (), CLIP_SKIP))
             out.append(MergePatch(name, source, getattr(w.clip, f"{name}_config"), own, (1.0, s),
-                                  (), _CLIP_SKIP))
+                                  (), CLIP_SKIP))
         return tuple(out)
     return ()
 
