@@ -12,12 +12,11 @@ import dataclasses
 from pathlib import Path
 
 from mixgraph.graph.env import writable_folder
-from mixgraph.graph.node import Combo, Socket, String, node
+from mixgraph.graph.node import Socket, String, node
 from mixgraph.nodes import folders
-from mixgraph.nodes.embeddings import embeddings_fingerprint
-from mixgraph.nodes.embeddings import embedding_lookup
+from mixgraph.nodes.embeddings import embedding_lookup, embeddings_fingerprint
 from mixgraph.nodes.imaging import next_counter
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.model_files import CONDITIONING_FILE
 from mixgraph.nodes.models import cond_file
 from mixgraph.nodes.precision import effective
 
@@ -50,12 +49,11 @@ def SaveConditioning(ctx, conditioning=Socket("CONDITIONING"),
     return (conditioning,)
 
 
-@node(category="model/loaders", outputs=("CONDITIONING",), display_name="Load Conditioning",
-      fingerprint=_fingerprint("embeddings", "conditioning_name"))
-def ConditioningLoader(ctx, conditioning_name=Combo(folders.options("embeddings"))):
+@node(category="model/loaders", outputs=("CONDITIONING",), display_name="Load Conditioning")
+def ConditioningLoader(ctx, conditioning_name=CONDITIONING_FILE.input()):
     """A conditioning saved with Save Conditioning (or any safetensors file with a
     'conditioning' tensor) from the embeddings folder."""
-    conds, ignored = cond_file.load_conditioning(folders.resolve(ctx.env, "embeddings", conditioning_name))
+    conds, ignored = cond_file.load_conditioning(CONDITIONING_FILE.path(ctx.env, conditioning_name))
     if ignored:
         ctx.warn(f"{conditioning_name}: options {', '.join(ignored)} are not used by SD-family models; ignored")
     return (conds,)
