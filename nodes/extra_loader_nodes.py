@@ -75,7 +75,8 @@ def _image_only_refusal(node_name: str, path: Path, where: str) -> str | None:
     return f"{node_name}: {problem}" if problem else None
 
 
-IMAGE_ONLY_CHECKPOINT = ModelFile("checkpoints", refuse=partial(_image_only_refusal, "ImageOnlyCheckpointLoader"))
+IMAGE_ONLY_CHECKPOINT = ModelFile(
+    "checkpoints", refuse=partial(_image_only_refusal, "ImageOnlyCheckpointLoader"))
 IMAGE_ONLY_CHECKPOINT_DEVICE = ModelFile(
     "checkpoints", refuse=partial(_image_only_refusal, "ImageOnlyCheckpointLoaderDevice"))
 

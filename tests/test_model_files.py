@@ -82,7 +82,8 @@ def test_model_file_lists_fingerprints_resolves_and_checks(tmp_path):
     lora.write_bytes(b"two")
     assert inp.fingerprint(env, "a.safetensors") != first   # a replaced file is another key
     assert inp.fingerprint(env, "missing.safetensors") is None
-    assert inp.check(env, "lora_name", "a.safetensors") == ["lora_name 'a.safetensors': a.safetensors refused"]
+    assert inp.check(env, "lora_name", "a.safetensors") == [
+        "lora_name 'a.safetensors': a.safetensors refused"]
     assert inp.check(env, "lora_name", "missing.safetensors") == []   # the combo check reports it
     assert LORA.input().check is None   # no refusal declared: no check attached
 
