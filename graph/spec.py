@@ -53,7 +53,7 @@ class Input:
     # hooks a node library attaches to an input whose literal names something outside the graph
     # (a file in a folder): `fingerprint(env, value)`, that thing's state, joins the node's cache
     # key; `check(env, name, value) -> [problems]` runs with the node's validation. `graph.node`
-    # folds them into the spec's `fingerprint` / `validate` (docs/ARCHITECTURE.md, "Nodes").
+    # folds them into the spec's `fingerprint` / `validate` (docs/ARCHITECTURE.md, "Engine seam").
     fingerprint: Callable[[Any, Any], Any] | None = field(default=None, compare=False, repr=False)
     check: Callable[[Any, str, Any], Sequence[str]] | None = field(default=None, compare=False,
                                                                    repr=False)
