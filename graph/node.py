@@ -163,8 +163,60 @@ def spec_from_function(fn: Callable, *, name: str | None = None, outputs: Sequen
         raise TypeError(f"node {fn.__name__}: precision_types {unknown} are not model socket types "
                         f"({', '.join(sorted(MODEL_TYPES))})")
     types = sorted({*precision_types, *(i.type for _, i in inputs if i.type in MODEL_TYPES)})
+    hooked = [(n, i.fingerprint) for n, i in inputs if i.fingerprint is not None]
+    if hooked:
+        kw["fingerprint"] = with_input_fingerprints(kw.get("fingerprint"), hooked)
+    checked = [(n, i.check) for n, i in inputs if i.check is not None]
+    if checked:
+        kw["validate"] = with_input_checks(kw.get("validate"), checked)
     return NodeSpec(name=name or fn.__name__, fn=fn, inputs=tuple(inputs), hidden=tuple(hidden),
                     outputs=tuple(outs), wants_ctx=wants_ctx, precision_types=tuple(types), **kw)
+
+
+def with_input_fingerprints(own: Callable | None, hooked: Sequence[tuple[str, Callable]]) -> Callable:
+    """A node's fingerprint from its inputs' `Input.fingerprint` hooks: one print per hooked
+    input, in declaration order (None for an input given no literal), after the node's own
+    fingerprint if it has one. A NaN from the node's own means "never cached", as it did alone."""
+    hooked = tuple(hooked)
+
+    def fingerprint(env: Any, **literals: Any) -> Any:
+        prints = tuple(hook(env, literals[n]) if n in literals else None for n, hook in hooked)
+        if own is None:
+            return prints
+        mine = own(env, **literals)
+        if isinstance(mine, float) and mine != mine:
+            return mine
+        return (mine, *prints)
+
+    return fingerprint
+
+
+def with_input_checks(own: Callable | None, checked: Sequence[tuple[str, Callable]]) -> Callable:
+    """A node's validate from its inputs' `Input.check` hooks, after the node's own validate.
+
+    The result takes `**literals` (so it sees the hooked inputs' values) and keeps the node's own
+    named parameters in its signature: the inputs those claim stay claimed (`graph.validate`), and
+    the node's own validate gets the literals it asked for, as before."""
+    checked = tuple(checked)
+    params = list(inspect.signature(own).parameters.values()) if own is not None else []
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params)
+    named = frozenset(p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    def validate(env: Any, **literals: Any) -> list:
+        found: list = []
+        if own is not None:
+            mine = literals if takes_all else {k: v for k, v in literals.items() if k in named}
+            found += own(env, **mine) or []
+        for n, check in checked:
+            if n in literals:
+                found += check(env, n, literals[n])
+        return found
+
+    signature = [inspect.Parameter("env", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    signature += [p for p in params[1:] if p.kind is not p.VAR_KEYWORD]
+    signature.append(inspect.Parameter("literals", inspect.Parameter.VAR_KEYWORD))
+    validate.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
+    return validate
 
 
 def replace_spec(spec: NodeSpec, **changes: Any) -> NodeSpec:

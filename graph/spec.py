@@ -7,7 +7,7 @@ them to the registry, the registry stores and renders them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 #: Socket types that carry no widget: they can only be linked.
@@ -50,6 +50,13 @@ class Input:
     # DynamicCombo: the chosen option's sub-inputs)
     match: Any = None
     grow: Any = None
+    # hooks a node library attaches to an input whose literal names something outside the graph
+    # (a file in a folder): `fingerprint(env, value)`, that thing's state, joins the node's cache
+    # key; `check(env, name, value) -> [problems]` runs with the node's validation. `graph.node`
+    # folds them into the spec's `fingerprint` / `validate` (docs/ARCHITECTURE.md, "Engine seam").
+    fingerprint: Callable[[Any, Any], Any] | None = field(default=None, compare=False, repr=False)
+    check: Callable[[Any, str, Any], Sequence[str]] | None = field(default=None, compare=False,
+                                                                   repr=False)
 
     @property
     def has_default(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Combo, Float, Int, Socket, String, node
 from mixgraph.nodes import cond_ops
-from mixgraph.nodes.conditioning import _embeddings_fingerprint
+from mixgraph.nodes.embeddings import embeddings_fingerprint
 from mixgraph.nodes.embeddings import embedding_lookup
 from mixgraph.nodes.payloads.conditioning import SizeCond
 from mixgraph.nodes.payloads.latent import Latent
@@ -75,7 +75,7 @@ def InpaintModelConditioning(ctx, positive=Socket("CONDITIONING"), negative=Sock
 
 
 def _sdxl_fingerprint(env, text_g="", text_l="", **_):
-    return _embeddings_fingerprint(env, text=f"{text_g or ''} {text_l or ''}")
+    return embeddings_fingerprint(env, text=f"{text_g or ''} {text_l or ''}")
 
 
 _SIZE = dict(min=0, max=MAX_RESOLUTION)
@@ -100,7 +100,7 @@ def CLIPTextEncodeSDXL(ctx, clip=Socket("CLIP"), width=Int(1024, **_SIZE), heigh
     return (cond_ops.set_size(conds, size),)
 
 
-@node(category="advanced/conditioning", outputs=("CONDITIONING",), fingerprint=_embeddings_fingerprint)
+@node(category="advanced/conditioning", outputs=("CONDITIONING",), fingerprint=embeddings_fingerprint)
 def CLIPTextEncodeSDXLRefiner(ctx, ascore=Float(6.0, min=0.0, max=1000.0, step=0.01),
                               width=Int(1024, **_SIZE), height=Int(1024, **_SIZE),
                               text=String(multiline=True, dynamic_prompts=True), clip=Socket("CLIP")):

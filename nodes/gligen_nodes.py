@@ -4,19 +4,17 @@ patches the fusers into the UNet per evaluation."""
 
 from __future__ import annotations
 
-from mixgraph.graph.node import MAX_RESOLUTION, Combo, Int, Socket, String, node
-from mixgraph.nodes import folders
+from mixgraph.graph.node import MAX_RESOLUTION, Int, Socket, String, node
 from mixgraph.nodes.embeddings import embedding_lookup
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.model_files import GLIGEN
 from mixgraph.nodes.models.gligen import add_box, load_gligen
 from mixgraph.nodes.precision import effective
 
 
-@node(category="loaders", outputs=("GLIGEN",), display_name="GLIGENLoader",
-      fingerprint=_fingerprint("gligen", "gligen_name"))
-def GLIGENLoader(ctx, gligen_name=Combo(folders.options("gligen"))):
+@node(category="loaders", outputs=("GLIGEN",), display_name="GLIGENLoader")
+def GLIGENLoader(ctx, gligen_name=GLIGEN.input()):
     """Loads a GLIGEN grounding model from models/gligen."""
-    return (load_gligen(folders.resolve(ctx.env, "gligen", gligen_name)),)
+    return (load_gligen(GLIGEN.path(ctx.env, gligen_name)),)
 
 
 @node(category="conditioning/gligen", outputs=("CONDITIONING",), display_name="GLIGENTextBoxApply")

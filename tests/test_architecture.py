@@ -173,3 +173,52 @@ def test_architecture_no_late_imports_where_circles_were():
                                            ("ui", "mixgraph.ui.server")])
 def test_architecture_layers_are_classified(layer, example):
     assert example in MODULES and _layer(example) == layer
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _own_private_module(importer: str, module: str) -> bool:
+    """A package importing its own private submodule (`from . import _io as io` in
+    ui/comfy_host/comfy_api/latest: ComfyUI's own module layout, which custom packs import):
+    the package is that module's public face, so this is no reach into another module."""
+    return _is_package(importer) and module.rpartition(".")[0] == importer
+
+
+def test_architecture_no_module_uses_another_modules_private_names():
+    """No module imports a private (leading underscore, not dunder) name from another mixgraph
+    module, nor reads `other_module._name`: what two modules share gets a public name in one home.
+    Function-local imports count too."""
+    wrong = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        package = name if _is_package(name) else name.rpartition(".")[0]
+        modules: dict[str, str] = {}   # local name -> the mixgraph module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("mixgraph"):
+                        modules[a.asname or a.name] = a.name
+                        if any(_private(p) for p in a.name.split(".")):
+                            wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {a.name}")
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                if not base.startswith("mixgraph"):
+                    continue
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    if full in MODULES:
+                        modules[a.asname or a.name] = full
+                    if _private(a.name) and full != name and not _own_private_module(name, full):
+                        wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {base} import {a.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = ast.unparse(node.value)
+                target = modules.get(owner, owner if owner in MODULES else None)
+                if target is not None and target != name:
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {owner}.{node.attr}")
+    assert not wrong, "private names used across modules:\n" + "\n".join(wrong)

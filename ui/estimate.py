@@ -244,10 +244,10 @@ def _modules(socket: str, handle: Any) -> list:
 def _stored_table_bytes(module: torch.nn.Module, source: Any) -> int:
     """Bytes of the module's `keep_stored` tables in the file's dtype: the weight store counts
     them against its budget although they stay lazily paged views (not resident)."""
-    from mixgraph.nodes.models.cast import _matched_names
+    from mixgraph.nodes.models.cast import matched_names
     from mixgraph.nodes.models.safetensors_io import source_dtypes
 
-    names = _matched_names(module, "keep_stored")
+    names = matched_names(module, "keep_stored")
     if not names:
         return 0
     try:

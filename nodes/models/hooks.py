@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 from mixgraph.nodes.models.lora import LoraFile, LoraKeyWarning, load_lora
 from mixgraph.nodes.models.lora_keys import group_modules
-from mixgraph.nodes.models.merge import _CLIP_SKIP, MergePatch
+from mixgraph.nodes.models.merge import CLIP_SKIP, MergePatch
 from mixgraph.nodes.models.safetensors_io import WeightSource, read_tensors
 from mixgraph.nodes.payloads.hooks import HookGroup, LoraWeights, ModelWeights, WeightHook
 
@@ -111,8 +111,8 @@ def clip_patches(hook: WeightHook, multiplier: float, clip) -> tuple:
                 continue
             theirs = w.clip.encoder(name)
             own = tuple(p for p in w.clip.patches if getattr(p, "target", name) == name)
-            out.append(MergePatch(name, mine.source, mine.config, (), (1.0, -s), (), _CLIP_SKIP))
-            out.append(MergePatch(name, theirs.source, theirs.config, own, (1.0, s), (), _CLIP_SKIP))
+            out.append(MergePatch(name, mine.source, mine.config, (), (1.0, -s), (), CLIP_SKIP))
+            out.append(MergePatch(name, theirs.source, theirs.config, own, (1.0, s), (), CLIP_SKIP))
         return tuple(out)
     return ()
 

@@ -37,10 +37,11 @@ import torch
 from torch import Tensor
 
 __all__ = ["MergePatch", "MergeWarning", "merged_weight", "strengths", "merge_model", "merge_clip", "SIMPLE",
-           "SUBTRACT", "ADD"]
+           "SUBTRACT", "ADD", "CLIP_SKIP"]
 
 SIMPLE, SUBTRACT, ADD = "simple", "subtract", "add"
-_CLIP_SKIP = (".position_ids", ".logit_scale", "position_ids", "logit_scale")
+# text-encoder keys a merge leaves alone (position ids and logit scale are not weights)
+CLIP_SKIP = (".position_ids", ".logit_scale", "position_ids", "logit_scale")
 
 
 class MergeWarning(UserWarning):
@@ -135,5 +136,5 @@ def merge_clip(clip1, clip2, mode: str, value: float = 1.0):
             continue
         other = clip2.encoder(name)
         own = tuple(p for p in clip2.patches if getattr(p, "target", name) == name)
-        patches.append(MergePatch(name, other.source, other.config, own, strengths(mode, value), (), _CLIP_SKIP))
+        patches.append(MergePatch(name, other.source, other.config, own, strengths(mode, value), (), CLIP_SKIP))
     return clip1.with_patches(tuple(patches)) if patches else clip1
