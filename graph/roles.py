@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 __all__ = ["DEVICE_CHOICES", "RolePresets", "DEFAULT_PRESETS", "PrecisionRoles", "ROLES",
-           "register_role", "register_preset_role"]
+           "register_role", "register_preset_role", "unregister_role"]
 
 #: The device-dependent candidates a role's preset may name, beside plain SPECs (which any
 #: device runs). `graph.precision.preset_spec` evaluates them on a device's capabilities.
@@ -109,6 +109,13 @@ class PrecisionRoles:
         if primary:
             self.primary = key
 
+    def unregister_role(self, socket: str) -> None:
+        """Forget a socket type's roles (tests that register toy ones)."""
+        key = socket.upper()
+        self._roles.pop(key, None)
+        if self.primary == key:
+            self.primary = None
+
     def role_of(self, socket: str | None) -> str | None:
         """The role of a socket type (None: it has none; so has `None`)."""
         roles = self._roles.get(socket.upper()) if socket else None
@@ -138,3 +145,4 @@ class PrecisionRoles:
 ROLES = PrecisionRoles()
 register_role = ROLES.register_role
 register_preset_role = ROLES.register_preset_role
+unregister_role = ROLES.unregister_role
