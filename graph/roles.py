@@ -136,6 +136,10 @@ class PrecisionRoles:
                               f"{', '.join(self._presets) or 'none'}); a node library declares "
                               f"its roles with register_preset_role") from None
 
+    def declared(self) -> tuple[str, ...]:
+        """The declared roles, in the order they were declared."""
+        return tuple(self._presets)
+
     def sockets(self) -> tuple[str, ...]:
         """The socket types with a role, in the order they were registered."""
         return tuple(self._roles)

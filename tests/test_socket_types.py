@@ -158,3 +158,29 @@ def test_roles_a_node_asking_an_unregistered_role_fails_naming_it(tmp_path, toy_
         _executor(tmp_path).run({"1": call("AsksUnregisteredRole", tag="a"),
                                  "2": call("ShowText", text=link(1))})
 
+
+
+# --- the node library's registrations -------------------------------------------------------------
+
+def test_library_registers_comfyui_model_types_and_the_diffusion_roles():
+    from mixgraph.graph.roles import ROLES
+    from mixgraph.nodes import socket_types
+
+    assert set(socket_types.MODEL_SOCKETS) <= set(MODEL_TYPES)
+    assert not SOCKET_TYPES.is_widget("LATENT") and SOCKET_TYPES.is_widget("BOUNDING_BOX")
+    assert [ROLES.role_of(s) for s in ("MODEL", "CONTROL_NET", "CLIP", "VAE", "CLIP_VISION")] == \
+        ["unet", "unet", "text", "vae", None]
+    assert ROLES.primary == "MODEL"
+    assert Resolver(None, caps=ZEN4).describe()["default"] == "bf16"   # the denoiser's auto
+
+
+def test_library_every_role_a_family_names_is_declared():
+    """A family names its parts' roles (`Family.precision_roles`); nodes/socket_types.py must
+    declare each, or every preset fails for that part."""
+    from mixgraph.graph.roles import ROLES
+    from mixgraph.nodes import library  # noqa: F401  (the families the library registers)
+    from mixgraph.nodes.families import FAMILIES
+
+    undeclared = [f"{family.name}: {part} -> {role}" for family in FAMILIES.values()
+                  for part, role in family.precision_roles.items() if role not in ROLES.declared()]
+    assert not undeclared, f"roles to declare in nodes/socket_types.py: {undeclared}"
