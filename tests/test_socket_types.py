@@ -184,3 +184,17 @@ def test_library_every_role_a_family_names_is_declared():
     undeclared = [f"{family.name}: {part} -> {role}" for family in FAMILIES.values()
                   for part, role in family.precision_roles.items() if role not in ROLES.declared()]
     assert not undeclared, f"roles to declare in nodes/socket_types.py: {undeclared}"
+
+
+def test_library_every_declared_role_gives_a_valid_spec_on_every_device():
+    """A role's candidates are checked where they are evaluated; this runs each one."""
+    from mixgraph.graph.precision import PRESETS, parse_spec
+    from mixgraph.graph.roles import ROLES
+    from mixgraph.nodes import socket_types  # noqa: F401
+
+    devices = [ZEN4, AMPERE, cpu_caps_from_flags({"avx2"}), DeviceCaps("mps", False, True),
+               DeviceCaps("cuda", native_bf16=False, native_f16=True)]
+    for role in ROLES.declared():
+        for caps in devices:
+            for preset in PRESETS:
+                assert parse_spec(preset_spec(preset, None, caps, role=role)).spec
