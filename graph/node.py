@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.graph.spec import MODEL_TYPES, REQUIRED, WIDGET_TYPES, Hidden, Input, NodeSpec, Output
+from mixgraph.graph.spec import REQUIRED, SOCKET_TYPES, Hidden, Input, NodeSpec, Output
 
 MAX_RESOLUTION = 16384
 
@@ -68,11 +68,13 @@ def Combo(options: Sequence[str] | Callable[[Any], Sequence[str]], default: str 
 
 def Widget(type: str, default: Any, *, optional: bool = False, tooltip: str | None = None,
            socketless: bool | None = None, **extra: Any) -> Input:
-    """A widget of one of ComfyUI V3's own widget types (BOUNDING_BOX, COLOR: `spec.WIDGET_TYPES`):
-    its literal reaches the body as given (no coercion); `extra` keys render in object_info
-    (`component="ImageCrop"`)."""
-    if type not in WIDGET_TYPES or type in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"):
-        raise TypeError(f"Widget: {type!r} is not a custom widget type; use Int/Float/String/...")
+    """A widget of a widget type a node library registered (ComfyUI V3's BOUNDING_BOX, COLOR:
+    `spec.register_socket_type(name, link_only=False)`): its literal reaches the body as given
+    (no coercion); `extra` keys render in object_info (`component="ImageCrop"`)."""
+    if not SOCKET_TYPES.is_widget(type) or type in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"):
+        raise TypeError(f"Widget: {type!r} is not a registered custom widget type; use "
+                        f"Int/Float/String/..., or register it first "
+                        f"(graph.spec.register_socket_type({type!r}, link_only=False))")
     return Input(type, default, optional=optional, tooltip=tooltip,
                  extra=_extra(socketless=socketless, **extra))
 
@@ -80,8 +82,10 @@ def Widget(type: str, default: Any, *, optional: bool = False, tooltip: str | No
 def Socket(type: str, *, optional: bool = False, tooltip: str | None = None,
            lazy: bool = False) -> Input:
     """A linked-only input (MODEL, LATENT, ...; or a widget type forced to be a socket).
+    Declare it after the library registered its socket types: a model type joins the node's
+    `precision_types` (`graph.spec.register_socket_type`).
     `lazy`: evaluated only when the node's `check_lazy_status` asks for it."""
-    return Input(type, optional=optional, tooltip=tooltip, force_input=type in WIDGET_TYPES,
+    return Input(type, optional=optional, tooltip=tooltip, force_input=SOCKET_TYPES.is_widget(type),
                  lazy=lazy)
 
 
@@ -158,11 +162,14 @@ def spec_from_function(fn: Callable, *, name: str | None = None, outputs: Sequen
             outs.append(Output(o[0], o[1]))
         else:
             outs.append(Output(o, output_names[i] if output_names else o))
-    unknown = sorted(set(precision_types) - MODEL_TYPES)
+    is_model = SOCKET_TYPES.is_model
+    unknown = sorted(t for t in precision_types if not is_model(t))
     if unknown:
-        raise TypeError(f"node {fn.__name__}: precision_types {unknown} are not model socket types "
-                        f"({', '.join(sorted(MODEL_TYPES))})")
-    types = sorted({*precision_types, *(i.type for _, i in inputs if i.type in MODEL_TYPES)})
+        raise TypeError(f"node {fn.__name__}: precision_types {unknown} are not registered model "
+                        f"socket types ({', '.join(sorted(SOCKET_TYPES.models())) or 'none yet'}; "
+                        f"a node library registers them: graph.spec.register_socket_type(name, "
+                        f"model=True))")
+    types = sorted({*precision_types, *(i.type for _, i in inputs if is_model(i.type))})
     hooked = [(n, i.fingerprint) for n, i in inputs if i.fingerprint is not None]
     if hooked:
         kw["fingerprint"] = with_input_fingerprints(kw.get("fingerprint"), hooked)

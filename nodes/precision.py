@@ -16,9 +16,11 @@ from typing import Any
 from mixgraph.graph.precision import Policy
 
 
-def effective(ctx: Any, handle: Any, socket: str) -> Policy:
-    """The policy to run `handle` under in this node, reported to the engine via ctx."""
-    policy = ctx.policy_for(socket, pinned=getattr(handle, "precision", None),
+def effective(ctx: Any, handle: Any, socket: str, *, role: str | None = None) -> Policy:
+    """The policy to run `handle` under in this node, reported to the engine via ctx. `role`:
+    one of the socket type's further precision roles (nodes/socket_types.py), for one model of
+    a handle that holds several (a text encoder of a set with a role of its own)."""
+    policy = ctx.policy_for(socket, role=role, pinned=getattr(handle, "precision", None),
                             storage=getattr(handle, "weight_dtype", None),
                             compute=getattr(handle, "compute_dtype", None))
     ctx.used_precision(policy)
