@@ -18,7 +18,7 @@ from mixgraph.nodes.embeddings import embedding_lookup, embeddings_fingerprint
 from mixgraph.nodes.imaging import next_counter
 from mixgraph.nodes.model_files import CONDITIONING_FILE
 from mixgraph.nodes.models import cond_file
-from mixgraph.nodes.precision import effective
+from mixgraph.nodes.precision import effective, encoder_policies
 
 
 @node(category="model/conditioning", outputs=("CONDITIONING",), display_name="CLIP Text Encode (Controlnet)",
@@ -29,7 +29,7 @@ def CLIPTextEncodeControlnet(ctx, clip=Socket("CLIP"), conditioning=Socket("COND
     UNet keeps the conds' own text."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
-    (encoded,) = clip.encode(text, effective(ctx, clip, "CLIP"),
+    (encoded,) = clip.encode(text, effective(ctx, clip, "CLIP"), policies=encoder_policies(ctx, clip),
                              embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn))
     return (tuple(dataclasses.replace(c, controlnet_cross_attn=encoded.cross_attn,
                                       controlnet_pooled=encoded.pooled) for c in conditioning),)

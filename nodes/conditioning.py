@@ -6,7 +6,7 @@ from mixgraph.graph.node import MAX_RESOLUTION, Float, Int, Socket, String, node
 from mixgraph.nodes import latent_ops
 from mixgraph.nodes.embeddings import embedding_lookup, embeddings_fingerprint
 from mixgraph.nodes.models.controlnet import apply_controlnet
-from mixgraph.nodes.precision import effective
+from mixgraph.nodes.precision import effective, encoder_policies
 
 @node(category="conditioning", outputs=("CONDITIONING",), display_name="CLIP Text Encode (Prompt)",
       fingerprint=embeddings_fingerprint)
@@ -15,7 +15,8 @@ def CLIPTextEncode(ctx, text=String(multiline=True, dynamic_prompts=True), clip=
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
     policy = effective(ctx, clip, "CLIP")
-    return (clip.encode(text, policy, embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn)),)
+    return (clip.encode(text, policy, policies=encoder_policies(ctx, clip),
+                        embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn)),)
 
 
 @node(category="conditioning", outputs=("CLIP",), display_name="CLIP Set Last Layer")

@@ -10,7 +10,7 @@ from mixgraph.nodes.embeddings import embeddings_fingerprint
 from mixgraph.nodes.embeddings import embedding_lookup
 from mixgraph.nodes.payloads.conditioning import SizeCond
 from mixgraph.nodes.payloads.latent import Latent
-from mixgraph.nodes.precision import effective
+from mixgraph.nodes.precision import effective, encoder_policies
 
 _STRENGTH = dict(min=0.0, max=10.0, step=0.01)
 
@@ -93,7 +93,8 @@ def CLIPTextEncodeSDXL(ctx, clip=Socket("CLIP"), width=Int(1024, **_SIZE), heigh
     if set(clip.names) != {"clip_l", "clip_g"}:
         raise ValueError(f"CLIPTextEncodeSDXL needs an SDXL CLIP (clip_l + clip_g); this CLIP has "
                          f"{', '.join(clip.names) or 'no encoder'} ({clip.kind})")
-    conds = clip.encode("", effective(ctx, clip, "CLIP"), embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn),
+    conds = clip.encode("", effective(ctx, clip, "CLIP"), policies=encoder_policies(ctx, clip),
+                        embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn),
                         warn=ctx.warn, texts={"clip_g": text_g, "clip_l": text_l})
     size = SizeCond(width=width, height=height, crop_w=crop_w, crop_h=crop_h,
                     target_width=target_width, target_height=target_height)
@@ -107,6 +108,6 @@ def CLIPTextEncodeSDXLRefiner(ctx, ascore=Float(6.0, min=0.0, max=1000.0, step=0
     """SDXL refiner: the prompt with its aesthetic score and size conditioning."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
-    conds = clip.encode(text, effective(ctx, clip, "CLIP"),
+    conds = clip.encode(text, effective(ctx, clip, "CLIP"), policies=encoder_policies(ctx, clip),
                         embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn), warn=ctx.warn)
     return (cond_ops.set_size(conds, SizeCond(width=width, height=height, aesthetic_score=ascore)),)
