@@ -12,6 +12,7 @@ import torch
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.precision import NodePrecision, Policy, resolve
+from mixgraph.graph.roles import ROLES
 
 __all__ = ["Context", "Interrupted"]
 
@@ -30,9 +31,11 @@ class Interrupted(Exception):
 class Context:
     """What a node body can ask of the run.
 
-    `policy_for(socket_type, pinned=, storage=, compute=)` is the policy to run a model of that socket type
-    under: `graph.precision.resolve` over the engine's choice (region > per-type default > workflow
-    default > auto), the handle's pinned precision and a loader's pinned storage dtype; when
+    `policy_for(socket_type, role=, pinned=, storage=, compute=)` is the policy to run a model of
+    that socket type under: `graph.precision.resolve` over the engine's choice (region > per-type
+    default > workflow default > auto, a preset decided by the socket type's precision role, or
+    by `role`, one of the type's further registered roles: one text encoder of a set with a role
+    of its own), the handle's pinned precision and a loader's pinned storage dtype; when
     `fallback_f32` is set (a NaN-guard re-run) it has f32 compute, whatever the handle says. Only
     the types the node declares (`NodeSpec.precision_types`, given as `precision_types`) may be
     asked for: they are what its cache key holds.
@@ -61,7 +64,7 @@ class Context:
         """The prompt in ComfyUI's API format (what SaveImage embeds in PNG metadata)."""
         return self._run.api_prompt()
 
-    def policy_for(self, socket_type: str, *, pinned: Any = None,
+    def policy_for(self, socket_type: str, *, role: str | None = None, pinned: Any = None,
                    storage: torch.dtype | None = None,
                    compute: torch.dtype | None = None) -> Policy:
         if socket_type not in self.precision_types:
@@ -69,8 +72,15 @@ class Context:
                 f"node {self.node_id} ({self.class_type}) asks for the {socket_type} precision but "
                 f"declares only {', '.join(self.precision_types) or 'none'}; add {socket_type!r} "
                 f"to precision_types in its @node(...) so its cache key includes it")
-        return resolve(self._precision.for_type(socket_type), pinned=pinned, storage=storage,
-                       f32_compute=self.fallback_f32, warn=self.warn, compute=compute)
+        if role is not None and role not in ROLES.roles_of(socket_type):
+            raise LookupError(
+                f"node {self.node_id} ({self.class_type}) asks for the {socket_type} precision in "
+                f"role {role!r}, which is not a registered role of {socket_type} (registered: "
+                f"{', '.join(ROLES.roles_of(socket_type)) or 'none'}); register it with "
+                f"graph.roles.register_role({socket_type!r}, {role!r}) so cache keys include it")
+        return resolve(self._precision.for_type(socket_type, role), pinned=pinned,
+                       storage=storage, f32_compute=self.fallback_f32, warn=self.warn,
+                       compute=compute)
 
     def for_types(self, precision_types: tuple[str, ...]) -> "Context":
         """This node's context for a call of another node's function inside its body (a ComfyUI

@@ -54,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
-from mixgraph.graph.spec import WIDGET_TYPES, Input, NodeSpec, Output
+from mixgraph.graph.spec import SOCKET_TYPES, Input, NodeSpec, Output
 
 MATCH_TYPE = "COMFY_MATCHTYPE_V3"
 AUTOGROW_TYPE = "COMFY_AUTOGROW_V3"
@@ -289,7 +289,7 @@ def autogrow(template: Input, name: str, *, prefix: str | None = None,
         raise TypeError("autogrow: the template cannot itself grow")
     if template.lazy:
         raise TypeError("autogrow: lazy members are not supported yet")
-    if template.type in WIDGET_TYPES:
+    if SOCKET_TYPES.is_widget(template.type):
         template = replace(template, force_input=True)
     if prefix is not None:
         if not 1 <= max <= MAX_NAMES or min < 0:

@@ -10,8 +10,9 @@ them all). Only ancestors of the valid output nodes run, and of those only the o
 and needed by something uncached (an evicted ancestor of a cached node is not re-run).
 
 A node's cache key depends on the graph and the declarations only, never on earlier runs: its
-precision part is the resolved policy of each socket type in the spec's `precision_types`, and
-`ctx.policy_for` refuses a type the node did not declare. ComfyUI stops a prompt at its first failing node; so does this, and
+precision part is the resolved policy of each socket type in the spec's `precision_types` (and of
+each further role registered for it: `Resolver.key_spec`), and `ctx.policy_for` refuses a type
+the node did not declare. ComfyUI stops a prompt at its first failing node; so does this, and
 everything computed before the failure stays cached.
 
 NaN guard: a node that ran under a half-precision compute policy (what it reported through
@@ -319,7 +320,7 @@ class Executor:
         expanded ids to the original node whose precision region they inherit. A fingerprint
         (IS_CHANGED) is computed here, once per node per prompt; a NaN fingerprint means the
         node is never a cache hit (nor anything downstream)."""
-        policy = resolver.policy
+        key_spec = resolver.key_spec
         for nid in order:
             plan = plans[nid]
             if not plan.deterministic:
@@ -339,7 +340,7 @@ class Executor:
                 types = plan.model_types
                 if types:
                     where = real.get(nid, nid) if real else nid
-                    prec = ";".join(f"{t}={policy(where, t).spec}" for t in types)
+                    prec = ";".join(f"{t}={key_spec(where, t)}" for t in types)
                 else:
                     prec = ""
                 if plan.output_node:     # its results name files in this run's output folder:

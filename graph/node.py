@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.graph.spec import MODEL_TYPES, REQUIRED, WIDGET_TYPES, Hidden, Input, NodeSpec, Output
+from mixgraph.graph.spec import REQUIRED, SOCKET_TYPES, Hidden, Input, NodeSpec, Output
 
 MAX_RESOLUTION = 16384
 
@@ -68,11 +68,13 @@ def Combo(options: Sequence[str] | Callable[[Any], Sequence[str]], default: str 
 
 def Widget(type: str, default: Any, *, optional: bool = False, tooltip: str | None = None,
            socketless: bool | None = None, **extra: Any) -> Input:
-    """A widget of one of ComfyUI V3's own widget types (BOUNDING_BOX, COLOR: `spec.WIDGET_TYPES`):
-    its literal reaches the body as given (no coercion); `extra` keys render in object_info
-    (`component="ImageCrop"`)."""
-    if type not in WIDGET_TYPES or type in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"):
-        raise TypeError(f"Widget: {type!r} is not a custom widget type; use Int/Float/String/...")
+    """A widget of a widget type a node library registered (ComfyUI V3's BOUNDING_BOX, COLOR:
+    `spec.register_socket_type(name, link_only=False)`): its literal reaches the body as given
+    (no coercion); `extra` keys render in object_info (`component="ImageCrop"`)."""
+    if not SOCKET_TYPES.is_widget(type) or type in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"):
+        raise TypeError(f"Widget: {type!r} is not a registered custom widget type; use "
+                        f"Int/Float/String/..., or register it first "
+                        f"(graph.spec.register_socket_type({type!r}, link_only=False))")
     return Input(type, default, optional=optional, tooltip=tooltip,
                  extra=_extra(socketless=socketless, **extra))
 
@@ -80,8 +82,10 @@ def Widget(type: str, default: Any, *, optional: bool = False, tooltip: str | No
 def Socket(type: str, *, optional: bool = False, tooltip: str | None = None,
            lazy: bool = False) -> Input:
     """A linked-only input (MODEL, LATENT, ...; or a widget type forced to be a socket).
+    Declare it after the library registered its socket types: a model type joins the node's
+    `precision_types` (`graph.spec.register_socket_type`).
     `lazy`: evaluated only when the node's `check_lazy_status` asks for it."""
-    return Input(type, optional=optional, tooltip=tooltip, force_input=type in WIDGET_TYPES,
+    return Input(type, optional=optional, tooltip=tooltip, force_input=SOCKET_TYPES.is_widget(type),
                  lazy=lazy)
 
 
@@ -158,13 +162,68 @@ def spec_from_function(fn: Callable, *, name: str | None = None, outputs: Sequen
             outs.append(Output(o[0], o[1]))
         else:
             outs.append(Output(o, output_names[i] if output_names else o))
-    unknown = sorted(set(precision_types) - MODEL_TYPES)
+    is_model = SOCKET_TYPES.is_model
+    unknown = sorted(t for t in precision_types if not is_model(t))
     if unknown:
-        raise TypeError(f"node {fn.__name__}: precision_types {unknown} are not model socket types "
-                        f"({', '.join(sorted(MODEL_TYPES))})")
-    types = sorted({*precision_types, *(i.type for _, i in inputs if i.type in MODEL_TYPES)})
+        raise TypeError(f"node {fn.__name__}: precision_types {unknown} are not registered model "
+                        f"socket types ({', '.join(sorted(SOCKET_TYPES.models())) or 'none yet'}; "
+                        f"a node library registers them: graph.spec.register_socket_type(name, "
+                        f"model=True))")
+    types = sorted({*precision_types, *(i.type for _, i in inputs if is_model(i.type))})
+    hooked = [(n, i.fingerprint) for n, i in inputs if i.fingerprint is not None]
+    if hooked:
+        kw["fingerprint"] = with_input_fingerprints(kw.get("fingerprint"), hooked)
+    checked = [(n, i.check) for n, i in inputs if i.check is not None]
+    if checked:
+        kw["validate"] = with_input_checks(kw.get("validate"), checked)
     return NodeSpec(name=name or fn.__name__, fn=fn, inputs=tuple(inputs), hidden=tuple(hidden),
                     outputs=tuple(outs), wants_ctx=wants_ctx, precision_types=tuple(types), **kw)
+
+
+def with_input_fingerprints(own: Callable | None, hooked: Sequence[tuple[str, Callable]]) -> Callable:
+    """A node's fingerprint from its inputs' `Input.fingerprint` hooks: one print per hooked
+    input, in declaration order (None for an input given no literal), after the node's own
+    fingerprint if it has one. A NaN from the node's own means "never cached", as it did alone."""
+    hooked = tuple(hooked)
+
+    def fingerprint(env: Any, **literals: Any) -> Any:
+        prints = tuple(hook(env, literals[n]) if n in literals else None for n, hook in hooked)
+        if own is None:
+            return prints
+        mine = own(env, **literals)
+        if isinstance(mine, float) and mine != mine:
+            return mine
+        return (mine, *prints)
+
+    return fingerprint
+
+
+def with_input_checks(own: Callable | None, checked: Sequence[tuple[str, Callable]]) -> Callable:
+    """A node's validate from its inputs' `Input.check` hooks, after the node's own validate.
+
+    The result takes `**literals` (so it sees the hooked inputs' values) and keeps the node's own
+    named parameters in its signature: the inputs those claim stay claimed (`graph.validate`), and
+    the node's own validate gets the literals it asked for, as before."""
+    checked = tuple(checked)
+    params = list(inspect.signature(own).parameters.values()) if own is not None else []
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params)
+    named = frozenset(p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    def validate(env: Any, **literals: Any) -> list:
+        found: list = []
+        if own is not None:
+            mine = literals if takes_all else {k: v for k, v in literals.items() if k in named}
+            found += own(env, **mine) or []
+        for n, check in checked:
+            if n in literals:
+                found += check(env, n, literals[n])
+        return found
+
+    signature = [inspect.Parameter("env", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    signature += [p for p in params[1:] if p.kind is not p.VAR_KEYWORD]
+    signature.append(inspect.Parameter("literals", inspect.Parameter.VAR_KEYWORD))
+    validate.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
+    return validate
 
 
 def replace_spec(spec: NodeSpec, **changes: Any) -> NodeSpec:

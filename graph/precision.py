@@ -19,12 +19,19 @@ Resolution for one node and one model socket type, most specific first (DESIGN Â
   4. the workflow default: the command line / API `precision=` when given, else the workflow
      file's `precision.default` (an explicit request for this run beats what the file suggests);
   5. `auto` (= the `balanced` preset), per socket type: the fastest native policy that keeps the
-     picture (`preset_spec` holds the decision table). Native arithmetic is detected per device
+     picture (`preset_spec` evaluates it). Native arithmetic is detected per device
      (`device_caps`: CUDA compute capability, MPS, a CPU's flags: AVX512-BF16/AMX-BF16 for bf16,
      AVX512-FP16/AMX-FP16 for f16, VNNI/AMX-INT8 for int8). CUDA: bf16 from 8.0, else
-     f16+upcast; a CPU with native bf16: UNet/ControlNet bf16, VAE and text encoders f32; a CPU
-     without it (half precision emulated, slower than f32): f32. A preset in any place a SPEC
-     goes (default, region, `TYPE=`) resolves per socket type there.
+     f16+upcast; a CPU with native bf16: bf16 for the roles that ask for it (the node library's
+     UNet/ControlNet), f32 for the others (VAE, text encoders); a CPU without it (half precision
+     emulated, slower than f32): f32. A preset in any place a SPEC goes (default, region,
+     `TYPE=`) resolves per socket type there, through the socket type's precision role.
+
+Which socket types hold models and what each preset gives each of them is not known here: the
+node library registers its socket types (`graph.spec.register_socket_type`) and precision roles
+(`graph.roles`: `register_role`, `register_preset_role`, re-exported here). A socket type with no
+role gets the careful default (`graph.roles.DEFAULT_PRESETS`); a caller may name one of a socket
+type's further roles (`Resolver.policy(..., role=)`, `ctx.policy_for(TYPE, role=)`).
 
 Every rule lives here once:
 - the grammar: `parse_spec` (SPEC -> Policy), `parse_precision_arg` (`--precision`, `TYPE=SPEC`),
@@ -49,12 +56,14 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from mixgraph.graph.roles import ROLES, RolePresets, register_preset_role, register_role
+
 __all__ = [
     "Policy", "PrecisionError", "F32", "parse_spec", "format_spec", "parse_type_defaults",
     "parse_precision_arg", "parse_config", "ParsedConfig", "resolve", "DeviceCaps", "device_caps",
     "auto_spec", "emulation_warning", "Resolver", "NodePrecision", "cpu_flags",
     "cpu_caps_from_flags", "CPU_FLAGS_ENV", "PRESETS", "preset_name", "preset_spec", "preset_table",
-    "hardware_section",
+    "hardware_section", "RolePresets", "register_role", "register_preset_role",
 ]
 
 
@@ -179,16 +188,23 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
     return policy
 
 
-@functools.lru_cache(maxsize=256)
-def parse_spec(spec: str, device: str = "cpu", socket: str = "MODEL") -> Policy:
+def parse_spec(spec: str, device: str = "cpu", socket: str | None = None, *,
+               role: str | None = None) -> Policy:
     """Parse a SPEC into a Policy; a preset (`auto`, `quality`, `balanced`, `memory`, `fast`) is
-    resolved for `device` and the model socket type `socket` (`preset_spec`)."""
+    resolved for `device` and the model socket type `socket` (default: the primary one), or the
+    precision `role` when given (`preset_spec`)."""
     if not isinstance(spec, str) or not spec.strip():
         raise PrecisionError(f"empty precision spec; allowed: {ALLOWED}")
+    preset = preset_name(spec)
+    if preset is not None:   # not memoized: what a preset gives depends on the registered roles
+        return _parse_plain(preset_spec(preset, socket, device_caps(device), role=role))
+    return _parse_plain(spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_plain(spec: str) -> Policy:
+    """A SPEC that names no preset, parsed (the grammar in the module docstring)."""
     text = spec.strip().lower()
-    preset = preset_name(text)
-    if preset is not None:
-        return parse_spec(preset_spec(preset, socket, device_caps(device)), device, socket)
     if text == "int8":
         # Dynamic int8 Linear and Conv2d layers (weights int8, activations quantized per call,
         # f32 math); every other layer keeps f32 weights, hence storage f32.
@@ -436,15 +452,12 @@ def device_caps(device: str) -> DeviceCaps:
                       why="device not available")
 
 
-# --- presets: `auto` and the named policies, per model socket type -----------------------------
+# --- presets: `auto` and the named policies, per precision role (graph/roles.py) ---------------
 
 #: Named presets, usable wherever a SPEC is: `--precision`, envelopes, regions, group tags.
 #: `auto` is `balanced`.
 PRESETS = ("quality", "balanced", "memory", "fast")
 PRESET_ALIASES = {"auto": "balanced"}
-#: How presets treat each model socket type: the denoiser (UNet, ControlNet), text encoders,
-#: and image models (VAE, upscalers, CLIP vision), which stay f32 unless a preset says otherwise.
-_ROLE = {"MODEL": "unet", "CONTROL_NET": "unet", "CLIP": "text", "VAE": "vae"}
 
 
 def preset_name(spec: str) -> str | None:
@@ -454,62 +467,72 @@ def preset_name(spec: str) -> str | None:
     return text if text in PRESETS else None
 
 
-def preset_spec(preset: str, socket: str, caps: DeviceCaps) -> str:
-    """The decision table: the SPEC a preset gives one model socket type on a device.
+def _native_half(caps: DeviceCaps) -> str | None:
+    """The device's native half-precision compute, or None: bf16 where native (an accelerator's
+    first), f16+upcast on CUDA without bf16 (f16 overflows in attention and norms)."""
+    if caps.kind in ("cuda", "mps") and caps.native_bf16:
+        return "bf16"
+    if caps.kind == "cuda" and caps.native_f16:
+        return "f16+upcast"
+    return "bf16" if caps.native_bf16 else None
+
+
+def _candidate(choice: str, caps: DeviceCaps) -> str | None:
+    """One of a role's candidates on a device: a `DEVICE_CHOICES` name evaluated, or the SPEC."""
+    if choice == "native_half":
+        return _native_half(caps)
+    if choice == "accelerator_half":
+        return _native_half(caps) if caps.kind in ("cuda", "mps") else None
+    if choice == "native_f16":
+        return "f16" if caps.native_f16 else None
+    if choice == "native_bf16":
+        return "bf16" if caps.native_bf16 else None
+    return choice
+
+
+def preset_spec(preset: str, socket: str | None, caps: DeviceCaps, *, role: str | None = None) -> str:
+    """The SPEC a preset gives one model socket type (or, given, one precision `role`) on a device.
+
+    The socket type's role (`graph.roles`: the node library registers them; `socket=None` means
+    the primary socket type) says what each preset gives it: the first of its candidates the
+    device runs. The presets, as the node library's roles use them:
 
     quality  f32 everywhere (ComfyUI's CPU parity).
     balanced (= auto) the fastest native policy that keeps the picture: on CUDA (and MPS with bf16)
-             bf16 where native, else f16+upcast on CUDA, for every model (as before); on a CPU
-             with native bf16 the UNet and ControlNet compute in bf16 (the NaN guard re-runs a
-             non-finite step in f32) while the VAE and text encoders stay f32: a text encoder
-             runs once per prompt (nothing to win) and the VAE decodes the final pixels (bf16
-             costs visible banding); a CPU without native bf16 -> f32 everywhere.
+             bf16 where native, else f16+upcast on CUDA, for every model; on a CPU with native
+             bf16 only the roles that ask for it (a denoiser) compute in bf16 (the NaN guard
+             re-runs a non-finite step in f32), the others stay f32; a CPU without native bf16
+             -> f32 everywhere.
     memory   the smallest storage that keeps the picture: 16-bit weights everywhere (fp8 costs
-             visible detail), the UNet computing in bf16 (f16+upcast on CUDA without bf16) where
-             that is native, everything else `bf16:f32`.
-    fast     the fastest native compute everywhere: the UNet and text encoders in bf16 (f16+upcast
-             on CUDA without bf16), the VAE in f16 where f16 is native (the NaN guard is its
-             fallback), else bf16 where native, else f32.
+             visible detail), computing natively in half where the role asks for it, else
+             `bf16:f32`.
+    fast     the fastest native compute everywhere: native half (bf16, f16+upcast on CUDA
+             without bf16), or f16 first where the role prefers it (an image decoder: the NaN
+             guard is its fallback), else f32.
     """
-    role = _ROLE.get(socket.upper(), "vae")
-    accel = caps.kind in ("cuda", "mps")
-    if preset == "quality":
-        return "f32"
-    if accel and caps.native_bf16:
-        half = "bf16"
-    elif caps.kind == "cuda" and caps.native_f16:
-        half = "f16+upcast"
-    elif caps.native_bf16:
-        half = "bf16"
-    else:
-        half = None
-    if preset == "balanced":
-        if half is None:
-            return "f32"
-        return half if accel or role == "unet" else "f32"
-    if preset == "memory":
-        if role == "unet" and half is not None and (half == "bf16" or accel):
-            return half      # bf16 (or CUDA's f16) weights computing natively
-        return "bf16:f32"
-    if preset == "fast":
-        if role == "vae":
-            if caps.native_f16:
-                return "f16"
-            return "bf16" if caps.native_bf16 else "f32"
-        return half or "f32"
-    raise PrecisionError(f"unknown precision preset {preset!r}; presets: {', '.join(PRESETS)}, auto")
+    if preset not in PRESETS:
+        raise PrecisionError(f"unknown precision preset {preset!r}; presets: {', '.join(PRESETS)}, auto")
+    if role is None:
+        role = ROLES.role_of(socket if socket is not None else ROLES.primary)
+    for choice in ROLES.presets(role).candidates(preset):
+        spec = _candidate(choice, caps)
+        if spec is not None:
+            return spec
+    return "f32"
 
 
-def auto_spec(device: str, socket: str = "MODEL", caps: DeviceCaps | None = None) -> str:
-    """What `auto` gives `socket` on `device` (or on the capabilities `caps`)."""
+def auto_spec(device: str, socket: str | None = None, caps: DeviceCaps | None = None) -> str:
+    """What `auto` gives `socket` (default: the primary socket type) on `device` (or on the
+    capabilities `caps`)."""
     return preset_spec("balanced", socket, caps or device_caps(device))
 
 
 def preset_table(device: str = "cpu", caps: DeviceCaps | None = None,
-                 sockets: tuple[str, ...] = ("MODEL", "CLIP", "VAE", "CONTROL_NET")) -> dict[str, dict[str, str]]:
-    """{preset: {socket type: SPEC}} on a device: what `nodes --json`, `/system_stats` and the
-    benchmarks print."""
+                 sockets: tuple[str, ...] | None = None) -> dict[str, dict[str, str]]:
+    """{preset: {socket type: SPEC}} on a device, for `sockets` (default: every socket type the
+    node library gave a role): what `nodes --json`, `/system_stats` and the benchmarks print."""
     caps = caps or device_caps(device)
+    sockets = ROLES.sockets() if sockets is None else sockets
     return {p: {s: preset_spec(p, s, caps) for s in sockets} for p in PRESETS}
 
 
@@ -542,19 +565,22 @@ def hardware_section(device: str = "cpu") -> dict[str, Any]:
 # --- resolution ---------------------------------------------------------------------------------
 
 class NodePrecision:
-    """The policies one node gets, per model socket type (resolved lazily, memoized)."""
+    """The policies one node gets, per model socket type and role (resolved lazily, memoized)."""
 
     __slots__ = ("_resolver", "_region", "_cache")
 
     def __init__(self, resolver: "Resolver", region: Any):
         self._resolver = resolver
         self._region = region
-        self._cache: dict[str, Policy] = {}
+        self._cache: dict[Any, Policy] = {}
 
-    def for_type(self, socket: str) -> Policy:
-        p = self._cache.get(socket)
+    def for_type(self, socket: str, role: str | None = None) -> Policy:
+        """The policy for a model of socket type `socket`; `role` names one of the socket type's
+        registered roles other than its own (`graph.roles`), which presets then decide for."""
+        key = socket if role is None else (socket, role)
+        p = self._cache.get(key)
         if p is None:
-            p = self._cache[socket] = self._resolver._policy(self._region, socket)
+            p = self._cache[key] = self._resolver._policy(self._region, socket, role)
         return p
 
     @property
@@ -567,10 +593,11 @@ class Resolver:
 
     `config` is a workflow's `PrecisionConfig` (or None); `type_defaults` maps socket types to
     Policies or SPECs; `cli_default` is the run's default SPEC (beats the file's default).
-    A preset SPEC (`auto`, `memory`, ...) as the default or a region's SPEC resolves per socket
-    type (`preset_spec`). `warned` is a set shared across runs so the emulation warning is given
-    once; new warnings collect in `self.warnings`. `caps` replaces the device's detected
-    capabilities (tests, `mixgraph estimate` for another machine).
+    A preset SPEC (`auto`, `memory`, ...) as the default, a region's SPEC or a type default
+    resolves per precision role (`preset_spec`): the socket type's own role, or the `role` a
+    caller names. `warned` is a set shared across runs so the emulation warning is given once;
+    new warnings collect in `self.warnings`. `caps` replaces the device's detected capabilities
+    (tests, `mixgraph estimate` for another machine).
     """
 
     def __init__(self, config: Any = None, type_defaults: Mapping[str, Any] | str | None = None,
@@ -580,18 +607,20 @@ class Resolver:
         self.caps = caps or device_caps(device)
         self.warnings: list[str] = []
         self._warned = warned if warned is not None else set()
-        self._memo: dict[tuple[str, str], Policy] = {}
+        self._memo: dict[tuple[str, str | None, str | None], Policy] = {}
         if isinstance(type_defaults, str):
             parse_type_defaults(type_defaults, device)  # checks the names and SPECs
             type_defaults = dict(_split_assignments(type_defaults))
+        # as given (a SPEC or a Policy): a preset type default resolves per role asked for
+        self._type_specs: dict[str, Any] = {k.upper(): v for k, v in (type_defaults or {}).items()}
         self.type_defaults: dict[str, Policy] = {
-            k.upper(): (v if isinstance(v, Policy) else self._parse(v, k.upper()))
-            for k, v in (type_defaults or {}).items()}
+            k: (v if isinstance(v, Policy) else self._parse(v, k))
+            for k, v in self._type_specs.items()}
         parsed = parse_config(config, device)
         file_default = getattr(config, "default", None) if config is not None else None
         self.default_spec = cli_default or file_default or "auto"
         self._default_preset = preset_name(self.default_spec)
-        self.default = self._parse(self.default_spec, "MODEL")
+        self.default = self._parse(self.default_spec, None)   # a preset: the primary socket type's
         # Innermost first: the smallest set wins; among equals the later-listed region wins.
         ordered = sorted(enumerate(parsed.regions), key=lambda ir: (len(ir[1][0].nodes), -ir[0]))
         self._region_of: dict[str, Any] = {}
@@ -600,25 +629,29 @@ class Resolver:
                 self._region_of.setdefault(str(nid), region)
         self._region_spec = {id(r): r.precision for r, _ in parsed.regions}
         for _, (region, _p) in ordered:
-            for socket in self._sockets(region.precision):
-                self._note(self._parse(region.precision, socket))
-        for socket in self._sockets(self.default_spec):
-            self._note(self._parse(self.default_spec, socket))
+            for socket, role in self._targets(region.precision):
+                self._note(self._parse(region.precision, socket, role))
+        for socket, role in self._targets(self.default_spec):
+            self._note(self._parse(self.default_spec, socket, role))
         for p in self.type_defaults.values():
             self._note(p)
 
     @staticmethod
-    def _sockets(spec: str) -> tuple[str, ...]:
-        return tuple(_ROLE) if preset_name(spec) else ("MODEL",)
+    def _targets(spec: str) -> list[tuple[str | None, str | None]]:
+        """The (socket type, role) pairs a SPEC can resolve differently for: every registered
+        one for a preset (the default role alone when none is), one for a plain SPEC."""
+        if not preset_name(spec):
+            return [(None, None)]
+        return [(s, r) for s in ROLES.sockets() for r in ROLES.roles_of(s)] or [(None, None)]
 
-    def _parse(self, spec: str, socket: str) -> Policy:
-        """A SPEC for one socket type on this resolver's device capabilities."""
-        key = (spec, socket)
+    def _parse(self, spec: str, socket: str | None, role: str | None = None) -> Policy:
+        """A SPEC for one socket type (and role) on this resolver's device capabilities."""
+        key = (spec, socket, role)
         p = self._memo.get(key)
         if p is None:
             preset = preset_name(spec)
-            text = preset_spec(preset, socket, self.caps) if preset else spec
-            p = self._memo[key] = parse_spec(text, self.device, socket)
+            text = preset_spec(preset, socket, self.caps, role=role) if preset else spec
+            p = self._memo[key] = parse_spec(text, self.device)
         return p
 
     def _note(self, policy: Policy) -> None:
@@ -627,15 +660,18 @@ class Resolver:
             self._warned.add(msg)
             self.warnings.append(msg)
 
-    def _policy(self, region: Any, socket: str) -> Policy:
+    def _policy(self, region: Any, socket: str, role: str | None = None) -> Policy:
         if region is not None:
-            return self._parse(self._region_spec[id(region)], socket)
+            return self._parse(self._region_spec[id(region)], socket, role)
         p = self.type_defaults.get(socket)
         if p is not None:
-            return p
+            if role is None:
+                return p
+            given = self._type_specs[socket]
+            return p if isinstance(given, Policy) else self._parse(given, socket, role)
         if self._default_preset is None:
             return self.default
-        return self._parse(self.default_spec, socket)
+        return self._parse(self.default_spec, socket, role)
 
     def region_of(self, node_id: str) -> Any:
         return self._region_of.get(node_id)
@@ -644,8 +680,19 @@ class Resolver:
         """The node's precision: `.for_type(socket)` gives the Policy for a model socket type."""
         return NodePrecision(self, self._region_of.get(node_id))
 
-    def policy(self, node_id: str, socket: str) -> Policy:
-        return self._policy(self._region_of.get(node_id), socket)
+    def policy(self, node_id: str, socket: str, role: str | None = None) -> Policy:
+        return self._policy(self._region_of.get(node_id), socket, role)
+
+    def key_spec(self, node_id: str, socket: str) -> str:
+        """What a node's cache key holds for one of its precision types: the policy's SPEC, and
+        for a socket type with further registered roles each of theirs (`|role=SPEC`), since
+        the node may ask for any of them."""
+        region = self._region_of.get(node_id)
+        spec = self._policy(region, socket).spec
+        roles = ROLES.roles_of(socket)
+        if len(roles) < 2:
+            return spec
+        return spec + "".join(f"|{r}={self._policy(region, socket, r).spec}" for r in roles[1:])
 
     def describe(self) -> dict[str, Any]:
         """A summary for reports and logs; a preset default lists what it gave each type."""
@@ -654,5 +701,6 @@ class Resolver:
                "regions": sorted({r.name for r in self._region_of.values()})}
         if self._default_preset is not None:
             out["preset"] = self.default_spec.strip().lower()
-            out["preset_types"] = {s: self._parse(self.default_spec, s).spec for s in _ROLE}
+            out["preset_types"] = {s: self._parse(self.default_spec, s).spec
+                                   for s in ROLES.sockets()}
         return out

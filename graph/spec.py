@@ -2,27 +2,126 @@
 
 What both the declaration decorator (`graph.node`) and the registry (`graph.registry`) read, kept
 apart from either so neither imports the other's module to see it: `node` builds specs and adds
-them to the registry, the registry stores and renders them.
+them to the registry, the registry stores and renders them. The socket types a declaration may
+name with a meaning beyond "linked" (a widget, a model) live here too, registered by the node
+library (`register_socket_type`): the engine itself knows only the generic ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-#: Socket types that carry no widget: they can only be linked.
-LINK_TYPES = frozenset({
-    "MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK", "CONTROL_NET",
-    "CLIP_VISION", "CLIP_VISION_OUTPUT", "STYLE_MODEL", "UPSCALE_MODEL", "GLIGEN", "NOISE",
-    "SAMPLER", "SIGMAS", "GUIDER", "*",
-})
+
+@dataclass(frozen=True)
+class SocketType:
+    """One registered socket type. `link_only`: a value arrives only over a link (False: a widget
+    type, whose value may be a literal in the prompt); `model`: it holds a model, so a node
+    consuming one gets a precision policy for it (`NodeSpec.precision_types`)."""
+
+    name: str
+    link_only: bool = True
+    model: bool = False
+
+
+class SocketTypes:
+    """The registry of socket types the engine knows by name.
+
+    The engine registers only the generic ones (ComfyUI's widget types INT, FLOAT, STRING,
+    BOOLEAN, COMBO, and the wildcard `*`); a node library registers its own (the diffusion types,
+    in nodes/socket_types.py) before it declares a node, because a declaration reads them: an
+    input of a model type adds that type to the node's `precision_types`. A type never registered
+    is link-only and holds no model, which is what a custom pack's own type is.
+    """
+
+    def __init__(self) -> None:
+        self._types: dict[str, SocketType] = {}
+        # plain sets, grown in place: `in` stays a C lookup on the hot paths, and the views
+        # below (`WIDGET_TYPES`, ...) see what is registered after they were imported
+        self._widgets: set[str] = set()
+        self._links: set[str] = set()
+        self._models: set[str] = set()
+
+    def register(self, name: str, *, link_only: bool = True, model: bool = False) -> SocketType:
+        """Register `name`; registering the same definition again is a no-op, a different one
+        an error (two libraries disagreeing on what a type is)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a socket type name is a non-empty string, not {name!r}")
+        if model and not link_only:
+            raise ValueError(f"socket type {name!r}: a model type is link-only (a model is no "
+                             f"literal a widget could hold)")
+        new = SocketType(name, link_only, model)
+        old = self._types.get(name)
+        if old is not None and old != new:
+            raise ValueError(f"socket type {name!r} is registered already as {old}; "
+                             f"cannot register it again as {new}")
+        self._types[name] = new
+        (self._links if link_only else self._widgets).add(name)
+        if model:
+            self._models.add(name)
+        return new
+
+    def get(self, name: str) -> SocketType | None:
+        return self._types.get(name)
+
+    def is_widget(self, name: str) -> bool:
+        return name in self._widgets
+
+    def is_model(self, name: str) -> bool:
+        return name in self._models
+
+    def widgets(self) -> frozenset[str]:
+        return frozenset(self._widgets)
+
+    def models(self) -> frozenset[str]:
+        return frozenset(self._models)
+
+    def links(self) -> frozenset[str]:
+        return frozenset(self._links)
+
+
+#: The one registry (`register_socket_type` adds to it).
+SOCKET_TYPES = SocketTypes()
+register_socket_type = SOCKET_TYPES.register
+
+#: ComfyUI's own widget types, which every node library shares; `*` takes any link or literal.
+for _name in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"):
+    register_socket_type(_name, link_only=False)
+register_socket_type("*")
+
+
+class _TypeView(AbstractSet):
+    """A live, read-only view of one kind of registered socket type (`WIDGET_TYPES`, ...): code
+    that imported the name sees what a library registers afterwards."""
+
+    __slots__ = ("_names",)
+
+    def __init__(self, names: set[str]):
+        self._names = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(sorted(self._names)) + "}"
+
+
+#: Socket types whose value may be a literal in the prompt (a widget in the editor). A library's
+#: own widget types (ComfyUI V3's BOUNDING_BOX, COLOR: the node library registers them) pass
+#: through uncoerced, the consuming node checks their shape (`validate`).
+WIDGET_TYPES: AbstractSet[str] = _TypeView(SOCKET_TYPES._widgets)
+#: Registered socket types that carry no widget: they can only be linked.
+LINK_TYPES: AbstractSet[str] = _TypeView(SOCKET_TYPES._links)
 #: Socket types that hold a model: a node consuming one gets a precision policy for it.
-MODEL_TYPES = frozenset({"MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_MODEL", "STYLE_MODEL"})
-#: Socket types whose value may be a literal in the prompt (a widget in the editor). BOUNDING_BOX
-#: (`{"x", "y", "width", "height"}` ints) and COLOR (`"#rrggbb"`) are ComfyUI V3's widget types;
-#: WEBCAM (WebcamCapture) is the annotated file name of the frame the editor uploaded. Their
-#: literals pass through uncoerced, the consuming node checks their shape (`validate`).
-WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "BOUNDING_BOX", "COLOR", "WEBCAM"})
+MODEL_TYPES: AbstractSet[str] = _TypeView(SOCKET_TYPES._models)
 
 REQUIRED = object()   # the default of an Input that has none
 
@@ -50,6 +149,13 @@ class Input:
     # DynamicCombo: the chosen option's sub-inputs)
     match: Any = None
     grow: Any = None
+    # hooks a node library attaches to an input whose literal names something outside the graph
+    # (a file in a folder): `fingerprint(env, value)`, that thing's state, joins the node's cache
+    # key; `check(env, name, value) -> [problems]` runs with the node's validation. `graph.node`
+    # folds them into the spec's `fingerprint` / `validate` (docs/ARCHITECTURE.md, "Engine seam").
+    fingerprint: Callable[[Any, Any], Any] | None = field(default=None, compare=False, repr=False)
+    check: Callable[[Any, str, Any], Sequence[str]] | None = field(default=None, compare=False,
+                                                                   repr=False)
 
     @property
     def has_default(self) -> bool:
@@ -57,7 +163,7 @@ class Input:
 
     @property
     def is_widget(self) -> bool:
-        return self.type in WIDGET_TYPES and not self.force_input
+        return SOCKET_TYPES.is_widget(self.type) and not self.force_input
 
     def option_list(self, env: Any = None) -> list[str]:
         if self.options is None:

@@ -46,7 +46,7 @@ from mixgraph.graph.dynamic import TypeResolver, check_literal, check_templates,
 from mixgraph.graph.plan import components, links_of, needed_in_order, topological, walk
 from mixgraph.graph.prompt import BadLink, Link, NodeCall
 from mixgraph.graph.registry import input_entry
-from mixgraph.graph.spec import WIDGET_TYPES, Input, NodeSpec
+from mixgraph.graph.spec import SOCKET_TYPES, Input, NodeSpec
 
 _MISSING = object()
 COERCE: dict[str, Callable[[Any], Any]] = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
@@ -458,7 +458,7 @@ class _NodeChecker:
                 return True, v
             return False, _fail("invalid_input_type", f"Input '{name}': {why}",
                                 f"{name}, {_shown(v)!r}", name, received_value=_shown(v))
-        if kind not in WIDGET_TYPES and kind != "*":
+        if not SOCKET_TYPES.is_widget(kind) and kind != "*":
             return False, _fail("invalid_input_type", f"Input '{name}' takes a {kind} from another "
                                 f"node's output, not a literal value", f"{name}, {_shown(v)!r}",
                                 name, received_value=_shown(v))

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from mixgraph.graph.node import Combo, Int, Socket, node, replace_spec
+from mixgraph.graph.node import Int, Socket, node, replace_spec
 from mixgraph.graph.registry import REGISTRY
 from mixgraph.graph.spec import Output
-from mixgraph.nodes import folders
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.model_files import BACKGROUND_REMOVAL
 from mixgraph.nodes.models.birefnet import load_background_removal_model
 
 RESOLUTION_TIP = ("Square size the image is resized to before inference. Use the size the model was trained "
@@ -20,12 +19,11 @@ RESOLUTION_TIP = ("Square size the image is resized to before inference. Use the
 # No docstrings on the node functions: they would become object_info descriptions, and ComfyUI's
 # loader has none.
 @node(category="model/loaders", outputs=(Output("BACKGROUND_REMOVAL", "bg_model"),),
-      display_name="Load Background Removal Model",
-      fingerprint=_fingerprint("background_removal", "bg_removal_name"))
-def LoadBackgroundRemovalModel(ctx, bg_removal_name=Combo(folders.options("background_removal"), tooltip=(
+      display_name="Load Background Removal Model")
+def LoadBackgroundRemovalModel(ctx, bg_removal_name=BACKGROUND_REMOVAL.input(tooltip=(
         "The model used to remove backgrounds from images"))):
     # ComfyUI detects the file by its Swin key and fails with its own message otherwise
-    return (load_background_removal_model(folders.resolve(ctx.env, "background_removal", bg_removal_name)),)
+    return (load_background_removal_model(BACKGROUND_REMOVAL.path(ctx.env, bg_removal_name)),)
 
 
 def _resolution():

@@ -9,8 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from mixgraph.graph.node import Combo, Float, Socket, node
-from mixgraph.nodes import folders
-from mixgraph.nodes.loading import _family_check, _fingerprint
+from mixgraph.nodes.model_files import CHECKPOINT, CLIP_VISION, STYLE_MODEL
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.models.clip_vision_handle import load_clip_vision
 from mixgraph.nodes.models.style_model import append_style_tokens, load_style_model
@@ -18,11 +17,10 @@ from mixgraph.nodes.payloads.conditioning import UnclipEntry
 from mixgraph.nodes.precision import effective
 
 
-@node(category="loaders", outputs=("CLIP_VISION",), display_name="Load CLIP Vision",
-      fingerprint=_fingerprint("clip_vision", "clip_name"))
-def CLIPVisionLoader(ctx, clip_name=Combo(folders.options("clip_vision"))):
+@node(category="loaders", outputs=("CLIP_VISION",), display_name="Load CLIP Vision")
+def CLIPVisionLoader(ctx, clip_name=CLIP_VISION.input()):
     """Loads a CLIP vision tower (ViT-L/14, ViT-H/14, ViT-bigG/14) from models/clip_vision."""
-    return (load_clip_vision(folders.resolve(ctx.env, "clip_vision", clip_name)),)
+    return (load_clip_vision(CLIP_VISION.path(ctx.env, clip_name)),)
 
 
 @node(category="conditioning", outputs=("CLIP_VISION_OUTPUT",), display_name="CLIP Vision Encode")
@@ -33,11 +31,10 @@ def CLIPVisionEncode(ctx, clip_vision=Socket("CLIP_VISION"), image=Socket("IMAGE
     return (clip_vision.encode(image, policy, crop=crop == "center"),)
 
 
-@node(category="loaders", outputs=("MODEL", "CLIP", "VAE", "CLIP_VISION"), display_name="unCLIP Checkpoint Loader",
-      fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_family_check("checkpoints", "ckpt_name"))
-def unCLIPCheckpointLoader(ctx, ckpt_name=Combo(folders.options("checkpoints"))):
+@node(category="loaders", outputs=("MODEL", "CLIP", "VAE", "CLIP_VISION"), display_name="unCLIP Checkpoint Loader")
+def unCLIPCheckpointLoader(ctx, ckpt_name=CHECKPOINT.input()):
     """Loads an SD2.1 unCLIP checkpoint with the CLIP vision tower it holds."""
-    return loader.load_unclip_checkpoint(folders.resolve(ctx.env, "checkpoints", ckpt_name))
+    return loader.load_unclip_checkpoint(CHECKPOINT.path(ctx.env, ckpt_name))
 
 
 @node(category="conditioning", outputs=("CONDITIONING",), display_name="unCLIPConditioning")
@@ -51,11 +48,10 @@ def unCLIPConditioning(conditioning=Socket("CONDITIONING"), clip_vision_output=S
     return (tuple(dataclasses.replace(c, unclip=c.unclip + (entry,)) for c in conditioning),)
 
 
-@node(category="loaders", outputs=("STYLE_MODEL",), display_name="Load Style Model",
-      fingerprint=_fingerprint("style_models", "style_model_name"))
-def StyleModelLoader(ctx, style_model_name=Combo(folders.options("style_models"))):
+@node(category="loaders", outputs=("STYLE_MODEL",), display_name="Load Style Model")
+def StyleModelLoader(ctx, style_model_name=STYLE_MODEL.input()):
     """Loads a T2I-Adapter style model from models/style_models."""
-    return (load_style_model(folders.resolve(ctx.env, "style_models", style_model_name)),)
+    return (load_style_model(STYLE_MODEL.path(ctx.env, style_model_name)),)
 
 
 @node(category="conditioning/style_model", outputs=("CONDITIONING",), display_name="Apply Style Model")

@@ -12,25 +12,24 @@ import dataclasses
 from pathlib import Path
 
 from mixgraph.graph.env import writable_folder
-from mixgraph.graph.node import Combo, Socket, String, node
+from mixgraph.graph.node import Socket, String, node
 from mixgraph.nodes import folders
-from mixgraph.nodes.conditioning import _embeddings_fingerprint
-from mixgraph.nodes.embeddings import embedding_lookup
-from mixgraph.nodes.imaging import _next_counter
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.embeddings import embedding_lookup, embeddings_fingerprint
+from mixgraph.nodes.imaging import next_counter
+from mixgraph.nodes.model_files import CONDITIONING_FILE
 from mixgraph.nodes.models import cond_file
-from mixgraph.nodes.precision import effective
+from mixgraph.nodes.precision import effective, encoder_policies
 
 
 @node(category="model/conditioning", outputs=("CONDITIONING",), display_name="CLIP Text Encode (Controlnet)",
-      fingerprint=_embeddings_fingerprint)
+      fingerprint=embeddings_fingerprint)
 def CLIPTextEncodeControlnet(ctx, clip=Socket("CLIP"), conditioning=Socket("CONDITIONING"),
                              text=String(multiline=True, dynamic_prompts=True)):
     """Adds a text that only the ControlNets of these conds read (their cross-attention); the
     UNet keeps the conds' own text."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
-    (encoded,) = clip.encode(text, effective(ctx, clip, "CLIP"),
+    (encoded,) = clip.encode(text, effective(ctx, clip, "CLIP"), policies=encoder_policies(ctx, clip),
                              embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn))
     return (tuple(dataclasses.replace(c, controlnet_cross_attn=encoded.cross_attn,
                                       controlnet_pooled=encoded.pooled) for c in conditioning),)
@@ -46,16 +45,15 @@ def SaveConditioning(ctx, conditioning=Socket("CONDITIONING"),
     target = folders.safe_join(root, filename_prefix)
     folder, stem = target.parent, target.name
     writable_folder(folder, "output folder")
-    cond_file.save_conditioning(folder / f"{stem}_{_next_counter(folder, stem):05}_.safetensors", conditioning)
+    cond_file.save_conditioning(folder / f"{stem}_{next_counter(folder, stem):05}_.safetensors", conditioning)
     return (conditioning,)
 
 
-@node(category="model/loaders", outputs=("CONDITIONING",), display_name="Load Conditioning",
-      fingerprint=_fingerprint("embeddings", "conditioning_name"))
-def ConditioningLoader(ctx, conditioning_name=Combo(folders.options("embeddings"))):
+@node(category="model/loaders", outputs=("CONDITIONING",), display_name="Load Conditioning")
+def ConditioningLoader(ctx, conditioning_name=CONDITIONING_FILE.input()):
     """A conditioning saved with Save Conditioning (or any safetensors file with a
     'conditioning' tensor) from the embeddings folder."""
-    conds, ignored = cond_file.load_conditioning(folders.resolve(ctx.env, "embeddings", conditioning_name))
+    conds, ignored = cond_file.load_conditioning(CONDITIONING_FILE.path(ctx.env, conditioning_name))
     if ignored:
         ctx.warn(f"{conditioning_name}: options {', '.join(ignored)} are not used by SD-family models; ignored")
     return (conds,)

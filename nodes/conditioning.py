@@ -2,40 +2,21 @@
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
-from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import MAX_RESOLUTION, Float, Int, Socket, String, node
-from mixgraph.nodes import folders, latent_ops
-from mixgraph.nodes.embeddings import embedding_lookup
+from mixgraph.nodes import latent_ops
+from mixgraph.nodes.embeddings import embedding_lookup, embeddings_fingerprint
 from mixgraph.nodes.models.controlnet import apply_controlnet
-from mixgraph.nodes.precision import effective
-
-_EMBEDDING = re.compile(r"embedding:([^\s,()]+)")
-
-
-def _embeddings_fingerprint(env: Any, text: str = "", **_: Any):
-    """Textual-inversion files named in the prompt are external state of the encode."""
-    prints = []
-    for name in sorted(set(_EMBEDDING.findall(text or ""))):
-        try:
-            prints.append((name, fingerprint_file(folders.resolve(env, "embeddings", name))))
-        except folders.FolderError:
-            found = [f for f in folders.list_files(env, "embeddings") if f.rsplit(".", 1)[0] == name]
-            prints.append((name, fingerprint_file(folders.resolve(env, "embeddings", found[0]))
-                           if found else None))
-    return tuple(prints) or None
-
+from mixgraph.nodes.precision import effective, encoder_policies
 
 @node(category="conditioning", outputs=("CONDITIONING",), display_name="CLIP Text Encode (Prompt)",
-      fingerprint=_embeddings_fingerprint)
+      fingerprint=embeddings_fingerprint)
 def CLIPTextEncode(ctx, text=String(multiline=True, dynamic_prompts=True), clip=Socket("CLIP")):
     """Encodes a prompt with `(word:1.2)` weights and `embedding:name` textual inversions."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
     policy = effective(ctx, clip, "CLIP")
-    return (clip.encode(text, policy, embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn)),)
+    return (clip.encode(text, policy, policies=encoder_policies(ctx, clip),
+                        embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn)),)
 
 
 @node(category="conditioning", outputs=("CLIP",), display_name="CLIP Set Last Layer")

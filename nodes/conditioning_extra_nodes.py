@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Combo, Float, Int, Socket, String, node
 from mixgraph.nodes import cond_ops
-from mixgraph.nodes.conditioning import _embeddings_fingerprint
+from mixgraph.nodes.embeddings import embeddings_fingerprint
 from mixgraph.nodes.embeddings import embedding_lookup
 from mixgraph.nodes.payloads.conditioning import SizeCond
 from mixgraph.nodes.payloads.latent import Latent
-from mixgraph.nodes.precision import effective
+from mixgraph.nodes.precision import effective, encoder_policies
 
 _STRENGTH = dict(min=0.0, max=10.0, step=0.01)
 
@@ -75,7 +75,7 @@ def InpaintModelConditioning(ctx, positive=Socket("CONDITIONING"), negative=Sock
 
 
 def _sdxl_fingerprint(env, text_g="", text_l="", **_):
-    return _embeddings_fingerprint(env, text=f"{text_g or ''} {text_l or ''}")
+    return embeddings_fingerprint(env, text=f"{text_g or ''} {text_l or ''}")
 
 
 _SIZE = dict(min=0, max=MAX_RESOLUTION)
@@ -90,23 +90,24 @@ def CLIPTextEncodeSDXL(ctx, clip=Socket("CLIP"), width=Int(1024, **_SIZE), heigh
     """SDXL base: clip_g reads text_g and clip_l reads text_l; size conditioning as given."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
-    if set(clip.encoders) != {"clip_l", "clip_g"}:
+    if set(clip.names) != {"clip_l", "clip_g"}:
         raise ValueError(f"CLIPTextEncodeSDXL needs an SDXL CLIP (clip_l + clip_g); this CLIP has "
-                         f"{', '.join(clip.encoders) or 'no encoder'} ({clip.kind})")
-    conds = clip.encode("", effective(ctx, clip, "CLIP"), embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn),
+                         f"{', '.join(clip.names) or 'no encoder'} ({clip.kind})")
+    conds = clip.encode("", effective(ctx, clip, "CLIP"), policies=encoder_policies(ctx, clip),
+                        embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn),
                         warn=ctx.warn, texts={"clip_g": text_g, "clip_l": text_l})
     size = SizeCond(width=width, height=height, crop_w=crop_w, crop_h=crop_h,
                     target_width=target_width, target_height=target_height)
     return (cond_ops.set_size(conds, size),)
 
 
-@node(category="advanced/conditioning", outputs=("CONDITIONING",), fingerprint=_embeddings_fingerprint)
+@node(category="advanced/conditioning", outputs=("CONDITIONING",), fingerprint=embeddings_fingerprint)
 def CLIPTextEncodeSDXLRefiner(ctx, ascore=Float(6.0, min=0.0, max=1000.0, step=0.01),
                               width=Int(1024, **_SIZE), height=Int(1024, **_SIZE),
                               text=String(multiline=True, dynamic_prompts=True), clip=Socket("CLIP")):
     """SDXL refiner: the prompt with its aesthetic score and size conditioning."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
-    conds = clip.encode(text, effective(ctx, clip, "CLIP"),
+    conds = clip.encode(text, effective(ctx, clip, "CLIP"), policies=encoder_policies(ctx, clip),
                         embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn), warn=ctx.warn)
     return (cond_ops.set_size(conds, SizeCond(width=width, height=height, aesthetic_score=ascore)),)

@@ -23,7 +23,7 @@ from mixgraph.nodes.sampling.samplers import SAMPLER_NAMES
 from mixgraph.nodes.sampling.schedule_tables import AYS_NOISE_LEVELS, OPTIMAL_STEPS_NOISE_LEVELS
 from mixgraph.nodes.sampling.schedules import SCHEDULER_NAMES, beta_scheduler
 from mixgraph.nodes.previews import previewer_for
-from mixgraph.nodes.sampling_nodes import SEED_MAX, _progress
+from mixgraph.nodes.sampling_nodes import SEED_MAX, step_progress
 
 SCHED = "sampling/custom_sampling/schedulers"
 SAMPLERS = "sampling/custom_sampling/samplers"
@@ -385,9 +385,10 @@ def SamplerCustom(ctx, model=Socket("MODEL"), add_noise=Boolean(True),
     x0 prediction (denoised_output)."""
     runner = model.runner(effective(ctx, model, "MODEL"))
     guidance = Guidance("cfg", (tuple(positive), tuple(negative)), (cfg,))
+    latent_image = ksampler.fix_empty_latent_channels(runner, latent_image)  # before the noise
     return ksampler.sample_custom(runner, guidance=guidance, sampler=sampler, sigmas=sigmas,
                                   noise=initial_noise(latent_image, noise_seed, add_noise),
-                                  seed=noise_seed, latent=latent_image, on_step=_progress(ctx),
+                                  seed=noise_seed, latent=latent_image, on_step=step_progress(ctx),
                                   preview=previewer_for(ctx, runner))
 
 
@@ -402,9 +403,10 @@ def SamplerCustomAdvanced(ctx, noise=Socket("NOISE"), guider=Socket("GUIDER"),
     negative_runner = None
     if guider.negative_model is not None and not math.isclose(guider.guidance.scales[0], 1.0):
         negative_runner = guider.negative_model.runner(effective(ctx, guider.negative_model, "MODEL"))
+    latent_image = ksampler.fix_empty_latent_channels(runner, latent_image)  # before the noise
     return ksampler.sample_custom(runner, guidance=guider.guidance, sampler=sampler,
                                   sigmas=sigmas,
                                   noise=initial_noise(latent_image, noise.seed, noise.add),
-                                  seed=noise.seed, latent=latent_image, on_step=_progress(ctx),
+                                  seed=noise.seed, latent=latent_image, on_step=step_progress(ctx),
                                   preview=previewer_for(ctx, runner),
                                   negative_model=negative_runner)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any, Callable
 
 import torch
 
+from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.nodes import folders
 from mixgraph.nodes.models.safetensors_io import WeightFileError, read_tensors
 
@@ -54,3 +56,19 @@ def embedding_lookup(env: Any, warn: Callable[[str], None] | None = None
         return None
 
     return lookup
+
+
+_EMBEDDING = re.compile(r"embedding:([^\s,()]+)")
+
+
+def embeddings_fingerprint(env: Any, text: str = "", **_: Any):
+    """Textual-inversion files named in the prompt are external state of the encode."""
+    prints = []
+    for name in sorted(set(_EMBEDDING.findall(text or ""))):
+        try:
+            prints.append((name, fingerprint_file(folders.resolve(env, "embeddings", name))))
+        except folders.FolderError:
+            found = [f for f in folders.list_files(env, "embeddings") if f.rsplit(".", 1)[0] == name]
+            prints.append((name, fingerprint_file(folders.resolve(env, "embeddings", found[0]))
+                           if found else None))
+    return tuple(prints) or None

@@ -162,16 +162,6 @@ def resolve(env: Any, folder: str, name: str) -> Path:
     raise FolderError(f"{folder}: file {name!r} not found in {', '.join(map(str, roots(env, folder)))}")
 
 
-def options(folder: str):
-    """A combo options callable for `graph.node.Combo`: the folder's files for the env."""
-
-    def listing(env: Any) -> list[str]:
-        return list_files(env, folder) if env is not None else []
-
-    listing.__name__ = f"files_in_{folder}"
-    return listing
-
-
 def list_images(env: Any) -> list[str]:
     root = Path(getattr(env, "input", "input"))
     return sorted(_walk(root, IMAGE_EXTENSIONS)) if env is not None else []

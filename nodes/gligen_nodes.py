@@ -4,19 +4,17 @@ patches the fusers into the UNet per evaluation."""
 
 from __future__ import annotations
 
-from mixgraph.graph.node import MAX_RESOLUTION, Combo, Int, Socket, String, node
-from mixgraph.nodes import folders
+from mixgraph.graph.node import MAX_RESOLUTION, Int, Socket, String, node
 from mixgraph.nodes.embeddings import embedding_lookup
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.model_files import GLIGEN
 from mixgraph.nodes.models.gligen import add_box, load_gligen
-from mixgraph.nodes.precision import effective
+from mixgraph.nodes.precision import effective, encoder_policies
 
 
-@node(category="loaders", outputs=("GLIGEN",), display_name="GLIGENLoader",
-      fingerprint=_fingerprint("gligen", "gligen_name"))
-def GLIGENLoader(ctx, gligen_name=Combo(folders.options("gligen"))):
+@node(category="loaders", outputs=("GLIGEN",), display_name="GLIGENLoader")
+def GLIGENLoader(ctx, gligen_name=GLIGEN.input()):
     """Loads a GLIGEN grounding model from models/gligen."""
-    return (load_gligen(folders.resolve(ctx.env, "gligen", gligen_name)),)
+    return (load_gligen(GLIGEN.path(ctx.env, gligen_name)),)
 
 
 @node(category="conditioning/gligen", outputs=("CONDITIONING",), display_name="GLIGENTextBoxApply")
@@ -26,5 +24,6 @@ def GLIGENTextBoxApply(ctx, conditioning_to=Socket("CONDITIONING"), clip=Socket(
                        height=Int(64, min=8, max=MAX_RESOLUTION, step=8),
                        x=Int(0, min=0, max=MAX_RESOLUTION, step=8), y=Int(0, min=0, max=MAX_RESOLUTION, step=8)):
     """Grounds `text` in the box (x, y, width, height) in pixels (÷ 8 to latent pixels)."""
-    (encoded,) = clip.encode(text, effective(ctx, clip, "CLIP"), embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn))
+    (encoded,) = clip.encode(text, effective(ctx, clip, "CLIP"), policies=encoder_policies(ctx, clip),
+                             embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn))
     return (add_box(conditioning_to, gligen_textbox_model, encoded.pooled, width, height, x, y),)

@@ -13,8 +13,8 @@ import logging
 from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, node, replace_spec, spec_from_function
 from mixgraph.graph.registry import REGISTRY
 from mixgraph.graph.spec import Input
-from mixgraph.nodes import folders, hook_ops
-from mixgraph.nodes.loading import _family_check, _fingerprint
+from mixgraph.nodes import hook_ops
+from mixgraph.nodes.model_files import CHECKPOINT, LORA
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.hooks import HookGroup
 
@@ -40,43 +40,39 @@ def _hook_node(**kw):
 # ------------------------------------------------------------------------------- create
 
 
-@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook LoRA",
-      fingerprint=_fingerprint("loras", "lora_name"))
-def CreateHookLora(ctx, lora_name=Combo(folders.options("loras")), strength_model=Float(1.0, **_STRENGTH),
+@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook LoRA")
+def CreateHookLora(ctx, lora_name=LORA.input(), strength_model=Float(1.0, **_STRENGTH),
                    strength_clip=Float(1.0, **_STRENGTH), prev_hooks=Socket("HOOKS", optional=True)):
     """A LoRA applied only where its hooks go (conds, a CLIP), not merged into the model."""
     if strength_model == 0 and strength_clip == 0:
         return (prev_hooks if prev_hooks is not None else HookGroup(),)
-    path = folders.resolve(ctx.env, "loras", lora_name)
+    path = LORA.path(ctx.env, lora_name)
     return (hook_ops.lora_hook(path, strength_model, strength_clip, prev_hooks),)
 
 
-@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook LoRA (MO)",
-      fingerprint=_fingerprint("loras", "lora_name"))
-def CreateHookLoraModelOnly(ctx, lora_name=Combo(folders.options("loras")),
+@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook LoRA (MO)")
+def CreateHookLoraModelOnly(ctx, lora_name=LORA.input(),
                             strength_model=Float(1.0, **_STRENGTH), prev_hooks=Socket("HOOKS", optional=True)):
     if strength_model == 0:
         return (prev_hooks if prev_hooks is not None else HookGroup(),)
-    path = folders.resolve(ctx.env, "loras", lora_name)
+    path = LORA.path(ctx.env, lora_name)
     return (hook_ops.lora_hook(path, strength_model, 0.0, prev_hooks),)
 
 
-@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook Model as LoRA",
-      fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_family_check("checkpoints", "ckpt_name"))
-def CreateHookModelAsLora(ctx, ckpt_name=Combo(folders.options("checkpoints")),
+@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook Model as LoRA")
+def CreateHookModelAsLora(ctx, ckpt_name=CHECKPOINT.input(),
                           strength_model=Float(1.0, **_STRENGTH), strength_clip=Float(1.0, **_STRENGTH),
                           prev_hooks=Socket("HOOKS", optional=True)):
     """Another checkpoint's weights as a hook: W + s·(W_other − W)."""
-    model, clip, _ = loader.load_checkpoint(folders.resolve(ctx.env, "checkpoints", ckpt_name))
+    model, clip, _ = loader.load_checkpoint(CHECKPOINT.path(ctx.env, ckpt_name))
     return (hook_ops.model_as_lora_hook(model, clip, ckpt_name, strength_model, strength_clip, prev_hooks),)
 
 
-@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook Model as LoRA (MO)",
-      fingerprint=_fingerprint("checkpoints", "ckpt_name"), validate=_family_check("checkpoints", "ckpt_name"))
-def CreateHookModelAsLoraModelOnly(ctx, ckpt_name=Combo(folders.options("checkpoints")),
+@_hook_node(category="advanced/hooks/create", outputs=("HOOKS",), display_name="Create Hook Model as LoRA (MO)")
+def CreateHookModelAsLoraModelOnly(ctx, ckpt_name=CHECKPOINT.input(),
                                    strength_model=Float(1.0, **_STRENGTH),
                                    prev_hooks=Socket("HOOKS", optional=True)):
-    model, _, _ = loader.load_checkpoint(folders.resolve(ctx.env, "checkpoints", ckpt_name))
+    model, _, _ = loader.load_checkpoint(CHECKPOINT.path(ctx.env, ckpt_name))
     return (hook_ops.model_as_lora_hook(model, None, ckpt_name, strength_model, 0.0, prev_hooks),)
 
 

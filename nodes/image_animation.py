@@ -16,7 +16,7 @@ import torch
 from PIL import Image, PngImagePlugin
 
 from mixgraph.graph.env import writable_folder
-from mixgraph.nodes.imaging import _next_counter, expand_prefix, to_uint8
+from mixgraph.nodes.imaging import next_counter, expand_prefix, to_uint8
 
 __all__ = ["WEBP_METHODS", "save_animated_webp", "save_animated_png"]
 
@@ -33,7 +33,7 @@ def _target(images: torch.Tensor, root: Path, prefix: str, kind: str) -> tuple[P
     folder, stem = target.parent, target.name
     writable_folder(folder, f"{kind} folder")
     subfolder = folder.relative_to(root).as_posix() if folder != Path(root) else ""
-    return folder, stem, "" if subfolder == "." else subfolder, _next_counter(folder, stem)
+    return folder, stem, "" if subfolder == "." else subfolder, next_counter(folder, stem)
 
 
 def _frames(images: torch.Tensor) -> list[Image.Image]:

@@ -19,7 +19,7 @@ from PIL import features
 from mixgraph.graph.env import writable_folder
 from mixgraph.nodes import image_codecs
 from mixgraph.nodes.folders import safe_join
-from mixgraph.nodes.imaging import _next_counter, expand_prefix
+from mixgraph.nodes.imaging import next_counter, expand_prefix
 
 #: (format, bit depth) pairs this build writes; ComfyUI's other choices are refused at validation.
 WRITTEN = {("png", "8-bit"): 8, ("png", "16-bit"): 16, ("exr", "32-bit float"): 32}
@@ -102,7 +102,7 @@ def save_advanced(images: torch.Tensor, root: Path, prefix: str, file_format: st
     if why is not None:
         raise image_codecs.CodecError(why)
     folder, stem, subfolder = _target(images, root, prefix)
-    counter = max(_next_counter(folder, stem.replace("%batch_num%", str(i)))
+    counter = max(next_counter(folder, stem.replace("%batch_num%", str(i)))
                   for i in range(len(images)))
     text = image_codecs.metadata_items(prompt, extra_pnginfo)
     if file_format == "avif":

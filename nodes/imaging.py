@@ -90,7 +90,9 @@ def to_uint8(image: torch.Tensor) -> np.ndarray:
 _COUNTER = re.compile(r"_(\d{5,})_?$")
 
 
-def _next_counter(folder: Path, stem: str) -> int:
+def next_counter(folder: Path, stem: str) -> int:
+    """The counter after the largest in `folder`'s `<stem>_<counter>_.*` files (ComfyUI's
+    save-file numbering, shared by every node that writes numbered files)."""
     biggest = 0
     if folder.is_dir():
         for f in folder.iterdir():
@@ -119,7 +121,7 @@ def save_images(images: torch.Tensor, root: Path, prefix: str, *, kind: str = "o
     folder, stem = target.parent, target.name
     writable_folder(folder, f"{kind} folder")
     subfolder = folder.relative_to(root).as_posix() if folder != Path(root) else ""
-    counter = _next_counter(folder, stem)
+    counter = next_counter(folder, stem)
     results = []
     for image in images:
         info = None

@@ -10,7 +10,7 @@ from mixgraph.graph.env import writable_folder
 from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import Combo, Hidden, Int, Result, Socket, String, node
 from mixgraph.nodes import folders, latent_ops
-from mixgraph.nodes.imaging import _next_counter
+from mixgraph.nodes.imaging import next_counter
 from mixgraph.nodes.models import latent_file, save
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.precision import effective
@@ -53,7 +53,7 @@ def SaveLatent(ctx, samples=Socket("LATENT"), filename_prefix=String("latents/Co
     target = folders.safe_join(root, filename_prefix)
     folder, stem = target.parent, target.name
     writable_folder(folder, "output folder")
-    name = f"{stem}_{_next_counter(folder, stem):05}_.latent"
+    name = f"{stem}_{next_counter(folder, stem):05}_.latent"
     latent_file.save_latent(folder / name, samples.samples, save.prompt_metadata(prompt, extra_pnginfo))
     sub = folder.relative_to(root).as_posix()
     return Result(ui={"latents": [{"filename": name, "subfolder": "" if sub == "." else sub, "type": "output"}]})

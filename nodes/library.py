@@ -1,5 +1,10 @@
-"""Importing this module registers the whole node library with graph.registry.REGISTRY."""
+"""Importing this module registers the whole node library with graph.registry.REGISTRY.
 
+Its socket types and precision roles come first (`nodes.socket_types`, which `nodes/__init__.py`
+has imported already): the declarations below read them.
+"""
+
+from mixgraph.nodes import socket_types  # noqa: F401  (first: the declarations read it)
 from mixgraph.nodes import (conditioning, conditioning_extra_nodes, custom_sampling_nodes,  # noqa: F401
                             extra_loader_nodes, image_extra_nodes, image_filter_nodes, image_nodes,
                             latent_extra_nodes, latent_io_nodes, latent_nodes, loading, mask_nodes,

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import warnings
 
-from mixgraph.graph.node import Combo, Float, Socket, node, replace_spec
+from mixgraph.graph.node import Float, Socket, node, replace_spec
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import folders
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.model_files import LORA
 from mixgraph.nodes.models.lora import LoraKeyWarning, load_lora
 from mixgraph.nodes.models.lora_bypass import bypass_patches
 
@@ -21,7 +20,7 @@ _DESCRIPTION = ("Apply LoRA in bypass mode. Unlike regular LoRA, this doesn't mo
 def _apply(ctx, model, clip, lora_name, strength_model, strength_clip):
     if strength_model == 0 and strength_clip == 0:
         return model, clip
-    path = folders.resolve(ctx.env, "loras", lora_name)
+    path = LORA.path(ctx.env, lora_name)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LoraKeyWarning)
         lora = load_lora(path, model.weight_shapes(),
@@ -40,10 +39,10 @@ def _register(fn, output_tooltips=None):
 
 
 @node(category="model/loaders", outputs=("MODEL", "CLIP"), display_name="Load LoRA (Bypass) (For debugging)",
-      description=_DESCRIPTION, fingerprint=_fingerprint("loras", "lora_name"), register=False)
+      description=_DESCRIPTION, register=False)
 def LoraLoaderBypass(ctx, model=Socket("MODEL", tooltip="The diffusion model the LoRA will be applied to."),
                      clip=Socket("CLIP", tooltip="The CLIP model the LoRA will be applied to."),
-                     lora_name=Combo(folders.options("loras"), tooltip="The name of the LoRA."),
+                     lora_name=LORA.input(tooltip="The name of the LoRA."),
                      strength_model=Float(1.0, **_STRENGTH, tooltip=(
                          "How strongly to modify the diffusion model. This value can be negative.")),
                      strength_clip=Float(1.0, **_STRENGTH, tooltip=(
@@ -52,8 +51,8 @@ def LoraLoaderBypass(ctx, model=Socket("MODEL", tooltip="The diffusion model the
 
 
 @node(category="model/loaders", outputs=("MODEL",), display_name="Load LoRA (Bypass, Model Only) (for debugging)",
-      description=_DESCRIPTION, fingerprint=_fingerprint("loras", "lora_name"), register=False)
-def LoraLoaderBypassModelOnly(ctx, model=Socket("MODEL"), lora_name=Combo(folders.options("loras")),
+      description=_DESCRIPTION, register=False)
+def LoraLoaderBypassModelOnly(ctx, model=Socket("MODEL"), lora_name=LORA.input(),
                               strength_model=Float(1.0, **_STRENGTH)):
     return (_apply(ctx, model, None, lora_name, strength_model, 0.0)[0],)
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from mixgraph.graph.dynamic import dynamic_group
-from mixgraph.graph.fingerprint import fingerprint_file
-from mixgraph.graph.node import Combo, Float, Socket, node
-from mixgraph.nodes import folders
+from mixgraph.graph.node import Float, Socket, node
+from mixgraph.nodes.model_files import LORA
 from mixgraph.nodes.models.lora import load_lora_patches
 
 
 def _rows_input(tooltip: str):
     return dynamic_group(
-        (("lora_name", Combo(folders.options("loras"), tooltip="The name of the LoRA file to apply.")),
+        (("lora_name", LORA.input(tooltip="The name of the LoRA file to apply.")),
          ("strength", Float(1.0, min=-100.0, max=100.0, step=0.01,
                             tooltip="How strongly to apply this LoRA. 0 = off, negative inverts "
                                     "the effect."))),
@@ -37,13 +36,8 @@ def _names(literals: dict[str, Any]) -> list[str]:
 
 
 def _fingerprint(env: Any, **literals: Any):
-    prints = []
-    for name in _names(literals):
-        try:
-            prints.append(fingerprint_file(folders.resolve(env, "loras", name)) if name else None)
-        except (folders.FolderError, OSError, TypeError):
-            prints.append(None)
-    return tuple(prints)
+    """Each row's LoRA file (rows are grown inputs: their hooks are not the node's own)."""
+    return tuple(LORA.fingerprint(env, name) if name else None for name in _names(literals))
 
 
 def _apply(ctx, model, clip, loras: list[dict], to_model: bool):
@@ -51,7 +45,7 @@ def _apply(ctx, model, clip, loras: list[dict], to_model: bool):
         name, strength = row.get("lora_name"), row.get("strength")
         if not name or strength == 0 or strength is None:
             continue
-        path = folders.resolve(ctx.env, "loras", name)
+        path = LORA.path(ctx.env, name)
         model, clip = load_lora_patches(path, model, clip, strength if to_model else 0.0,
                                         0.0 if to_model else strength, warn=ctx.warn)
     return model, clip

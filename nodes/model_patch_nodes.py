@@ -66,7 +66,7 @@ def CLIPAttentionMultiply(clip=Socket("CLIP"), q=Float(1.0, **_MULT), k=Float(1.
     factors = tuple((f"self_attn.{name}.{kind}", f)
                     for name, f in (("q_proj", q), ("k_proj", k), ("v_proj", v), ("out_proj", out))
                     for kind in ("weight", "bias"))
-    return (clip.with_patches(tuple(ScalePatch(enc, factors) for enc in clip.encoders)),)
+    return (clip.with_patches(tuple(ScalePatch(enc, factors) for enc in clip.names)),)
 
 
 @node(category="sampling/custom_sampling", outputs=("MODEL",), display_name="Adaptive Projected Guidance")

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from mixgraph.graph.node import Combo, Socket, String, node, replace_spec
+from mixgraph.graph.node import Socket, String, node, replace_spec
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import folders
 from mixgraph.nodes.embeddings import embedding_lookup
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.model_files import PHOTOMAKER
 from mixgraph.nodes.models.photomaker import (
     TRIGGER_WORD, PhotoMakerError, drop_word, load_photomaker, trigger_word_index,
 )
@@ -38,11 +37,10 @@ def _experimental(**kw):
     return wrap
 
 
-@_experimental(category="_for_testing/photomaker", outputs=("PHOTOMAKER",),
-               fingerprint=_fingerprint("photomaker", "photomaker_model_name"))
-def PhotoMakerLoader(ctx, photomaker_model_name=Combo(folders.options("photomaker"))):
+@_experimental(category="_for_testing/photomaker", outputs=("PHOTOMAKER",))
+def PhotoMakerLoader(ctx, photomaker_model_name=PHOTOMAKER.input()):
     """Loads a PhotoMaker v1 ID encoder (CLIP ViT-L/14 + fuse MLPs) from models/photomaker."""
-    return (load_photomaker(folders.resolve(ctx.env, "photomaker", photomaker_model_name)),)
+    return (load_photomaker(PHOTOMAKER.path(ctx.env, photomaker_model_name)),)
 
 
 @_experimental(category="_for_testing/photomaker", outputs=("CONDITIONING",))

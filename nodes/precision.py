@@ -14,12 +14,26 @@ from __future__ import annotations
 from typing import Any
 
 from mixgraph.graph.precision import Policy
+from mixgraph.graph.roles import ROLES
 
 
-def effective(ctx: Any, handle: Any, socket: str) -> Policy:
-    """The policy to run `handle` under in this node, reported to the engine via ctx."""
-    policy = ctx.policy_for(socket, pinned=getattr(handle, "precision", None),
+def effective(ctx: Any, handle: Any, socket: str, *, role: str | None = None) -> Policy:
+    """The policy to run `handle` under in this node, reported to the engine via ctx. `role`:
+    one of the socket type's further precision roles (nodes/socket_types.py), for one model of
+    a handle that holds several (a text encoder of a set with a role of its own)."""
+    policy = ctx.policy_for(socket, role=role, pinned=getattr(handle, "precision", None),
                             storage=getattr(handle, "weight_dtype", None),
                             compute=getattr(handle, "compute_dtype", None))
     ctx.used_precision(policy)
     return policy
+
+
+def encoder_policies(ctx: Any, clip: Any, socket: str = "CLIP") -> dict[str, Policy]:
+    """The policy per precision role of a text-encoder set (``ClipHandle.encoders``) whose
+    entries name roles of their own beside the socket type's (a T5-XXL's "text_large" beside
+    CLIP-L's "text"): role -> policy, for ``ClipHandle.encode(..., policies=)``. Entries with the
+    socket type's own role run under the node's CLIP policy and are not listed. A role the node
+    library never registered for the socket type is refused by ``ctx.policy_for``, naming it."""
+    own = ROLES.role_of(socket)
+    roles = dict.fromkeys(e.role for e in getattr(clip, "encoders", ()) if e.role != own)
+    return {role: effective(ctx, clip, socket, role=role) for role in roles}

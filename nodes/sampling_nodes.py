@@ -12,7 +12,8 @@ from mixgraph.nodes.sampling.schedules import SCHEDULER_NAMES
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
 
-def _progress(ctx):
+def step_progress(ctx):
+    """A sampler's `on_step` callback that reports each step as the node's progress."""
     def on_step(i: int, total: int, preview=None) -> None:  # i: 1..total, ComfyUI's value
         ctx.progress(i, total, preview=preview)
 
@@ -31,7 +32,7 @@ def KSampler(ctx, model=Socket("MODEL"),
     runner = model.runner(effective(ctx, model, "MODEL"))
     return (ksampler.sample(runner, seed=seed, steps=steps, cfg=cfg, sampler_name=sampler_name,
                             scheduler=scheduler, positive=positive, negative=negative,
-                            latent=latent_image, denoise=denoise, on_step=_progress(ctx),
+                            latent=latent_image, denoise=denoise, on_step=step_progress(ctx),
                             preview=previewer_for(ctx, runner)),)
 
 
@@ -54,7 +55,7 @@ def KSamplerAdvanced(ctx, model=Socket("MODEL"), add_noise=Combo(("enable", "dis
                             add_noise=add_noise == "enable", start_step=start_at_step,
                             last_step=end_at_step,
                             force_full_denoise=return_with_leftover_noise == "disable",
-                            on_step=_progress(ctx),
+                            on_step=step_progress(ctx),
                             preview=previewer_for(ctx, runner)),)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from mixgraph.graph.env import writable_folder
 from mixgraph.graph.node import Boolean, Combo, Hidden, Int, Result, Socket, String, node
 from mixgraph.nodes.folders import safe_join
-from mixgraph.nodes.imaging import _next_counter
+from mixgraph.nodes.imaging import next_counter
 from mixgraph.nodes.models import lora_extract, save
 from mixgraph.nodes.precision import effective
 
@@ -28,7 +28,7 @@ def _target(ctx: Any, prefix: str) -> tuple[Path, str, int]:
     target = safe_join(root, prefix)
     folder, stem = target.parent, target.name
     writable_folder(folder, "output folder")
-    return folder, stem, _next_counter(folder, stem)
+    return folder, stem, next_counter(folder, stem)
 
 
 def _save_checkpoint(ctx, model, clip, vae, filename_prefix, prompt, extra_pnginfo) -> Result:

@@ -8,10 +8,9 @@ import dataclasses
 
 import torch
 
-from mixgraph.graph.node import Combo, Float, Socket, node, replace_spec
+from mixgraph.graph.node import Float, Socket, node, replace_spec
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import folders
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.nodes.model_files import MODEL_PATCH
 from mixgraph.nodes.models.supir import (ModelPatchError, RestoreCFG, SupirPatch, SupirWeights,
                                          denoise_encoder_vae, load_model_patch)
 from mixgraph.nodes.models.vae import encode_image
@@ -25,10 +24,9 @@ def _advanced(inp):
 
 
 # No docstrings on the node functions: they would become object_info descriptions.
-@node(category="model/loaders", outputs=("MODEL_PATCH",), display_name="Load Model Patch",
-      fingerprint=_fingerprint("model_patches", "name"), register=False)
-def ModelPatchLoader(ctx, name=Combo(folders.options("model_patches"))):
-    return (load_model_patch(folders.resolve(ctx.env, "model_patches", name)),)
+@node(category="model/loaders", outputs=("MODEL_PATCH",), display_name="Load Model Patch", register=False)
+def ModelPatchLoader(ctx, name=MODEL_PATCH.input()):
+    return (load_model_patch(MODEL_PATCH.path(ctx.env, name)),)
 
 
 ModelPatchLoader.spec = REGISTRY.add(replace_spec(ModelPatchLoader.spec, info_extra=_EXPERIMENTAL))

@@ -5,9 +5,8 @@ module is never changed."""
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, node
-from mixgraph.nodes import folders
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.graph.node import Boolean, Float, Int, Socket, node
+from mixgraph.nodes.model_files import HYPERNETWORK
 from mixgraph.nodes.models.hypernetwork import load_hypernetwork
 from mixgraph.nodes.models.token_patches import HyperTile as HyperTilePatch
 from mixgraph.nodes.models.token_patches import TokenMerge
@@ -27,9 +26,9 @@ def TomePatchModel(model=Socket("MODEL"), ratio=Float(0.3, min=0.0, max=1.0, ste
     return (model.with_unet_patch(TokenMerge(float(ratio))),)
 
 
-@node(category="loaders", outputs=("MODEL",), fingerprint=_fingerprint("hypernetworks", "hypernetwork_name"))
-def HypernetworkLoader(ctx, model=Socket("MODEL"), hypernetwork_name=Combo(folders.options("hypernetworks")),
+@node(category="loaders", outputs=("MODEL",))
+def HypernetworkLoader(ctx, model=Socket("MODEL"), hypernetwork_name=HYPERNETWORK.input(),
                        strength=Float(1.0, min=-10.0, max=10.0, step=0.01)):
     """Adds an A1111 hypernetwork to every self- and cross-attention of the UNet."""
-    patch = load_hypernetwork(folders.resolve(ctx.env, "hypernetworks", hypernetwork_name), strength)
+    patch = load_hypernetwork(HYPERNETWORK.path(ctx.env, hypernetwork_name), strength)
     return (model.with_unet_patch(patch),)

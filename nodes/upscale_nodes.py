@@ -3,18 +3,16 @@ ESRGAN-family upscalers from ``models/upscale_models``, run tiled at the UPSCALE
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Combo, Socket, node
-from mixgraph.nodes import folders
-from mixgraph.nodes.loading import _fingerprint
+from mixgraph.graph.node import Socket, node
+from mixgraph.nodes.model_files import UPSCALE_MODEL
 from mixgraph.nodes.models.upscale import load_upscale_model, upscale_image
 from mixgraph.nodes.precision import effective
 
 
-@node(category="loaders", outputs=("UPSCALE_MODEL",), display_name="Load Upscale Model",
-      fingerprint=_fingerprint("upscale_models", "model_name"))
-def UpscaleModelLoader(ctx, model_name=Combo(folders.options("upscale_models"))):
+@node(category="loaders", outputs=("UPSCALE_MODEL",), display_name="Load Upscale Model")
+def UpscaleModelLoader(ctx, model_name=UPSCALE_MODEL.input()):
     """Loads an ESRGAN / Real-ESRGAN (RRDBNet) upscaler; its scale comes from the file."""
-    return (load_upscale_model(folders.resolve(ctx.env, "upscale_models", model_name)),)
+    return (load_upscale_model(UPSCALE_MODEL.path(ctx.env, model_name)),)
 
 
 @node(category="image/upscaling", outputs=("IMAGE",), display_name="Upscale Image (using Model)")

@@ -173,3 +173,129 @@ def test_architecture_no_late_imports_where_circles_were():
                                            ("ui", "mixgraph.ui.server")])
 def test_architecture_layers_are_classified(layer, example):
     assert example in MODULES and _layer(example) == layer
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _own_private_module(importer: str, module: str) -> bool:
+    """A package importing its own private submodule (`from . import _io as io` in
+    ui/comfy_host/comfy_api/latest: ComfyUI's own module layout, which custom packs import):
+    the package is that module's public face, so this is no reach into another module."""
+    return _is_package(importer) and module.rpartition(".")[0] == importer
+
+
+def test_architecture_no_module_uses_another_modules_private_names():
+    """No module imports a private (leading underscore, not dunder) name from another mixgraph
+    module, nor reads `other_module._name`: what two modules share gets a public name in one home.
+    Function-local imports count too."""
+    wrong = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        package = name if _is_package(name) else name.rpartition(".")[0]
+        modules: dict[str, str] = {}   # local name -> the mixgraph module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("mixgraph"):
+                        modules[a.asname or a.name] = a.name
+                        if any(_private(p) for p in a.name.split(".")):
+                            wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {a.name}")
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                if not base.startswith("mixgraph"):
+                    continue
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    if full in MODULES:
+                        modules[a.asname or a.name] = full
+                    if _private(a.name) and full != name and not _own_private_module(name, full):
+                        wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {base} import {a.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = ast.unparse(node.value)
+                target = modules.get(owner, owner if owner in MODULES else None)
+                if target is not None and target != name:
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {owner}.{node.attr}")
+    assert not wrong, "private names used across modules:\n" + "\n".join(wrong)
+
+
+#: Words of the diffusion domain the engine must not name in code: ComfyUI's socket types for
+#: models and their payloads, and the node library's precision roles (nodes/socket_types.py
+#: registers them). IMAGE and MASK are on the list too: the engine's ComfyUI formats (UI
+#: workflows, object_info, the payload codec) handle them as any other type, by registration.
+DIFFUSION_WORDS = frozenset({
+    "MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "CONTROL_NET", "CLIP_VISION",
+    "CLIP_VISION_OUTPUT", "STYLE_MODEL", "UPSCALE_MODEL", "GLIGEN", "NOISE", "SAMPLER", "SIGMAS",
+    "GUIDER", "IMAGE", "MASK", "UNET", "unet", "vae", "text", "text_large", "diffusion",
+})
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants in a module (which may use examples)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.body and isinstance(node.body[0], ast.Expr) \
+                and isinstance(node.body[0].value, ast.Constant):
+            found.add(id(node.body[0].value))
+    return found
+
+
+def test_architecture_engine_names_no_diffusion_socket_type():
+    """graph/ holds no diffusion socket type or precision role as a string constant (docstrings
+    aside): the node library registers them (`register_socket_type`, `register_role`)."""
+    wrong = []
+    for path in sorted((ROOT / "graph").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        docs = _docstrings(tree)
+        wrong += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in docs and node.value in DIFFUSION_WORDS]
+    assert not wrong, "diffusion words in the engine (register them from nodes/):\n" + "\n".join(wrong)
+
+
+ENGINE_ALONE = """
+import sys
+from mixgraph.graph.cache import OutputCache
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor
+from mixgraph.graph.precision import DeviceCaps, Resolver, preset_spec, preset_table
+from tests import toy_nodes as toy
+
+env = Env(models=(), input=sys.argv[1], output=sys.argv[1], temp=sys.argv[1])
+prompt = {"1": toy.call("ToyModelLoader", scale=1.0), "2": toy.call("Const", value=3),
+          "3": toy.call("NanIfHalf", model=toy.link(1), x=toy.link(2)),
+          "4": toy.call("ShowImage", image=toy.link(3))}
+report = Executor(toy.registry(), env, OutputCache(2**20)).run(prompt, precision="memory")
+assert report.status == "success", report
+assert not [m for m in sys.modules if m.startswith(("mixgraph.nodes", "mixgraph.ui"))]
+cuda = DeviceCaps("cuda", native_bf16=True, native_f16=True)
+cpu_bf16 = DeviceCaps("cpu", native_bf16=True, native_f16=False)
+# no roles registered: every socket type gets the careful default
+assert [preset_spec(p, "MODEL", cuda) for p in ("quality", "balanced", "memory", "fast")] == \\
+    ["f32", "bf16", "bf16:f32", "f16"]
+assert preset_spec("balanced", "MODEL", cpu_bf16) == "f32"
+assert preset_table(caps=cuda) == {p: {} for p in ("quality", "balanced", "memory", "fast")}
+assert Resolver(None, caps=cuda).describe()["default"] == "bf16"
+print("engine alone: ok")
+"""
+
+
+def test_architecture_engine_runs_without_the_node_library(tmp_path):
+    """The engine with no node library loaded: toy nodes register their own model socket types,
+    a run with a preset resolves (each type gets the careful default), nothing under nodes/ or
+    ui/ is imported."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [
+        os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-c", ENGINE_ALONE, str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "engine alone: ok" in done.stdout, done.stderr[-3000:]

@@ -56,7 +56,7 @@ def test_embedded_model_is_a_small_sd1_checkpoint_found_by_shapes():
     assert EMBEDDED_CHECKPOINT.stat().st_size < 12 * 2**20
     model, clip, vae = load_checkpoint(EMBEDDED_CHECKPOINT)
     assert model.kind == "sd1" and model.prediction == "v_prediction"  # the v_pred marker key
-    assert clip is not None and clip.clip_l_config.width == model.config.context_dim
+    assert clip is not None and clip.encoder("clip_l").config.width == model.config.context_dim
     assert vae is not None and vae.config.downscale == 8
 
 

@@ -123,14 +123,14 @@ def test_hooks_model_as_lora_adds_the_difference_to_lora_patched_weights(ckpts, 
     k = lora_changed[0]  # not the blend (1 − s)·W_current + s·W_other
     assert not torch.allclose(hooked[k], (1 - s) * cur[k] + s * oth[k], atol=1e-5)
     # CLIP too: the text encoder's weights follow the same rule
-    name = clip.encoders[0]
+    name = clip.names[0]
     hooked_clip = clip.with_patches(clip_patches(hook, 1.0, clip))
 
     def enc(c):
         from mixgraph.nodes.models.handles import _materialize
         from mixgraph.nodes.models.clip import CLIPTextModel
         patches = tuple(p for p in c.patches if getattr(p, "target", name) == name)
-        return _materialize(name, getattr(c, name), getattr(c, f"{name}_config"), F32.storage,
+        return _materialize(name, c.encoder(name).source, c.encoder(name).config, F32.storage,
                             patches, CLIPTextModel).state_dict()
     h, c, o, b = enc(hooked_clip), enc(clip), enc(other_clip), enc(base_clip)
     for key in b:

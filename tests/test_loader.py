@@ -59,8 +59,10 @@ def test_loader_sd15_detected_ema_ignored(files):
     assert (model.kind, model.prediction, model.zsnr) == ("sd1", "eps", False)
     assert model.config == tiny_unet_config("sd15")
     assert model.latent_format.scale_factor == 0.18215
-    assert clip.kind == "sd1" and clip.encoders == ("clip_l",)
-    assert clip.clip_l.prefix == "cond_stage_model.transformer." and clip.clip_l_config.activation == "quick_gelu"
+    assert clip.kind == "sd1" and clip.names == ("clip_l",)
+    clip_l = clip.encoder("clip_l")
+    assert clip_l.source.prefix == "cond_stage_model.transformer." and clip_l.config.activation == "quick_gelu"
+    assert (clip_l.tokenizer, clip_l.role, clip_l.rule.pad_token, clip_l.rule.default_layer) == ("clip", "text", 49407, None)
     assert vae.config == C.TINY_VAE_CONFIG
     store = WeightStore()
     # the file also holds model_ema.* copies with other values: the live weights are loaded
@@ -80,7 +82,7 @@ def test_loader_sd2_v_prediction_detected_and_overridable(files):
     e, _, _ = loader.load_checkpoint(files["sd2e"])
     assert (v.kind, v.prediction) == ("sd2", "v_prediction")
     assert (e.kind, e.prediction) == ("sd2", "eps")
-    assert clip.kind == "sd2" and clip.clip_h.layout == "open_clip" and clip.clip_h_config.width == 48
+    assert clip.kind == "sd2" and clip.encoder("clip_h").source.layout == "open_clip" and clip.encoder("clip_h").config.width == 48
     forced, _, _ = loader.load_checkpoint(files["sd2e"], prediction="v_prediction")
     assert forced.prediction == "v_prediction"
     assert e.with_sampling("v_prediction", True).runner(F32).zsnr is True
@@ -89,13 +91,16 @@ def test_loader_sd2_v_prediction_detected_and_overridable(files):
 def test_loader_sdxl_encoders_and_markers(files):
     model, clip, _ = loader.load_checkpoint(files["sdxl"])
     assert (model.kind, model.prediction, model.latent_format.scale_factor) == ("sdxl", "eps", 0.13025)
-    assert clip.clip_l.prefix == "conditioner.embedders.0.transformer." and clip.clip_l.layout == "hf_clip"
-    assert clip.clip_g.prefix == "conditioner.embedders.1.model." and clip.clip_g.layout == "open_clip"
+    assert clip.names == ("clip_l", "clip_g")  # the order their features join
+    clip_l, clip_g = clip.encoders
+    assert clip_l.source.prefix == "conditioner.embedders.0.transformer." and clip_l.source.layout == "hf_clip"
+    assert clip_g.source.prefix == "conditioner.embedders.1.model." and clip_g.source.layout == "open_clip"
+    assert not clip_l.rule.pooled and clip_g.rule.pooled and clip_l.rule.default_layer == clip_g.rule.default_layer == -2
     store = WeightStore()
     want = open_clip_to_hf(tiny_open_clip_state_dict(3, width=32, proj=C.TINY_POOLED), "")
     from mixgraph.nodes.models.clip import CLIPTextModel
 
-    _assert_same(_weights(store, "clip_g", clip.clip_g, clip.clip_g_config, CLIPTextModel), want)
+    _assert_same(_weights(store, "clip_g", clip_g.source, clip_g.config, CLIPTextModel), want)
     v, _, _ = loader.load_checkpoint(files["sdxl_v"])
     assert (v.prediction, v.zsnr) == ("v_prediction", True)
 
@@ -103,7 +108,7 @@ def test_loader_sdxl_encoders_and_markers(files):
 def test_loader_sdxl_refiner_clip_g_only(files):
     model, clip, _ = loader.load_checkpoint(files["refiner"])
     assert model.kind == "sdxl_refiner" and clip.kind == "sdxl_refiner"
-    assert clip.encoders == ("clip_g",) and clip.clip_g.prefix == "conditioner.embedders.0.model."
+    assert clip.names == ("clip_g",) and clip.encoder("clip_g").source.prefix == "conditioner.embedders.0.model."
 
 
 def test_loader_end_to_end_sdxl_encode_adm_unet(files):
@@ -141,7 +146,7 @@ def test_loader_diffusers_folder_converts_to_ldm(files):
     store = WeightStore()
     _assert_same(_weights(store, "unet", model.source, model.config, UNetModel), tiny_unet_state_dict("sd15", 0))
     _assert_same(_weights(store, "vae", vae.source, vae.config, AutoencoderKL), C.tiny_vae_state_dict(1))
-    assert clip.kind == "sd1" and clip.clip_l.path.endswith("text_encoder/model.safetensors")
+    assert clip.kind == "sd1" and clip.encoder("clip_l").source.path.endswith("text_encoder/model.safetensors")
 
 
 @pytest.mark.parametrize("layout,prefix", [("ldm", ""), ("ldm", "first_stage_model."), ("diffusers", "")])
@@ -168,10 +173,11 @@ def test_loader_standalone_text_encoders(files):
     C.write_clip_l(d / "clip_l.safetensors", width=32)
     C.write_clip_g(d / "clip_g.safetensors", width=64, layout="open_clip")
     single = loader.load_clip([d / "clip_l.safetensors"], "stable_diffusion")
-    assert single.kind == "sd1" and single.clip_l.layout == "hf_clip"
+    assert single.kind == "sd1" and single.encoder("clip_l").source.layout == "hf_clip"
     dual = loader.load_clip([d / "clip_g.safetensors", d / "clip_l.safetensors"], "sdxl")  # any order
-    assert dual.kind == "sdxl" and dual.clip_l.path.endswith("clip_l.safetensors")
-    assert dual.clip_g_config.width == 64 and dual.clip_g.layout == "open_clip"
+    assert dual.kind == "sdxl" and dual.names == ("clip_l", "clip_g")
+    assert dual.encoder("clip_l").source.path.endswith("clip_l.safetensors")
+    assert dual.encoder("clip_g").config.width == 64 and dual.encoder("clip_g").source.layout == "open_clip"
     (cond,) = dual.encode("hello", F32)
     assert cond.cross_attn.shape == (1, 77, 96) and cond.pooled.shape == (1, C.TINY_POOLED)
 

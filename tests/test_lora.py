@@ -439,7 +439,8 @@ def test_lora_patches_merge_at_materialization_of_model_and_clip_handles(tmp_pat
     from mixgraph.nodes.models.clip import CLIPTextModel
 
     def clip_sd(handle):
-        return store.materialize("clip_l", handle.clip_l, handle.clip_l_config, torch.float32,
+        clip_l = handle.encoder("clip_l")
+        return store.materialize("clip_l", clip_l.source, clip_l.config, torch.float32,
                                  tuple(p for p in handle.patches if p.target == "clip_l"), CLIPTextModel).state_dict()
 
     sc, dc = _lora_delta(lsd, cn[ckey], clip_shapes["clip_l"][ckey])

@@ -365,6 +365,6 @@ def test_openclip_checkpoints_save_in_openclip_layout_and_reload(kind, tmp_path)
     save.write_safetensors(out, sd, save.checkpoint_metadata(m, "t"))
     m2, c2, v2 = loader.load_checkpoint(out)
     assert (m2.kind, m2.prediction) == (m.kind, m.prediction)
-    for enc in c.encoders:
+    for enc in c.names:
         a, b = (save.clip_state_dicts(x, torch.float32)[enc] for x in (c, c2))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), enc

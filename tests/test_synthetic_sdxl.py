@@ -35,8 +35,8 @@ def test_write_sdxl_checkpoint_loads_as_sdxl_with_its_sizes(tmp_path):
     assert model.kind == "sdxl" and model.config == synthetic.TINY_SDXL_UNET
     assert model.latent_format.scale_factor == pytest.approx(0.13025)
     assert clip.kind == "sdxl"
-    assert clip.clip_l_config == synthetic.TINY_SDXL_CLIP_L
-    assert clip.clip_g_config == synthetic.TINY_SDXL_CLIP_G
+    assert clip.encoder("clip_l").config == synthetic.TINY_SDXL_CLIP_L
+    assert clip.encoder("clip_g").config == synthetic.TINY_SDXL_CLIP_G
     assert vae.config == synthetic.TINY_VAE
     sd = load_file(str(path))
     g = "conditioner.embedders.1.model."

@@ -63,7 +63,7 @@ def test_x4_checkpoint_detected_as_the_upscaler_family(handles):
     assert cfg.disable_self_attentions == (False, True, False) and not cfg.disable_middle_self_attn
     assert (cfg.num_heads, cfg.num_head_channels) == (8, -1)  # the family's rule, not SD2's 64-wide heads
     assert cfg == X4_UNET
-    assert clip.kind == "sd2" and clip.clip_h is not None  # SD2's OpenCLIP text tower
+    assert clip.kind == "sd2" and clip.names == ("clip_h",)  # SD2's OpenCLIP text tower
     assert vae.downscale == 4 and vae.config.ch_mult == (1, 2, 2)  # 3 levels: 4x, not 8x
     assert vae.latent_format.scale_factor == 0.08333
 

@@ -18,8 +18,14 @@ from mixgraph.graph.blocker import ExecutionBlocker
 from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import Boolean, Float, Int, Result, Socket, String, node
 from mixgraph.graph.registry import Registry
-from mixgraph.graph.spec import Hidden, Output
+from mixgraph.graph.spec import Hidden, Output, register_socket_type
 
+# The engine knows no model socket type; the toy nodes register the two they hold models on.
+# They use the node library's names with the library's definitions (registering the same
+# definition twice is a no-op), so precision arguments in the engine tests read as real ones
+# (`MODEL=f32,VAE=bf16`); no node library is loaded for them.
+register_socket_type("MODEL", model=True)
+register_socket_type("VAE", model=True)
 CALLS: Counter = Counter()
 #: (node id, "start" | "end", time.monotonic()) recorded by the async nodes themselves
 TIMELINE: list = []

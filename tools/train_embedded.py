@@ -440,7 +440,7 @@ def check_layout(out: Path, args) -> None:
     assert model.config == UNET, (model.config, UNET)
     want = "v_prediction" if args.prediction == "v" else "eps"
     assert model.prediction == want, (model.prediction, want)
-    assert clip is not None and clip.clip_l_config == CLIP, (clip and clip.clip_l_config, CLIP)
+    assert clip is not None and clip.encoder("clip_l").config == CLIP, (clip and clip.encoder("clip_l").config, CLIP)
     assert vae is not None and vae.config == VAE, (vae and vae.config, VAE)
     log("layout check: CheckpointLoaderSimple derives the training configs from the file")
 

@@ -31,6 +31,10 @@ The dynamic parts (list mapping, lazy inputs, expansion, blockers, awaiting in t
 the engine's: the adapter fills the spec fields for them when the engine has them
 (`ENGINE_DYNAMIC`); without them, INPUT_IS_LIST nodes get each input as a one-item list and an
 expansion is a clear "not supported yet" error.
+
+Socket types are ComfyUI's strings as given: a pack's own types are link-only sockets; the types
+the node library registered (`nodes.socket_types`, imported here so a pack loads without the rest
+of the library) keep their meaning, so a pack's node taking a MODEL gets its precision policy.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from typing import Any, Callable
 
 from mixgraph.graph import dynamic
 from mixgraph.graph.node import Result
-from mixgraph.graph.spec import MODEL_TYPES, REQUIRED, Hidden, Input, NodeSpec, Output
+from mixgraph.graph.spec import REQUIRED, SOCKET_TYPES, Hidden, Input, NodeSpec, Output
+from mixgraph.nodes import socket_types  # noqa: F401  (ComfyUI's types: MODEL holds a model, ...)
 from mixgraph.ui import comfy_payloads as payloads
 from mixgraph.ui.comfy_runtime import (Interrupted, MissingHostAPI, Running, explain, host_path,
                                        running_node)
@@ -314,7 +319,7 @@ def spec_for_class(name: str, cls: Any, *, pack: str, display_name: str | None =
         fingerprint=_fingerprint_of(cls, v3, where), validate=_validate_fn(validator, v_names,
                                                                             v_kwargs, declared),
         python_module=python_module or f"custom_nodes.{pack}",
-        precision_types=tuple(sorted({i.type for _, i in inputs if i.type in MODEL_TYPES})),
+        precision_types=tuple(sorted({i.type for _, i in inputs if SOCKET_TYPES.is_model(i.type)})),
         extra_inputs=takes_kwargs, info_extra=tuple(info_extra))
     if "input_is_list" in _SPEC_FIELDS:
         fields["input_is_list"] = input_is_list

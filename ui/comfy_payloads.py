@@ -15,10 +15,11 @@ pixels, `strength`, `mask` + `mask_strength` (+ `set_area_to_bounds`), `control`
 `target_width`, `target_height`, `aesthetic_score`), `start_percent` / `end_percent`,
 `unclip_conditioning` (a list of `{"clip_vision_output", "strength", "noise_augmentation"}`),
 `gligen` (`("position", GLIGEN, [(pooled, h, w, y, x), ...])`) and the x4 upscaler's
-`concat_image` + `noise_augmentation`, and CLIPTextEncodeControlnet's `cross_attn_controlnet` +
-`pooled_output_controlnet`.
-Other keys a pack adds are kept in the ComfyUI form only while the value stays inside custom
-nodes; converting to `Cond` drops them (mixgraph's sampler has no use for them).
+`concat_image` + `noise_augmentation`, CLIPTextEncodeControlnet's `cross_attn_controlnet` +
+`pooled_output_controlnet`, and InpaintModelConditioning's `concat_latent_image` + `concat_mask`.
+Every other key (a model family's entries: Flux's `guidance`, `attention_mask`,
+`reference_latents`, a pack's own) is kept in `Cond.model_inputs` under its name and written
+back as a dict key, so such entries travel through mixgraph's nodes and back into packs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ __all__ = ["to_comfy", "from_comfy", "latent_to_comfy", "latent_from_comfy", "co
 
 _SIZE_KEYS = ("width", "height", "crop_w", "crop_h", "target_width", "target_height",
               "aesthetic_score")
+
+# The option keys `cond_from_comfy` maps onto `Cond` fields; any other key goes to model_inputs.
+_FIELD_KEYS = frozenset(("pooled_output", "area", "strength", "mask", "mask_strength",
+                         "set_area_to_bounds", "control", "control_apply_to_uncond",
+                         "start_percent", "end_percent", "unclip_conditioning", "gligen",
+                         "concat_image", "noise_augmentation", "cross_attn_controlnet",
+                         "pooled_output_controlnet", "concat_latent_image", "concat_mask",
+                         *_SIZE_KEYS))
 
 
 def latent_to_comfy(latent: Latent) -> dict:
@@ -69,7 +78,8 @@ class _Embeds:
 def cond_to_comfy(conds: tuple[Cond, ...]) -> list:
     out = []
     for c in conds:
-        opts: dict[str, Any] = {}
+        # a family's entries first: a Cond field written below wins over a same-named entry
+        opts: dict[str, Any] = {k: v for k, v in c.model_inputs.items() if k not in _FIELD_KEYS}
         if c.pooled is not None:
             opts["pooled_output"] = c.pooled
         if c.area is not None:
@@ -95,6 +105,10 @@ def cond_to_comfy(conds: tuple[Cond, ...]) -> list:
         if c.controlnet_cross_attn is not None:
             opts["cross_attn_controlnet"] = c.controlnet_cross_attn
             opts["pooled_output_controlnet"] = c.controlnet_pooled
+        if c.concat_latent is not None:  # InpaintModelConditioning
+            opts["concat_latent_image"] = c.concat_latent
+        if c.concat_mask is not None:
+            opts["concat_mask"] = c.concat_mask
         out.append([c.cross_attn, opts])
     return out
 
@@ -129,6 +143,8 @@ def cond_from_comfy(items: list) -> tuple[Cond, ...]:
             noise_augmentation=float(o.get("noise_augmentation", 0.0)),
             controlnet_cross_attn=o.get("cross_attn_controlnet"),
             controlnet_pooled=o.get("pooled_output_controlnet"),
+            concat_latent=o.get("concat_latent_image"), concat_mask=o.get("concat_mask"),
+            model_inputs={k: v for k, v in o.items() if k not in _FIELD_KEYS},
             cross_attn=t.float(), pooled=o.get("pooled_output"), area=area,
             strength=float(o.get("strength", 1.0)), mask=mask, control=o.get("control"),
             control_apply_to_uncond=bool(o.get("control_apply_to_uncond", False)), size=size,

@@ -236,21 +236,18 @@ def _modules(socket: str, handle: Any) -> list:
     if socket == "CONTROL_NET":
         from mixgraph.nodes.models.controlnet import ControlNetModel
         return [(lambda: ControlNetModel(handle.config), getattr(handle, "source", None))]
-    if socket == "CLIP":
-        from mixgraph.nodes.models.clip import CLIPTextModel
-        roles = [r for r in ("clip_l", "clip_g", "clip_h") if getattr(handle, f"{r}_config", None) is not None]
-        return [(functools.partial(CLIPTextModel, getattr(handle, f"{r}_config")), getattr(handle, r, None))
-                for r in roles]
+    if socket == "CLIP":  # one module per text encoder of the set
+        return [(functools.partial(e.build, e.config), e.source) for e in handle.encoders]
     return []
 
 
 def _stored_table_bytes(module: torch.nn.Module, source: Any) -> int:
     """Bytes of the module's `keep_stored` tables in the file's dtype: the weight store counts
     them against its budget although they stay lazily paged views (not resident)."""
-    from mixgraph.nodes.models.cast import _matched_names
+    from mixgraph.nodes.models.cast import matched_names
     from mixgraph.nodes.models.safetensors_io import source_dtypes
 
-    names = _matched_names(module, "keep_stored")
+    names = matched_names(module, "keep_stored")
     if not names:
         return 0
     try:
@@ -589,8 +586,7 @@ def weights_needed(wf: Workflow, registry: Any, env: Any,
                 continue
             source = getattr(comp.handle, "source", None) if comp is not None else None
             if source is None:          # CLIP handles name their file per encoder
-                sources = [getattr(comp.handle, r, None) for r in
-                           ("clip_l", "clip_g", "clip_h")] if comp is not None else []
+                sources = [e.source for e in getattr(comp.handle, "encoders", ())] if comp is not None else []
             else:
                 sources = [source]
             policy = resolve(resolver.policy(nid, socket), pinned=comp.pinned,

@@ -376,7 +376,7 @@ class ListSplit:
 
     def _rename(self, image: dict, env: Any, api: str) -> dict:
         """One saved file under the name (and `prompt` chunk) one machine would have given it."""
-        from mixgraph.nodes.imaging import _next_counter
+        from mixgraph.nodes.imaging import next_counter
         m = self._NAME.match(str(image.get("filename", "")))
         mark = re.search(r"-mgfan[0-9A-Za-z]*p\d+a\d+$", m.group(1)) if m else None
         if mark is None or image.get("type") != "output" \
@@ -384,7 +384,7 @@ class ListSplit:
             return image
         folder = Path(env.output) / image.get("subfolder", "")
         stem = m.group(1)[:mark.start()]
-        counter = _next_counter(folder, stem)
+        counter = next_counter(folder, stem)
         while (folder / f"{stem}_{counter:05}_.png").exists():
             counter += 1                       # another prompt's file appeared meanwhile
         name = f"{stem}_{counter:05}_.png"

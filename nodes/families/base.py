@@ -56,7 +56,11 @@ class Sampling:
     beta_range: (linear_start, linear_end) of a discrete schedule; None = SD's 0.00085..0.012.
     continuous: (kind "edm" | "v", sigma_min, sigma_max) for a continuous-time schedule.
     shift, multiplier: flow matching: σ(t) = shift·t / (1 + (shift − 1)·t) and the timestep the
-        model sees is σ·multiplier (SD3: shift 3, multiplier 1000; Flux: multiplier 1).
+        model sees is σ·multiplier (SD3: shift 3, multiplier 1000; AuraFlow: multiplier 1).
+    shift_kind: "linear" (the above, ComfyUI's ModelSamplingDiscreteFlow) or "exponential"
+        (Flux, ComfyUI's ModelSamplingFlux: σ(t) = e^shift / (e^shift + 1/t − 1), the model sees
+        σ itself, multiplier unused; Flux.1's default shift μ is 1.15).
+        ``sampling/schedule_flow.py`` implements both.
     """
 
     prediction: str = "eps"
@@ -65,6 +69,7 @@ class Sampling:
     continuous: tuple | None = None
     shift: float = 1.0
     multiplier: float = 1000.0
+    shift_kind: str = "linear"
 
 
 @dataclass(frozen=True)

@@ -323,7 +323,7 @@ def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
         raise ValueError("apply_precision: module already has a precision applied; pass the f32 original")
 
     kept = _keep_f32_names(module)
-    as_stored = _matched_names(module, "keep_stored")
+    as_stored = matched_names(module, "keep_stored")
     int8_names = _int8_names(module, policy)
     vector_dtype = compute if storage in FP8_DTYPES else storage
     to_half_cpu = compute in HALF_DTYPES
@@ -400,7 +400,7 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
     `mixgraph estimate` builds its weight figures from this; the rules mirror `apply_precision`
     and `store.dtype_rule`."""
     kept = _keep_f32_names(module)
-    as_stored = _matched_names(module, "keep_stored")
+    as_stored = matched_names(module, "keep_stored")
     int8_names = _int8_names(module, policy)
     storage, compute = policy.storage, policy.compute
     size = {dt: torch.empty((), dtype=dt).element_size() for dt in (*STORAGE_DTYPES,)}
@@ -440,17 +440,17 @@ def _int8_names(module: nn.Module, policy: PolicyLike) -> set[str]:
     nn.Linear and supported nn.Conv2d not kept f32 and not named by `int8_skip`."""
     if not policy.int8:
         return set()
-    skip = _keep_f32_names(module) | _matched_names(module, "int8_skip")
+    skip = _keep_f32_names(module) | matched_names(module, "int8_skip")
     return {name for name, m in module.named_modules() if name not in skip and (
         type(m) is nn.Linear or (type(m) is nn.Conv2d and int8_conv_supported(m)))}
 
 
 def _keep_f32_names(module: nn.Module) -> set[str]:
     """Names of all modules matched by any `keep_f32` pattern (and everything below them)."""
-    return _matched_names(module, "keep_f32")
+    return matched_names(module, "keep_f32")
 
 
-def _matched_names(module: nn.Module, attr: str) -> set[str]:
+def matched_names(module: nn.Module, attr: str) -> set[str]:
     """Names of all modules matched by a pattern in class attribute `attr` (and those below)."""
     patterns: list[str] = []
     for owner, m in module.named_modules():

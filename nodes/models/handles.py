@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,7 +30,6 @@ from mixgraph.nodes.families.base import Sampling
 from mixgraph.nodes.models import lora_bypass, store
 from mixgraph.nodes.models.attention import check_backend
 from mixgraph.nodes.models.cast import PolicyLike, apply_precision
-from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
 from mixgraph.nodes.models.compile import compiled as compile_module
 from mixgraph.nodes.models.controlnet import ControlNetModel
 from mixgraph.nodes.models.controlnet_union import check_control_type
@@ -38,8 +38,8 @@ from mixgraph.nodes.models.latent_format import LatentFormat
 from mixgraph.nodes.models.layouts import reader_for_source
 from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.models.taesd import load_taesd_autoencoder
-from mixgraph.nodes.models.text_encode import ENCODER_SPECS, TextEncoders, encode_prompt, encode_tokens
-from mixgraph.nodes.models.tokenizer import CLIPTokenizer
+from mixgraph.nodes.models.encoder_set import EncoderEntry
+from mixgraph.nodes.models.text_encode import TextEncoder, check_set, encode_prompt, encode_tokens, tokenize
 from mixgraph.nodes.models.unclip import NoiseAugmentor
 from mixgraph.nodes.models.unet import UNetConfig
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
@@ -178,28 +178,22 @@ class ModelHandle:
 # CLIP
 
 
-@functools.lru_cache(maxsize=1)
-def _tokenizer():
-    return CLIPTokenizer()
-
-
 @dataclass(frozen=True)
 class ClipHandle:
-    """CLIP: the text encoders of one model family ("sd1", "sd2", "sdxl", "sdxl_refiner").
+    """CLIP: a set of named text encoders (``encoder_set.EncoderEntry``, in the order their
+    features join), made for the family variant ``kind`` ("sd1", "sd2", "sdxl", "sdxl_refiner").
 
-    layer_idx: CLIPSetLastLayer's stop_at_clip_layer (None = the family's default).
+    layer_idx: CLIPSetLastLayer's stop_at_clip_layer (None = each encoder's default).
     patches: LoRA patches, each applied to the encoder named by its ``target``.
     hooks, hooks_to_conds, hooks_schedule: SetClipHooks (``models/hooks.py``): weight hooks
         applied while encoding, whether the conds carry them, whether keyframes schedule them.
+
+    Precision: each encoder runs under the policy of its precision role (``entry.role``):
+    ``policies[entry.role]`` when the caller gives one, else the one ``policy``.
     """
 
     kind: str
-    clip_l: WeightSource | None = None
-    clip_g: WeightSource | None = None
-    clip_h: WeightSource | None = None
-    clip_l_config: CLIPTextConfig | None = None
-    clip_g_config: CLIPTextConfig | None = None
-    clip_h_config: CLIPTextConfig | None = None
+    encoders: tuple[EncoderEntry, ...] = ()
     layer_idx: int | None = None
     patches: tuple = ()
     precision: PolicyLike | None = None
@@ -207,49 +201,68 @@ class ClipHandle:
     hooks_to_conds: bool = True
     hooks_schedule: bool = False
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoders", tuple(self.encoders))
+        bad = [e for e in self.encoders if not isinstance(e, EncoderEntry)]
+        if bad:
+            raise TypeError(f"ClipHandle.encoders holds EncoderEntry items, got {type(bad[0]).__name__}")
+        check_set(self.names, [e.rule for e in self.encoders])
+
     @property
-    def encoders(self) -> tuple[str, ...]:
-        return tuple(n for n in ("clip_l", "clip_g", "clip_h") if getattr(self, n) is not None)
+    def names(self) -> tuple[str, ...]:
+        """The encoder names, in set order (("clip_l", "clip_g") for SDXL)."""
+        return tuple(e.name for e in self.encoders)
+
+    def encoder(self, name: str) -> EncoderEntry:
+        """The entry named ``name``; ValueError naming the encoders there are when none is."""
+        for e in self.encoders:
+            if e.name == name:
+                return e
+        raise ValueError(f"this {self.kind} CLIP has no text encoder {name!r}; it has {', '.join(self.names)}")
 
     def encode(
         self, text: str, policy: PolicyLike, embedding_lookup=None, warn: Callable[[str], None] | None = None,
-        texts: dict[str, str] | None = None,
+        texts: dict[str, str] | None = None, policies: Mapping[str, PolicyLike] | None = None,
     ) -> tuple[Cond, ...]:
         """CONDITIONING for `text`; `texts` gives some encoders their own prompt (SDXL's
-        text_l / text_g, see ``text_encode.encode_prompt``)."""
+        text_l / text_g, see ``text_encode.encode_prompt``); `policies`: precision role ->
+        policy, for encoders whose role should not run under `policy`."""
         if self.hooks is not None:
             return encode_with_hooks(self, text, policy, embedding_lookup=embedding_lookup, warn=warn,
-                                     texts=texts)
+                                     texts=texts, policies=policies)
         return encode_prompt(
-            self._text_encoders(policy), _tokenizer(), text, layer_idx=self.layer_idx,
+            self._text_encoders(policy, policies), text, layer_idx=self.layer_idx,
             embedding_lookup=embedding_lookup, warn=warn, texts=texts,
         )
 
-    def _text_encoders(self, policy: PolicyLike) -> TextEncoders:
-        models = {}
-        for name in self.encoders:
+    @staticmethod
+    def policy_for(entry: EncoderEntry, policy: PolicyLike,
+                   policies: Mapping[str, PolicyLike] | None = None) -> PolicyLike:
+        """The policy ``entry`` runs under: its role's in ``policies``, else ``policy``."""
+        return (policies or {}).get(entry.role, policy)
+
+    def _text_encoders(self, policy: PolicyLike, policies: Mapping[str, PolicyLike] | None) -> tuple[TextEncoder, ...]:
+        loaded = []
+        for e in self.encoders:
+            run = self.policy_for(e, policy, policies)
             patches, bypass = lora_bypass.split(
-                tuple(p for p in self.patches if getattr(p, "target", name) == name))
-            module = _materialize(
-                name, getattr(self, name), getattr(self, f"{name}_config"), policy.storage, patches, CLIPTextModel
-            )
-            models[name] = lora_bypass.install(apply_precision(module, policy), bypass, name, name)
-        return TextEncoders(self.kind, **models)
+                tuple(p for p in self.patches if getattr(p, "target", e.name) == e.name))
+            module = _materialize(e.name, e.source, e.config, run.storage, patches, e.build)
+            module = lora_bypass.install(apply_precision(module, run), bypass, e.name, e.name)
+            loaded.append(TextEncoder(e.name, e.rule, module, e.tokenizer))
+        return tuple(loaded)
 
     def tokenize(self, text: str, embedding_lookup=None, warn: Callable[[str], None] | None = None) -> dict:
         """ComfyUI's ``clip.tokenize(text, return_word_ids=True)``: encoder name -> chunks of
         (token, weight, word id)."""
-        return {spec.name: _tokenizer().tokenize_with_weights(
-            text, pad_token=spec.pad_token, embedding_lookup=embedding_lookup, embedding_key=spec.name, warn=warn,
-            word_ids=True) for spec in ENCODER_SPECS[self.kind]}
+        return tokenize(self.encoders, text, embedding_lookup=embedding_lookup, warn=warn, word_ids=True)
 
-    def encode_tokens(self, tokenized: dict, policy: PolicyLike,
-                      warn: Callable[[str], None] | None = None) -> tuple[Cond, ...]:
+    def encode_tokens(self, tokenized: dict, policy: PolicyLike, warn: Callable[[str], None] | None = None,
+                      policies: Mapping[str, PolicyLike] | None = None) -> tuple[Cond, ...]:
         """ComfyUI's ``clip.encode_from_tokens``: CONDITIONING for chunks from ``tokenize``."""
         if self.hooks is not None:
             raise NotImplementedError("encoding tokens with a CLIP that has hooks (SetClipHooks): not supported yet")
-        return encode_tokens(self._text_encoders(policy), _tokenizer(), tokenized, layer_idx=self.layer_idx,
-                             warn=warn)
+        return encode_tokens(self._text_encoders(policy, policies), tokenized, layer_idx=self.layer_idx, warn=warn)
 
     def with_layer(self, n: int | None) -> "ClipHandle":
         return dataclasses.replace(self, layer_idx=n)
@@ -267,11 +280,10 @@ class ClipHandle:
     def weight_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
         """encoder name → {HF-layout key → shape}, e.g. for mapping a LoRA."""
         out = {}
-        for name in self.encoders:
-            cfg = getattr(self, f"{name}_config")
+        for e in self.encoders:
             with torch.device("meta"):
-                m = CLIPTextModel(cfg)
-            out[name] = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+                m = e.build(e.config)
+            out[e.name] = {k: tuple(v.shape) for k, v in m.state_dict().items()}
         return out
 
 

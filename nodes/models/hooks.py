@@ -23,8 +23,8 @@ import warnings
 from collections import OrderedDict
 
 from mixgraph.nodes.models.lora import LoraFile, LoraKeyWarning, load_lora
-from mixgraph.nodes.models.lora_keys import CLIP_TARGETS, group_modules
-from mixgraph.nodes.models.merge import _CLIP_SKIP, MergePatch
+from mixgraph.nodes.models.lora_keys import group_modules
+from mixgraph.nodes.models.merge import CLIP_SKIP, MergePatch
 from mixgraph.nodes.models.safetensors_io import WeightSource, read_tensors
 from mixgraph.nodes.payloads.hooks import HookGroup, LoraWeights, ModelWeights, WeightHook
 
@@ -57,7 +57,7 @@ def _mapped(weights: LoraWeights, part: str, handle) -> LoraFile:
     if part == "unet":
         ident = (handle.source,)
     else:
-        ident = tuple((getattr(handle, n), getattr(handle, f"{n}_config")) for n in handle.encoders)
+        ident = handle.encoders  # the entries: names, weights and configs
     key = (weights, part, ident)
     hit = _MAPPED.get(key)
     if hit is not None:
@@ -102,18 +102,17 @@ def clip_patches(hook: WeightHook, multiplier: float, clip) -> tuple:
     w = hook.weights
     if isinstance(w, LoraWeights):
         lf = _mapped(w, "clip", clip)
-        return tuple(lf.patch(t, s) for t in CLIP_TARGETS if lf.adapters.get(t))
+        return tuple(lf.patch(t, s) for t in clip.names if lf.adapters.get(t))
     if isinstance(w, ModelWeights) and w.clip is not None:
         out = []
-        for name in clip.encoders:
-            source = getattr(w.clip, name, None)
-            if source is None:
+        for mine in clip.encoders:
+            name = mine.name
+            if name not in w.clip.names:
                 continue
+            theirs = w.clip.encoder(name)
             own = tuple(p for p in w.clip.patches if getattr(p, "target", name) == name)
-            out.append(MergePatch(name, getattr(clip, name), getattr(clip, f"{name}_config"), (),
-                                  (1.0, -s), (), _CLIP_SKIP))
-            out.append(MergePatch(name, source, getattr(w.clip, f"{name}_config"), own, (1.0, s),
-                                  (), _CLIP_SKIP))
+            out.append(MergePatch(name, mine.source, mine.config, (), (1.0, -s), (), CLIP_SKIP))
+            out.append(MergePatch(name, theirs.source, theirs.config, own, (1.0, s), (), CLIP_SKIP))
         return tuple(out)
     return ()
 

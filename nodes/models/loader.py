@@ -51,6 +51,7 @@ from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet,
 from mixgraph.nodes.models.merge import MergePatch
 from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
 from mixgraph.nodes.models.t2i_adapter import is_t2i_adapter, load_t2i_adapter
+from mixgraph.nodes.models.text_encode import sd_encoder_entries
 from mixgraph.nodes.models.vae import VAEConfig
 from mixgraph.nodes.models.zero123 import is_zero123
 
@@ -161,15 +162,8 @@ def _markers(info: Info) -> dict[str, TensorInfo]:
 
 
 def _clip_handle(kind: str, sources: dict[str, WeightSource], configs: dict[str, CLIPTextConfig]) -> ClipHandle:
-    return ClipHandle(
-        kind=kind,
-        clip_l=sources.get("clip_l"),
-        clip_g=sources.get("clip_g"),
-        clip_h=sources.get("clip_h"),
-        clip_l_config=configs.get("clip_l"),
-        clip_g_config=configs.get("clip_g"),
-        clip_h_config=configs.get("clip_h"),
-    )
+    """The CLIP of SD variant ``kind``: its encoders (``text_encode.SD_ENCODERS``) in set order."""
+    return ClipHandle(kind=kind, encoders=sd_encoder_entries(kind, sources, configs))
 
 
 def _clip_config(info: Info, source: WeightSource, role: str) -> CLIPTextConfig:

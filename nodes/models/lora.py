@@ -67,7 +67,7 @@ __all__ = [
     "describe_lora",
 ]
 
-TARGETS = ("unet",) + CLIP_TARGETS  # ("unet", "clip_l", "clip_g", "clip_h")
+TARGETS = ("unet",) + CLIP_TARGETS  # ("unet", "clip_l", "clip_g", "clip_h"); other encoder names follow these
 
 
 class LoraKeyWarning(UserWarning):
@@ -256,17 +256,21 @@ class LoraFile:
 
     @property
     def targets(self) -> tuple[str, ...]:
-        return tuple(t for t in TARGETS if self.adapters.get(t))
+        """The parts this file adapts: "unet" and the SD encoders in ``TARGETS`` order, then any
+        other text encoder name in the order it was mapped."""
+        known = tuple(t for t in TARGETS if self.adapters.get(t))
+        return known + tuple(t for t, per in self.adapters.items() if per and t not in TARGETS)
 
     def patch(self, target: str, strength: float) -> "LoraPatch":
-        if target not in TARGETS:
-            raise ValueError(f"LoRA target must be one of {TARGETS}, got {target!r}")
+        if target not in TARGETS and target not in self.adapters:
+            raise ValueError(f"LoRA target must be one of {TARGETS} or a text encoder the file adapts "
+                             f"({', '.join(self.targets) or 'none'}), got {target!r}")
         return LoraPatch(self, float(strength), target)
 
     def patches(self, strength_model: float, strength_clip: float) -> tuple[tuple["LoraPatch", ...], tuple["LoraPatch", ...]]:
         """(unet patches, clip patches) for LoraLoader; a zero strength or absent part gives ()."""
         unet = (self.patch("unet", strength_model),) if strength_model and self.adapters.get("unet") else ()
-        clip = tuple(self.patch(t, strength_clip) for t in TARGETS[1:] if strength_clip and self.adapters.get(t))
+        clip = tuple(self.patch(t, strength_clip) for t in self.targets if t != "unet" and strength_clip)
         return unet, clip
 
 
@@ -276,7 +280,7 @@ class LoraPatch:
 
     lora: LoraFile
     strength: float
-    target: str  # "unet" | "clip_l" | "clip_g" | "clip_h"
+    target: str  # "unet" or a text encoder's name ("clip_l", "clip_g", ...)
 
 
 @dataclass(frozen=True)
@@ -285,7 +289,7 @@ class ScalePatch:
     order (ComfyUI's ``add_patches({key: (None,)}, 0.0, factor)``: the attention-multiply nodes).
     Hashable like ``LoraPatch``, so a scaled model is cached as its own weight-store entry."""
 
-    target: str  # "unet" | "clip_l" | "clip_g" | "clip_h"
+    target: str  # "unet" or a text encoder's name
     factors: tuple[tuple[str, float], ...]  # (key suffix, factor)
 
 
@@ -381,7 +385,7 @@ def load_lora(
     unet_keys: the UNet's weight keys (LDM names, any prefix ending in ``diffusion_model.``
                allowed), as keys or as a key -> tensor/shape mapping (shapes enable the
                wrong-architecture check here rather than at merge time); None = no UNet.
-    clip_keys: {"clip_l"|"clip_g"|"clip_h": keys or key -> shape} in HF CLIP layout; None = no
+    clip_keys: {encoder name ("clip_l", ...): keys or key -> shape} in HF CLIP layout; None = no
                text encoder (text-encoder keys of the file are then skipped, not reported).
     Returns a ``LoraFile``. Warns once (``LoraKeyWarning``) with the count and examples of file
     modules that match nothing. Raises ValueError naming the file and what it targets when

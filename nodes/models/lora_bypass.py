@@ -41,7 +41,7 @@ class BypassPatch:
 
     lora: LoraFile
     strength: float
-    target: str  # "unet" | "clip_l" | "clip_g" | "clip_h"
+    target: str  # "unet" or a text encoder's name ("clip_l", ...)
     bypass: bool = True  # marks it for ``lora.apply_patches``, which refuses to merge it
 
 
@@ -74,7 +74,7 @@ def bypass_patches(lora: LoraFile, strength_model: float, strength_clip: float,
                 out.append(BypassPatch(hooked, float(strength), t))
         return tuple(out)
 
-    clip_targets = ("clip_l", "clip_g", "clip_h") if with_clip else ()
+    clip_targets = tuple(t for t in lora.targets if t != "unet") if with_clip else ()
     return part(("unet",), strength_model), part(clip_targets, strength_clip)
 
 

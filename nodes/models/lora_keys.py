@@ -37,6 +37,9 @@ __all__ = [
     "is_text_encoder_name",
 ]
 
+#: The SD text encoders' names, in the order a LoRA's patches list them. Any other text encoder
+#: name (a CLIP handle's ``names``) is a target too, matched by the generic naming only unless
+#: ``_KOHYA_TE`` / ``_DIFFUSERS_TE`` give it its kohya / diffusers prefixes.
 CLIP_TARGETS = ("clip_l", "clip_g", "clip_h")
 
 
@@ -155,9 +158,10 @@ def clip_candidates(target: str, weight_keys: Iterable[str]) -> dict[str, str]:
             continue
         module = k[: -len(".weight")]
         name = _clip_name(module)
-        for p in _KOHYA_TE[target]:
+        for p in _KOHYA_TE.get(target, ()):
             out[p + name.replace(".", "_")] = module
-        out[_DIFFUSERS_TE[target] + name] = module
+        if target in _DIFFUSERS_TE:
+            out[_DIFFUSERS_TE[target] + name] = module
         out[f"text_encoders.{target}.transformer.{name}"] = module
         out[f"text_encoders.{target}.{name}"] = module
     return out
@@ -186,8 +190,8 @@ def model_lookup(
             lookup[cand] = ("unet", module)
         shapes.update(unet_shapes)
     for target, keys in (clip_keys or {}).items():
-        if target not in CLIP_TARGETS:
-            raise ValueError(f"clip_keys target must be one of {CLIP_TARGETS}, got {target!r}")
+        if not target or target == "unet":
+            raise ValueError(f"clip_keys are keyed by text encoder name (e.g. {CLIP_TARGETS}), got {target!r}")
         ks = key_shapes(keys)
         for cand, module in clip_candidates(target, ks).items():
             lookup.setdefault(cand, (target, module))

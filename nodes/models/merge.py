@@ -37,10 +37,11 @@ import torch
 from torch import Tensor
 
 __all__ = ["MergePatch", "MergeWarning", "merged_weight", "strengths", "merge_model", "merge_clip", "SIMPLE",
-           "SUBTRACT", "ADD"]
+           "SUBTRACT", "ADD", "CLIP_SKIP"]
 
 SIMPLE, SUBTRACT, ADD = "simple", "subtract", "add"
-_CLIP_SKIP = (".position_ids", ".logit_scale", "position_ids", "logit_scale")
+# text-encoder keys a merge leaves alone (position ids and logit scale are not weights)
+CLIP_SKIP = (".position_ids", ".logit_scale", "position_ids", "logit_scale")
 
 
 class MergeWarning(UserWarning):
@@ -62,7 +63,7 @@ def strengths(mode: str, value: float) -> tuple[float, float]:
 class MergePatch:
     """Merge another model's weights into the patched model's (hashable; a weight-store key).
 
-    target:   which part it patches ("unet", "clip_l", "clip_g", "clip_h"), as LoraPatch.
+    target:   which part it patches ("unet" or a text encoder's name: "clip_l", ...), as LoraPatch.
     source, config, patches: the other model's recipe (its ``WeightSource``, module config and
               its own patches, merged before it is blended in).
     default:  (strength_model, strength_patch) for keys no prefix matches.
@@ -127,13 +128,13 @@ def merge_model(model1, model2, mode: str, value: float = 1.0, prefixed: Mapping
 
 
 def merge_clip(clip1, clip2, mode: str, value: float = 1.0):
-    """CLIP handle: ``clip1`` with ``clip2`` merged in, encoder by encoder (clip_l with clip_l, ...);
-    encoders only one of them has are left as they are."""
+    """CLIP handle: ``clip1`` with ``clip2`` merged in, encoder by encoder of the same name (clip_l
+    with clip_l, ...); encoders only one of them has are left as they are."""
     patches = []
-    for name in clip1.encoders:
-        if getattr(clip2, name, None) is None:
+    for name in clip1.names:
+        if name not in clip2.names:
             continue
+        other = clip2.encoder(name)
         own = tuple(p for p in clip2.patches if getattr(p, "target", name) == name)
-        patches.append(MergePatch(name, getattr(clip2, name), getattr(clip2, f"{name}_config"), own,
-                                  strengths(mode, value), (), _CLIP_SKIP))
+        patches.append(MergePatch(name, other.source, other.config, own, strengths(mode, value), (), CLIP_SKIP))
     return clip1.with_patches(tuple(patches)) if patches else clip1

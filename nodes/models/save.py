@@ -31,7 +31,6 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from mixgraph.nodes.models import store
-from mixgraph.nodes.models.clip import CLIPTextModel
 from mixgraph.nodes.models.loader import CLIP_PREFIXES, UNET_PREFIX, VAE_PREFIX
 from mixgraph.nodes.models.unet import UNetModel
 from mixgraph.nodes.models.vae import AutoencoderKL
@@ -70,11 +69,10 @@ def cc_projection_state_dict(weights, dtype: torch.dtype) -> dict[str, Tensor]:
 def clip_state_dicts(clip, dtype: torch.dtype) -> dict[str, dict[str, Tensor]]:
     """encoder name → its weights (patches merged) in HF layout (``text_model.*``)."""
     out = {}
-    for name in clip.encoders:
-        patches = tuple(p for p in clip.patches if getattr(p, "target", name) == name)
-        m = store.materialize(name, getattr(clip, name), getattr(clip, f"{name}_config"), dtype, patches,
-                              CLIPTextModel)
-        out[name] = _plain({k: v for k, v in m.state_dict().items() if not k.endswith("position_ids")})
+    for e in clip.encoders:
+        patches = tuple(p for p in clip.patches if getattr(p, "target", e.name) == e.name)
+        m = store.materialize(e.name, e.source, e.config, dtype, patches, e.build)
+        out[e.name] = _plain({k: v for k, v in m.state_dict().items() if not k.endswith("position_ids")})
     return out
 
 

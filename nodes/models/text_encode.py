@@ -2,19 +2,20 @@
 
 ComfyUI facts reproduced here (``comfy/sd1_clip.py``, ``sd2_clip.py``, ``sdxl_clip.py``):
 
-* Per-encoder settings (`ENCODER_SPECS`): pad token, default layer, whether ``final_layer_norm``
-  is applied to an intermediate layer, whether the pooled output is projected.
-  SD1 clip_l: pad 49407, last layer, normed hidden, unprojected pooled. SD2 clip_h: pad 0,
-  penultimate, normed hidden. SDXL clip_l and clip_g: pad 0 for clip_g / 49407 for clip_l,
-  penultimate, *raw* hidden. Refiner: clip_g only.
+* Per-encoder settings (``encoder_set.OutputRule``; the SD families' in `SD_ENCODERS`): pad
+  token, default layer, whether ``final_layer_norm`` is applied to an intermediate layer, whether
+  the pooled output is projected. SD1 clip_l: pad 49407, last layer, normed hidden, unprojected
+  pooled. SD2 clip_h: pad 0, penultimate, normed hidden. SDXL clip_l and clip_g: pad 0 for
+  clip_g / 49407 for clip_l, penultimate, *raw* hidden. Refiner: clip_g only.
 * CLIPSetLastLayer's ``stop_at_clip_layer`` n replaces the default layer of every encoder; an n
   with ``|n| > layers`` means the normed last layer.
 * Weights: every chunk and the empty prompt ``[start, end, pad...]`` go through the encoder in
   one batch; a token of weight w != 1 becomes ``(z - z_empty) * w + z_empty`` (z_empty taken at
   the same position). This differs from A1111's mean renormalisation.
 * Chunks are concatenated along tokens: cross_attn ``[1, 77 * chunks, D]``; the pooled output is
-  the first chunk's. SDXL: ``cat(clip_l, clip_g)`` along features (768 + 1280 = 2048; both cut to
-  the shorter token count), pooled from clip_g (projected, 1280).
+  the first chunk's. The encoders of a set join along features in set order (SDXL:
+  ``cat(clip_l, clip_g)``, 768 + 1280 = 2048; all cut to the shortest token count); the pooled
+  vector is that of the encoder whose rule says ``pooled`` (SDXL: clip_g, projected, 1280).
 * Textual-inversion vectors take one slot each; a vector whose width differs from the encoder's is
   dropped with a warning, and the chunk is refilled with pad tokens at the end (the weights of the
   later slots stay by position, as in ComfyUI).
@@ -28,21 +29,26 @@ the policy storage=f16, compute=f32.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from mixgraph.nodes.models.clip import CLIPTextModel
-from mixgraph.nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer, EmbeddingLookup, TokenWeights
+from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
+from mixgraph.nodes.models.encoder_set import EncoderEntry, OutputRule, get_tokenizer
+from mixgraph.nodes.models.safetensors_io import WeightSource
+from mixgraph.nodes.models.tokenizer import END_TOKEN, START_TOKEN, EmbeddingLookup, TokenWeights
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
-    "TextEncoders",
-    "EncoderSpec",
-    "ENCODER_SPECS",
+    "SD_ENCODERS",
     "CHECKPOINT_PREFIXES",
+    "TextEncoder",
+    "sd_encoder_entries",
+    "sd_text_encoders",
+    "check_set",
+    "tokenize",
     "encode_prompt",
     "encode_tokens",
     "text_encoders_from_checkpoint",
@@ -50,23 +56,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
-
-
-@dataclass(frozen=True)
-class EncoderSpec:
-    name: str  # TextEncoders field, and the key of this encoder in textual-inversion files
-    pad_token: int
-    default_layer: int | None  # None = last layer (after final_layer_norm)
-    norm_hidden: bool  # final_layer_norm on an intermediate layer's output
-    project_pooled: bool
-
-
-ENCODER_SPECS: dict[str, tuple[EncoderSpec, ...]] = {
-    "sd1": (EncoderSpec("clip_l", END_TOKEN, None, True, False),),
-    "sd2": (EncoderSpec("clip_h", 0, -2, True, True),),
-    "sdxl": (EncoderSpec("clip_l", END_TOKEN, -2, False, True), EncoderSpec("clip_g", 0, -2, False, True)),
-    "sdxl_refiner": (EncoderSpec("clip_g", 0, -2, False, True),),
+# The encoders of each SD variant, in the order their features join (ComfyUI sd1_clip /
+# sd2_clip / sdxl_clip): name -> output rule. All read the "clip" tokenizer in role "text".
+SD_ENCODERS: dict[str, tuple[tuple[str, OutputRule], ...]] = {
+    "sd1": (("clip_l", OutputRule(END_TOKEN, None, True, False, pooled=True)),),
+    "sd2": (("clip_h", OutputRule(0, -2, True, True, pooled=True)),),
+    "sdxl": (("clip_l", OutputRule(END_TOKEN, -2, False, True)),
+             ("clip_g", OutputRule(0, -2, False, True, pooled=True))),
+    "sdxl_refiner": (("clip_g", OutputRule(0, -2, False, True, pooled=True)),),
 }
 
 # Where each encoder sits in a single-file checkpoint (comfy-conventions section 8).
@@ -78,33 +75,87 @@ CHECKPOINT_PREFIXES: dict[str, dict[str, str]] = {
 }
 
 
+def _sd_rules(kind: str) -> tuple[tuple[str, OutputRule], ...]:
+    rules = SD_ENCODERS.get(kind)
+    if rules is None:
+        raise ValueError(f"unknown text encoder kind {kind!r}; expected one of {tuple(SD_ENCODERS)}")
+    return rules
+
+
+def sd_encoder_entries(kind: str, sources: Mapping[str, WeightSource],
+                       configs: Mapping[str, CLIPTextConfig]) -> tuple[EncoderEntry, ...]:
+    """The ``EncoderEntry``s of an SD variant's CLIP from each encoder's weights and config."""
+    rules = _sd_rules(kind)
+    missing = [name for name, _ in rules if sources.get(name) is None or configs.get(name) is None]
+    if missing:
+        raise ValueError(f"{kind} text encoding needs {', '.join(missing)}, which is not loaded")
+    return tuple(EncoderEntry(name, sources[name], configs[name], rule) for name, rule in rules)
+
+
 @dataclass(frozen=True)
-class TextEncoders:
-    """The text encoders of one model family. The cross_attn features concatenate the encoders
-    in `ENCODER_SPECS` order; the pooled output is the last encoder's."""
+class TextEncoder:
+    """One encoder ready to run: an entry's name, output rule and tokenizer name with its
+    precision-applied module."""
 
-    kind: str  # "sd1" | "sd2" | "sdxl" | "sdxl_refiner"
-    clip_l: CLIPTextModel | None = None
-    clip_g: CLIPTextModel | None = None
-    clip_h: CLIPTextModel | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in ENCODER_SPECS:
-            raise ValueError(f"unknown text encoder kind {self.kind!r}; expected one of {KINDS}")
-        missing = [s.name for s in ENCODER_SPECS[self.kind] if getattr(self, s.name) is None]
-        if missing:
-            raise ValueError(f"{self.kind} text encoding needs {', '.join(missing)}, which is not loaded")
+    name: str
+    rule: OutputRule
+    model: nn.Module
+    tokenizer: str = "clip"
 
 
-def text_encoders_from_checkpoint(sd: Mapping[str, Tensor], kind: str) -> TextEncoders:
+def sd_text_encoders(kind: str, **models: nn.Module) -> tuple[TextEncoder, ...]:
+    """The encoders of an SD variant from in-memory modules (``clip_l=...``, ``clip_g=...``)."""
+    rules = _sd_rules(kind)
+    missing = [name for name, _ in rules if models.get(name) is None]
+    if missing:
+        raise ValueError(f"{kind} text encoding needs {', '.join(missing)}, which is not loaded")
+    return tuple(TextEncoder(name, rule, models[name]) for name, rule in rules)
+
+
+def text_encoders_from_checkpoint(sd: Mapping[str, Tensor], kind: str) -> tuple[TextEncoder, ...]:
     """Build the encoders of `kind` from a single-file checkpoint's state dict."""
     models = {name: CLIPTextModel.from_state_dict(sd, prefix=p) for name, p in CHECKPOINT_PREFIXES[kind].items()}
-    return TextEncoders(kind, **models)
+    return sd_text_encoders(kind, **models)
+
+
+def check_set(names: Sequence[str], rules: Sequence[OutputRule]) -> None:
+    """A set of encoders runs when it has one, its names are unique and at most one of them
+    gives the pooled vector (joining several pooled vectors is a later family's rule)."""
+    if not names:
+        raise ValueError("text encoding needs at least one text encoder; this CLIP has none")
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        raise ValueError(f"a CLIP names each text encoder once; {', '.join(twice)} appears twice")
+    pooled = [n for n, r in zip(names, rules) if r.pooled]
+    if len(pooled) > 1:
+        raise NotImplementedError(f"a CLIP whose encoders {', '.join(pooled)} each give the pooled vector: "
+                                  f"joining pooled vectors is not supported yet")
+
+
+def _check_set(encoders: Sequence[TextEncoder]) -> None:
+    check_set([e.name for e in encoders], [e.rule for e in encoders])
+
+
+def tokenize(encoders: Sequence[TextEncoder | EncoderEntry], text: str, *,
+             embedding_lookup: EmbeddingLookup | None = None, warn: Callable[[str], None] | None = None,
+             texts: Mapping[str, str] | None = None, word_ids: bool = False) -> dict[str, list[TokenWeights]]:
+    """encoder name -> chunks of (token, weight[, word id]) for `text` (or ``texts[name]``),
+    each encoder with its own tokenizer and pad token (entries or loaded encoders alike)."""
+    unknown = sorted(set(texts or {}) - {e.name for e in encoders})
+    if unknown:
+        raise ValueError(f"this CLIP has no text encoder {', '.join(unknown)}; it has "
+                         f"{', '.join(e.name for e in encoders) or 'none'}")
+    return {
+        e.name: get_tokenizer(e.tokenizer).tokenize_with_weights(
+            (texts or {}).get(e.name, text), pad_token=e.rule.pad_token, embedding_lookup=embedding_lookup,
+            embedding_key=e.name, warn=warn, word_ids=word_ids,
+        )
+        for e in encoders
+    }
 
 
 def encode_prompt(
-    encoders: TextEncoders,
-    tokenizer: CLIPTokenizer,
+    encoders: Sequence[TextEncoder],
     text: str,
     *,
     layer_idx: int | None = None,
@@ -122,23 +173,13 @@ def encode_prompt(
     the shorter ones are padded with chunks of the empty prompt, as ComfyUI does.
     """
     warn = warn or logger.warning
-    specs = ENCODER_SPECS[encoders.kind]
-    unknown = sorted(set(texts or {}) - {s.name for s in specs})
-    if unknown:
-        raise ValueError(f"{encoders.kind} text encoding has no encoder {', '.join(unknown)}")
-    tokenized = {
-        spec.name: tokenizer.tokenize_with_weights(
-            (texts or {}).get(spec.name, text), pad_token=spec.pad_token, embedding_lookup=embedding_lookup,
-            embedding_key=spec.name, warn=warn,
-        )
-        for spec in specs
-    }
-    return encode_tokens(encoders, tokenizer, tokenized, layer_idx=layer_idx, warn=warn)
+    _check_set(encoders)
+    tokenized = tokenize(encoders, text, embedding_lookup=embedding_lookup, warn=warn, texts=texts)
+    return encode_tokens(encoders, tokenized, layer_idx=layer_idx, warn=warn)
 
 
 def encode_tokens(
-    encoders: TextEncoders,
-    tokenizer: CLIPTokenizer,
+    encoders: Sequence[TextEncoder],
     tokenized: Mapping[str, list[TokenWeights]],
     *,
     layer_idx: int | None = None,
@@ -147,30 +188,31 @@ def encode_tokens(
     """ComfyUI's ``encode_from_tokens``: the chunks of (token, weight) per encoder name (what
     ``tokenize_with_weights`` gives; word ids, if present, are dropped) -> one Cond."""
     warn = warn or logger.warning
-    specs = ENCODER_SPECS[encoders.kind]
-    missing = [s.name for s in specs if s.name not in tokenized]
+    _check_set(encoders)
+    missing = [e.name for e in encoders if e.name not in tokenized]
     if missing:
-        raise ValueError(f"{encoders.kind} text encoding: no tokens for {', '.join(missing)}")
-    tokenized = [[[(t[0], t[1]) for t in chunk] for chunk in tokenized[spec.name]] for spec in specs]
-    n_chunks = max(len(c) for c in tokenized)
-    for spec, chunks in zip(specs, tokenized):
+        raise ValueError(f"text encoding: no tokens for {', '.join(missing)}")
+    chunked = [[[(t[0], t[1]) for t in chunk] for chunk in tokenized[e.name]] for e in encoders]
+    n_chunks = max(len(c) for c in chunked)
+    for e, chunks in zip(encoders, chunked):
         if len(chunks) < n_chunks:
-            empty = tokenizer.tokenize_with_weights("", pad_token=spec.pad_token)
+            empty = get_tokenizer(e.tokenizer).tokenize_with_weights("", pad_token=e.rule.pad_token)
             while len(chunks) < n_chunks:
                 chunks.extend(empty)
     outs: list[Tensor] = []
     pooled: Tensor | None = None
-    for spec, chunks in zip(specs, tokenized):
-        model = getattr(encoders, spec.name)
-        z, pooled = _encode_chunks(model, chunks, spec, layer_idx, warn)
+    for e, chunks in zip(encoders, chunked):
+        z, p = _encode_chunks(e.model, chunks, e.rule, layer_idx, warn)
         outs.append(z)
+        if e.rule.pooled:
+            pooled = p
     cut = min(z.shape[1] for z in outs)
-    cross = torch.cat([z[:, :cut] for z in outs], dim=-1)  # [1, T, D_l + D_g]
+    cross = torch.cat([z[:, :cut] for z in outs], dim=-1)  # [1, T, D_1 + D_2 + ...]
     return (Cond(cross_attn=cross.float(), pooled=None if pooled is None else pooled.float()),)
 
 
-def _resolve_layer(requested: int | None, spec: EncoderSpec, n_layers: int) -> int | None:
-    layer = spec.default_layer if requested is None else requested
+def _resolve_layer(requested: int | None, rule: OutputRule, n_layers: int) -> int | None:
+    layer = rule.default_layer if requested is None else requested
     if layer is None or abs(layer) > n_layers:
         return None
     return layer
@@ -179,7 +221,7 @@ def _resolve_layer(requested: int | None, spec: EncoderSpec, n_layers: int) -> i
 def _encode_chunks(
     model: CLIPTextModel,
     chunks: list[TokenWeights],
-    spec: EncoderSpec,
+    rule: OutputRule,
     layer_idx: int | None,
     warn: Callable[[str], None],
 ) -> tuple[Tensor, Tensor]:
@@ -187,13 +229,13 @@ def _encode_chunks(
     width = model.config.width
     has_weights = any(w != 1.0 for chunk in chunks for _, w in chunk)
     length = max(len(c) for c in chunks)
-    rows: list[list[int | Tensor]] = [_fit_row([t for t, _ in c], width, spec.pad_token, warn) for c in chunks]
+    rows: list[list[int | Tensor]] = [_fit_row([t for t, _ in c], width, rule.pad_token, warn) for c in chunks]
     if has_weights:
-        rows.append([START_TOKEN, END_TOKEN] + [spec.pad_token] * (length - 2))  # the empty prompt
+        rows.append([START_TOKEN, END_TOKEN] + [rule.pad_token] * (length - 2))  # the empty prompt
 
     placeholder = 0  # any id except the end token; its embedding is overwritten
     tokens = torch.tensor([[t if isinstance(t, int) else placeholder for t in r] for r in rows])  # [N, T]
-    layer = _resolve_layer(layer_idx, spec, model.config.layers)
+    layer = _resolve_layer(layer_idx, rule, model.config.layers)
     with torch.no_grad():
         embeds = None
         vectors = [(i, j, t) for i, r in enumerate(rows) for j, t in enumerate(r) if isinstance(t, Tensor)]
@@ -202,10 +244,9 @@ def _encode_chunks(
             for i, j, vec in vectors:
                 embeds[i, j] = vec.to(embeds.dtype)
         hidden, pooled = model(
-            tokens, layer, norm_hidden=spec.norm_hidden, embeds=embeds, project_pooled=spec.project_pooled
+            tokens, layer, norm_hidden=rule.norm_hidden, embeds=embeds, project_pooled=rule.project_pooled
         )
         hidden, pooled = hidden.float(), pooled.float()
-
         z = hidden[: len(chunks)]  # [chunks, T, D]
         if has_weights:
             w = torch.tensor([[wt for _, wt in c] for c in chunks], dtype=torch.float32)[..., None]  # [chunks, T, 1]

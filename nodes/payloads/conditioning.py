@@ -8,9 +8,9 @@ conditioning lists, given named fields.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -163,6 +163,14 @@ class Cond:
     controlnet_pooled: [1, P] the pooled embedding of that text (ComfyUI's
                  ``pooled_output_controlnet``); carried and saved, read by no SD-family model
                  (as in ComfyUI, whose SD ControlNets take the UNet's y).
+    model_inputs: the entries a model family reads beside the text, under ComfyUI's key names
+                 (Flux's ``guidance``, ``attention_mask``, ``reference_latents``, a custom
+                 pack's Lumina entries, ...); the family's runner says which it reads
+                 (``FamilyRunner.cond_inputs``). Every key of a ComfyUI cond dict that no field
+                 above takes lands here and goes back out as a dict key, so entries travel
+                 through custom nodes both ways. A plain dict (the output cache's codec stores
+                 dicts), copied on construction, never changed afterwards; left out of the
+                 Cond's hash.
     """
 
     cross_attn: torch.Tensor | None
@@ -188,6 +196,14 @@ class Cond:
     default: bool = False
     controlnet_cross_attn: torch.Tensor | None = None
     controlnet_pooled: torch.Tensor | None = None
+    model_inputs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self):
+        # One private dict per Cond: a caller's mapping (or a MappingProxy) is copied, so a later
+        # change to it cannot reach this immutable payload.
+        inputs = self.model_inputs
+        if type(inputs) is not dict or inputs:
+            object.__setattr__(self, "model_inputs", dict(inputs))
 
 
 Conditioning = tuple[Cond, ...]

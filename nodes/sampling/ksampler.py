@@ -28,7 +28,27 @@ from .parameterization import ModelSampling
 from .samplers import DISCARD_PENULTIMATE_SIGMA_SAMPLERS, get_sampler
 from .schedules import calculate_sigmas
 
-__all__ = ["sample", "sample_custom", "add_noise", "compute_sigmas", "cut_sigmas", "InpaintDenoiser", "prepare_mask"]
+__all__ = ["sample", "sample_custom", "add_noise", "compute_sigmas", "cut_sigmas", "InpaintDenoiser", "prepare_mask",
+           "fix_empty_latent_channels"]
+
+
+def fix_empty_latent_channels(model, latent: Latent) -> Latent:
+    """An all-zero LATENT whose channel count differs from the model's latent format, resized to
+    the model's channels (ComfyUI ``comfy.sample.fix_empty_latent_channels``): EmptyLatentImage
+    always makes 4 channels, and a 16-channel model (SD3, Flux) samples it as 16 zero channels.
+    A latent with any nonzero value, or a model without a ``latent_format`` naming its
+    ``channels``, is returned unchanged. KSampler / KSamplerAdvanced (``sample``) and
+    SamplerCustom / SamplerCustomAdvanced call it before drawing the noise, as ComfyUI does, so
+    the noise has the model's shape. (ComfyUI also adds a frame axis to a 4-D latent for a video
+    format; mixgraph has no 3-D latent format yet.)"""
+    channels = getattr(getattr(model, "latent_format", None), "channels", None)
+    samples = latent.samples
+    if channels is None or samples.ndim < 2 or samples.shape[1] == int(channels):
+        return latent
+    if torch.count_nonzero(samples) != 0:
+        return latent
+    shape = (samples.shape[0], int(channels)) + tuple(samples.shape[2:])
+    return replace(latent, samples=samples.new_zeros(shape))  # zeros tiled/cut = zeros
 
 
 def compute_sigmas(
@@ -154,6 +174,7 @@ def sample(
     """
     get_sampler(sampler_name)  # fails before any work for unknown names
     ms = ModelSampling.for_model(model)
+    latent = fix_empty_latent_channels(model, latent)
     noise = initial_noise(latent, seed, add_noise)  # ComfyUI draws it before the sigmas
     sigmas = compute_sigmas(ms, scheduler, sampler_name, steps, denoise)
     if len(sigmas) == 0:
@@ -208,6 +229,12 @@ def sample_custom(
         same = replace(latent, samples=latent.samples.float().clone())
         return same, same
     ms = ModelSampling.for_model(model)
+    fixed = fix_empty_latent_channels(model, latent)
+    if fixed is not latent and noise.shape[1] != fixed.samples.shape[1]:
+        raise ValueError(f"sampling: {noise.shape[1]}-channel noise for an empty latent the model "
+                         f"samples with {fixed.samples.shape[1]} channels; draw the noise after "
+                         f"ksampler.fix_empty_latent_channels, as KSampler does")
+    latent = fixed
     latent_image = latent.samples.float()
     sigmas = sigmas.float()
 

@@ -14,6 +14,13 @@ timestep, and
   the eps x0 estimate mixed with the input by the consistency-model boundary condition,
   c_skip = σ_d²/((10t)² + σ_d²), c_out = 10t/sqrt((10t)² + σ_d²), σ_d = 0.5, on the distilled
   50-step schedule.
+* flow (rectified flow / flow matching; ComfyUI's CONST): not the VE view but
+  x_σ = (1 − σ)·x0 + σ·ε, σ in [0, 1]; the model sees x itself and predicts the velocity
+  v̂ = ε − x0, so D = x − σ·v̂; noising is σ·ε + (1 − σ)·latent (no max-denoise special case)
+  and the sampled x is divided by (1 − σ_last) on the way out. Its schedule (shift, multiplier,
+  Flux's exponential shift) is ``schedule_flow.FlowSchedule``. The Karras ODE derivative
+  (x − D)/σ = ε − x0 is the flow velocity, so ODE samplers in σ run unchanged; the samplers
+  that need α_σ = 1 − σ branch on ``ModelSampling.is_flow`` (``sampler_utils``).
 
 ``CFGDenoiser`` is the callable the samplers see (the sampler contract in ``samplers.py``):
 classifier-free guidance (Ho & Salimans 2022) on x0 predictions, ``uncond + (cond − uncond)·cfg``,
@@ -40,11 +47,13 @@ from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .cfg_patches import GuidanceArgs, cfg_at, guide, needs_uncond
 from .hooks import HookRuntime
 from .schedule_continuous import ContinuousSchedule
+from .schedule_flow import FlowSchedule
 from .schedules import DiscreteSchedule
 
 __all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
 
-PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img", "edm")
+# The same names as ``families.base.PREDICTIONS`` (a test keeps the two equal).
+PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img", "edm", "flow")
 
 # What pixel value 0 (grey after the VAE's [-1, 1] mapping) encodes to in the SD1/SD2 latent,
 # already multiplied by the latent scale: the "masked image" a 9-channel inpaint model sees when
@@ -70,19 +79,28 @@ class ModelSampling:
     sigma_data = 1.0
 
     def __init__(self, prediction: str = "eps", zsnr: bool = False, continuous: tuple | None = None,
-                 beta_range: tuple[float, float] | None = None):
+                 beta_range: tuple[float, float] | None = None, shift: float = 1.0,
+                 multiplier: float = 1000.0, shift_kind: str = "linear"):
         """``continuous``: (kind "edm" | "v", sigma_min, sigma_max) for a continuous-time schedule
         (``schedule_continuous.py``, the ModelSamplingContinuous* nodes); "edm" prediction
         (Karras et al. 2022, D = c_skip·x + c_out·F with σ_data = 0.5) only with one.
         ``beta_range``: (linear_start, linear_end) of the discrete schedule (the model family's
-        ``sampling_settings``; the x4 upscaler's 0.0001..0.02), None = SD's 0.00085..0.012."""
+        ``sampling_settings``; the x4 upscaler's 0.0001..0.02), None = SD's 0.00085..0.012.
+        ``shift``, ``multiplier``, ``shift_kind``: the "flow" prediction's schedule
+        (``schedule_flow.FlowSchedule``: "linear" = ComfyUI's ModelSamplingDiscreteFlow,
+        "exponential" = ModelSamplingFlux with μ = shift); ignored by the other predictions."""
         if prediction not in PREDICTIONS:
             raise NotImplementedError(
                 f"prediction type {prediction!r}: not supported yet (supported: "
                 f"{', '.join(PREDICTIONS)})"
             )
         self.prediction = prediction
-        if continuous:
+        if prediction == "flow":
+            if continuous:
+                raise ValueError("prediction type 'flow' takes the flow schedule (shift, multiplier), "
+                                 f"not a continuous {continuous[0]!r} schedule")
+            self.schedule = FlowSchedule(shift, multiplier, shift_kind)
+        elif continuous:
             kind, sigma_min, sigma_max = continuous
             self.schedule = ContinuousSchedule(kind, float(sigma_min), float(sigma_max))
         else:
@@ -94,14 +112,30 @@ class ModelSampling:
         if prediction == "edm":
             self.sigma_data = 0.5
 
+    @property
+    def is_flow(self) -> bool:
+        """Flow matching (ComfyUI's CONST): α_σ = 1 − σ instead of the VE α = 1."""
+        return self.prediction == "flow"
+
+    @classmethod
+    def from_sampling(cls, sampling) -> "ModelSampling":
+        """From a family's ``families.base.Sampling`` (duck-typed: this module does not import
+        the families package, which imports model code)."""
+        return cls(sampling.prediction, bool(sampling.zsnr), sampling.continuous, sampling.beta_range,
+                   float(sampling.shift), float(sampling.multiplier),
+                   getattr(sampling, "shift_kind", "linear"))
+
     @classmethod
     def for_model(cls, model) -> "ModelSampling":
+        """The model's own ``model_sampling`` when it carries one; else from its family's
+        ``sampling`` (a ``families.base.Sampling``); else from the older attributes
+        ``prediction``, ``zsnr``, ``continuous_sampling`` and ``beta_range``."""
         existing = getattr(model, "model_sampling", None)
         if isinstance(existing, ModelSampling):
             return existing
-        sampling = getattr(model, "sampling", None)  # a FamilyRunner's ``families.base.Sampling``
-        if sampling is not None:
-            return cls(sampling.prediction, bool(sampling.zsnr), sampling.continuous, sampling.beta_range)
+        sampling = getattr(model, "sampling", None)
+        if sampling is not None and hasattr(sampling, "prediction") and hasattr(sampling, "multiplier"):
+            return cls.from_sampling(sampling)
         return cls(getattr(model, "prediction", "eps"), bool(getattr(model, "zsnr", False)),
                    getattr(model, "continuous_sampling", None), getattr(model, "beta_range", None))
 
@@ -122,7 +156,7 @@ class ModelSampling:
 
     # parameterisation
     def calculate_input(self, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.prediction == "img_to_img":
+        if self.prediction in ("img_to_img", "flow"):
             return x
         sigma = _bcast(sigma, x.ndim)
         return x / (sigma**2 + self.sigma_data**2) ** 0.5
@@ -131,7 +165,7 @@ class ModelSampling:
         self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor
     ) -> torch.Tensor:
         s = _bcast(sigma, model_output.ndim)
-        if self.prediction == "eps":
+        if self.prediction in ("eps", "flow"):
             return model_input - model_output * s
         if self.prediction == "v_prediction":
             sd2 = self.sigma_data**2
@@ -156,8 +190,11 @@ class ModelSampling:
         self, sigma, noise: torch.Tensor, latent: torch.Tensor, max_denoise: bool = False
     ) -> torch.Tensor:
         """x_σ = latent + σ·noise; at full denoise the noise is scaled by sqrt(1 + σ²) instead,
-        the std of a VP sample at the last training step seen in VE units."""
+        the std of a VP sample at the last training step seen in VE units. Flow: x_σ =
+        σ·noise + (1 − σ)·latent, with no max-denoise case (σ_max is 1: pure noise)."""
         sigma = _bcast(torch.as_tensor(sigma, dtype=noise.dtype, device=noise.device), noise.ndim)
+        if self.prediction == "flow":
+            return sigma * noise + (1.0 - sigma) * latent
         if max_denoise:
             noise = noise * torch.sqrt(1.0 + sigma**2.0)
         else:
@@ -165,6 +202,10 @@ class ModelSampling:
         return noise + latent
 
     def inverse_noise_scaling(self, sigma, latent: torch.Tensor) -> torch.Tensor:
+        """Flow: latent / (1 − σ) (the identity at σ = 0); the other predictions: the latent."""
+        if self.prediction == "flow":
+            sigma = _bcast(torch.as_tensor(sigma, dtype=latent.dtype, device=latent.device), latent.ndim)
+            return latent / (1.0 - sigma)
         return latent
 
     def is_max_denoise(self, sigmas: torch.Tensor) -> bool:
@@ -246,7 +287,8 @@ def _contains(outer: tuple, inner: tuple) -> bool:
 
 def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
     """For every cond with an area, make sure each other list has a cond with that area: copy the
-    smallest enclosing cond's text/pooled/size into it (ComfyUI create_cond_with_same_area_if_none).
+    smallest enclosing cond's model inputs (text, pooled, size, concat, a family's
+    ``model_inputs``) into it (ComfyUI create_cond_with_same_area_if_none copies its model_conds).
     Keeps both sides of CFG evaluated on the same crops."""
     for k, src in enumerate(lists):
         for c in src:  # lists grow while iterated, as in ComfyUI
@@ -273,7 +315,8 @@ def _add_same_area_opposites(lists: list[list[Cond]]) -> None:
                     replace(c, cross_attn=smallest.cross_attn, pooled=smallest.pooled,
                             size=smallest.size, unclip=smallest.unclip, concat_latent=smallest.concat_latent,
                             concat_mask=smallest.concat_mask, concat_image=smallest.concat_image,
-                            noise_augmentation=smallest.noise_augmentation)
+                            noise_augmentation=smallest.noise_augmentation,
+                            model_inputs=smallest.model_inputs)
                 )
 
 

@@ -5,12 +5,18 @@
 They live apart from the registry so that the family modules import from here and the registry
 imports the families: imports point one way, with no cycle.
 
-The solvers from ComfyUI's newer set (``solvers_cfgpp``, ``solvers_res``, ``solvers_sa``,
-``solvers_sde``) work in the variance-exploding parameterisation ``x = x0 + sigma * eps`` of the
+The solvers work in the variance-exploding parameterisation ``x = x0 + sigma * eps`` of the
 SD1/SD2/SDXL denoisers (eps and v-prediction alike): signal scale ``alpha = 1``, half-log-SNR
-``lambda = -log(sigma)`` (``half_log_snr``). ComfyUI's versions also handle flow ("CONST") models
-through ``alpha = 1 - sigma``; mixgraph has no such model, so that branch is left out rather than
-carried untested. Their defaults follow ComfyUI 0.3.64 and are stated in each sampler's docstring.
+``lambda = -log(sigma)`` (``half_log_snr``). Flow-matching models (ComfyUI's CONST,
+``ModelSampling.is_flow``) have ``x = (1 - sigma) x0 + sigma eps``: ``alpha = 1 - sigma``,
+``lambda = log((1 - sigma) / sigma)``. The Karras ODE derivative ``(x - D) / sigma`` is the flow
+velocity, so the ODE samplers in sigma run unchanged on them; the samplers ComfyUI branches for
+CONST (euler_ancestral, dpm_2_ancestral, dpmpp_2s_ancestral, dpmpp_sde, dpmpp_2m_sde,
+dpmpp_3m_sde, lcm, euler(_ancestral)_cfg_pp) take the flow branch when ``flow_sampling(model)``
+finds a flow parameterisation, and those whose flow branch is not written yet refuse one with
+``refuse_flow``. Samplers ComfyUI runs in the VE form on every model (dpmpp_2m, ddpm,
+res_multistep, the other CFG++ forms, ...) do so here too. Defaults follow ComfyUI 0.3.64 and
+are stated in each sampler's docstring.
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ __all__ = [
     "report_step",
     "ancestral_eval",
     "add_ancestral_noise",
+    "model_sampling_of",
+    "flow_sampling",
+    "refuse_flow",
+    "snr_fns",
+    "offset_first_sigma_for_snr",
+    "rf_ancestral_step",
 ]
 
 
@@ -140,3 +152,70 @@ def add_ancestral_noise(x, noise_sampler, sigma, sigma_next, sigma_up, eta, s_no
     if sigma_next > 0 and eta > 0 and s_noise > 0:
         x = x + noise_sampler(sigma, sigma_next) * (s_noise * sigma_up)
     return x
+
+
+# ------------------------------------------------------------------ flow matching (CONST)
+
+
+def model_sampling_of(model):
+    """The ``ModelSampling`` behind the denoiser a sampler is given, or None (a bare callable):
+    the denoiser's ``model_sampling`` or ``ms`` (``CondDenoiser``, ``InpaintDenoiser``), else
+    that of the denoiser it wraps (``inner``), as ComfyUI's samplers reach
+    ``model.inner_model.model_sampling``."""
+    for _ in range(16):  # a wrapper chain is a few deep; never loop on a cycle
+        if model is None:
+            return None
+        ms = getattr(model, "model_sampling", None)
+        if ms is None:
+            ms = getattr(model, "ms", None)
+        if ms is not None:
+            return ms
+        model = getattr(model, "inner", None)
+    return None
+
+
+def flow_sampling(model):
+    """The model's ``ModelSampling`` when it is flow matching (ComfyUI's CONST), else None."""
+    ms = model_sampling_of(model)
+    return ms if getattr(ms, "is_flow", False) else None
+
+
+def refuse_flow(model, sampler: str) -> None:
+    """Raise for a sampler whose flow-matching branch is not written yet, before any step."""
+    if flow_sampling(model) is not None:
+        raise NotImplementedError(
+            f"sampler {sampler!r} is not supported yet on flow-matching models (its CONST branch "
+            f"with alpha = 1 - sigma is not implemented); use euler, euler_ancestral, heun, "
+            f"dpmpp_2m, dpmpp_2m_sde or another sampler that is")
+
+
+def snr_fns(flow: bool):
+    """(lambda_fn, sigma_fn): sigma -> half-log-SNR log(alpha/sigma) and back. VE: ``-log sigma``
+    and ``exp(-lambda)``; flow: ``-logit(sigma)`` and ``sigmoid(-lambda)`` (ComfyUI's
+    ``sigma_to_half_log_snr`` / ``half_log_snr_to_sigma``)."""
+    if flow:
+        return (lambda sigma: sigma.logit().neg()), (lambda lam: lam.neg().sigmoid())
+    return (lambda sigma: sigma.log().neg()), (lambda lam: lam.neg().exp())
+
+
+def offset_first_sigma_for_snr(sigmas: torch.Tensor, ms, percent_offset: float = 1e-4) -> torch.Tensor:
+    """On a flow model a first sigma of 1 has an infinite half-log-SNR: move it to the sigma at
+    ``percent_offset`` (ComfyUI's ``offset_first_sigma_for_snr``). Unchanged otherwise."""
+    if len(sigmas) <= 1 or not getattr(ms, "is_flow", False):
+        return sigmas
+    if sigmas[0] >= 1:
+        sigmas = sigmas.clone()
+        sigmas[0] = ms.percent_to_sigma(percent_offset)
+    return sigmas
+
+
+def rf_ancestral_step(sigma, sigma_next, eta: float):
+    """The ancestral split of a flow step sigma -> sigma_next (ComfyUI's ``*_RF`` samplers):
+    deterministic to ``sigma_down = sigma_next (1 + (sigma_next/sigma - 1) eta)``, then scale by
+    ``alpha_next / alpha_down`` and add noise of std ``renoise`` so the marginal at sigma_next is
+    ``(1 - sigma_next) x0 + sigma_next eps``. Returns (sigma_down, alpha_ratio, renoise)."""
+    sigma_down = sigma_next * (1 + (sigma_next / sigma - 1) * eta)
+    alpha_next = 1 - sigma_next
+    alpha_down = 1 - sigma_down
+    renoise = (sigma_next**2 - sigma_down**2 * alpha_next**2 / alpha_down**2) ** 0.5
+    return sigma_down, alpha_next / alpha_down, renoise

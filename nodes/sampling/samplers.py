@@ -43,9 +43,12 @@ LAYOUT: the algorithms live in family modules, which import helpers from ``sampl
 * ``solvers_sa``: sa_solver, sa_solver_pece;
 * ``solvers_extra``: lcm_upscale, euler_pp (node-only: ``NODE_ONLY_SAMPLERS``, not in KSampler's list).
 
-The samplers of the newer families work in the variance-exploding parameterisation
-``x = x0 + sigma * eps`` (``alpha = 1``, ``lambda = -log(sigma)``); ComfyUI's flow ("CONST")
-branch is left out, as mixgraph has no such model. Defaults follow ComfyUI 0.3.64.
+The samplers work in the variance-exploding parameterisation ``x = x0 + sigma * eps``
+(``alpha = 1``, ``lambda = -log(sigma)``). On flow-matching models (ComfyUI's CONST) the samplers
+ComfyUI branches for take their flow form (``alpha = 1 - sigma``; see ``sampler_utils``), the ODE
+samplers in sigma need none, and er_sde, seeds_2/3, exp_heun_2_x0(_sde) and sa_solver(_pece)
+raise "not supported yet on flow-matching models". They find the parameterisation on the
+denoiser (``sampler_utils.model_sampling_of``). Defaults follow ComfyUI 0.3.64.
 
 ``SAMPLERS`` below is the one registry: every name of ComfyUI's list, in its order, mapped to
 exactly one function. Importing this module fails, naming the names, if the two ever differ.

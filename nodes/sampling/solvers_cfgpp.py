@@ -21,10 +21,13 @@ import torch
 from .sampler_utils import (
     add_ancestral_noise,
     denoise_with_uncond,
+    flow_sampling,
     get_ancestral_step,
     half_log_snr,
     noise_or_default,
     report_step,
+    snr_fns,
+    to_d,
 )
 
 __all__ = [
@@ -44,10 +47,15 @@ def sample_euler_ancestral_cfg_pp(model, x, sigmas, extra_args=None, callback=No
     ``x_next = denoised + sigma_down * eps_u + s_noise * sigma_up * z``.
 
     ComfyUI defaults eta=1, s_noise=1; the last step (sigma_next = 0) returns ``denoised``.
+    On a flow model (alpha = 1 - sigma) the step is ComfyUI's general form: the ancestral split
+    in sigma/alpha units, ``x_next = alpha_t denoised + alpha_t sigma_down d`` with
+    ``d = (x - alpha_s uncond) / sigma`` and noise of std ``alpha_t s_noise sigma_up``.
     """
     extra_args = {} if extra_args is None else extra_args
     if eta > 0 and s_noise > 0:
         noise_sampler = noise_or_default(x, extra_args, noise_sampler)
+    flow = flow_sampling(model) is not None
+    lambda_fn = snr_fns(True)[0]
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
@@ -55,6 +63,15 @@ def sample_euler_ancestral_cfg_pp(model, x, sigmas, extra_args=None, callback=No
         report_step(callback, i, x, sigma, denoised)
         if sigma_next == 0:
             x = denoised
+            continue
+        if flow:
+            alpha_s = sigma * lambda_fn(sigma).exp()
+            alpha_t = sigma_next * lambda_fn(sigma_next).exp()
+            d = to_d(x, sigma, alpha_s * uncond)
+            sigma_down, sigma_up = get_ancestral_step(sigma / alpha_s, sigma_next / alpha_t, eta)
+            x = alpha_t * denoised + (alpha_t * sigma_down) * d
+            if eta > 0 and s_noise > 0:
+                x = x + alpha_t * noise_sampler(sigma, sigma_next) * s_noise * sigma_up
             continue
         sigma_down, sigma_up = get_ancestral_step(sigma, sigma_next, eta)
         x = denoised + sigma_down * (x - uncond) / sigma

@@ -2,6 +2,11 @@
 Probabilistic Models"): 2S ancestral, the single-step SDE, 2M, and the 2M/3M SDE multistep
 variants, with their ``*_gpu`` twins (Brownian tree on x's device).
 
+On flow-matching models (ComfyUI's CONST) 2S ancestral takes its rectified-flow form and the
+SDE samplers work in the flow half-log-SNR λ = log((1 − σ)/σ) with α = 1 − σ (``snr_fns``), the
+first sigma moved off σ = 1 (``offset_first_sigma_for_snr``), as ComfyUI. 2M runs its VE form on
+every model, as ComfyUI's.
+
 Contract, registry and shared helpers: ``samplers.py`` / ``sampler_utils.py``.
 """
 
@@ -12,10 +17,14 @@ import torch
 from .noise import brownian_noise_sampler
 from .sampler_utils import (
     ancestral_eval,
+    flow_sampling,
     get_ancestral_step,
     noise_or_default,
+    offset_first_sigma_for_snr,
     report_step,
+    rf_ancestral_step,
     seed_of,
+    snr_fns,
     to_d,
 )
 
@@ -37,9 +46,13 @@ __all__ = [
 def sample_dpmpp_2s_ancestral(model, x, sigmas, extra_args=None, callback=None, disable=None,
                               noise_sampler=None, eta=1.0, s_noise=1.0):
     """Ancestral DPM-Solver++(2S) (Lu et al. 2022b, "DPM-Solver++: Fast Solver for Guided
-    Sampling of Diffusion Probabilistic Models", Algorithm 1) to σ_down, then σ_up noise."""
+    Sampling of Diffusion Probabilistic Models", Algorithm 1) to σ_down, then σ_up noise. On a
+    flow model the rectified-flow form (``_dpmpp_2s_ancestral_rf``)."""
     extra_args = {} if extra_args is None else extra_args
     noise_sampler = noise_or_default(x, extra_args, noise_sampler)
+    if flow_sampling(model) is not None:
+        return _dpmpp_2s_ancestral_rf(model, x, sigmas, extra_args, callback, noise_sampler, eta,
+                                      s_noise)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
         denoised, sigma_down, sigma_up = ancestral_eval(model, x, sigmas, i, s_in, extra_args,
@@ -58,6 +71,35 @@ def sample_dpmpp_2s_ancestral(model, x, sigmas, extra_args=None, callback=None, 
     return x
 
 
+def _dpmpp_2s_ancestral_rf(model, x, sigmas, extra_args, callback, noise_sampler, eta, s_noise):
+    """DPM-Solver++(2S) ancestral on a flow model (ComfyUI's ``sample_dpmpp_2s_ancestral_RF``):
+    the midpoint σ_s is taken halfway in λ = log((1 − σ)/σ) between σ and the flow σ_down
+    (0.9999 when σ = 1, where λ is infinite); both stages are flow interpolations
+    ``(σ'/σ) x + (1 − σ'/σ) D``; then rescale by α_next/α_down and renoise
+    (``rf_ancestral_step``)."""
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        sigma_down, alpha_ratio, renoise = rf_ancestral_step(sigmas[i], sigmas[i + 1], eta)
+        report_step(callback, i, x, sigmas[i], denoised)
+        if sigmas[i + 1] == 0:
+            x = x + to_d(x, sigmas[i], denoised) * (sigma_down - sigmas[i])
+        else:
+            if sigmas[i] == 1.0:
+                sigma_s = 0.9999
+            else:
+                t_i, t_down = ((1 - sigmas[i]) / sigmas[i]).log(), ((1 - sigma_down) / sigma_down).log()
+                sigma_s = ((t_i + 0.5 * (t_down - t_i)).exp() + 1) ** -1
+            ratio_s = sigma_s / sigmas[i]
+            u = ratio_s * x + (1 - ratio_s) * denoised
+            denoised_2 = model(u, sigma_s * s_in, **extra_args)
+            ratio_down = sigma_down / sigmas[i]
+            x = ratio_down * x + (1 - ratio_down) * denoised_2
+        if sigmas[i + 1] > 0 and eta > 0:
+            x = alpha_ratio * x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * renoise
+    return x
+
+
 def _sde_noise(x, sigmas, extra_args, noise_sampler, cpu):
     if noise_sampler is not None:
         return noise_sampler
@@ -73,6 +115,9 @@ def sample_dpmpp_sde(model, x, sigmas, extra_args=None, callback=None, disable=N
         return x
     extra_args = {} if extra_args is None else extra_args
     noise_sampler = _sde_noise(x, sigmas, extra_args, noise_sampler, cpu)
+    flow = flow_sampling(model)
+    lambda_fn, sigma_fn = snr_fns(flow is not None)
+    sigmas = offset_first_sigma_for_snr(sigmas, flow)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
@@ -80,11 +125,11 @@ def sample_dpmpp_sde(model, x, sigmas, extra_args=None, callback=None, disable=N
         if sigmas[i + 1] == 0:
             x = denoised
             continue
-        lambda_s, lambda_t = -sigmas[i].log(), -sigmas[i + 1].log()
+        lambda_s, lambda_t = lambda_fn(sigmas[i]), lambda_fn(sigmas[i + 1])
         h = lambda_t - lambda_s
         lambda_s_1 = lambda_s + r * h
         fac = 1 / (2 * r)
-        sigma_s_1 = (-lambda_s_1).exp()
+        sigma_s_1 = sigma_fn(lambda_s_1)
         alpha_s = sigmas[i] * lambda_s.exp()
         alpha_s_1 = sigma_s_1 * lambda_s_1.exp()
         alpha_t = sigmas[i + 1] * lambda_t.exp()
@@ -128,11 +173,12 @@ def sample_dpmpp_2m(model, x, sigmas, extra_args=None, callback=None, disable=No
     return x
 
 
-def _sde_first_order(x, denoised, sigma, sigma_next, eta):
+def _sde_first_order(x, denoised, sigma, sigma_next, eta, lambda_fn):
     """The first-order part of a DPM-Solver++ multistep SDE step σ → σ_next (data prediction,
-    λ = −log σ, h = λ_next − λ): ``x ← (σ_next/σ) e^{−ηh} x + α_t (1 − e^{−(1+η)h}) D``.
+    λ = ``lambda_fn(σ)``: −log σ, or log((1 − σ)/σ) on a flow model; h = λ_next − λ):
+    ``x ← (σ_next/σ) e^{−ηh} x + α_t (1 − e^{−(1+η)h}) D`` with α_t = σ_next e^{λ_next}.
     Returns (x, h, (1+η)h, α_t) for the higher-order corrections."""
-    lambda_s, lambda_t = -sigma.log(), -sigma_next.log()
+    lambda_s, lambda_t = lambda_fn(sigma), lambda_fn(sigma_next)
     h = lambda_t - lambda_s
     h_eta = h * (eta + 1)
     alpha_t = sigma_next * lambda_t.exp()
@@ -162,6 +208,9 @@ def sample_dpmpp_2m_sde(model, x, sigmas, extra_args=None, callback=None, disabl
         raise ValueError("solver_type must be 'heun' or 'midpoint'")
     extra_args = {} if extra_args is None else extra_args
     noise_sampler = _sde_noise(x, sigmas, extra_args, noise_sampler, cpu)
+    flow = flow_sampling(model)
+    lambda_fn = snr_fns(flow is not None)[0]
+    sigmas = offset_first_sigma_for_snr(sigmas, flow)
     s_in = x.new_ones([x.shape[0]])
     old_denoised, h, h_last = None, None, None
     for i in range(len(sigmas) - 1):
@@ -170,7 +219,8 @@ def sample_dpmpp_2m_sde(model, x, sigmas, extra_args=None, callback=None, disabl
         if sigmas[i + 1] == 0:
             x = denoised
         else:
-            x, h, h_eta, alpha_t = _sde_first_order(x, denoised, sigmas[i], sigmas[i + 1], eta)
+            x, h, h_eta, alpha_t = _sde_first_order(x, denoised, sigmas[i], sigmas[i + 1], eta,
+                                                      lambda_fn)
             if old_denoised is not None:
                 r = h_last / h
                 if solver_type == "heun":
@@ -193,6 +243,9 @@ def sample_dpmpp_3m_sde(model, x, sigmas, extra_args=None, callback=None, disabl
         return x
     extra_args = {} if extra_args is None else extra_args
     noise_sampler = _sde_noise(x, sigmas, extra_args, noise_sampler, cpu)
+    flow = flow_sampling(model)
+    lambda_fn = snr_fns(flow is not None)[0]
+    sigmas = offset_first_sigma_for_snr(sigmas, flow)
     s_in = x.new_ones([x.shape[0]])
     denoised_1 = denoised_2 = None
     h = h_1 = h_2 = None
@@ -202,7 +255,8 @@ def sample_dpmpp_3m_sde(model, x, sigmas, extra_args=None, callback=None, disabl
         if sigmas[i + 1] == 0:
             x = denoised
         else:
-            x, h, h_eta, alpha_t = _sde_first_order(x, denoised, sigmas[i], sigmas[i + 1], eta)
+            x, h, h_eta, alpha_t = _sde_first_order(x, denoised, sigmas[i], sigmas[i + 1], eta,
+                                                      lambda_fn)
             if h_2 is not None:
                 r0, r1 = h_1 / h, h_2 / h
                 d1_0 = (denoised - denoised_1) / r0

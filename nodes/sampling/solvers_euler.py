@@ -12,10 +12,12 @@ import torch
 
 from .sampler_utils import (
     ancestral_eval,
+    flow_sampling,
     karras_churn,
     lazy_noise,
     noise_or_default,
     report_step,
+    rf_ancestral_step,
     to_d,
 )
 
@@ -75,9 +77,11 @@ def sample_ddim(model, x, sigmas, extra_args=None, callback=None, disable=None,
 def sample_euler_ancestral(model, x, sigmas, extra_args=None, callback=None, disable=None,
                            noise_sampler=None, eta=1.0, s_noise=1.0):
     """Euler step to σ_down, then fresh noise of std σ_up (ancestral sampling; Ho et al. 2020 in
-    k-diffusion's VE form)."""
+    k-diffusion's VE form). On a flow model the rectified-flow form (``_euler_ancestral_rf``)."""
     extra_args = {} if extra_args is None else extra_args
     noise_sampler = noise_or_default(x, extra_args, noise_sampler)
+    if flow_sampling(model) is not None:
+        return _euler_ancestral_rf(model, x, sigmas, extra_args, callback, noise_sampler, eta, s_noise)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
         denoised, sigma_down, sigma_up = ancestral_eval(model, x, sigmas, i, s_in, extra_args,
@@ -88,6 +92,25 @@ def sample_euler_ancestral(model, x, sigmas, extra_args=None, callback=None, dis
             d = to_d(x, sigmas[i], denoised)
             x = x + d * (sigma_down - sigmas[i])
             x = x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * sigma_up
+    return x
+
+
+def _euler_ancestral_rf(model, x, sigmas, extra_args, callback, noise_sampler, eta, s_noise):
+    """Euler ancestral on a flow model (ComfyUI's ``sample_euler_ancestral_RF``): the Euler move
+    to σ_down is the interpolation ``(σ_down/σ) x + (1 − σ_down/σ) D``, then x is rescaled by
+    α_next/α_down and renoised (``rf_ancestral_step``); the step to σ = 0 returns D."""
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        report_step(callback, i, x, sigmas[i], denoised)
+        if sigmas[i + 1] == 0:
+            x = denoised
+            continue
+        sigma_down, alpha_ratio, renoise = rf_ancestral_step(sigmas[i], sigmas[i + 1], eta)
+        ratio = sigma_down / sigmas[i]
+        x = ratio * x + (1 - ratio) * denoised
+        if eta > 0:
+            x = alpha_ratio * x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * renoise
     return x
 
 
@@ -171,9 +194,13 @@ def sample_dpm_2(model, x, sigmas, extra_args=None, callback=None, disable=None,
 @torch.no_grad()
 def sample_dpm_2_ancestral(model, x, sigmas, extra_args=None, callback=None, disable=None,
                            noise_sampler=None, eta=1.0, s_noise=1.0):
-    """Ancestral sampling with DPM-Solver-2 steps to σ_down (Lu et al. 2022)."""
+    """Ancestral sampling with DPM-Solver-2 steps to σ_down (Lu et al. 2022). On a flow model
+    σ_down and the renoise come from ``rf_ancestral_step`` (ComfyUI's
+    ``sample_dpm_2_ancestral_RF``)."""
     extra_args = {} if extra_args is None else extra_args
     noise_sampler = noise_or_default(x, extra_args, noise_sampler)
+    if flow_sampling(model) is not None:
+        return _dpm_2_ancestral_rf(model, x, sigmas, extra_args, callback, noise_sampler, eta, s_noise)
     s_in = x.new_ones([x.shape[0]])
     for i in range(len(sigmas) - 1):
         denoised, sigma_down, sigma_up = ancestral_eval(model, x, sigmas, i, s_in, extra_args,
@@ -188,6 +215,27 @@ def sample_dpm_2_ancestral(model, x, sigmas, extra_args=None, callback=None, dis
             d_2 = to_d(x_2, sigma_mid, denoised_2)
             x = x + d_2 * (sigma_down - sigmas[i])
             x = x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * sigma_up
+    return x
+
+
+def _dpm_2_ancestral_rf(model, x, sigmas, extra_args, callback, noise_sampler, eta, s_noise):
+    """DPM-2 ancestral on a flow model: the DPM-Solver-2 midpoint step to the flow σ_down, then
+    rescale by α_next/α_down and renoise (ComfyUI's ``sample_dpm_2_ancestral_RF``)."""
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        sigma_down, alpha_ratio, renoise = rf_ancestral_step(sigmas[i], sigmas[i + 1], eta)
+        report_step(callback, i, x, sigmas[i], denoised)
+        d = to_d(x, sigmas[i], denoised)
+        if sigma_down == 0:
+            x = x + d * (sigma_down - sigmas[i])
+        else:
+            sigma_mid = sigmas[i].log().lerp(sigma_down.log(), 0.5).exp()
+            x_2 = x + d * (sigma_mid - sigmas[i])
+            denoised_2 = model(x_2, sigma_mid * s_in, **extra_args)
+            d_2 = to_d(x_2, sigma_mid, denoised_2)
+            x = x + d_2 * (sigma_down - sigmas[i])
+            x = alpha_ratio * x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * renoise
     return x
 
 
@@ -265,9 +313,11 @@ def sample_lcm(model, x, sigmas, extra_args=None, callback=None, disable=None,
     """Latent Consistency Model multistep sampling (Luo et al. 2023, Algorithm 1): jump to the
     x0 prediction, then re-noise to the next σ (x = x0 + σ·n, the discrete-model noise scaling).
     ``s_noise`` → ``s_noise_end`` interpolates the noise multiplier over the steps;
-    ``noise_clip_std`` clamps the noise to ±k of its std (0 = off)."""
+    ``noise_clip_std`` clamps the noise to ±k of its std (0 = off). On a flow model the re-noise
+    is the model's noise scaling σ·n + (1 − σ)·x0 (ComfyUI's ``noise_scaling`` call)."""
     extra_args = {} if extra_args is None else extra_args
     noise_sampler = noise_or_default(x, extra_args, noise_sampler)
+    flow = flow_sampling(model)
     s_in = x.new_ones([x.shape[0]])
     n_steps = max(1, len(sigmas) - 1)
     s_start = float(s_noise)
@@ -285,5 +335,8 @@ def sample_lcm(model, x, sigmas, extra_args=None, callback=None, disable=None,
             s_i = s_start + (s_end - s_start) * frac
             if s_i != 1.0:
                 noise = noise * s_i
-            x = x + noise * sigmas[i + 1]
+            if flow is not None:
+                x = flow.noise_scaling(sigmas[i + 1], noise, x)
+            else:
+                x = x + noise * sigmas[i + 1]
     return x

@@ -1,8 +1,9 @@
 """SA-Solver, the stochastic Adams predictor-corrector (Xue et al. 2023), in its PEC and PECE
 modes, with its coefficient and tau-schedule helpers.
 
-VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``. Hand-written: no
-library implements these solvers against a denoiser callable.
+VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``; a flow-matching
+model is refused (``refuse_flow``: its alpha = 1 - sigma branch is not written yet). Hand-written:
+no library implements these solvers against a denoiser callable.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 
 import torch
 
-from .sampler_utils import half_log_snr, noise_or_default, report_step
+from .sampler_utils import half_log_snr, noise_or_default, refuse_flow, report_step
 from .schedules import DiscreteSchedule
 
 __all__ = [
@@ -106,6 +107,7 @@ def sample_sa_solver(model, x, sigmas, extra_args=None, callback=None, disable=N
     the orders are lowered near the end (predictor <= steps left - 1, corrector <= steps left).
     The last step returns ``denoised``.
     """
+    refuse_flow(model, "sa_solver_pece" if use_pece else "sa_solver")
     if len(sigmas) <= 1:
         return x
     extra_args = {} if extra_args is None else extra_args

@@ -2,15 +2,17 @@
 al. 2023) and the exponential Heun samplers ComfyUI builds on SEEDS-2 (``exp_heun_2_x0``,
 ``exp_heun_2_x0_sde``). The DPM-Solver++ SDE samplers live in ``solvers_dpmpp.py``.
 
-VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``. Hand-written: no
-library implements these solvers against a denoiser callable.
+VE parameterisation and ComfyUI 0.3.64 defaults as stated in ``sampler_utils``. ComfyUI runs
+these on flow-matching models with alpha = 1 - sigma; that branch is not written here yet, so
+each refuses a flow model (``refuse_flow``) rather than run the VE formulas on it.
+Hand-written: no library implements these solvers against a denoiser callable.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .sampler_utils import half_log_snr, noise_or_default, report_step
+from .sampler_utils import half_log_snr, noise_or_default, refuse_flow, report_step
 
 __all__ = [
     "er_sde_default_noise_scaler",
@@ -48,6 +50,7 @@ def sample_er_sde(model, x, sigmas, extra_args=None, callback=None, disable=None
     differences of past denoised outputs. ComfyUI defaults: s_noise=1, max_stage=3. The last step
     returns ``denoised``.
     """
+    refuse_flow(model, "er_sde")
     extra_args = {} if extra_args is None else extra_args
     if s_noise > 0:
         noise_sampler = noise_or_default(x, extra_args, noise_sampler)
@@ -147,6 +150,7 @@ def sample_seeds_2(model, x, sigmas, extra_args=None, callback=None, disable=Non
     """
     if solver_type not in ("phi_1", "phi_2"):
         raise ValueError(f"seeds_2: solver_type must be 'phi_1' or 'phi_2', got {solver_type!r}")
+    refuse_flow(model, "seeds_2")
     extra_args = {} if extra_args is None else extra_args
     noise = noise_or_default(x, extra_args, noise_sampler) if eta > 0 and s_noise > 0 else None
     s_in = x.new_ones([x.shape[0]])
@@ -184,6 +188,7 @@ def sample_exp_heun_2_x0(model, x, sigmas, extra_args=None, callback=None, disab
     (r = 1) and no noise (eta = 0, s_noise = 0); ``solver_type`` "phi_2" by default: the
     two-stage exponential Runge-Kutta method with c2 = 1 (Gonzalez et al. 2023, arXiv:2305.14267,
     the deterministic limit of SEEDS-2), second order in the step."""
+    refuse_flow(model, "exp_heun_2_x0")
     return sample_seeds_2(model, x, sigmas, extra_args=extra_args, callback=callback,
                           disable=disable, noise_sampler=None, eta=0.0, s_noise=0.0, r=1.0,
                           solver_type=solver_type)
@@ -196,6 +201,7 @@ def sample_exp_heun_2_x0_sde(model, x, sigmas, extra_args=None, callback=None, d
     ``solver_type`` "phi_2" by default; ComfyUI defaults eta=1, s_noise=1. The step's Brownian
     increment is drawn at its first stage (sigma -> sigma_next); the second draw, over an empty
     span, is weighted 0 but still taken, as in ComfyUI, so the noise stream stays aligned."""
+    refuse_flow(model, "exp_heun_2_x0_sde")
     return sample_seeds_2(model, x, sigmas, extra_args=extra_args, callback=callback,
                           disable=disable, noise_sampler=noise_sampler, eta=eta, s_noise=s_noise,
                           r=1.0, solver_type=solver_type)
@@ -209,6 +215,7 @@ def sample_seeds_3(model, x, sigmas, extra_args=None, callback=None, disable=Non
     r_2=2/3. Stage 2 weights ``a2 = (r_2/r_1) h*phi2(-r_2 (1+eta) h)``, ``a1 = h*phi1 - a2``; final
     ``b3 = h*phi2(-(1+eta)h)/r_2``, ``b1 = h*phi1 - b3``. The last step returns ``denoised``.
     """
+    refuse_flow(model, "seeds_3")
     extra_args = {} if extra_args is None else extra_args
     noise = noise_or_default(x, extra_args, noise_sampler) if eta > 0 and s_noise > 0 else None
     s_in = x.new_ones([x.shape[0]])
