@@ -23,6 +23,7 @@ from mixgraph.nodes.sampling.parameterization import PREDICTIONS, ModelSampling
 from mixgraph.nodes.sampling.schedule_flow import flux_resolution_shift
 from mixgraph.nodes.sampling.schedules import calculate_sigmas
 from mixgraph.ui.comfy_payloads import cond_from_comfy, cond_to_comfy
+from tests.fixtures.sampler_models import UNetSeam
 
 
 def sd3_shift(t: float, shift: float) -> float:
@@ -246,7 +247,7 @@ def test_samplers_without_a_flow_branch_refuse_flow_models(name):
 
 
 @dataclass
-class FlowVelocityModel:
+class FlowVelocityModel(UNetSeam):
     """A SamplerModel whose UNet returns the exact velocity of N(μ, s²) data, with a 16-channel
     latent format and the family seam's ``sampling``; records its inputs and timesteps."""
 

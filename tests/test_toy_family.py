@@ -6,7 +6,6 @@ regions, with no change to shared code."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from mixgraph.graph.workflow import load_workflow
 from mixgraph.nodes import families
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.conditioning import Cond
-from mixgraph.nodes.sampling.parameterization import CFGDenoiser
+from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
@@ -59,19 +58,14 @@ def test_toy_is_detected_from_its_keys_and_sd_stays_sd(models):
     model, clip, vae = loader.load_checkpoint(models / "checkpoints" / "toy.safetensors")
     assert (model.family, model.kind, model.config) == ("toy", "toy", CFG)
     assert model.latent_format == TOY.latent_format("toy", CFG.channels) and model.latent_format.mean[0] == 0.1
-    assert model.prediction == TOY.sampling("toy").prediction
-    assert clip is not None and clip.encoders == ("clip_l",) and vae is None
+    assert model.prediction == "flow" and model.sampling.shift == 3.0
+    ms = ModelSampling.for_model(model)
+    assert ms.is_flow and float(ms.timestep(torch.tensor(1.0))) == pytest.approx(1000.0)
+    assert clip is not None and clip.names == ("clip_l",) and vae is None
     alone = loader.load_unet(models / "diffusion_models" / "toy_dit.safetensors")
     assert (alone.family, alone.config, alone.source.prefix) == ("toy", CFG, "")
     sd = loader.load_checkpoint(models / "checkpoints" / "sd15.safetensors")[0]
     assert (sd.family, sd.kind) == ("sd", "sd1")
-
-
-@dataclass(frozen=True)
-class GuidedCond(Cond):
-    """A cond carrying a guidance number (what a guidance node of the family would set)."""
-
-    guidance: float | None = None
 
 
 def test_toy_conditioning_is_its_own(models):
@@ -80,18 +74,18 @@ def test_toy_conditioning_is_its_own(models):
     text = torch.randn(1, 77, CFG.context_dim, generator=torch.Generator().manual_seed(1))
     pooled = torch.randn(1, CFG.pooled_dim, generator=torch.Generator().manual_seed(2))
     x = torch.randn(2, CFG.channels, 8, 8, generator=torch.Generator().manual_seed(3))
-    sigma = torch.tensor([2.0, 2.0])
+    sigma = torch.tensor([0.5, 0.5])
 
     def x0(cond):
         d = CFGDenoiser(runner, (cond,), (Cond(text),), 1.0, torch.zeros_like(x))
         return d(x, sigma)
 
     base = x0(Cond(text, pooled=pooled))
-    inputs = runner.cond_inputs(GuidedCond(text, pooled=pooled, guidance=7.0), (2, 4, 8, 8))
+    inputs = runner.cond_inputs(Cond(text, pooled=pooled, model_inputs={"guidance": 7.0}), (2, 4, 8, 8))
     assert set(inputs) == {"pooled", "guidance"} and float(inputs["guidance"]) == 7.0
     assert torch.isfinite(base).all()
-    assert not torch.equal(base, x0(GuidedCond(text, pooled=pooled, guidance=7.0)))
-    assert torch.equal(base, x0(GuidedCond(text, pooled=pooled, guidance=3.5)))  # the default
+    assert not torch.equal(base, x0(Cond(text, pooled=pooled, model_inputs={"guidance": 7.0})))
+    assert torch.equal(base, x0(Cond(text, pooled=pooled, model_inputs={"guidance": 3.5})))  # the default
     assert not torch.equal(base, x0(Cond(text, pooled=pooled * 2)))
 
 
@@ -129,6 +123,7 @@ def test_toy_samples_through_ksampler_and_sampler_custom_advanced(executor, mode
     res = api.run(prompt(), executor=executor, models=models, output=models / "out")
     ks = res.outputs["3"][0].samples
     adv = res.outputs["21"][0].samples
+    # EmptyLatentImage's 4 zero channels become the toy's 16 (fix_empty_latent_channels)
     assert ks.shape == (2, CFG.channels, 8, 8) and torch.isfinite(ks).all() and ks.abs().max() > 0
     assert torch.equal(adv, ks)
 

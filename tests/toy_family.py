@@ -5,7 +5,9 @@
 2 x 2 patches (a Linear on each), text tokens and image tokens attending jointly in two blocks
 (``models.attention.attention``), a conditioning vector (timestep + pooled text + guidance
 embeddings) modulating every block. Its conditioning is its own (``ToyRunner.cond_inputs``): the
-pooled text vector and a ``guidance`` number read from the cond (default ``DEFAULT_GUIDANCE``).
+pooled text vector and a ``guidance`` number read from the cond's ``model_inputs`` (default
+``DEFAULT_GUIDANCE``). It predicts a flow velocity (``Sampling("flow", shift=3)``) on 16 latent
+channels.
 Its latent format is its own: per-channel shift and a scale (``TOY_SHIFT``, ``TOY_SCALE``). It is
 recognised by its own keys (``toy_patch_in.weight``), never by the file name, and pairs with one
 CLIP-L text encoder stored beside it in a checkpoint.
@@ -32,12 +34,12 @@ TOY_SCALE, TOY_SHIFT = 0.6, 0.1
 DEFAULT_GUIDANCE = 3.5
 SIGNATURE = "toy_patch_in.weight"
 TEXT_PREFIX = "cond_stage_model.transformer."  # its CLIP-L, where SD 1.x checkpoints keep theirs
-PREDICTION = "v_prediction"  # "flow" once flow matching is in
+PREDICTION = "flow"  # rectified flow: the model predicts the velocity ε − x0
 
 
 @dataclass(frozen=True)
 class ToyConfig:
-    channels: int = 4  # latent channels
+    channels: int = 16  # latent channels
     width: int = 32
     depth: int = 2
     context_dim: int = 32  # text token width
@@ -120,7 +122,7 @@ class ToyRunner:
         pooled = cond.pooled if cond.pooled is not None else torch.zeros(1, width)
         if pooled.shape[-1] != width:
             raise ValueError(f"toy model: a {pooled.shape[-1]}-wide pooled text vector; it takes {width}")
-        guidance = getattr(cond, "guidance", None)
+        guidance = cond.model_inputs.get("guidance")  # ComfyUI's key (FluxGuidance sets it)
         return {"pooled": pooled.float(),
                 "guidance": torch.tensor([DEFAULT_GUIDANCE if guidance is None else float(guidance)])}
 
@@ -138,7 +140,7 @@ class ToyFamily:
     name = "toy"
     display = "Toy flow transformer (tests)"
     precision_roles: Mapping[str, str] = {"diffusion": "unet", "text": "text", "vae": "vae"}
-    shift_settings: Mapping[str, float] = {"shift": 1.0, "multiplier": 1000.0}
+    shift_settings: Mapping[str, float] = {"shift": 3.0, "multiplier": 1000.0}  # SD3-like
 
     def __init__(self):
         self.policies: list = []
@@ -165,7 +167,7 @@ class ToyFamily:
     def sampling(self, variant: str) -> Sampling:
         return Sampling(prediction=PREDICTION, **self.shift_settings)
 
-    def latent_format(self, variant: str, channels: int = 4) -> LatentFormat:
+    def latent_format(self, variant: str, channels: int = 16) -> LatentFormat:
         return LatentFormat(scale_factor=TOY_SCALE, channels=channels, mean=(TOY_SHIFT,) * channels,
                             std=(1.0,) * channels, name="toy")
 
