@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mixgraph.nodes.families.sd.parts import parts_of
 from mixgraph.nodes.models import lotus, sdpose
 from mixgraph.nodes.models.resize import upscale
 from mixgraph.nodes.payloads.latent import Latent
@@ -48,7 +49,7 @@ def remap_keypoints(kp: np.ndarray, sx: float, sy: float, ox: float = 0, oy: flo
 def extract(model, vae, image: torch.Tensor, batch_size: int, bboxes: Any, model_policy, vae_policy,
             on_image=None) -> list[dict]:
     """The node's run; ``on_image(n)`` reports n more images done."""
-    weights = getattr(model, "heatmap_head", None)
+    weights = parts_of(model).heatmap_head
     if weights is None:
         raise ValueError(NO_HEAD)
     head_cfg = weights.config

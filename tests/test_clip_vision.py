@@ -224,7 +224,7 @@ def test_unclip_checkpoint_samples_end_to_end(models, tmp_path):
     g, ck, vis, un, ks = _unclip_graph(1.0, 0.1)
     out = api.run(g, models=models, input=tmp_path / "in", output=tmp_path / "out")
     model, _clip, _vae, vision = out[ck.node_id]
-    assert model.unclip is not None and model.unclip.dim == PROJ and model.prediction == "v_prediction"
+    assert model.parts.unclip is not None and model.parts.unclip.dim == PROJ and model.prediction == "v_prediction"
     assert vision.source.prefix == "embedder.model.visual." and vision.config.projection_dim == PROJ
     embeds = out[vis.node_id][0].image_embeds
     (cond,) = out[un.node_id][0]

@@ -55,11 +55,11 @@ def test_lotus_unet_loader_detects_lotus(tmp_path):
     write_unet(tmp_path / "lotus.safetensors", kind="lotus", seed=3)
     write_unet(tmp_path / "sd2.safetensors", kind="sd2", seed=3)
     m = loader.load_unet(tmp_path / "lotus.safetensors")
-    assert (m.kind, m.prediction, m.unclip) == ("sd2", "img_to_img", None)
-    assert m.task_embedding == lotus.task_embedding()
+    assert (m.kind, m.prediction, m.parts.unclip) == ("sd2", "img_to_img", None)
+    assert m.parts.task_embedding == lotus.task_embedding()
     assert m.config.adm_in_channels == 4 and m.config.context_dim == 1024
     plain = loader.load_unet(tmp_path / "sd2.safetensors")   # SD2 without the task input: unchanged
-    assert plain.task_embedding is None and plain.prediction != "img_to_img"
+    assert plain.parts is None and plain.prediction != "img_to_img"
 
 
 def test_lotus_one_step_sample_is_the_unets_x0_at_timestep_999(tmp_path):

@@ -40,20 +40,20 @@ def gaussian(h, w, cx, cy, sigma=2.0, peak=1.0):
 def test_sdpose_unet_loader_detects_the_heatmap_head(tmp_path):
     write_sdpose(tmp_path / "sdpose.safetensors")
     m = loader.load_unet(tmp_path / "sdpose.safetensors")
-    assert m.task_embedding == lotus.task_embedding() and m.prediction == "img_to_img"   # a Lotus UNet
-    assert m.heatmap_head is not None
-    cfg = m.heatmap_head.config
+    assert m.parts.task_embedding == lotus.task_embedding() and m.prediction == "img_to_img"   # a Lotus UNet
+    assert m.parts.heatmap_head is not None
+    cfg = m.parts.heatmap_head.config
     assert (cfg.in_channels, cfg.out_channels, cfg.deconv, cfg.conv, cfg.final_kernel) == (128, 133, ((16, 4),),
                                                                                         ((16, 1),), 1)
     assert cfg.input_size == (768, 1024) and cfg.heatmap_size == (192, 256)   # ComfyUI's fixed sizes
     plain = tmp_path / "lotus.safetensors"
     save_file(tiny_unet_state_dict("lotus", 0), str(plain))
-    assert loader.load_unet(plain).heatmap_head is None
+    assert loader.load_unet(plain).parts.heatmap_head is None
 
 
 def test_sdpose_head_module_loads_the_files_weights(tmp_path):
     head = write_sdpose(tmp_path / "sdpose.safetensors", seed=4)
-    m = loader.load_unet(tmp_path / "sdpose.safetensors").heatmap_head.module(F32)
+    m = loader.load_unet(tmp_path / "sdpose.safetensors").parts.heatmap_head.module(F32)
     ref = sdpose.HeatmapHead(HEAD_CFG)
     ref.load_state_dict(head)
     x = torch.randn(2, 128, 6, 5, generator=torch.Generator().manual_seed(0))
@@ -121,8 +121,9 @@ def test_sdpose_remap_keypoints_back_to_image_pixels():
 def _small_handle(tmp_path):
     write_sdpose(tmp_path / "sdpose.safetensors", seed=2)
     m = loader.load_unet(tmp_path / "sdpose.safetensors")
-    small = dataclasses.replace(m.heatmap_head.config, input_size=(64, 48))   # latent 6 x 8: a cheap test
-    return dataclasses.replace(m, heatmap_head=dataclasses.replace(m.heatmap_head, config=small))
+    small = dataclasses.replace(m.parts.heatmap_head.config, input_size=(64, 48))   # latent 6 x 8: a cheap test
+    head = dataclasses.replace(m.parts.heatmap_head, config=small)
+    return dataclasses.replace(m, parts=dataclasses.replace(m.parts, heatmap_head=head))
 
 
 def test_sdpose_extractor_full_image_batches(tmp_path):

@@ -79,7 +79,7 @@ def test_image_only_loader_detects_stable_zero123(models):
     model, vision, vae = loader.load_image_only_checkpoint(_ckpt(models))
     assert model.kind == "sd1" and model.prediction == "eps" and model.latent_format.scale_factor == 0.18215
     assert model.config.in_channels == 8 and model.config.context_dim == CONTEXT
-    assert model.cc_projection.config == zero123.CameraProjectionConfig(EMBED + 4, CONTEXT)
+    assert model.parts.cc_projection.config == zero123.CameraProjectionConfig(EMBED + 4, CONTEXT)
     assert vision.source.prefix == "cond_stage_model.model.visual." and vision.config.projection_dim == EMBED
     assert vae is not None and vae.source.prefix == "first_stage_model."
 
@@ -119,7 +119,7 @@ def test_model_save_keeps_the_camera_projection(models, tmp_path):
     assert torch.equal(sd["cc_projection.bias"], models[1]["cc"]["bias"])
     save.write_safetensors(tmp_path / "resaved.safetensors", sd)
     again, clip, _vae = loader.load_checkpoint(tmp_path / "resaved.safetensors")
-    assert clip is None and again.cc_projection.config == model.cc_projection.config
+    assert clip is None and again.parts.cc_projection.config == model.parts.cc_projection.config
 
 
 # --- the conditioning nodes -------------------------------------------------------------------

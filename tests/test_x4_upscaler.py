@@ -57,7 +57,7 @@ def test_x4_checkpoint_detected_as_the_upscaler_family(handles):
     model, clip, vae = handles
     assert model.kind == "sd2_x4" and model.prediction == "v_prediction"
     assert model.latent_format.scale_factor == 0.08333 and model.beta_range == (0.0001, 0.02)
-    assert model.x4 == ImageAugmentor(max_noise_level=350, linear_start=0.0001, linear_end=0.02)
+    assert model.parts.x4 == ImageAugmentor(max_noise_level=350, linear_start=0.0001, linear_end=0.02)
     cfg = model.config
     assert (cfg.in_channels, cfg.out_channels, cfg.num_classes) == (7, 4, 1000)
     assert cfg.disable_self_attentions == (False, True, False) and not cfg.disable_middle_self_attn
@@ -73,7 +73,7 @@ def test_x4_unet_file_loads_with_unetloader(tmp_path):
     unet = {k: v for k, v in sd.items() if k.startswith("model.diffusion_model.")}
     path = _save(tmp_path / "x4_unet.safetensors", unet)
     handle = load_unet(path)
-    assert handle.kind == "sd2_x4" and handle.x4 is not None and handle.config == X4_UNET
+    assert handle.kind == "sd2_x4" and handle.parts.x4 is not None and handle.config == X4_UNET
     assert handle.prediction == "v_prediction" and handle.beta_range == (0.0001, 0.02)
 
 
@@ -211,7 +211,7 @@ def test_x4_denoiser_feeds_the_image_and_its_noise_level(handles):
     latent = torch.zeros(2, 4, 4, 6)
     d = CFGDenoiser(runner, (cond,), (plain,), 5.0, latent, seed=40)
     e, u = d.lists[0][0], d.lists[1][0]
-    assert torch.equal(e.concat, model.x4.concat(image, 0.1, (2, 4, 4, 6), 40)) and e.concat.shape == (2, 3, 4, 6)
+    assert torch.equal(e.concat, model.parts.x4.concat(image, 0.1, (2, 4, 4, 6), 40)) and e.concat.shape == (2, 3, 4, 6)
     assert torch.equal(e.inputs["y"], torch.tensor([[35.0]]))
     assert torch.equal(u.concat, torch.zeros(2, 3, 4, 6)) and torch.equal(u.inputs["y"], torch.zeros(1, 1))
     out = d(torch.randn(2, 4, 4, 6), torch.tensor([2.0, 2.0]))

@@ -40,12 +40,8 @@ from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.models.taesd import load_taesd_autoencoder
 from mixgraph.nodes.models.encoder_set import EncoderEntry
 from mixgraph.nodes.models.text_encode import TextEncoder, check_set, encode_prompt, encode_tokens, tokenize
-from mixgraph.nodes.models.unclip import NoiseAugmentor
 from mixgraph.nodes.models.unet import UNetConfig
 from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
-from mixgraph.nodes.models.zero123 import CameraProjectionWeights
-from mixgraph.nodes.models.sdpose import HeatmapHeadWeights
-from mixgraph.nodes.models.x4_upscaler import ImageAugmentor
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
@@ -68,8 +64,8 @@ class ModelHandle:
     variant name (SD: "sd1" | "sd2" | "sdxl" | "sdxl_refiner" | "sd2_x4", the x4 upscaler);
     config: the family's model config (SD: ``UNetConfig``); prediction: "eps" | "v_prediction" |
     "x0" | "lcm" | ...; zsnr: zero-terminal-SNR schedule; weight_dtype: storage pinned by
-    UNETLoader (read by the resolver, not applied here). The SD-only fields below (unclip,
-    cc_projection, x4, task_embedding, heatmap_head) are set by the SD family's detection.
+    UNETLoader (read by the resolver, not applied here); parts: what the family's variant carries
+    beside the model (set by its detection).
 
     Patches, three kinds (ARCHITECTURE.md, "Model patches"): ``patches`` change weights and are
     merged at materialization (LoRA, attention multipliers); ``unet_patches`` act inside every
@@ -93,23 +89,16 @@ class ModelHandle:
     continuous_sampling: tuple | None = None
     # compute dtype pinned by ModelComputeDtype (read by the resolver, not applied here)
     compute_dtype: torch.dtype | None = None
-    # SD2.1 unCLIP: the image-embedding noise augmentation that builds y (``unclip.py``)
-    unclip: NoiseAugmentor | None = None
-    # Stable Zero123: the camera projection applied to wider conds (``zero123.py``)
-    cc_projection: CameraProjectionWeights | None = None
-    # SD x4 upscaler: the low-resolution image concatenated to the input (``x4_upscaler.py``)
-    x4: ImageAugmentor | None = None
     # (linear_start, linear_end) of the discrete schedule; None = SD's 0.00085..0.012
     beta_range: tuple[float, float] | None = None
-    # Lotus: the constant vector input y, its task switcher (``lotus.task_embedding``)
-    task_embedding: tuple[float, ...] | None = None
     # ModelAttentionBackend: the attention implementation pinned by name (``attention.BACKENDS``);
     # None = mixgraph's default, which is the same kernel ("pytorch")
     attention_backend: str | None = None
     # TorchCompileModel: the torch.compile backend the UNet runs through (``compile.py``)
     compile_backend: str | None = None
-    # SDPose: the keypoint heatmap head stored next to the UNet (``sdpose.py``)
-    heatmap_head: HeatmapHeadWeights | None = None
+    # the family's extra parts of this variant, a frozen dataclass the family defines (SD:
+    # ``families.sd.parts.SDParts``: unCLIP, Stable Zero123, x4 upscaler, Lotus, SDPose), or None
+    parts: Any = None
     # the model family (``nodes/families`` registry name) whose variant ``kind`` is
     family: str = "sd"
 

@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from mixgraph.nodes.families.sd.parts import parts_of
 from mixgraph.nodes.models import store
 from mixgraph.nodes.models.loader import CLIP_PREFIXES, UNET_PREFIX, VAE_PREFIX
 from mixgraph.nodes.models.unet import UNetModel
@@ -127,8 +128,9 @@ def checkpoint_state_dict(model=None, clip=None, vae=None, dtypes: Mapping[str, 
     kind = model.kind if model is not None else clip.kind
     if model is not None:
         out.update({UNET_PREFIX + k: v for k, v in unet_state_dict(model, dtypes.get("MODEL", torch.float32)).items()})
-        if getattr(model, "cc_projection", None) is not None:
-            out.update(cc_projection_state_dict(model.cc_projection, dtypes.get("MODEL", torch.float32)))
+        cc = parts_of(model).cc_projection
+        if cc is not None:
+            out.update(cc_projection_state_dict(cc, dtypes.get("MODEL", torch.float32)))
         if model.prediction == "v_prediction":
             out["v_pred"] = torch.tensor([])
             if model.zsnr:

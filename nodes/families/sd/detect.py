@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from mixgraph.nodes.families.base import Detection
+from mixgraph.nodes.families.sd.parts import SDParts
 from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5
 from mixgraph.nodes.models.lotus import PREDICTION as LOTUS_PREDICTION
 from mixgraph.nodes.models.lotus import is_lotus
@@ -127,7 +128,8 @@ def _prediction(variant: str, info: Mapping[str, Any], cfg: UNetConfig, read) ->
     return "eps", False
 
 
-def _zero123(cfg: UNetConfig, info: Mapping[str, Any], source: WeightSource | None, where: str) -> dict:
+def _zero123(cfg: UNetConfig, info: Mapping[str, Any], source: WeightSource | None,
+             where: str) -> CameraProjectionWeights:
     """Stable Zero123: an SD 1.x UNet taking 8 channels (latent + input view's latent), eps,
     SD1 latent format, with the checkpoint's ``cc_projection`` (ComfyUI's ``Stable_Zero123``)."""
     if source is None:
@@ -140,7 +142,7 @@ def _zero123(cfg: UNetConfig, info: Mapping[str, Any], source: WeightSource | No
     if cc.config.out_features != cfg.context_dim:
         raise ValueError(f"{where}: cc_projection gives {cc.config.out_features}-wide context; the UNet "
                          f"attends to {cfg.context_dim}")
-    return {"cc_projection": cc}
+    return cc
 
 
 def _where(source: WeightSource | None) -> str:
@@ -156,15 +158,16 @@ def detect_sd(info: Mapping[str, Any], read: Callable[[str], torch.Tensor] | Non
     where = _where(source)
     cfg = unet_config_from_state_dict(info)
     fields: dict[str, Any] = {}
+    parts: dict[str, Any] = {}
     if is_zero123(info):  # its cond_stage_model.model.* is a CLIP image tower, not SD2's text encoder
-        fields.update(_zero123(cfg, info, source, where))
-        return Detection("sd", "sd1", cfg, {**fields, "prediction": "eps",
+        cc = _zero123(cfg, info, source, where)
+        return Detection("sd", "sd1", cfg, {"prediction": "eps", "parts": SDParts(cc_projection=cc),
                                             "latent_format": latent_format("sd1", cfg.out_channels)})
     variant = _variant_of_encoders(info) or variant_of_config(cfg)
     pred, zsnr = _prediction(variant, info, cfg, read)
     unclip = unclip_augmentor(variant, cfg)
     if unclip is not None:
-        fields["unclip"] = unclip
+        parts["unclip"] = unclip
         if "v_pred" not in info:
             pred = "v_prediction"  # ComfyUI's SD21UNCLIP is a v-prediction model
     if is_x4_upscaler(cfg):
@@ -173,10 +176,11 @@ def detect_sd(info: Mapping[str, Any], read: Callable[[str], torch.Tensor] | Non
                                       f"(use the single-file x4-upscaler-ema.safetensors)")
         variant = "sd2_x4"
         cfg = x4_unet_config(cfg)
-        fields.update(x4=ImageAugmentor(), beta_range=BETA_RANGE)
+        parts["x4"] = ImageAugmentor()
+        fields["beta_range"] = BETA_RANGE
         pred = "v_prediction"
     elif variant == "sd2" and is_lotus(cfg):
-        fields["task_embedding"] = lotus_task_embedding()
+        parts["task_embedding"] = lotus_task_embedding()
         pred = LOTUS_PREDICTION
     fields.update(prediction=pred, zsnr=zsnr, latent_format=latent_format(variant, cfg.out_channels))
     if _is_playground(variant, info):
@@ -184,5 +188,7 @@ def detect_sd(info: Mapping[str, Any], read: Callable[[str], torch.Tensor] | Non
     if source is not None and source.layout == "ldm":
         head = HeatmapHeadWeights.from_unet(source, info, where)
         if head is not None:
-            fields["heatmap_head"] = head
+            parts["heatmap_head"] = head
+    if parts:
+        fields["parts"] = SDParts(**parts)
     return Detection("sd", variant, cfg, fields)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from mixgraph.nodes.families.base import Sampling
+from mixgraph.nodes.families.sd.parts import parts_of
 from mixgraph.nodes.models import unet as unet_module
 from mixgraph.nodes.models.cast import PolicyLike
 from mixgraph.nodes.models.seamless import unet_wrappers
@@ -45,14 +46,14 @@ class UNetRunner:
         self.continuous_sampling = handle.continuous_sampling
         self._cc_module = None
         self.beta_range = getattr(handle, "beta_range", None)
-        self.image_augmentor = getattr(handle, "x4", None)
+        self.image_augmentor = parts_of(handle).x4
         self.sampling: Sampling = handle.sampling
 
     def project_context(self, cross_attn: Tensor) -> Tensor:
         """A cond's cross-attention tokens as the UNet takes them: Stable Zero123 projects its
         camera-conditioned image embeddings to the context width (under this runner's policy);
         every other model takes them as they are. Called once per cond and sampling run."""
-        proj = self.handle.cc_projection
+        proj = parts_of(self.handle).cc_projection
         if proj is None:
             return cross_attn
         if self._cc_module is None:
@@ -106,7 +107,7 @@ class UNetRunner:
 
     def image_concat(self, cond: Cond, latent_shape: tuple[int, ...], seed: int) -> Tensor:
         """The x4 upscaler's extra input channels [B, 3, H, W] for ``cond`` (``x4_upscaler.py``)."""
-        x4 = getattr(self.handle, "x4", None)
+        x4 = parts_of(self.handle).x4
         if x4 is None:
             raise ValueError("image_concat: this model takes no image input")
         return x4.concat(cond.concat_image, cond.noise_augmentation, latent_shape, seed)
@@ -119,15 +120,16 @@ class UNetRunner:
         (Revision): their embedding replaces the pooled text; Lotus: its fixed task embedding
         [1, 4]. ``seed``: the sampling seed."""
         adm_ch = self.handle.config.adm_in_channels
-        task = getattr(self.handle, "task_embedding", None)
+        parts = parts_of(self.handle)
+        task = parts.task_embedding
         if task is not None:  # Lotus: the same task switcher for every cond
             return torch.tensor([task], dtype=torch.float32)
-        x4 = getattr(self.handle, "x4", None)
+        x4 = parts.x4
         if x4 is not None:  # the x4 upscaler: the image's noise level as a label
             return x4.label(cond.noise_augmentation)
         if adm_ch is None:  # unCLIP entries on an SD1/SD2 model are ignored, as in ComfyUI
             return None
-        augmentor = getattr(self.handle, "unclip", None)
+        augmentor = parts.unclip
         if augmentor is not None:
             if not cond.unclip:
                 return torch.zeros(1, adm_ch)
