@@ -92,8 +92,10 @@ class TextEncoderSlot:
 @dataclass(frozen=True)
 class Detection:
     """What a family recognised in a state dict: its ``variant`` name, the model ``config``
-    (a frozen dataclass derived from shapes) and the extra ``ModelHandle`` fields the family
-    sets from the keys (``fields``: e.g. the prediction type a marker key tells)."""
+    (a frozen dataclass derived from shapes) and the ``ModelHandle`` fields the family sets from
+    the keys (``fields``): ``latent_format``, ``prediction`` (a marker key may tell), schedule
+    fields, and ``parts``, a frozen dataclass of the family's own for what the variant carries
+    beside the model (SD: ``sd.parts.SDParts``). The loader starts from ``sampling(variant)``."""
 
     family: str
     variant: str
