@@ -159,7 +159,9 @@ def test_perpneg_patch_equals_perpneg_guider(model):
         patched = N.PerpNeg(model, empty, neg_scale)[0]
         got = CFGDenoiser(patched.runner(F32), pos, neg, cfg, lat)(x, sigma)
         ref = PerpNegDenoiser(model.runner(F32), pos, neg, empty, cfg, neg_scale, lat)(x, sigma)
-        assert torch.allclose(got, ref, rtol=1e-4, atol=1e-5)
+        # the two paths sum the same terms in another order: float32 rounding at the outputs'
+        # scale (|x0| up to ~30 here), which depends on the CPU's kernels (AVX-512 vs AVX2)
+        assert torch.allclose(got, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
         plain = CFGDenoiser(model.runner(F32), pos, neg, cfg, lat)(x, sigma)
         assert not torch.allclose(got, plain, atol=1e-4)
 
