@@ -1,9 +1,12 @@
 """The layering of DESIGN §1 and STYLE rule 2, read from the source with `ast`.
 
 Layers, top to bottom: `mixgraph.ui` (every user-facing entry point) -> the node declarations
-(modules directly in nodes/) -> the engine `mixgraph.graph`; the runtime subpackages of nodes/
-(`nodes/models`, `nodes/sampling`, ...) are plain PyTorch and import only each other. Every import
-is counted, function-local ones too, so a circle cannot hide behind a late import.
+(`nodes/declare/`, the helpers they call in `nodes/helpers/`, and the modules directly in nodes/,
+such as `library.py`) -> the engine `mixgraph.graph`; the other subpackages of nodes/ (`families`,
+`encoders`, `vae`, `adapters`, `weights`, `models`, `sampling`, `payloads`, ...) are the runtime:
+plain PyTorch that imports only itself. Every import is counted, function-local ones too, so a
+circle cannot hide behind a late import. Beside the layers: a model family folder imports no other
+family (DESIGN §11), and no folder holds more than `MAX_MODULES` modules directly (issue 21).
 """
 
 from __future__ import annotations
@@ -69,13 +72,18 @@ def _imports(name: str) -> list[tuple[str, int, bool]]:
     return found
 
 
+#: The subpackages of nodes/ that belong to the declarations layer; every other one is runtime.
+DECLARATION_PACKAGES = ("declare", "helpers")
+
+
 def _layer(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "mixgraph":
         return "external"
     if len(parts) == 1:
         return "top"
-    if parts[1] == "nodes" and len(parts) > 2 and _is_package(".".join(parts[:3])):
+    if parts[1] == "nodes" and len(parts) > 2 and parts[2] not in DECLARATION_PACKAGES \
+            and _is_package(".".join(parts[:3])):
         return "runtime"
     return {"graph": "engine", "nodes": "declarations", "ui": "ui"}.get(parts[1], "top")
 
@@ -170,6 +178,8 @@ def test_architecture_no_late_imports_where_circles_were():
 @pytest.mark.parametrize("layer,example", [("engine", "mixgraph.graph.executor"),
                                            ("runtime", "mixgraph.nodes.models.unet"),
                                            ("declarations", "mixgraph.nodes.loading"),
+                                           ("declarations", "mixgraph.nodes.folders"),
+                                           ("declarations", "mixgraph.nodes.library"),
                                            ("ui", "mixgraph.ui.server")])
 def test_architecture_layers_are_classified(layer, example):
     assert example in MODULES and _layer(example) == layer
@@ -299,3 +309,45 @@ def test_architecture_engine_runs_without_the_node_library(tmp_path):
     done = subprocess.run([sys.executable, "-c", ENGINE_ALONE, str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "engine alone: ok" in done.stdout, done.stderr[-3000:]
+
+
+def _family_folder(module: str) -> str | None:
+    """The family folder under nodes/families/ that `module` belongs to; None for the seam's shared
+    modules directly in nodes/families/ (base.py, the registry in __init__.py, ...) and for the rest."""
+    parts = module.split(".")
+    if parts[:3] != ["mixgraph", "nodes", "families"] or len(parts) < 4:
+        return None
+    folder = ".".join(parts[:4])
+    return parts[3] if folder in MODULES and _is_package(folder) else None
+
+
+def test_architecture_no_family_folder_imports_another_family():
+    """A new family is a folder plus a registry line: it never reaches into another family's folder
+    (what two families share goes to the seam or to a runtime package beside nodes/families/)."""
+    wrong = []
+    for name in MODULES:
+        own = _family_folder(name)
+        if own is None:
+            continue
+        for target, line, _ in _imports(name):
+            other = _family_folder(target)
+            if other is not None and other != own:
+                wrong.append(f"{MODULES[name].relative_to(ROOT)}:{line}: family {own!r} imports {target}")
+    assert not wrong, "family folders that import another family:\n" + "\n".join(wrong)
+
+
+#: Folders are sorted by concept; a folder past this many modules holds more than one concept.
+MAX_MODULES = 30
+
+
+@pytest.mark.skipif(not (ROOT / "nodes" / "declare").is_dir(), reason="the folders are sorted by tools/reorg.py")
+def test_architecture_no_folder_holds_more_than_max_modules():
+    crowded = []
+    for folder in FOLDERS:
+        for d in sorted(p for p in [ROOT / folder, *(ROOT / folder).rglob("*")]
+                        if p.is_dir() and p.name != "__pycache__"):
+            count = sum(1 for f in d.glob("*.py") if f.name != "__init__.py")
+            if count > MAX_MODULES:
+                crowded.append(f"{d.relative_to(ROOT)}/: {count} modules")
+    assert not crowded, (f"folders with more than {MAX_MODULES} modules (split them by concept):\n"
+                         + "\n".join(crowded))
