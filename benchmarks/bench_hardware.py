@@ -11,7 +11,7 @@ which). The parent also prints `mixgraph estimate`'s prediction for every run, a
 against the measured peak.
 
 `--arch sdxl` runs the same graph (ComfyUI's default txt2img, which is also SDXL base's) on a
-seeded random full-size SDXL base checkpoint (`nodes.models.synthetic.write_sdxl_checkpoint`,
+seeded random full-size SDXL base checkpoint (`nodes.weights.synthetic.write_sdxl_checkpoint`,
 13.9 GB in f32, streamed to $MIXGRAPH_BENCH_DIR on first use); its default runs are f32 and the
 `memory` preset.
 
@@ -49,7 +49,7 @@ CKPT_NAME = {"sd15": "sd15.safetensors", "sdxl": "sdxl_base.safetensors"}
 def sdxl_full_checkpoint(dtype: str = "f32", seed: int = 0) -> Path:
     """The cached full-size SDXL base checkpoint (streamed to disk on first use)."""
     from mixgraph.graph.precision import parse_spec
-    from mixgraph.nodes.models.synthetic import write_sdxl_checkpoint
+    from mixgraph.nodes.weights.synthetic import write_sdxl_checkpoint
 
     path = BENCH_DIR / f"sdxl-full-{dtype}-seed{seed}.safetensors"
     if not path.exists():
@@ -78,7 +78,7 @@ def _sets(arch: str, size: int, steps: int) -> dict:
 def child(cfg: dict) -> None:
     import torch
 
-    from mixgraph.ui.bench_precision import emit_child_result, peak_rss_bytes, rss_bytes, run_measured
+    from mixgraph.ui.bench.bench_precision import emit_child_result, peak_rss_bytes, rss_bytes, run_measured
 
     base = rss_bytes()
     m = run_measured(str(WF), cfg["spec"], env_kw={"models": cfg["models"], "output": cfg["output"]},
@@ -113,7 +113,7 @@ def main() -> None:
     from mixgraph.graph.env import Env
     from mixgraph.graph.precision import hardware_section
     from mixgraph.ui import api
-    from mixgraph.ui.bench_precision import fmt_bytes, format_table, psnr, run_child, ssim
+    from mixgraph.ui.bench.bench_precision import fmt_bytes, format_table, psnr, run_child, ssim
     from mixgraph.ui.estimate import estimate
 
     models = _models(args.arch)

@@ -23,9 +23,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mixgraph.nodes.models.cast import Int8Conv2d  # noqa: E402
-from mixgraph.nodes.models.synthetic import SD15_UNET  # noqa: E402
-from mixgraph.nodes.models.unet import UNetModel  # noqa: E402
+from mixgraph.nodes.weights.cast import Int8Conv2d  # noqa: E402
+from mixgraph.nodes.weights.synthetic import SD15_UNET  # noqa: E402
+from mixgraph.nodes.families.sd.unet import UNetModel  # noqa: E402
 
 
 def conv_calls(size: int) -> collections.Counter:

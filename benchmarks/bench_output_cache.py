@@ -44,7 +44,7 @@ def child(args: argparse.Namespace) -> None:
     from mixgraph.graph.env import Env
     from mixgraph.graph.executor import Executor
     from mixgraph.graph.persist import DiskCache, TieredCache
-    from mixgraph.nodes.models import store
+    from mixgraph.nodes.weights import store
     from mixgraph.ui import api
 
     root = Path(args.root)
@@ -107,7 +107,7 @@ def main() -> None:
         child(args)
         return
 
-    from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
+    from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="mixgraph-pcache-") as tmp:
         root = Path(tmp)

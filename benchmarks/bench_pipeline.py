@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_runtime import BENCH_DIR, full_checkpoint, warm_page_cache  # noqa: E402
-from mixgraph.ui.bench_precision import (emit_child_result, fmt_bytes, fmt_s, format_table, parse_precision_list,  # noqa: E402
-                         peak_rss_bytes, rss_bytes, run_child, run_measured)
+from mixgraph.ui.bench.bench_precision import (emit_child_result, fmt_bytes, fmt_s,  # noqa: E402
+                                               format_table, parse_precision_list, peak_rss_bytes, rss_bytes,
+                                               run_child, run_measured)
 
 ROOT = Path(__file__).resolve().parents[1]
 WF_A = ROOT / "workflows" / "txt2img_sd15.json"
@@ -83,7 +84,7 @@ def _text_encodes(m: dict, wf_nodes: dict) -> list[str]:
 def child(spec: str, env_kw: dict) -> dict:
     """One precision: cold run, seed-only re-run, alternation (see the module docstring)."""
     from mixgraph.ui import api
-    from mixgraph.nodes.models import store
+    from mixgraph.nodes.weights import store
 
     ex = api.default_executor()
     classes = {k: c.class_type for wf in (WF_A, WF_B) for k, c in api.load(str(wf), ex.registry).prompt.items()}

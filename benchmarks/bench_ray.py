@@ -1,6 +1,6 @@
 """Ray scale-out benchmark: `mixgraph serve --ray` against the plain server.
 
-Two tiny generated SD1.5 checkpoints (`nodes.models.synthetic`, ~21 MB each), a 64x64 2-step
+Two tiny generated SD1.5 checkpoints (`nodes.weights.synthetic`, ~21 MB each), a 64x64 2-step
 txt2img prompt (euler), servers in this process (aiohttp test servers, as the tests run them), a
 local Ray instance with one CPU per worker. Parts:
 
@@ -68,7 +68,7 @@ def _prompt(ckpt: str, seed: int, steps: int = 2) -> dict:
 class Bench:
     def __init__(self, root: Path):
         from mixgraph.graph.env import Env
-        from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
+        from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
         for i, name in enumerate(("a.safetensors", "b.safetensors")):
             write_sd15_checkpoint(root / "models" / "checkpoints" / name, "tiny", seed=i)
         for d in ("in", "out", "temp"):
@@ -79,8 +79,8 @@ class Bench:
         self.runs = 0
 
     def app(self, workers: int | None, registry=None):
-        from mixgraph.ui.ray_pool import RayConfig
-        from mixgraph.ui.server import create_app
+        from mixgraph.ui.ray.ray_pool import RayConfig
+        from mixgraph.ui.server.server import create_app
         self.runs += 1
         ray = RayConfig(workers=workers, registry=registry) if workers else None
         return create_app(self.env, user_dir=self.root / f"user{self.runs}", ray=ray,
@@ -114,14 +114,14 @@ class Bench:
         if workers:
             ws = (await (await c.get("/system_stats")).json())["mixgraph_workers"]
             return sum(sum(w["weight_reads"].values()) for w in ws)
-        from mixgraph.nodes.models import store
+        from mixgraph.nodes.weights import store
         reads: dict[str, int] = {}
         for ident, n in store.stats().reads_by_source.items():
             reads[ident[1]] = max(reads.get(ident[1], 0), n)
         return sum(reads.values())
 
     async def throughput(self, workers: int | None, n: int = 16) -> dict:
-        from mixgraph.nodes.models import store
+        from mixgraph.nodes.weights import store
         store.clear()
         c = await self.client(workers)
         try:
@@ -260,7 +260,7 @@ class Bench:
 def _one_checkpoint_bytes(root: Path) -> int:
     """Bytes the weight store holds after one prompt on one checkpoint (this process)."""
     from mixgraph.graph.executor import Executor
-    from mixgraph.nodes.models import store
+    from mixgraph.nodes.weights import store
     from mixgraph.ui.api import default_registry
     b = Bench(root)
     Executor(default_registry(), b.env).run(_prompt("a.safetensors", 0))
@@ -278,7 +278,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             held = _one_checkpoint_bytes(Path(tmp))
         budget = int(held * 1.5)
         os.environ["MIXGRAPH_WEIGHT_CACHE_BYTES"] = str(budget)
-        from mixgraph.nodes.models import store
+        from mixgraph.nodes.weights import store
         store.configure(budget)
         out["weight_budget_bytes"] = budget
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")

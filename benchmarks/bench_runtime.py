@@ -2,7 +2,7 @@
 diffusers' UNet2DConditionModel on the same weights.
 
 The checkpoint is a full-size SD 1.5-architecture single file (UNet ~860 M parameters, plus VAE and
-text encoder) made from seeded random weights (`nodes.models.synthetic`), written once to
+text encoder) made from seeded random weights (`nodes.weights.synthetic`), written once to
 $MIXGRAPH_BENCH_DIR (default /tmp/mixgraph-bench) and reused. Random weights time the same as
 trained ones. The file is read once before measuring, so every number is from the page cache.
 
@@ -45,9 +45,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mixgraph.graph.precision import parse_spec  # noqa: E402
-from mixgraph.ui.bench_precision import (emit_child_result, fmt_bytes, fmt_s, format_table, peak_rss_bytes,  # noqa: E402
-                         rss_bytes, run_child)
-from mixgraph.nodes.models.cast import apply_precision, weight_bytes  # noqa: E402
+from mixgraph.ui.bench.bench_precision import (emit_child_result, fmt_bytes, fmt_s,  # noqa: E402
+                                               format_table, peak_rss_bytes, rss_bytes, run_child)
+from mixgraph.nodes.weights.cast import apply_precision, weight_bytes  # noqa: E402
 
 UNET_PREFIX = "model.diffusion_model."
 BENCH_DIR = Path(os.environ.get("MIXGRAPH_BENCH_DIR", "/tmp/mixgraph-bench"))
@@ -55,7 +55,7 @@ BENCH_DIR = Path(os.environ.get("MIXGRAPH_BENCH_DIR", "/tmp/mixgraph-bench"))
 
 def full_checkpoint(dtype: str = "f32", seed: int = 0) -> Path:
     """The cached full-size SD 1.5-architecture checkpoint (written on first use, atomically)."""
-    from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
+    from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
 
     path = BENCH_DIR / f"sd15-full-{dtype}-seed{seed}.safetensors"
     if not path.exists():
@@ -110,7 +110,7 @@ def ours(path: Path, spec: str):
 
 
 def bench_steps(path: Path, sizes: list[int], repeats: int) -> dict:
-    from mixgraph.nodes.models import store
+    from mixgraph.nodes.weights import store
 
     f32 = ours(path, "f32")
     bf16 = ours(path, "bf16:f32")
@@ -156,7 +156,7 @@ def load_child(variant: str, path: str, size: int) -> dict:
     from safetensors.torch import load_file
 
     from mixgraph.nodes.models.loader import load_checkpoint
-    from mixgraph.nodes.models.unet import UNetModel
+    from mixgraph.nodes.families.sd.unet import UNetModel
 
     x, t, c = step_inputs(size)
     base = rss_bytes()

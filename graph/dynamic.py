@@ -41,7 +41,7 @@ type is `COMFY_MATCHTYPE_V3` with the template id in `output_matchtypes`; an aut
   `src/core/graph/widgets/dynamicGroupWidget.ts`, 2bdf0e5) saves the group in `widgets_values`
   at the input's place as its hidden row-count widget's value followed by each row's field values
   (`Rows.widget_fields` order, each field's control value after it); its add/remove buttons and
-  notice are not saved. `graph.ui_graph.widget_inputs` reads that, `graph.ui_export` writes it.
+  notice are not saved. `graph.formats.ui_graph.widget_inputs` reads that, `graph.formats.ui_export` writes it.
 
 `Input.grow` holds a `Grow`, a `DynCombo` or `Rows`: each stands for a group of dotted inputs, and
 the scheduler asks them the same three questions (`member_names`, `group`, object_info keys).

@@ -50,7 +50,7 @@ from mixgraph.graph.report import (DependencyCycleError, ExecutionFailed, NodeEr
                                    NonFiniteOutput, RunReport, ValidationFailed)
 from mixgraph.graph.scheduler import NodePlan, Scheduler, ui_files
 from mixgraph.graph.validate import Validation, gc_paused, validate
-from mixgraph.graph.workflow import dump_api, load_workflow
+from mixgraph.graph.formats.workflow import dump_api, load_workflow
 
 __all__ = ["Executor", "RunReport", "NodeReport", "ExecutionFailed", "ValidationFailed",
            "NodeError", "Interrupted", "DependencyCycleError"]

@@ -11,7 +11,7 @@ change shows, and it is the hash model hubs publish for their files. Measured on
 shared CPU core): SHA-256 ~0.9-1.1 GB/s (CPU SHA extensions), BLAKE2b ~0.4 GB/s, so a full hash of
 a 7 GB checkpoint is seconds, once per file version thanks to the memo. A sampled hash (header and
 a few slices) would be instant but would miss a fine-tune that changes bytes between the samples,
-and the digest decides cache hits (DESIGN §5) and worker affinity (ui/ray_pool.py), so it is the
+and the digest decides cache hits (DESIGN §5) and worker affinity (ui/ray/ray_pool.py), so it is the
 whole file. It never decides anything security-related.
 
 `content_only(fingerprint)` keeps what a fingerprint says about the bytes (size and hash, as

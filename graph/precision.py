@@ -41,10 +41,10 @@ Every rule lives here once:
 - the per-use rules, in `resolve`: the handle's pinned precision beats the resolved one, a loader's
   pinned storage dtype (UNETLoader's `weight_dtype`) replaces the storage (and turns int8 off: see
   `resolve`), and a NaN-guard re-run computes in f32. Node bodies reach it through
-  `Context.policy_for` (`nodes/precision.py: effective`); the executor calls it for the re-run's
+  `Context.policy_for` (`nodes/helpers/precision.py: effective`); the executor calls it for the re-run's
   report. A model handle receives the finished policy and applies it as given.
 
-Policies are plain frozen data; `nodes/models/cast.py` reads them duck-typed (`PolicyLike`).
+Policies are plain frozen data; `nodes/weights/cast.py` reads them duck-typed (`PolicyLike`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The parsed prompt the engine sees: nodes, links, precision regions (frozen dataclasses).
 
-Every workflow file format (`graph.workflow`: API and envelope; `graph.ui_format`: the UI
+Every workflow file format (`graph.formats.workflow`: API and envelope; `graph.formats.ui_format`: the UI
 format) is read into these types, and validation, planning and execution take nothing else.
 `WorkflowError` (with `pydantic_message` for its text) is what a file that cannot be read raises.
 """

@@ -219,7 +219,7 @@ class NodeSpec:
     validate: Callable[..., list[str]] | None = None
     python_module: str = "nodes"
     precision_types: tuple[str, ...] = ()
-    # ComfyUI custom nodes (mixgraph.ui.comfy_adapter): `extra_inputs` passes linked inputs the
+    # ComfyUI custom nodes (mixgraph.ui.comfy.comfy_adapter): `extra_inputs` passes linked inputs the
     # spec does not declare to fn as keywords (a V1 FUNCTION with **kwargs, ComfyUI's rule: links
     # only, undeclared literals are dropped); `info_extra` holds object_info keys rendered as
     # given (output_tooltips, deprecated, experimental, ...).

@@ -1,5 +1,10 @@
-"""The node library (declarations) and the model runtime they call (mixgraph.nodes.models and
-mixgraph.nodes.sampling), with the edge payloads both use (mixgraph.nodes.payloads).
+"""The node library and the model runtime it calls, one folder per concept.
+
+Declarations: `declare/` (one subfolder per concept; `library.py` lists every module) and the
+plain functions they call, `helpers/`. Runtime (plain PyTorch, no import of graph/ or ui/):
+`families/` (the family seam and one folder per model family), `encoders/`, `vae/`, `adapters/`,
+`weights/`, `image_models/`, `models/` (handles, the loader, shared layers), `sampling/`, and the
+edge payloads both sides use, `payloads/`.
 
 Importing `nodes` registers no node; `register_all()` (called by mixgraph.ui.api.load_node_library)
 imports the declaration modules, so `nodes.models` stays usable from a notebook without the

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import model_patch_nodes  # noqa: F401  (register)
+from mixgraph.nodes.declare.model_patches import model_patch_nodes  # noqa: F401  (register)
 from mixgraph.nodes.sampling.cfg_patches import APG, GuidanceArgs
 
 

@@ -21,10 +21,10 @@ from mixgraph.graph.executor import Executor
 from mixgraph.graph.node import Combo, Float, Int, Socket, node
 from mixgraph.graph.registry import Registry
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import Link, NodeCall
-from mixgraph.nodes.image_nodes import SaveImage
+from mixgraph.graph.formats.workflow import Link, NodeCall
+from mixgraph.nodes.declare.image.image_nodes import SaveImage
 from mixgraph.ui.cli import main
-from mixgraph.ui.server import create_app
+from mixgraph.ui.server.server import create_app
 from tests import toy_nodes as toy
 from tests.test_server import env, png_bytes, raw_upload, upload_form  # noqa: F401 (fixture)
 from tests.toy_nodes import call, link

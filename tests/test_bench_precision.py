@@ -6,9 +6,9 @@ import math
 import torch
 
 from mixgraph.ui.cli import main
-from mixgraph.ui.bench_precision import parse_precision_list, psnr, ssim
+from mixgraph.ui.bench.bench_precision import parse_precision_list, psnr, ssim
 from mixgraph.ui.demo import DEMO_CHECKPOINT, demo_workflow
-from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
+from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
 
 
 def test_bench_precision_json_reports_each_precision_against_f32(tmp_path, capsys):

@@ -16,10 +16,11 @@ from safetensors.torch import save_file
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.nodes import folders
-from mixgraph.nodes.models.birefnet import (DETECTION_KEY, INVALID_MESSAGE, BackgroundRemovalError, BiRefNet,
-                                            BiRefNetConfig, load_background_removal_model, preprocess)
-from mixgraph.nodes.models.deform_conv import deform_conv2d
+from mixgraph.nodes.helpers import folders
+from mixgraph.nodes.image_models.birefnet import (DETECTION_KEY, INVALID_MESSAGE, BackgroundRemovalError,
+                                                  BiRefNet, BiRefNetConfig, load_background_removal_model,
+                                                  preprocess)
+from mixgraph.nodes.image_models.deform_conv import deform_conv2d
 from mixgraph.ui import api
 
 TINY = BiRefNetConfig(embed_dim=8, depths=(2, 1, 1, 1), num_heads=(1, 2, 2, 4), window_size=3,

@@ -15,7 +15,7 @@ import pytest
 
 from mixgraph.graph.cache import persisted_key, structural_key
 from mixgraph.graph.fingerprint import FileContent, FileFingerprint, Fingerprinter, content_only
-from mixgraph.nodes.models import store
+from mixgraph.nodes.weights import store
 from tests.fixtures.checkpoints import write_sd15
 from tests.test_persist import executor, run
 

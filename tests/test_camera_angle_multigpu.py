@@ -11,9 +11,9 @@ import torch
 
 from mixgraph.graph.context import Context
 from mixgraph.graph.env import Env
-from mixgraph.nodes import camera_angle_nodes as C
-from mixgraph.nodes import multigpu_nodes as M
-from mixgraph.nodes.device_options import device_options
+from mixgraph.nodes.declare.conditioning import camera_angle_nodes as C
+from mixgraph.nodes.declare.loaders import multigpu_nodes as M
+from mixgraph.nodes.helpers.device_options import device_options
 from mixgraph.ui import api
 
 INFO = api.default_registry().object_info()

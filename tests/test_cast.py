@@ -12,17 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixgraph.nodes.models.cast import (
-    CastConv2d,
-    CastGroupNorm,
-    CastLayer,
-    Int8Conv2d,
-    Int8Linear,
-    apply_precision,
-    int8_conv_gemm_shape,
-    weight_bytes,
-)
-from mixgraph.nodes.models.unet import CrossAttention, sdxl_adm
+from mixgraph.nodes.weights.cast import (CastConv2d, CastGroupNorm, CastLayer, Int8Conv2d, Int8Linear,
+                                         apply_precision, int8_conv_gemm_shape, weight_bytes)
+from mixgraph.nodes.families.sd.unet import CrossAttention, sdxl_adm
 from tests.fixtures.tiny_unet import TINY_POOLED, tiny_unet, tiny_unet_config
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -283,14 +275,14 @@ def test_no_stray_half_calls_in_runtime():
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if re.search(r"\.(half|bfloat16)\(\)", line.split("#")[0])
     ]
-    assert not bad, f"use nodes.models.cast.apply_precision instead of .half()/.bfloat16(): {bad}"
+    assert not bad, f"use nodes.weights.cast.apply_precision instead of .half()/.bfloat16(): {bad}"
 
 
 def test_apply_precision_keep_stored_embedding_table_is_shared_as_is():
     """CLIP's token table keeps the dtype it arrives in (an f32 file's view stays lazily paged);
     the layer still returns compute-dtype rows and other weights take the storage dtype."""
-    from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
-    from mixgraph.nodes.models.store import dtype_rule
+    from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel
+    from mixgraph.nodes.weights.store import dtype_rule
 
     cfg = CLIPTextConfig(vocab_size=64, width=32, layers=1, heads=2, max_positions=8,
                          intermediate=64, projection_dim=None, activation="quick_gelu")

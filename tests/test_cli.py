@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mixgraph.ui.bench_engine import run_bench
+from mixgraph.ui.bench.bench_engine import run_bench
 from mixgraph.ui.cli import main
 from tests import toy_nodes as toy
 from tests.toy_nodes import call, link

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel, open_clip_to_hf, to_hf_layout
+from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel, open_clip_to_hf, to_hf_layout
 from tests.fixtures.tiny_clip import tiny_clip_l_hf_config, tiny_clip_l_state_dict, tiny_open_clip_state_dict
 
 # SD1-style (pad with the end token) and OpenCLIP-style (pad with 0) rows

@@ -13,10 +13,10 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models.clip_vision import CLIPVisionConfig, clip_preprocess
-from mixgraph.nodes.models.clip_vision_handle import load_clip_vision
-from mixgraph.nodes.models.style_model import StyleAdapter, load_style_model
-from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
+from mixgraph.nodes.encoders.clip_vision import CLIPVisionConfig, clip_preprocess
+from mixgraph.nodes.encoders.clip_vision_handle import load_clip_vision
+from mixgraph.nodes.adapters.style_model import StyleAdapter, load_style_model
+from mixgraph.nodes.families.sd.unclip import NoiseAugmentor, unclip_adm
 from mixgraph.nodes.payloads.conditioning import Cond, UnclipEntry
 from mixgraph.ui import api
 from tests.fixtures.tiny_vision import (
@@ -269,7 +269,7 @@ def test_style_model_apply_end_to_end(models, tmp_path):
 
 def test_sdxl_revision_uses_the_noised_image_embedding_as_pooled_text():
     from mixgraph.nodes.families.sd.runner import UNetRunner
-    from mixgraph.nodes.models.unet import sdxl_adm
+    from mixgraph.nodes.families.sd.unet import sdxl_adm
     from tests.fixtures.tiny_unet import TINY_POOLED, tiny_unet_config
 
     class _H:
@@ -287,7 +287,7 @@ def test_sdxl_revision_uses_the_noised_image_embedding_as_pooled_text():
 
 
 def test_unclip_entries_cross_the_custom_node_boundary():
-    from mixgraph.ui.comfy_payloads import cond_from_comfy, cond_to_comfy
+    from mixgraph.ui.comfy.comfy_payloads import cond_from_comfy, cond_to_comfy
 
     embeds = torch.randn(2, 8)
     cond = Cond(torch.zeros(1, 77, 32), unclip=(UnclipEntry(embeds, 0.5, 0.2),))

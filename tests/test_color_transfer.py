@@ -10,8 +10,8 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes.color_transfer import color_transfer, lab_to_rgb, mkl_matrix, rgb_to_lab
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.helpers.color_transfer import color_transfer, lab_to_rgb, mkl_matrix, rgb_to_lab
 from mixgraph.ui import api
 
 REG = api.default_registry()

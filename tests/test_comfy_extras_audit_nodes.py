@@ -11,7 +11,7 @@ from PIL import Image
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.nodes import image_filters, image_ops, latent_ops
+from mixgraph.nodes.helpers import image_filters, image_ops, latent_ops
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.ui import api
 

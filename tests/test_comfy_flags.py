@@ -1,4 +1,4 @@
-"""`mixgraph serve` with ComfyUI's own server flags (ui/comfy_flags.py): the flags map onto
+"""`mixgraph serve` with ComfyUI's own server flags (ui/comfy/comfy_flags.py): the flags map onto
 mixgraph's settings with ComfyUI's meaning, inapplicable ones print a note, and the safety rules
 (token beyond loopback, foreign-Origin refusal) stay in force, CORS included."""
 
@@ -21,9 +21,9 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.ui.cli import build_parser, main
-from mixgraph.ui.comfy_flags import FlagError, serve_options
-from mixgraph.ui.security import SecurityError
-from mixgraph.ui.server import create_app
+from mixgraph.ui.comfy.comfy_flags import FlagError, serve_options
+from mixgraph.ui.server.security import SecurityError
+from mixgraph.ui.server.server import create_app
 from tests import toy_nodes as toy
 from tests.test_editor_browser import _free_port
 from tests.test_server import diamond, png_bytes

@@ -2,7 +2,7 @@
 
 The fixtures (tests/fixtures/comfy_templates, sources and licences in its README) are ComfyUI's
 workflow templates and ComfyUI_examples workflows, in the editor's UI format. Each is loaded the
-way `mixgraph run` and `POST /prompt` load a UI file (`graph.workflow.load_workflow`), every
+way `mixgraph run` and `POST /prompt` load a UI file (`graph.formats.workflow.load_workflow`), every
 model file it names is generated as a tiny seeded model of the right kind under exactly that
 name, and it is validated and run end to end through the executor.
 
@@ -29,7 +29,7 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15, write_sd2, write_sdxl, write_sdxl_refiner, write_unet
 from tests.fixtures.workflow_models import (write_controlnet, write_embedding_pt, write_family_marker, write_gligen,

@@ -14,8 +14,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models import cond_file, loader
-from mixgraph.nodes.models.controlnet import ControlNetChain
+from mixgraph.nodes.weights import cond_file
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.adapters.controlnet import ControlNetChain
 from mixgraph.nodes.payloads.conditioning import Cond, SizeCond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 from mixgraph.ui import api

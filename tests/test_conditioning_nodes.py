@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from mixgraph.nodes import cond_ops
+from mixgraph.nodes.helpers import cond_ops
 from mixgraph.nodes.payloads.conditioning import Cond, SizeCond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling, resolve_area_and_mask
 from mixgraph.ui import api

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.context_window_nodes import ContextWindowsManual
+from mixgraph.nodes.declare.model_patches.context_window_nodes import ContextWindowsManual
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import context_windows as cw

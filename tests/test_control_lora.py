@@ -1,5 +1,5 @@
 """ControlLoRA (Stability's control-lora files): the net is built on the sampled model's UNet
-(``nodes.models.control_lora``)."""
+(``nodes.adapters.control_lora``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models.control_lora import ControlLoraHandle, ControlLoraRunner
-from mixgraph.nodes.models.controlnet import convert_controlnet_state_dict
+from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, ControlLoraRunner
+from mixgraph.nodes.adapters.controlnet import convert_controlnet_state_dict
 from mixgraph.nodes.models.loader import load_checkpoint, load_controlnet
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sdxl

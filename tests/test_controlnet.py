@@ -1,4 +1,4 @@
-"""ControlNet model, file conversion and chain (nodes/models/controlnet.py) on tiny seeded nets."""
+"""ControlNet model, file conversion and chain (nodes/adapters/controlnet.py) on tiny seeded nets."""
 
 from __future__ import annotations
 
@@ -8,15 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mixgraph.nodes.models.cast import apply_precision
-from mixgraph.nodes.models.controlnet import (
-    ControlNetChain,
-    ControlNetModel,
-    controlnet_config_from_state_dict,
-    convert_controlnet_state_dict,
-    resize_hint,
-)
-from mixgraph.nodes.models.unet import timestep_embedding
+from mixgraph.nodes.weights.cast import apply_precision
+from mixgraph.nodes.adapters.controlnet import (ControlNetChain, ControlNetModel,
+                                                controlnet_config_from_state_dict,
+                                                convert_controlnet_state_dict, resize_hint)
+from mixgraph.nodes.families.sd.unet import timestep_embedding
 from tests.fixtures.tiny_lora import (
     TINY_POOLED,
     diffusers_controlnet_config,

@@ -1,4 +1,4 @@
-"""ControlNet++ union ControlNets (nodes/models/controlnet_union.py) and ComfyUI's nodes_controlnet.py
+"""ControlNet++ union ControlNets (nodes/adapters/controlnet_union.py) and ComfyUI's nodes_controlnet.py
 (SetUnionControlNetType, ControlNetInpaintingAliMamaApply): spec, loading a tiny union SDXL net in
 the xinsir file layout, its union parts against the formulas written out here, sampling through
 ControlNetApplyAdvanced + KSampler, and the nodes on plain ControlNets."""
@@ -14,12 +14,13 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.controlnet_extra_nodes import SetUnionControlNetType
-from mixgraph.nodes.models.controlnet import (ControlNetChain, ControlNetModel, controlnet_config_from_state_dict,
-                                              convert_controlnet_state_dict)
-from mixgraph.nodes.models.controlnet_union import UNION_CONTROLNET_TYPES, UnionConfig
+from mixgraph.nodes.declare.conditioning.controlnet_extra_nodes import SetUnionControlNetType
+from mixgraph.nodes.adapters.controlnet import (ControlNetChain, ControlNetModel,
+                                                controlnet_config_from_state_dict,
+                                                convert_controlnet_state_dict)
+from mixgraph.nodes.adapters.controlnet_union import UNION_CONTROLNET_TYPES, UnionConfig
 from mixgraph.nodes.models.loader import load_controlnet
-from mixgraph.nodes.models.unet import timestep_embedding
+from mixgraph.nodes.families.sd.unet import timestep_embedding
 from mixgraph.ui import api
 from tests.fixtures.tiny_lora import (tiny_controlnet_state_dict, tiny_union_controlnet_state_dict,
                                       to_diffusers_controlnet)

@@ -11,8 +11,8 @@ import pytest
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.graph.ui_export import to_ui
-from mixgraph.graph.ui_format import convert_ui
+from mixgraph.graph.formats.ui_export import to_ui
+from mixgraph.graph.formats.ui_format import convert_ui
 from mixgraph.ui import api
 
 REG = api.default_registry()

@@ -21,12 +21,12 @@ from mixgraph.graph.executor import Executor, NodeError, ValidationFailed
 from mixgraph.graph.registry import Registry
 from mixgraph.graph.spec import NodeSpec
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.ui import comfy_runtime, custom_nodes
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.ui.comfy import comfy_runtime, custom_nodes
 from mixgraph.ui.api import default_registry
 from mixgraph.ui.cli import main
-from mixgraph.ui.comfy_adapter import ENGINE_DYNAMIC
-from mixgraph.ui.server import create_app
+from mixgraph.ui.comfy.comfy_adapter import ENGINE_DYNAMIC
+from mixgraph.ui.server.server import create_app
 from tests.test_server import post_prompt, wait_history, ws_until_done
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,11 +17,11 @@ from safetensors.torch import load_file, save_file
 from mixgraph.graph.cache import make_cache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
-from mixgraph.ui import custom_nodes
-from mixgraph.ui.comfy_adapter import ENGINE_DYNAMIC
-from mixgraph.ui.server import create_app
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
+from mixgraph.ui.comfy import custom_nodes
+from mixgraph.ui.comfy.comfy_adapter import ENGINE_DYNAMIC
+from mixgraph.ui.server.server import create_app
 from tests.test_custom_nodes import PACKS, env, fresh_registry, loaded, pack_module  # noqa: F401
 from tests.test_server import post_prompt, wait_history, ws_until_done
 

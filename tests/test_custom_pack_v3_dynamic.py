@@ -9,7 +9,7 @@ import pytest
 
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.executor import Executor, ValidationFailed
-from mixgraph.ui import custom_nodes
+from mixgraph.ui.comfy import custom_nodes
 from tests.test_custom_nodes import env, fresh_registry  # noqa: F401
 
 PACK = '''

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import custom_sampling_nodes  # noqa: F401  (registers the nodes)
+from mixgraph.nodes.declare.sampling import custom_sampling_nodes  # noqa: F401  (registers the nodes)
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.sampling import Guidance, Sampler

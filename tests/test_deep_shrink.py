@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixgraph.nodes.models.unet_patches import DeepShrink
+from mixgraph.nodes.families.sd.unet_patches import DeepShrink
 from mixgraph.nodes.sampling.parameterization import ModelSampling
 from mixgraph.ui import api
 

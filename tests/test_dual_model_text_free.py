@@ -14,10 +14,10 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes import custom_sampling_nodes as csn
+from mixgraph.nodes.declare.sampling import custom_sampling_nodes as csn
 from mixgraph.nodes.models import loader
-from mixgraph.nodes.models.synthetic import module_shapes, random_state_dict
-from mixgraph.nodes.models.unet import UNetConfig, UNetModel, context_free_mismatch
+from mixgraph.nodes.weights.synthetic import module_shapes, random_state_dict
+from mixgraph.nodes.families.sd.unet import UNetConfig, UNetModel, context_free_mismatch
 from mixgraph.nodes.payloads.conditioning import TEXT_FREE, Cond
 from mixgraph.nodes.payloads.sampling import Guidance
 from mixgraph.nodes.sampling.guidance import build_denoiser

@@ -16,10 +16,10 @@ from mixgraph.graph.env import Env
 from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, String, node
 from mixgraph.graph.prompt import Link
 from mixgraph.graph.registry import Registry
-from mixgraph.graph.ui_export import to_ui
-from mixgraph.graph.ui_format import convert_ui
+from mixgraph.graph.formats.ui_export import to_ui
+from mixgraph.graph.formats.ui_format import convert_ui
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.ui import api
 
 

@@ -15,7 +15,7 @@ from mixgraph.graph.node import Boolean, Combo, Float, Int, Output, Socket, Stri
 from mixgraph.graph.prompt import Link
 from mixgraph.graph.registry import Registry
 from mixgraph.graph.validate import format_problems, validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 
 T = MatchTemplate("t")
 NUMERIC = MatchTemplate("n", ("INT", "FLOAT"))

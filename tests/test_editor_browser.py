@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -67,7 +67,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _start_server(tmp: Path, deadline: float, returning: bool = True) -> tuple[subprocess.Popen, str]:
-    from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
+    from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
     write_sd15_checkpoint(tmp / "models" / "checkpoints" / "sd15.safetensors", "tiny")
     user = tmp / "user" / "default"          # `mixgraph serve`'s user folder, under its cwd
     user.mkdir(parents=True)
@@ -100,7 +100,7 @@ def _browser_or_skip():
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.skip("the 'playwright' Python package is not installed (pip install playwright)")
-    from mixgraph.ui.frontend import frontend_root
+    from mixgraph.ui.server.frontend import frontend_root
     if frontend_root() is None:
         pytest.skip("comfyui-frontend-package is not installed")
     return sync_playwright
@@ -132,7 +132,7 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
                 page.goto(url + "/", wait_until="domcontentloaded")
 
                 # Ready: the graph app exists, the catalogue from /object_info is registered and
-                # our extension (ui/web/mixgraph.js, listed by /extensions) has run.
+                # our extension (ui/server/web/mixgraph.js, listed by /extensions) has run.
                 page.wait_for_function(
                     "() => !!(window.app?.graph && window.app?.canvas"
                     " && window.LiteGraph?.registered_node_types?.KSampler"
@@ -179,7 +179,7 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
                 sent = page.evaluate("() => window.app.graphToPrompt()")
                 from mixgraph.ui.api import default_registry
                 from mixgraph.graph.prompt import Region
-                from mixgraph.ui.server import editor_regions
+                from mixgraph.ui.server.server import editor_regions
                 wf = editor_regions(load_workflow(sent["output"], default_registry()),
                                     {"extra_pnginfo": {"workflow": sent["workflow"]}},
                                     default_registry())
@@ -317,7 +317,7 @@ def test_editor_startup_endpoints_jobs_and_stubs(tmp_path):
     from mixgraph.graph.executor import Executor
     from tests import toy_nodes as toy
     from mixgraph.nodes.models.shapes import EMBEDDED_CHECKPOINT
-    from mixgraph.ui.server import SERVER_KEY, create_app
+    from mixgraph.ui.server.server import SERVER_KEY, create_app
 
     for d in ("in", "out", "temp", "models/checkpoints/sub"):
         (tmp_path / d).mkdir(parents=True)
@@ -400,9 +400,9 @@ def test_editor_templates_serve_workflows_graphs_and_thumbnails(tmp_path):
     from aiohttp.test_utils import TestClient, TestServer
 
     from mixgraph.graph.env import Env
-    from mixgraph.graph.ui_format import convert_ui
+    from mixgraph.graph.formats.ui_format import convert_ui
     from mixgraph.ui.api import default_registry, load
-    from mixgraph.ui.server import create_app
+    from mixgraph.ui.server.server import create_app
 
     env = Env(models=(tmp_path / "models",), input=tmp_path / "in", output=tmp_path / "out",
               temp=tmp_path / "temp")

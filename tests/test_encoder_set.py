@@ -1,5 +1,5 @@
 """Text encoders as a set: a CLIP handle of any named encoders, each with its own precision role,
-tokenizer and output rule (``nodes/models/encoder_set.py``)."""
+tokenizer and output rule (``nodes/encoders/encoder_set.py``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import torch
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models import loader, store
-from mixgraph.nodes.models.encoder_set import OutputRule, get_tokenizer, register_tokenizer, tokenizer_names
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.weights import store
+from mixgraph.nodes.encoders.encoder_set import OutputRule, get_tokenizer, register_tokenizer, tokenizer_names
 from mixgraph.nodes.models.handles import ClipHandle
-from mixgraph.nodes.models.lora import load_lora_patches
-from mixgraph.nodes.models.tokenizer import END_TOKEN, CLIPTokenizer
+from mixgraph.nodes.adapters.lora import load_lora_patches
+from mixgraph.nodes.encoders.tokenizer import END_TOKEN, CLIPTokenizer
 from tests.fixtures import checkpoints as C
 from tests.fixtures.tiny_lora import CLIP_TARGETS, lora_file
 

@@ -10,7 +10,7 @@ import torch
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes import speed_patch_nodes as N
+from mixgraph.nodes.declare.model_patches import speed_patch_nodes as N
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import cfg_patches, eps_patches, step_cache

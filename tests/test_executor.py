@@ -208,7 +208,7 @@ def test_executor_undeclared_precision_type_is_an_error(ex):
 
 def test_executor_region_beats_run_default(ex):
     from mixgraph.graph.prompt import PrecisionConfig, Region, Workflow
-    from mixgraph.graph.workflow import load_workflow
+    from mixgraph.graph.formats.workflow import load_workflow
     wf = load_workflow(nan_wf(), REG)
     wf = Workflow(wf.prompt, PrecisionConfig("bf16", (Region("vae", frozenset({"3"}), "f16:f32"),)))
     r = ex.run(wf, precision="bf16")
@@ -267,7 +267,7 @@ def test_api_run_builds_graph_in_code_and_shares_cache(ex, env):
 
 
 def test_executor_same_workflow_object_rechecks_file_and_literals_each_run(ex, env):
-    from mixgraph.graph.workflow import load_workflow
+    from mixgraph.graph.formats.workflow import load_workflow
     f = env.input / "a.txt"
     f.write_text("one")
     wf = load_workflow({"1": call("ReadText", path="a.txt"), "2": call("ShowText", text=link(1)),

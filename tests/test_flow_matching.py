@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mixgraph.graph.codec import TreeCodec
-from mixgraph.nodes import persistable
+from mixgraph.nodes.helpers import persistable
 from mixgraph.nodes.families.base import PREDICTIONS as FAMILY_PREDICTIONS
 from mixgraph.nodes.families.base import Sampling
-from mixgraph.nodes.models.latent_format import LatentFormat
+from mixgraph.nodes.vae.latent_format import LatentFormat
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import samplers
@@ -22,7 +22,7 @@ from mixgraph.nodes.sampling.noise import default_noise_sampler, prepare_noise
 from mixgraph.nodes.sampling.parameterization import PREDICTIONS, ModelSampling
 from mixgraph.nodes.sampling.schedule_flow import flux_resolution_shift
 from mixgraph.nodes.sampling.schedules import calculate_sigmas
-from mixgraph.ui.comfy_payloads import cond_from_comfy, cond_to_comfy
+from mixgraph.ui.comfy.comfy_payloads import cond_from_comfy, cond_to_comfy
 from tests.fixtures.sampler_models import UNetSeam
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import custom_sampling_nodes  # noqa: F401  (registers the nodes)
+from mixgraph.nodes.declare.sampling import custom_sampling_nodes  # noqa: F401  (registers the nodes)
 from mixgraph.nodes.sampling.schedule_tables import GITS_NOISE_LEVELS
 from mixgraph.nodes.sampling.sigma_tools import gits_sigmas
 

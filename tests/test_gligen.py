@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models.gligen import GligenBoxes, fourier_embed, grounding_patch, load_gligen
+from mixgraph.nodes.adapters.gligen import GligenBoxes, fourier_embed, grounding_patch, load_gligen
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 from mixgraph.ui import api

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes import guidance_extra_nodes as N
+from mixgraph.nodes.declare.model_patches import guidance_extra_nodes as N
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import cfg_patches, cfg_patches_extra as P

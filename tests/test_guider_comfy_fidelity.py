@@ -39,7 +39,7 @@ def _negative_pred(runner, negative, x, sigma):
 
 
 def test_dual_model_guider_negative_pass_uses_the_first_models_unet_patches(ckpts):
-    from mixgraph.nodes import model_patch_nodes as N
+    from mixgraph.nodes.declare.model_patches import model_patch_nodes as N
     first, _, _ = loader.load_checkpoint(ckpts[0])
     second, _, _ = loader.load_checkpoint(ckpts[1])
     first_freeu = N.FreeU(first, 1.3, 1.4, 0.5, 0.2)[0]
@@ -104,7 +104,7 @@ def test_perp_neg_apg_rewrites_positive_and_passes_the_empty_prediction_through(
 
 def test_hooks_model_as_lora_adds_the_difference_to_lora_patched_weights(ckpts, tmp_path):
     from mixgraph.nodes.models.hooks import clip_patches, unet_patches
-    from mixgraph.nodes.models.lora import load_lora_patches
+    from mixgraph.nodes.adapters.lora import load_lora_patches
     from mixgraph.nodes.payloads.hooks import ModelWeights, WeightHook
     from tests.fixtures.workflow_models import write_lora
     lora_path = write_lora(tmp_path / "lora.safetensors", ckpts[0], seed=5)
@@ -128,7 +128,7 @@ def test_hooks_model_as_lora_adds_the_difference_to_lora_patched_weights(ckpts, 
 
     def enc(c):
         from mixgraph.nodes.models.handles import _materialize
-        from mixgraph.nodes.models.clip import CLIPTextModel
+        from mixgraph.nodes.encoders.clip import CLIPTextModel
         patches = tuple(p for p in c.patches if getattr(p, "target", name) == name)
         return _materialize(name, c.encoder(name).source, c.encoder(name).config, F32.storage,
                             patches, CLIPTextModel).state_dict()

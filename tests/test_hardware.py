@@ -16,9 +16,9 @@ from mixgraph.graph.precision import (CPU_FLAGS_ENV, DeviceCaps, PrecisionError,
                                       hardware_section, parse_precision_arg, parse_spec,
                                       preset_spec, preset_table)
 from mixgraph.graph.prompt import PrecisionConfig, Region
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes.models.cast import apply_precision, precision_bytes, weight_bytes
-from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.weights.cast import apply_precision, precision_bytes, weight_bytes
+from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
 from mixgraph.ui import api
 from mixgraph.ui.cli import main
 from mixgraph.ui.estimate import estimate, refusal, trace_peak
@@ -233,7 +233,7 @@ def test_cli_estimate_json_and_validate_memory(tiny, tmp_path, capsys):
 
 
 def test_server_system_stats_and_estimate_endpoint(tiny, tmp_path):
-    from mixgraph.ui.server import create_app
+    from mixgraph.ui.server.server import create_app
 
     env = Env.from_args(models=str(tiny / "models"), input=str(tiny / "input"),
                         output=str(tmp_path / "out"))
@@ -258,7 +258,7 @@ def test_server_refuses_a_prompt_that_cannot_fit_and_keeps_serving(tiny):
     """POST /prompt with a batch far beyond this machine's memory: ComfyUI's error body with
     type `insufficient_memory`, naming the estimate; nothing is queued, and a prompt that fits
     is still accepted."""
-    from mixgraph.ui.server import create_app
+    from mixgraph.ui.server.server import create_app
 
     env = Env.from_args(models=str(tiny / "models"), input=str(tiny / "input"),
                         output=str(tiny / "output"), temp=str(tiny / "temp"))

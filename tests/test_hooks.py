@@ -10,7 +10,7 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.report import NodeError, ValidationFailed
-from mixgraph.nodes.hook_ops import interpolated_keyframes, keyframe, keyframes_from_floats
+from mixgraph.nodes.helpers.hook_ops import interpolated_keyframes, keyframe, keyframes_from_floats
 from mixgraph.nodes.models.hooks import clip_schedule
 from mixgraph.nodes.payloads.hooks import HookGroup, HookKeyframe, HookKeyframes, WeightHook
 from mixgraph.nodes.sampling.hooks import KeyframeState

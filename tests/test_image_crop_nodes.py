@@ -14,8 +14,8 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes import crop_ops
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.helpers import crop_ops
 from mixgraph.ui import api
 
 REG = api.default_registry()

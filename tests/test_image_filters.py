@@ -1,10 +1,10 @@
 """Morphology, Canny and ImageAddNoise: specs as ComfyUI's and values derived by hand on small
-images (kornia's definitions, module docstring of nodes/image_filters.py)."""
+images (kornia's definitions, module docstring of nodes/helpers/image_filters.py)."""
 
 import pytest
 import torch
 
-from mixgraph.nodes import image_filters as F
+from mixgraph.nodes.helpers import image_filters as F
 from mixgraph.ui import api
 
 INFO = api.default_registry().object_info()
@@ -88,7 +88,7 @@ def test_canny_finds_both_sides_of_a_bright_line_and_nothing_in_flat_areas():
 
 
 def test_canny_node_output_is_three_channel_image():
-    from mixgraph.nodes.image_filter_nodes import Canny
+    from mixgraph.nodes.declare.image.image_filter_nodes import Canny
     img = torch.zeros(2, 8, 8, 3)
     img[:, 2:6, 2:6] = 1.0
     (out,) = Canny(img, 0.2, 0.5)
@@ -127,7 +127,7 @@ def test_porter_duff_spec_and_hand_values():
 
 
 def test_porter_duff_node_resizes_source_to_destination():
-    from mixgraph.nodes.image_filter_nodes import PorterDuffImageComposite
+    from mixgraph.nodes.declare.image.image_filter_nodes import PorterDuffImageComposite
     src = torch.full((2, 4, 4, 3), 0.6)
     dst = torch.full((1, 8, 8, 3), 0.3)
     img, mask = PorterDuffImageComposite(src, torch.zeros(2, 4, 4), dst, torch.zeros(1, 8, 8), "SRC")
@@ -190,7 +190,7 @@ def test_save_animated_webp_and_png_frames_and_metadata(tmp_path):
 
     from PIL import Image
 
-    from mixgraph.nodes import image_animation as A
+    from mixgraph.nodes.helpers import image_animation as A
     frames = torch.stack([torch.full((4, 6, 3), v) for v in (0.0, 0.5, 1.0)])
     (w,) = A.save_animated_webp(frames, tmp_path, "anim/x", 4.0, True, 80, "default", prompt={"1": {}},
                                 extra_pnginfo={"workflow": {"a": 1}})

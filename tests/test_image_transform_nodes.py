@@ -3,7 +3,7 @@ on small hand-built images."""
 
 import torch
 
-from mixgraph.nodes import image_ops
+from mixgraph.nodes.helpers import image_ops
 from mixgraph.ui import api
 
 INFO = api.default_registry().object_info()

@@ -7,15 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from mixgraph.nodes.models.cast import (
-    CastConv2d,
-    Int8Conv2d,
-    Int8Linear,
-    apply_precision,
-    int8_conv_gemm_shape,
-    precision_bytes,
-    weight_bytes,
-)
+from mixgraph.nodes.weights.cast import (CastConv2d, Int8Conv2d, Int8Linear, apply_precision,
+                                         int8_conv_gemm_shape, precision_bytes, weight_bytes)
 from tests.fixtures.tiny_unet import tiny_unet, tiny_unet_config
 from tests.test_cast import Policy as CastPolicy
 
@@ -178,8 +171,8 @@ def test_int8_policy_on_tiny_sd15_unet_converts_convs_and_stays_close_to_f32():
 
 @torch.no_grad()
 def test_int8_policy_leaves_the_tiny_vae_f32():
-    from mixgraph.nodes.models.synthetic import TINY_VAE, module_shapes, random_state_dict
-    from mixgraph.nodes.models.vae import AutoencoderKL
+    from mixgraph.nodes.weights.synthetic import TINY_VAE, module_shapes, random_state_dict
+    from mixgraph.nodes.vae.vae import AutoencoderKL
 
     vae = AutoencoderKL(TINY_VAE)
     vae.load_state_dict(random_state_dict(module_shapes(lambda: AutoencoderKL(TINY_VAE)), seed=0))

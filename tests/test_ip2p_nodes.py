@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.ip2p_nodes import crop_to_multiple_of_8
+from mixgraph.nodes.declare.conditioning.ip2p_nodes import crop_to_multiple_of_8
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 from mixgraph.ui import api

@@ -1,5 +1,5 @@
 """A real crash: `mixgraph serve` killed with SIGKILL while a prompt runs, then started again on
-the same user directory. The job store (ui/jobstore.py) must bring back the history (with the
+the same user directory. The job store (ui/server/jobstore.py) must bring back the history (with the
 image still viewable), mark the running prompt interrupted, run the pending ones, and let the
 interrupted one be re-queued. Tiny generated SD1.5 checkpoint, CPU, no network."""
 
@@ -88,8 +88,8 @@ def _entry(url: str, pid: str) -> dict | None:
 
 
 def test_jobs_survive_kill_9_and_interrupted_prompt_requeues(tmp_path):
-    from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
-    from mixgraph.ui.queue import STOPPED_MESSAGE
+    from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
+    from mixgraph.ui.server.queue import STOPPED_MESSAGE
     write_sd15_checkpoint(tmp_path / "models" / "checkpoints" / "sd15.safetensors", "tiny")
     deadline = time.monotonic() + 240
     proc, url = _spawn(tmp_path, time.monotonic() + 60)

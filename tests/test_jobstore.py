@@ -1,4 +1,4 @@
-"""The job store (ui/jobstore.py) and the queue over it: bounded, paged history; queue rows that
+"""The job store (ui/server/jobstore.py) and the queue over it: bounded, paged history; queue rows that
 survive reopening; recovery of a queue left by a stopped process; the re-queue route; clear
 errors for a damaged or unwritable file. Toy nodes, no models (the real kill -9 test is
 tests/test_jobs_crash.py)."""
@@ -13,8 +13,8 @@ import pytest
 
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.executor import Executor
-from mixgraph.ui.jobstore import JobStore, JobStoreError
-from mixgraph.ui.queue import STOPPED_MESSAGE, PromptQueue, QueueItem
+from mixgraph.ui.server.jobstore import JobStore, JobStoreError
+from mixgraph.ui.server.queue import STOPPED_MESSAGE, PromptQueue, QueueItem
 from tests.test_server import REG, client, diamond, env, post_prompt, wait_history  # noqa: F401
 
 
@@ -86,7 +86,7 @@ def test_jobstore_damaged_or_unwritable_file_is_a_clear_error(tmp_path, monkeypa
     with pytest.raises(JobStoreError, match=str(blocker / "mixgraph")):
         JobStore(blocker / "mixgraph" / "jobs.sqlite3").open()
 
-    from mixgraph.ui.server import serve
+    from mixgraph.ui.server.server import serve
     monkeypatch.chdir(tmp_path)              # `mixgraph serve` keeps it in ./user/mixgraph
     (tmp_path / "user" / "mixgraph").mkdir(parents=True)
     (tmp_path / "user" / "mixgraph" / "jobs.sqlite3").write_bytes(bad.read_bytes())

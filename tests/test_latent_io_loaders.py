@@ -7,7 +7,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from mixgraph.graph.report import ValidationFailed
-from mixgraph.nodes.models.latent_file import load_latent
+from mixgraph.nodes.weights.latent_file import load_latent
 from mixgraph.ui import api
 
 INFO = api.default_registry().object_info()
@@ -113,7 +113,7 @@ def test_vae_encode_tiled_matches_plain_encode_when_one_tile_covers_the_image(mo
 
 
 def test_diffusers_loader_lists_and_loads_a_diffusers_folder(models, tmp_path):
-    from mixgraph.nodes.extra_loader_nodes import list_diffusers
+    from mixgraph.nodes.declare.loaders.extra_loader_nodes import list_diffusers
     from mixgraph.graph.env import Env
     assert list_diffusers(Env.from_args(models=str(models))) == ["tiny"]
     g = api.Graph(precision="f32")
@@ -144,8 +144,8 @@ def test_clip_vision_checkpoint_loaders_refuse_at_validation(models, tmp_path):
 def test_diff_controlnet_loader_adds_the_model_weights_back(models, tmp_path):
     from safetensors.torch import load_file
 
-    from mixgraph.nodes.models import store
-    from mixgraph.nodes.models.controlnet import ControlNetModel
+    from mixgraph.nodes.weights import store
+    from mixgraph.nodes.adapters.controlnet import ControlNetModel
     from tests.fixtures.tiny_lora import tiny_controlnet_state_dict
     spec = INFO["DiffControlNetLoader"]
     assert spec["input_order"]["required"] == ["model", "control_net_name"]

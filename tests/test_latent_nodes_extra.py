@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mixgraph.nodes import latent_ops
+from mixgraph.nodes.helpers import latent_ops
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.ui import api
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes import latent_extra_nodes as N
-from mixgraph.nodes.latent_ops import BlendToward, TonemapReinhard
+from mixgraph.nodes.declare.latent import latent_extra_nodes as N
+from mixgraph.nodes.helpers.latent_ops import BlendToward, TonemapReinhard
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling import cfg_patches
 from mixgraph.nodes.sampling.cfg_patches import GuidanceArgs

@@ -10,12 +10,12 @@ from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.models import loader
-from mixgraph.nodes.models.clip import open_clip_to_hf
+from mixgraph.nodes.encoders.clip import open_clip_to_hf
 from mixgraph.nodes.models.handles import ModelHandle
-from mixgraph.nodes.models.safetensors_io import WeightFileError, WeightSource, inspect_file
-from mixgraph.nodes.models.store import WeightStore
-from mixgraph.nodes.models.unet import UNetModel
-from mixgraph.nodes.models.vae import AutoencoderKL
+from mixgraph.nodes.weights.safetensors_io import WeightFileError, WeightSource, inspect_file
+from mixgraph.nodes.weights.store import WeightStore
+from mixgraph.nodes.families.sd.unet import UNetModel
+from mixgraph.nodes.vae.vae import AutoencoderKL
 from tests.fixtures import checkpoints as C
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict, tiny_open_clip_state_dict
 from tests.fixtures.tiny_unet import tiny_unet_config, tiny_unet_state_dict
@@ -98,7 +98,7 @@ def test_loader_sdxl_encoders_and_markers(files):
     assert not clip_l.rule.pooled and clip_g.rule.pooled and clip_l.rule.default_layer == clip_g.rule.default_layer == -2
     store = WeightStore()
     want = open_clip_to_hf(tiny_open_clip_state_dict(3, width=32, proj=C.TINY_POOLED), "")
-    from mixgraph.nodes.models.clip import CLIPTextModel
+    from mixgraph.nodes.encoders.clip import CLIPTextModel
 
     _assert_same(_weights(store, "clip_g", clip_g.source, clip_g.config, CLIPTextModel), want)
     v, _, _ = loader.load_checkpoint(files["sdxl_v"])
@@ -117,7 +117,7 @@ def test_loader_end_to_end_sdxl_encode_adm_unet(files):
     assert cond.cross_attn.shape == (1, 77, 64) and cond.pooled.shape == (1, C.TINY_POOLED)
     runner = model.runner(F32)
     y = runner.adm(cond, (8, 12))
-    from mixgraph.nodes.models.unet import sdxl_adm
+    from mixgraph.nodes.families.sd.unet import sdxl_adm
 
     torch.testing.assert_close(y, sdxl_adm(cond.pooled, 96.0, 64.0, 0, 0, 96.0, 64.0))
     out = runner.unet(torch.zeros(1, 4, 8, 12), torch.tensor([10.0]), cond.cross_attn, y)
@@ -128,7 +128,7 @@ def test_loader_refiner_adm_aesthetic_defaults(files):
     model, clip, _ = loader.load_checkpoint(files["refiner"])
     (cond,) = clip.encode("x", F32)
     runner = model.runner(F32)
-    from mixgraph.nodes.models.unet import sdxl_refiner_adm
+    from mixgraph.nodes.families.sd.unet import sdxl_refiner_adm
 
     torch.testing.assert_close(runner.adm(cond, (4, 4)), sdxl_refiner_adm(cond.pooled, 32.0, 32.0, 0, 0, 6.0))
     torch.testing.assert_close(runner.adm(cond, (4, 4), negative=True), sdxl_refiner_adm(cond.pooled, 32.0, 32.0, 0, 0, 2.5))
@@ -294,7 +294,7 @@ def test_store_lru_budget_evicts_oldest():
 
 
 def test_store_merges_lora_patch_in_f32():
-    from mixgraph.nodes.models.lora import LoraAdapter, LoraFile, LoraPatch
+    from mixgraph.nodes.adapters.lora import LoraAdapter, LoraFile, LoraPatch
 
     sd = tiny_unet_state_dict("sd15")
     key = "input_blocks.1.1.proj_in.weight"  # [32, 32, 1, 1] conv
@@ -323,7 +323,7 @@ def test_handles_are_hashable_and_equal_per_file(files):
 def test_loader_controlnet_ldm_file(files):
     import dataclasses
 
-    from mixgraph.nodes.models.controlnet import ControlNetConfig, ControlNetModel
+    from mixgraph.nodes.adapters.controlnet import ControlNetConfig, ControlNetModel
 
     cfg = ControlNetConfig(unet=dataclasses.replace(tiny_unet_config("sd15"), transformer_depth_output=()))
     sd = C.random_state_dict(C.module_shapes(lambda: ControlNetModel(cfg)), 0)

@@ -14,10 +14,10 @@ from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.report import NodeError
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes import text_ops
-from mixgraph.nodes.batch_ops import batch_images, batch_latents, batch_masks
-from mixgraph.nodes.expression import ExpressionError, evaluate, math_expression
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.helpers import text_ops
+from mixgraph.nodes.helpers.batch_ops import batch_images, batch_latents, batch_masks
+from mixgraph.nodes.helpers.expression import ExpressionError, evaluate, math_expression
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.ui import api
 

@@ -12,7 +12,7 @@ from mixgraph.graph.executor import Executor
 from mixgraph.graph.loops import loop_bodies
 from mixgraph.graph.report import NodeError
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.ui import api
 
 REG = api.default_registry()

@@ -1,4 +1,4 @@
-"""LoRA parsing, key mapping and merging (nodes/models/lora.py) on tiny seeded models."""
+"""LoRA parsing, key mapping and merging (nodes/adapters/lora.py) on tiny seeded models."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mixgraph.nodes.models.diffusers_names import unet_diffusers_module_map
-from mixgraph.nodes.models.lora import LoraKeyWarning, LoraPatch, apply_patches, load_lora
+from mixgraph.nodes.weights.diffusers_names import unet_diffusers_module_map
+from mixgraph.nodes.adapters.lora import LoraKeyWarning, LoraPatch, apply_patches, load_lora
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
 from tests.fixtures.tiny_lora import (
     CLIP_TARGETS,
@@ -435,8 +435,8 @@ def test_lora_patches_merge_at_materialization_of_model_and_clip_handles(tmp_pat
     other = UNET_TARGETS["sd15"][0]
     assert torch.equal(patched[other], base[other])
 
-    from mixgraph.nodes.models import store
-    from mixgraph.nodes.models.clip import CLIPTextModel
+    from mixgraph.nodes.weights import store
+    from mixgraph.nodes.encoders.clip import CLIPTextModel
 
     def clip_sd(handle):
         clip_l = handle.encoder("clip_l")

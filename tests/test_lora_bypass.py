@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.models import loader
-from mixgraph.nodes.models.lora import LoraPatch, load_lora, load_lora_patches
-from mixgraph.nodes.models.lora_bypass import BypassPatch, bypass_patches
+from mixgraph.nodes.adapters.lora import LoraPatch, load_lora, load_lora_patches
+from mixgraph.nodes.adapters.lora_bypass import BypassPatch, bypass_patches
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15
 from tests.fixtures.tiny_lora import CLIP_TARGETS, UNET_TARGETS, lora_file
@@ -153,7 +153,7 @@ def test_lora_bypass_stacks_with_merged_loras(root, models):
 
 
 def test_lora_bypass_cannot_be_merged_into_weights_yet(root, models):
-    from mixgraph.nodes.models import save
+    from mixgraph.nodes.weights import save
     model, clip, _ = models
     bypass, _ = _bypassed(root / "loras" / "lora.safetensors", model, clip, 1.0, 1.0)
     with pytest.raises(NotImplementedError, match="bypass mode.*not supported yet"):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mixgraph.nodes.models.lora import apply_patches, load_lora
-from mixgraph.nodes.models.lora_bypass import bypass_patches
+from mixgraph.nodes.adapters.lora import apply_patches, load_lora
+from mixgraph.nodes.adapters.lora_bypass import bypass_patches
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15
 from tests.fixtures.tiny_lora import UNET_TARGETS, lora_file, unet_file_names

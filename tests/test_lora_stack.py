@@ -14,7 +14,7 @@ from mixgraph.graph.executor import Executor
 from mixgraph.graph.node import Float, String
 from mixgraph.graph.report import ValidationFailed
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15
 from tests.fixtures.workflow_models import write_lora
@@ -156,7 +156,7 @@ def test_lora_stack_without_rows_fails_validation(executor, models):
 
 
 def test_lora_stack_ui_widgets_saved_by_name_give_the_rows():
-    from mixgraph.graph.ui_format import convert_ui
+    from mixgraph.graph.formats.ui_format import convert_ui
     ui = {"last_node_id": 2, "last_link_id": 1, "version": 0.4, "groups": [], "config": {}, "extra": {},
           "nodes": [
               {"id": 1, "type": "CheckpointLoaderSimple", "pos": [0, 0], "size": [300, 100], "flags": {},

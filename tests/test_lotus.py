@@ -1,5 +1,5 @@
 """Lotus: the null-prompt conditioning shipped as data, UNETLoader's detection of a Lotus UNet and
-the one-step x0 run of ComfyUI's Lotus depth template (models/lotus.py)."""
+the one-step x0 run of ComfyUI's Lotus depth template (families/sd/lotus.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.custom_sampling_nodes import BasicScheduler, KSamplerSelect, SetFirstSigma
-from mixgraph.nodes.lotus_nodes import LotusConditioning
-from mixgraph.nodes.models import loader, lotus
+from mixgraph.nodes.declare.sampling.custom_sampling_nodes import (BasicScheduler, KSamplerSelect,
+                                                                   SetFirstSigma)
+from mixgraph.nodes.declare.conditioning.lotus_nodes import LotusConditioning
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.families.sd import lotus
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.sampling import Guidance
 from mixgraph.nodes.sampling.ksampler import sample_custom

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mixgraph.nodes import image_ops, mask_ops
+from mixgraph.nodes.helpers import image_ops, mask_ops
 from mixgraph.ui import api
 
 INFO = api.default_registry().object_info()

@@ -8,9 +8,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mixgraph.nodes.models import loader, save, store
-from mixgraph.nodes.models.lora import apply_patches
-from mixgraph.nodes.models.merge import ADD, SIMPLE, SUBTRACT, MergePatch, MergeWarning, strengths
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.weights import save, store
+from mixgraph.nodes.adapters.lora import apply_patches
+from mixgraph.nodes.weights.merge import ADD, SIMPLE, SUBTRACT, MergePatch, MergeWarning, strengths
 from mixgraph.ui import api
 
 INFO = api.default_registry().object_info()
@@ -135,7 +136,7 @@ def _unet(model):
 def test_merged_handle_blends_unet_and_clip_and_leaves_sources_alone(models):
     m1, c1, _ = loader.load_checkpoint(models / "checkpoints" / "a.safetensors")
     m2, c2, _ = loader.load_checkpoint(models / "checkpoints" / "b.safetensors")
-    from mixgraph.nodes.models.merge import merge_clip, merge_model
+    from mixgraph.nodes.weights.merge import merge_clip, merge_model
     merged = merge_model(m1, m2, SIMPLE, 0.3)
     a, b, m = _unet(m1), _unet(m2), _unet(merged)
     for k in a:
@@ -257,8 +258,8 @@ def test_clip_vae_model_save_nodes_write_loadable_files(models, tmp_path):
 
 
 def test_merge_of_lora_patched_model_uses_its_patched_weights(models):
-    from mixgraph.nodes.models.lora import ScalePatch
-    from mixgraph.nodes.models.merge import merge_model
+    from mixgraph.nodes.adapters.lora import ScalePatch
+    from mixgraph.nodes.weights.merge import merge_model
     m1, _, _ = loader.load_checkpoint(models / "checkpoints" / "a.safetensors")
     m2, _, _ = loader.load_checkpoint(models / "checkpoints" / "b.safetensors")
     scaled = m2.with_patches((ScalePatch("unet", ((".weight", 2.0),)),))
@@ -288,7 +289,7 @@ def test_lora_save_spec_matches_comfyui():
 
 
 def test_extract_lora_quantile_shapes_and_low_rank_exactness():
-    from mixgraph.nodes.models.lora_extract import _quantile, extract_lora, lora_from_diff
+    from mixgraph.nodes.adapters.lora_extract import _quantile, extract_lora, lora_from_diff
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1000, generator=g)
     assert torch.allclose(_quantile(x, 0.99), torch.quantile(x, 0.99))
@@ -331,7 +332,7 @@ def test_lora_save_full_diff_round_trip_restores_the_finetune(models, tmp_path):
     assert "diffusion_model.input_blocks.1.1.proj_in.lora_up.weight" in keys
     assert all(k.startswith("diffusion_model.") for k in keys)
 
-    from mixgraph.nodes.models.lora import load_lora_patches
+    from mixgraph.nodes.adapters.lora import load_lora_patches
     m_a, c_a, _ = loader.load_checkpoint(models / "checkpoints" / "a.safetensors")
     m_b, c_b, _ = loader.load_checkpoint(models / "checkpoints" / "b.safetensors")
     with warnings.catch_warnings():

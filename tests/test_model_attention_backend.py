@@ -1,5 +1,5 @@
 """ModelAttentionBackend: ComfyUI's options either map onto mixgraph's attention (the same
-algorithm) or are refused at validation, naming the option (nodes/attention_backend_nodes.py)."""
+algorithm) or are refused at validation, naming the option (nodes/declare/model_patches/attention_backend_nodes.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import torch
 from mixgraph.graph.env import Env
 from mixgraph.graph.precision import parse_spec
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes.attention_backend_nodes import ModelAttentionBackend
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.declare.model_patches.attention_backend_nodes import ModelAttentionBackend
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.models.attention import attention
-from mixgraph.nodes.models.unet_patches import attention_with_probs
+from mixgraph.nodes.families.sd.unet_patches import attention_with_probs
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_unet
 

@@ -11,9 +11,9 @@ from mixgraph.graph.executor import Executor
 from mixgraph.graph.node import Socket, node
 from mixgraph.graph.precision import parse_spec, resolve
 from mixgraph.graph.registry import Registry
-from mixgraph.nodes.loading import UNETLoader
-from mixgraph.nodes.precision import effective
-from mixgraph.nodes.precision_nodes import ModelComputeDtype, SetModelPrecision
+from mixgraph.nodes.declare.loaders.loading import UNETLoader
+from mixgraph.nodes.helpers.precision import effective
+from mixgraph.nodes.declare.model_patches.precision_nodes import ModelComputeDtype, SetModelPrecision
 from tests import toy_nodes as toy
 from tests.fixtures.checkpoints import write_unet
 from tests.toy_nodes import call, link

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from mixgraph.graph.executor import ValidationFailed
-from mixgraph.nodes.models import families, loader
+from mixgraph.nodes.families import refused as families
+from mixgraph.nodes.models import loader
 from mixgraph.ui import api
 
 T = torch.zeros(1)

@@ -1,4 +1,4 @@
-"""`nodes.model_files.ModelFile` (one declaration for "a file of models folder X") and the generic
+"""`nodes.helpers.model_files.ModelFile` (one declaration for "a file of models folder X") and the generic
 `Input.fingerprint` / `Input.check` hooks `graph.node` folds into a node's spec."""
 
 import dataclasses
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.node import Combo, Int, node
-from mixgraph.nodes.model_files import LORA, ModelFile
+from mixgraph.nodes.helpers.model_files import LORA, ModelFile
 from mixgraph.ui import api
 
 

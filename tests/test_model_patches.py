@@ -7,9 +7,9 @@ import torch
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.models import loader
-from mixgraph.nodes.models.lora import ScalePatch
-from mixgraph.nodes.models.unet import CrossAttention
-from mixgraph.nodes.models.unet_patches import FreeU, IdentityAttention, fourier_filter
+from mixgraph.nodes.adapters.lora import ScalePatch
+from mixgraph.nodes.families.sd.unet import CrossAttention
+from mixgraph.nodes.families.sd.unet_patches import FreeU, IdentityAttention, fourier_filter
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import cfg_patches
@@ -118,7 +118,7 @@ def test_freeu_scales_half_the_backbone_channels_at_matching_width():
 
 
 def test_scale_patch_multiplies_matching_weights_in_order():
-    from mixgraph.nodes.models.lora import apply_patches
+    from mixgraph.nodes.adapters.lora import apply_patches
     sd = {"a.attn1.to_q.weight": torch.ones(2, 2), "a.attn2.to_q.weight": torch.ones(2, 2)}
     out = apply_patches(sd, [ScalePatch("unet", (("attn1.to_q.weight", 3.0),)),
                              ScalePatch("unet", (("to_q.weight", 0.5),))], target="unet")
@@ -146,7 +146,7 @@ def _sample(model, cfg=4.0, steps=3):
 
 
 def test_neutral_patches_equal_no_patch_and_do_not_leak(ckpt):
-    from mixgraph.nodes import model_patch_nodes as N
+    from mixgraph.nodes.declare.model_patches import model_patch_nodes as N
     model, clip, _ = loader.load_checkpoint(ckpt / "checkpoints" / "sd15.safetensors")
     base = _sample(model)
     freeu = N.FreeU(model, 1.0, 1.0, 1.0, 1.0)[0]
@@ -165,7 +165,7 @@ def test_neutral_patches_equal_no_patch_and_do_not_leak(ckpt):
 
 
 def test_attention_multiply_scales_merged_weights(ckpt):
-    from mixgraph.nodes import model_patch_nodes as N
+    from mixgraph.nodes.declare.model_patches import model_patch_nodes as N
     model, clip, _ = loader.load_checkpoint(ckpt / "checkpoints" / "sd15.safetensors")
     plain = model.runner(F32).model.state_dict()
     scaled = N.UNetSelfAttentionMultiply(model, 2.0, 1.0, 1.0, 0.5)[0].runner(F32).model.state_dict()

@@ -142,7 +142,7 @@ def _hypernet_pair(width: int, seed: int, layer_norm: bool = False) -> list[dict
 
 
 def test_hypernetwork_mlps_follow_comfyuis_layer_rules(tmp_path):
-    from mixgraph.nodes.models.hypernetwork import load_hypernetwork
+    from mixgraph.nodes.adapters.hypernetwork import load_hypernetwork
 
     path = tmp_path / "hn.pt"
     torch.save({32: _hypernet_pair(32, 1, layer_norm=True), "activation_func": "relu", "is_layer_norm": True,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models.unet import attention
-from mixgraph.nodes.models.unet_patches import AttentionRecorder, attention_with_probs
+from mixgraph.nodes.families.sd.unet import attention
+from mixgraph.nodes.families.sd.unet_patches import AttentionRecorder, attention_with_probs
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.sampling import cfg_patches
@@ -175,7 +175,7 @@ def _sample(model, cfg=4.0, steps=3, size=8, mask=None, denoise=1.0, latent=None
 
 
 def test_apg_tcfg_sag_end_to_end(model):
-    from mixgraph.nodes import model_patch_nodes as N
+    from mixgraph.nodes.declare.model_patches import model_patch_nodes as N
     base = _sample(model, size=16)
     # APG neutral at cfg 3 is plain CFG at cfg 4
     apg = N.APG(model, 1.0, 0.0, 0.0)[0]
@@ -194,7 +194,7 @@ def test_apg_tcfg_sag_end_to_end(model):
 
 
 def test_differential_diffusion_full_mask_equals_plain_inpaint(model):
-    from mixgraph.nodes import model_patch_nodes as N
+    from mixgraph.nodes.declare.model_patches import model_patch_nodes as N
     lat = _rand(1, 4, 8, 8, seed=11)
     full = torch.ones(1, 8, 8)
     dd = N.DifferentialDiffusion(model, 1.0)[0]
@@ -248,7 +248,7 @@ def test_edm_preconditioning_hand_value():
 
 
 def test_model_sampling_continuous_end_to_end(model):
-    from mixgraph.nodes import model_patch_nodes as N
+    from mixgraph.nodes.declare.model_patches import model_patch_nodes as N
     base = _sample(model)
     for patched in (N.ModelSamplingContinuousEDM(model, "eps", 14.6, 0.03)[0],
                     N.ModelSamplingContinuousEDM(model, "edm", 80.0, 0.002)[0],

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from mixgraph.graph.env import Env
-from mixgraph.nodes import folders, imaging, latent_ops
+from mixgraph.nodes.helpers import folders, imaging, latent_ops
 from mixgraph.nodes.payloads.conditioning import Cond
 
 

@@ -70,18 +70,18 @@ def test_packaging_wheel_holds_only_mixgraph(wheel):
         for path in (ROOT / folder).rglob("*.py"):
             rel = path.relative_to(ROOT / folder).as_posix()
             assert f"{package}/{rel}" in names, f"{folder}/{rel} is missing from the wheel"
-    assert "mixgraph/nodes/models/data/bpe_simple_vocab_16e6.txt.gz" in names
-    assert "mixgraph/nodes/models/data/lotus_null_prompt.safetensors" in names  # LotusConditioning
-    assert "mixgraph/ui/web/mixgraph.js" in names
-    assert "mixgraph/ui/comfy_host/comfy_api/latest/_io.py" in names   # package data, not a package
+    assert "mixgraph/nodes/encoders/data/bpe_simple_vocab_16e6.txt.gz" in names
+    assert "mixgraph/nodes/families/sd/data/lotus_null_prompt.safetensors" in names  # LotusConditioning
+    assert "mixgraph/ui/server/web/mixgraph.js" in names
+    assert "mixgraph/ui/comfy/comfy_host/comfy_api/latest/_io.py" in names   # package data, not a package
 
 
 def test_packaging_fresh_venv_import_names(venv, tmp_path):
     py = str(venv / "bin" / "python")
     probe = ("import json, importlib.util, mixgraph, mixgraph.graph.executor, mixgraph.nodes.library, "
-             "mixgraph.ui.server\n"
+             "mixgraph.ui.server.server\n"
              "print(json.dumps({'files': [m.__file__ for m in (mixgraph, mixgraph.graph.executor, "
-             "mixgraph.nodes.library, mixgraph.ui.server)], 'version': mixgraph.__version__, "
+             "mixgraph.nodes.library, mixgraph.ui.server.server)], 'version': mixgraph.__version__, "
              "'top': {n: importlib.util.find_spec(n) is not None for n in ('graph', 'nodes', 'ui')},\n"
              "'host': [n for n in ('folder_paths', 'comfy', 'comfy_api', 'server', 'node_helpers') "
              "if importlib.util.find_spec(n) is not None]}))")

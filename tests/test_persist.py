@@ -26,13 +26,13 @@ from mixgraph.graph.executor import Executor
 from mixgraph.graph.node import Int, Socket, node
 from mixgraph.graph.persist import DiskCache, TieredCache
 from mixgraph.graph.registry import Registry
-from mixgraph.nodes import persistable
-from mixgraph.nodes.models import store
+from mixgraph.nodes.helpers import persistable
+from mixgraph.nodes.weights import store
 from mixgraph.nodes.payloads.conditioning import Cond, SizeCond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.ui import api
 from mixgraph.ui.cli import main
-from mixgraph.ui.server import create_app
+from mixgraph.ui.server.server import create_app
 from tests import toy_nodes as toy
 from tests.fixtures.checkpoints import write_sd15
 

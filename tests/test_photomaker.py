@@ -15,10 +15,10 @@ from safetensors.torch import save_file
 
 from mixgraph.graph.executor import NodeError
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models.clip_vision import clip_preprocess
-from mixgraph.nodes.models.photomaker import PhotoMakerError, load_photomaker
-from mixgraph.nodes.models.synthetic import random_state_dict
-from mixgraph.nodes.models.tokenizer import CLIPTokenizer
+from mixgraph.nodes.encoders.clip_vision import clip_preprocess
+from mixgraph.nodes.adapters.photomaker import PhotoMakerError, load_photomaker
+from mixgraph.nodes.weights.synthetic import random_state_dict
+from mixgraph.nodes.encoders.tokenizer import CLIPTokenizer
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15, write_sdxl
 from tests.fixtures.tiny_vision import clip_vision_shapes, tiny_clip_vision_state_dict

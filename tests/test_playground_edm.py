@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes import model_patch_nodes as N
+from mixgraph.nodes.declare.model_patches import model_patch_nodes as N
 from mixgraph.nodes.models import loader
-from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5, LatentFormat, format_of
+from mixgraph.nodes.vae.latent_format import PLAYGROUND_V2_5, LatentFormat, format_of
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.sampling import Guidance, Sampler
-from mixgraph.nodes.previews import previewer_for
+from mixgraph.nodes.helpers.previews import previewer_for
 from mixgraph.nodes.sampling.ksampler import add_noise, sample, sample_custom
 from mixgraph.nodes.sampling.parameterization import CondDenoiser, ModelSampling
 from mixgraph.nodes.sampling.preview import Latent2RGBPreviewer, latent_to_rgb, make_previewer, preview_key

@@ -7,7 +7,7 @@ from mixgraph.graph.precision import (F32, Policy, PrecisionError, Resolver, aut
                              format_spec, parse_config, parse_precision_arg, parse_spec, parse_type_defaults,
                              resolve)
 from mixgraph.graph.prompt import InvalidPrecision, PrecisionConfig, Region, WorkflowError
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 from tests import toy_nodes as toy
 from tests.toy_nodes import call, link
 
@@ -204,7 +204,7 @@ def test_load_workflow_ui_group_with_bad_spec_names_the_group():
 
 
 def test_precision_node_int8_is_a_whole_spec_whatever_the_other_widgets_say():
-    from mixgraph.nodes.precision_nodes import policy_from
+    from mixgraph.nodes.declare.model_patches.precision_nodes import policy_from
 
     assert policy_from("int8", "bf16", True, True) == parse_spec("int8")
     assert policy_from("fp8_e4m3fn", "bf16", True, False).spec == "fp8_e4m3fn:bf16+upcast_attention"

@@ -16,11 +16,11 @@ from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.node import Socket, node
 from mixgraph.graph.registry import Registry
-from mixgraph.nodes.loading import UNETLoader
-from mixgraph.nodes.models.cast import Int8Linear
-from mixgraph.nodes.precision import effective
+from mixgraph.nodes.declare.loaders.loading import UNETLoader
+from mixgraph.nodes.weights.cast import Int8Linear
+from mixgraph.nodes.helpers.precision import effective
 from mixgraph.ui.cli import main
-from mixgraph.ui.server import create_app
+from mixgraph.ui.server.server import create_app
 from tests import toy_nodes as toy
 from tests.fixtures.checkpoints import write_unet
 from tests.toy_nodes import call, link

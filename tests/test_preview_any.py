@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mixgraph.nodes.preview_any_nodes import as_text
+from mixgraph.nodes.declare.logic.preview_any_nodes import as_text
 from mixgraph.ui import api
 
 

@@ -19,11 +19,11 @@ from safetensors.torch import save_file
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.nodes.models.taesd import TAESDConfig, TAESDDecoder, TAESDFileError, load_taesd_decoder
+from mixgraph.nodes.vae.taesd import TAESDConfig, TAESDDecoder, TAESDFileError, load_taesd_decoder
 from mixgraph.nodes.sampling.preview import (LATENT_RGB_FACTORS, Latent2RGBPreviewer, TAESDPreviewer,
                                              latent_to_rgb, make_previewer)
 from mixgraph.ui import api
-from mixgraph.ui.server import create_app
+from mixgraph.ui.server.server import create_app
 from tests.fixtures.checkpoints import write_sd15
 
 STEPS = 3

@@ -1,5 +1,5 @@
 """Fan-out of list prompts (ComfyUI's OUTPUT_IS_LIST: several seeds into a KSampler, several
-prompt strings into a CLIPTextEncode) over Ray workers, `ui/ray_fanout.py`: the split itself in
+prompt strings into a CLIPTextEncode) over Ray workers, `ui/ray/ray_fanout.py`: the split itself in
 one process (parts merge to the whole run: pixels, file names and counters, PNG chunks), the
 prompts that must run whole and why, and end to end on the local Ray cluster of two workers
 (tests/conftest.py's `ray_cluster`, one cluster for the session; one app per test)."""
@@ -19,9 +19,9 @@ from PIL import Image
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
-from mixgraph.ui import ray_fanout
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
+from mixgraph.ui.ray import ray_fanout
 from tests import list_nodes
 from tests.test_editor_browser import txt2img
 from tests.test_server import post_prompt, wait_history
@@ -147,8 +147,8 @@ def test_fanout_list_prompts_that_cannot_split_say_why():
 
 @contextlib.asynccontextmanager
 async def ray_client(env):
-    from mixgraph.ui.ray_pool import RayConfig
-    from mixgraph.ui.server import create_app
+    from mixgraph.ui.ray.ray_pool import RayConfig
+    from mixgraph.ui.server.server import create_app
     app = create_app(env, registry=list_nodes.registry(), user_dir=env.output.parent / "user",
                      ray=RayConfig(workers=2, registry=list_nodes.registry))
     async with TestServer(app) as server, TestClient(server) as c:

@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.fingerprint import fingerprint_file
-from mixgraph.nodes.models.synthetic import write_sd15_checkpoint
-from mixgraph.ui.ray_pool import RayConfig
-from mixgraph.ui.server import create_app
+from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
+from mixgraph.ui.ray.ray_pool import RayConfig
+from mixgraph.ui.server.server import create_app
 from tests.test_editor_browser import txt2img
 from tests.test_server import post_prompt, wait_history
 
@@ -199,7 +199,7 @@ def test_ray_fan_out_batch_of_8_over_2_workers_equals_one_worker(env, ray_cluste
 
 def test_ray_serve_flags_map_to_the_config(capsys):
     from mixgraph.ui.cli import build_parser
-    from mixgraph.ui.ray_pool import config_from_args
+    from mixgraph.ui.ray.ray_pool import config_from_args
     args = build_parser().parse_args(["serve", "--ray", "--workers", "3", "--fan-out",
                                       "--cache-lru", "7", "--disable-all-custom-nodes"])
     config = config_from_args(args)

@@ -1,4 +1,4 @@
-"""What custom node packs send with `PromptServer.instance.send_sync` (ui/client_messages.py):
+"""What custom node packs send with `PromptServer.instance.send_sync` (ui/comfy/client_messages.py):
 framed as ComfyUI frames it (JSON to the prompt's client or to everyone, binary frames, encoded
 preview images, progress text), from a pack running in the server process and from one running
 on a Ray worker (tests/conftest.py's session cluster), where the messages reach the front's
@@ -17,9 +17,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
 
 from mixgraph.graph.env import Env
-from mixgraph.ui import client_messages, custom_nodes
-from mixgraph.ui.ray_pool import RayConfig
-from mixgraph.ui.server import create_app
+from mixgraph.ui.comfy import client_messages, custom_nodes
+from mixgraph.ui.ray.ray_pool import RayConfig
+from mixgraph.ui.server.server import create_app
 from tests.test_custom_nodes import PACKS, fresh_registry
 from tests.test_server import post_prompt
 

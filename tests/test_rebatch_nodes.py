@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from mixgraph.graph.prompt import Link
-from mixgraph.graph.ui_export import to_ui
+from mixgraph.graph.formats.ui_export import to_ui
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.nodes.payloads.latent import Latent
-from mixgraph.nodes.rebatch_nodes import rebatch_images, rebatch_latents
+from mixgraph.nodes.declare.latent.rebatch_nodes import rebatch_images, rebatch_latents
 from mixgraph.ui import api
 
 REG = api.default_registry()

@@ -12,8 +12,8 @@ from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.prompt import Link
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes import resize_ops
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.helpers import resize_ops
 from mixgraph.ui import api
 
 REG = api.default_registry()
@@ -168,7 +168,7 @@ def test_resize_image_mask_ui_widgets_values_carry_the_chosen_options_widgets():
 
 
 def test_resize_image_mask_ui_export_writes_the_sub_widgets_after_the_combo():
-    from mixgraph.graph.ui_export import to_ui
+    from mixgraph.graph.formats.ui_export import to_ui
     wf = load_workflow({"1": call("EmptyImage", width=16, height=8, batch_size=1, color=0),
                         "2": call("ResizeImageMaskNode", input=["1", 0], scale_method="bicubic",
                                   resize_type="scale dimensions",

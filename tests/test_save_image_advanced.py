@@ -19,8 +19,8 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
-from mixgraph.nodes import image_codecs, image_save
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.helpers import image_codecs, image_save
 from mixgraph.ui import api
 
 REG = api.default_registry()

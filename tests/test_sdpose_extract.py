@@ -14,9 +14,10 @@ import torch
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes import sdpose_extract
-from mixgraph.nodes.models import loader, lotus, sdpose
-from mixgraph.nodes.models.synthetic import module_shapes, random_state_dict
+from mixgraph.nodes.helpers import sdpose_extract
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.families.sd import lotus, sdpose
+from mixgraph.nodes.weights.synthetic import module_shapes, random_state_dict
 from tests.fixtures.checkpoints import write_vae
 from tests.fixtures.tiny_unet import tiny_unet_state_dict
 

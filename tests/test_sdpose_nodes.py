@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.nodes import sdpose_nodes, sdpose_ops
+from mixgraph.nodes.declare.image import sdpose_nodes
+from mixgraph.nodes.helpers import sdpose_ops
 from mixgraph.ui import api
 
 REG = api.default_registry()
@@ -87,7 +88,7 @@ def test_sdpose_specs_match_comfyui():
 
 
 def test_sdpose_extractor_refuses_a_model_without_heatmap_head():
-    from mixgraph.nodes import sdpose_extract
+    from mixgraph.nodes.helpers import sdpose_extract
     with pytest.raises(ValueError, match="does not have a heatmap_head"):
         sdpose_extract.extract(object(), None, torch.zeros(1, 8, 8, 3), 16, None, None, None)
 

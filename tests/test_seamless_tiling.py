@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes import seamless_tiling_nodes as N
+from mixgraph.nodes.declare.model_patches import seamless_tiling_nodes as N
 from mixgraph.nodes.models import loader, seamless
-from mixgraph.nodes.models.controlnet import ControlNetChain
+from mixgraph.nodes.adapters.controlnet import ControlNetChain
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 from mixgraph.ui import api

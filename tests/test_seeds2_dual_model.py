@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import custom_sampling_nodes as csn
+from mixgraph.nodes.declare.sampling import custom_sampling_nodes as csn
 from mixgraph.nodes.payloads.conditioning import TEXT_FREE, Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.sampling import Guidance, Guider, Sampler

@@ -23,9 +23,9 @@ from mixgraph.graph.executor import Executor
 from mixgraph.graph.node import Int, Socket, node
 from tests import toy_nodes as toy
 from tests.toy_nodes import call, link
-from mixgraph.ui.frontend import frontend_root
-from mixgraph.ui.security import SecurityError, safe_path
-from mixgraph.ui.server import create_app, serve
+from mixgraph.ui.server.frontend import frontend_root
+from mixgraph.ui.server.security import SecurityError, safe_path
+from mixgraph.ui.server.server import create_app, serve
 
 SPIN_STARTED = threading.Event()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mixgraph.ui.ray_pool import RayConfig
+from mixgraph.ui.ray.ray_pool import RayConfig
 from tests import test_server
 from tests.test_server import (env,  # noqa: F401 - fixture
                                test_server_failing_prompt_keeps_worker_alive,

@@ -17,10 +17,11 @@ from safetensors.torch import save_file
 
 from mixgraph.graph.executor import ValidationFailed
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.models import loader, zero123
-from mixgraph.nodes.models.clip_vision_handle import load_clip_vision
-from mixgraph.nodes.models.families import UnsupportedFamilyError
-from mixgraph.nodes.models.unet import UNetModel, unet_config_from_state_dict
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.families.sd import zero123
+from mixgraph.nodes.encoders.clip_vision_handle import load_clip_vision
+from mixgraph.nodes.families.refused import UnsupportedFamilyError
+from mixgraph.nodes.families.sd.unet import UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CondDenoiser, ModelSampling
 from mixgraph.ui import api
@@ -111,7 +112,7 @@ def test_image_only_loader_refuses_a_bad_projection(tmp_path):
 
 
 def test_model_save_keeps_the_camera_projection(models, tmp_path):
-    from mixgraph.nodes.models import save
+    from mixgraph.nodes.weights import save
 
     model, _vision, vae = loader.load_image_only_checkpoint(_ckpt(models))
     sd = save.checkpoint_state_dict(model, None, vae)

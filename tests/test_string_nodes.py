@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from mixgraph.nodes import text_ops
+from mixgraph.nodes.helpers import text_ops
 from mixgraph.ui import api
 
 REG = api.default_registry()

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from mixgraph.graph.report import NodeError
-from mixgraph.nodes.models.supir import (SIGMA_MAX, ModelPatchError, RestoreCFG, ZeroSFT, control_scale,
-                                         load_model_patch)
+from mixgraph.nodes.adapters.supir import (SIGMA_MAX, ModelPatchError, RestoreCFG, ZeroSFT, control_scale,
+                                           load_model_patch)
 from mixgraph.nodes.sampling.cfg_patches import GuidanceArgs
 from mixgraph.ui import api
 from tests.fixtures.tiny_supir import write_tiny_supir

@@ -1,4 +1,4 @@
-"""The seeded SDXL base checkpoint writer (nodes.models.synthetic): the streamed file holds the
+"""The seeded SDXL base checkpoint writer (nodes.weights.synthetic): the streamed file holds the
 in-memory state dict's tensors, mixgraph's loader reads it as SDXL with the configs it was built
 from, and the full-size shapes are SDXL base's (counted on meta shapes; no full-size file is
 written in tests)."""
@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from mixgraph.graph.env import Env
-from mixgraph.nodes.models import synthetic
+from mixgraph.nodes.weights import synthetic
 from mixgraph.nodes.models.loader import load_checkpoint
 from mixgraph.ui import api
 from mixgraph.ui.estimate import estimate
@@ -69,7 +69,7 @@ def test_estimate_counts_both_sdxl_text_encoders(tmp_path):
 
 
 def test_store_nbytes_counts_views_of_one_buffer_each_and_tied_tensors_once():
-    from mixgraph.nodes.models.store import _nbytes
+    from mixgraph.nodes.weights.store import _nbytes
 
     fused = torch.zeros(3 * 8, 8)                       # OpenCLIP in_proj, split into q/k/v views
     q, k, v = fused.chunk(3, dim=0)
@@ -78,7 +78,7 @@ def test_store_nbytes_counts_views_of_one_buffer_each_and_tied_tensors_once():
 
 
 def test_estimate_drops_what_the_weight_store_evicts(tmp_path):
-    from mixgraph.nodes.models import store
+    from mixgraph.nodes.weights import store
 
     synthetic.write_sdxl_checkpoint(tmp_path / "models" / "checkpoints" / "xl.safetensors", "tiny")
     wf = api.set_inputs(api.load("workflows/txt2img_sd15.json"),

@@ -10,9 +10,9 @@ from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.models.loader import load_controlnet
-from mixgraph.nodes.models.synthetic import module_shapes, random_state_dict
-from mixgraph.nodes.models.t2i_adapter import T2IAdapter, T2IAdapterHandle, T2IConfig
-from mixgraph.nodes.models.unet import UNetConfig, UNetModel, timestep_embedding
+from mixgraph.nodes.weights.synthetic import module_shapes, random_state_dict
+from mixgraph.nodes.adapters.t2i_adapter import T2IAdapter, T2IAdapterHandle, T2IConfig
+from mixgraph.nodes.families.sd.unet import UNetConfig, UNetModel, timestep_embedding
 from mixgraph.nodes.payloads.conditioning import Control
 from mixgraph.ui import api
 

@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 
 from mixgraph.graph.env import Env
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.loading import VAELoader
+from mixgraph.nodes.declare.loaders.loading import VAELoader
 from mixgraph.nodes.models.loader import load_vae
-from mixgraph.nodes.models.taesd import TAESDConfig, TAESDDecoder, TAESDEncoder
+from mixgraph.nodes.vae.taesd import TAESDConfig, TAESDDecoder, TAESDEncoder
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15
 

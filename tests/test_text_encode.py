@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
-from mixgraph.nodes.models.text_encode import (TextEncoder, encode_prompt, sd_text_encoders,
-                                               text_encoders_from_checkpoint)
-from mixgraph.nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer
+from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel
+from mixgraph.nodes.encoders.text_encode import (TextEncoder, encode_prompt, sd_text_encoders,
+                                                 text_encoders_from_checkpoint)
+from mixgraph.nodes.encoders.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer
 from mixgraph.nodes.payloads.conditioning import Cond
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict, tiny_open_clip_state_dict
 
@@ -166,7 +166,7 @@ def test_text_encoders_require_their_models():
 def test_encode_prompt_under_bf16_policy_stays_f32(sd1, tok):
     from dataclasses import dataclass
 
-    from mixgraph.nodes.models.cast import apply_precision
+    from mixgraph.nodes.weights.cast import apply_precision
 
     @dataclass(frozen=True)
     class Policy:

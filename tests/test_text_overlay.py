@@ -11,7 +11,7 @@ from PIL import ImageFont
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.nodes import folders, text_overlay
+from mixgraph.nodes.helpers import folders, text_overlay
 from mixgraph.ui import api
 
 REG = api.default_registry()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mixgraph.nodes.tile_nodes import merge_tiles, split_tiles, tile_grid
+from mixgraph.nodes.declare.image.tile_nodes import merge_tiles, split_tiles, tile_grid
 from mixgraph.ui import api
 
 INFO = api.default_registry().object_info()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixgraph.nodes.models.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer, load_clip_vocab, parse_weights
+from mixgraph.nodes.encoders.tokenizer import (END_TOKEN, START_TOKEN, CLIPTokenizer, load_clip_vocab,
+                                               parse_weights)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.nodes import families
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.conditioning import Cond

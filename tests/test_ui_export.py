@@ -1,4 +1,4 @@
-"""graph/ui_export.py: API prompt -> the editor's UI format, which converts back unchanged."""
+"""graph/formats/ui_export.py: API prompt -> the editor's UI format, which converts back unchanged."""
 
 import json
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from mixgraph.graph.env import Env
-from mixgraph.graph.ui_export import to_ui
-from mixgraph.graph.ui_format import convert_ui
+from mixgraph.graph.formats.ui_export import to_ui
+from mixgraph.graph.formats.ui_format import convert_ui
 from mixgraph.ui.api import default_registry, load
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"

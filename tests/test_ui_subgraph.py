@@ -15,7 +15,7 @@ from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.precision import Resolver
 from mixgraph.graph.prompt import WorkflowError
-from mixgraph.graph.workflow import dump_api, load_workflow
+from mixgraph.graph.formats.workflow import dump_api, load_workflow
 from mixgraph.ui.api import default_registry
 from tests import toy_nodes as toy
 
@@ -176,7 +176,7 @@ def test_ui_subgraph_txt2img_runs_on_a_tiny_checkpoint(tmp_path):
 def test_ui_subgraph_regions_reach_prompts_queued_by_the_editor():
     """The editor queues the flat API prompt and sends the UI graph along; the subgraph's
     precision region applies to the prompt's `"2:1"`-style ids."""
-    from mixgraph.ui.server import editor_regions
+    from mixgraph.ui.server.server import editor_regions
     ui = _fixture("toy_precision_subgraphs.json")
     ui["groups"] = []
     api = dump_api(load_workflow(ui, TOY))

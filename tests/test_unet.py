@@ -9,13 +9,8 @@ import torch
 from diffusers import UNet2DConditionModel
 from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 
-from mixgraph.nodes.models.unet import (
-    UNetModel,
-    sdxl_adm,
-    sdxl_refiner_adm,
-    timestep_embedding,
-    unet_config_from_state_dict,
-)
+from mixgraph.nodes.families.sd.unet import (UNetModel, sdxl_adm, sdxl_refiner_adm, timestep_embedding,
+                                             unet_config_from_state_dict)
 from mixgraph.nodes.payloads.conditioning import Control
 from tests.fixtures.tiny_unet import KINDS, TINY_POOLED, tiny_unet, tiny_unet_config, tiny_unet_state_dict
 

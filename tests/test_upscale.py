@@ -17,9 +17,9 @@ from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.precision import parse_spec
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import upscale_nodes  # noqa: F401  (registers the nodes)
-from mixgraph.nodes.models.esrgan import RRDBConfig, RRDBNet, UpscaleModelError
-from mixgraph.nodes.models.upscale import load_upscale_model, upscale_image
+from mixgraph.nodes.declare.image import upscale_nodes  # noqa: F401  (registers the nodes)
+from mixgraph.nodes.image_models.esrgan import RRDBConfig, RRDBNet, UpscaleModelError
+from mixgraph.nodes.image_models.upscale import load_upscale_model, upscale_image
 from mixgraph.ui import api
 
 TINY = RRDBConfig(features=8, growth=4, blocks=2, upsamples=2)

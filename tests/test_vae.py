@@ -8,16 +8,9 @@ import torch.nn.functional as F
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.models.handles import VaeHandle
-from mixgraph.nodes.models.safetensors_io import WeightSource
-from mixgraph.nodes.models.vae import (
-    AutoencoderKL,
-    VAEConfig,
-    crop_to_multiple,
-    decode_image,
-    decode_tiled,
-    encode_image,
-    tiled_map,
-)
+from mixgraph.nodes.weights.safetensors_io import WeightSource
+from mixgraph.nodes.vae.vae import (AutoencoderKL, VAEConfig, crop_to_multiple, decode_image, decode_tiled,
+                                    encode_image, tiled_map)
 from tests.fixtures.checkpoints import TINY_VAE_CONFIG, tiny_vae_state_dict, vae_diffusers_config, vae_to_diffusers
 
 

@@ -8,7 +8,7 @@ from mixgraph.graph.node import Boolean, Combo, Float, Int, Socket, String, node
 from mixgraph.graph.prompt import BadLink, Link, NodeCall
 from mixgraph.graph.registry import Registry
 from mixgraph.graph.validate import Problem, format_problems, validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 
 
 @node(outputs=["INT"], register=False)

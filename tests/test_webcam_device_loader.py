@@ -18,8 +18,10 @@ from mixgraph.graph.executor import Executor
 from mixgraph.graph.report import NodeError, ValidationFailed
 from mixgraph.graph.node import MAX_RESOLUTION
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import extra_loader_nodes, folders, webcam_nodes  # noqa: F401  (registers the nodes)
-from mixgraph.nodes.device_options import check_placement, device_options, resolve_device_option
+from mixgraph.nodes.declare.loaders import extra_loader_nodes  # noqa: F401  (registers the nodes)
+from mixgraph.nodes.helpers import folders  # noqa: F401  (registers the nodes)
+from mixgraph.nodes.declare.image import webcam_nodes  # noqa: F401  (registers the nodes)
+from mixgraph.nodes.helpers.device_options import check_placement, device_options, resolve_device_option
 from mixgraph.ui import api
 from tests.fixtures.tiny_zero123 import write_stable_zero123
 

@@ -9,8 +9,8 @@ import pytest
 from mixgraph.graph.node import Combo, Float, Int, Socket, String, node
 from mixgraph.graph.prompt import BadLink, Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError
 from mixgraph.graph.registry import Registry
-from mixgraph.graph.ui_format import group_precision, widget_slots, UiGroup
-from mixgraph.graph.workflow import dump_api, dump_envelope, load_workflow
+from mixgraph.graph.formats.ui_format import group_precision, widget_slots, UiGroup
+from mixgraph.graph.formats.workflow import dump_api, dump_envelope, load_workflow
 
 
 @node(outputs=["MODEL", "CLIP"], register=False)

@@ -21,7 +21,7 @@ from mixgraph.graph.executor import Executor
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.validate import validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 from tests.fixtures.checkpoints import write_sd15, write_sdxl, write_sdxl_refiner
 from tests.fixtures.tiny_vision import write_sd2_unclip
 from tests.fixtures.tiny_zero123 import stable_zero123_state_dict

@@ -16,13 +16,13 @@ from PIL import Image
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.models.loader import load_checkpoint, load_unet
-from mixgraph.nodes.models.synthetic import module_shapes, random_state_dict
-from mixgraph.nodes.models.unet import UNetModel, unet_config_from_state_dict
-from mixgraph.nodes.models.x4_upscaler import ImageAugmentor, resize_to_batch_size
+from mixgraph.nodes.weights.synthetic import module_shapes, random_state_dict
+from mixgraph.nodes.families.sd.unet import UNetModel, unet_config_from_state_dict
+from mixgraph.nodes.families.sd.x4_upscaler import ImageAugmentor, resize_to_batch_size
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling
 from mixgraph.nodes.sampling.preview import make_previewer
-from mixgraph.nodes.upscale_diffusion_nodes import SD_4XUpscale_Conditioning
+from mixgraph.nodes.declare.conditioning.upscale_diffusion_nodes import SD_4XUpscale_Conditioning
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import _save
 from tests.fixtures.tiny_x4 import X4_UNET, sd2_x4_state_dict, write_sd2_x4

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.models.attention import attention
-from mixgraph.nodes.models.latent_format import LatentFormat
-from mixgraph.nodes.models.unet import timestep_embedding
+from mixgraph.nodes.vae.latent_format import LatentFormat
+from mixgraph.nodes.families.sd.unet import timestep_embedding
 
 PATCH = 2
 HEAD_WIDTH = 16

@@ -28,7 +28,7 @@ import torch
 
 from mixgraph.nodes.models import shapes as S
 from mixgraph.ui import api
-from mixgraph.ui.bench_precision import psnr, ssim
+from mixgraph.ui.bench.bench_precision import psnr, ssim
 from mixgraph.ui.demo import DEMO_CHECKPOINT, demo_workflow
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@ in workflows/README.md.
 
 A workflow that runs on what ships with mixgraph (the embedded model, no input images) is run, and
 its first output picture is the thumbnail. Any other (it needs an SD 1.5 or SDXL checkpoint, a LoRA,
-an input image) gets a drawing of its graph: the editor's layout of it (graph.ui_export), nodes as
+an input image) gets a drawing of its graph: the editor's layout of it (graph.formats.ui_export), nodes as
 boxes coloured by kind, links as lines, so the thumbnail shows what the workflow does.
 
     PYTHONPATH=. python tools/make_thumbnails.py            # all
@@ -19,10 +19,10 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 from mixgraph.graph.env import Env
-from mixgraph.graph.ui_export import to_ui
+from mixgraph.graph.formats.ui_export import to_ui
 from mixgraph.nodes.models.shapes import EMBEDDED_MODELS
 from mixgraph.ui import api
-from mixgraph.ui.templates import read_index
+from mixgraph.ui.server.templates import read_index
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "workflows"

@@ -53,10 +53,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from mixgraph.nodes.models import shapes as S
-from mixgraph.nodes.models.clip import CLIPTextConfig, CLIPTextModel
-from mixgraph.nodes.models.tokenizer import END_TOKEN, CLIPTokenizer
-from mixgraph.nodes.models.unet import UNetConfig, UNetModel
-from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig
+from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel
+from mixgraph.nodes.encoders.tokenizer import END_TOKEN, CLIPTokenizer
+from mixgraph.nodes.families.sd.unet import UNetConfig, UNetModel
+from mixgraph.nodes.vae.vae import AutoencoderKL, VAEConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "nodes" / "models" / "data" / "models" / "checkpoints" / "mixgraph-shapes.safetensors"
@@ -124,8 +124,8 @@ def zero_init_residuals(module: torch.nn.Module) -> None:
     """Zero the last layer of every residual branch (and the UNet's output conv), as LDM does for
     its UNet: each block starts as the identity, so a deep net trains like a shallow one first.
     Without it the 24-conv VAE decoder needs thousands of steps to reproduce flat colours."""
-    from mixgraph.nodes.models import unet as U
-    from mixgraph.nodes.models import vae as V
+    from mixgraph.nodes.families.sd import unet as U
+    from mixgraph.nodes.vae import vae as V
 
     zero = []
     for m in module.modules():

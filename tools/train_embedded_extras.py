@@ -29,10 +29,10 @@ from safetensors.torch import load_file, save_file
 
 import train_embedded as T
 from mixgraph.nodes.models import shapes as S
-from mixgraph.nodes.models.clip import CLIPTextModel
-from mixgraph.nodes.models.controlnet import ControlNetConfig, ControlNetModel
-from mixgraph.nodes.models.unet import UNetModel, SpatialTransformer
-from mixgraph.nodes.models.vae import AutoencoderKL
+from mixgraph.nodes.encoders.clip import CLIPTextModel
+from mixgraph.nodes.adapters.controlnet import ControlNetConfig, ControlNetModel
+from mixgraph.nodes.families.sd.unet import UNetModel, SpatialTransformer
+from mixgraph.nodes.vae.vae import AutoencoderKL
 from mixgraph.nodes.payloads.conditioning import Control
 
 DATA = T.ROOT / "nodes" / "models" / "data" / "models"

@@ -34,7 +34,7 @@ from mixgraph.graph.executor import Executor, RunReport
 from mixgraph.graph.persist import DEFAULT_BYTES, DiskCache, TieredCache
 from mixgraph.graph.prompt import Link, NodeCall, PrecisionConfig, Region, Workflow, WorkflowError
 from mixgraph.graph.validate import Validation, validate
-from mixgraph.graph.workflow import load_workflow
+from mixgraph.graph.formats.workflow import load_workflow
 
 __all__ = ["load", "run", "RunResult", "Graph", "NodeRef", "set_inputs", "parse_set",
            "default_executor", "default_registry", "load_node_library", "enable_output_cache"]

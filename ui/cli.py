@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mixgraph.graph.env import check_device
-from mixgraph.ui.comfy_flags import add_cache_flags, add_comfy_flags, cache_from_args
+from mixgraph.ui.comfy.comfy_flags import add_cache_flags, add_comfy_flags, cache_from_args
 
 EXIT_OK, EXIT_NODE_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -28,8 +28,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _custom_nodes(p: argparse.ArgumentParser, base_directory: bool = True) -> None:
-    """ComfyUI's custom-node flags (ui/custom_nodes.py loads the packs). `serve` gets
-    `--base-directory` from ComfyUI's server flags (ui/comfy_flags.py), with its wider meaning."""
+    """ComfyUI's custom-node flags (ui/comfy/custom_nodes.py loads the packs). `serve` gets
+    `--base-directory` from ComfyUI's server flags (ui/comfy/comfy_flags.py), with its wider meaning."""
     p.add_argument("--custom-nodes", action="append", default=[], metavar="DIR",
                    help="also load ComfyUI custom node packs from DIR (repeatable)")
     p.add_argument("--disable-all-custom-nodes", action="store_true",
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "mixgraph_fan_out)")
     add_cache_flags(p)
     _common(p)
-    add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy_flags.py), --base-directory too
+    add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy/comfy_flags.py), --base-directory too
     _custom_nodes(p, base_directory=False)
 
     from mixgraph.ui.demo import help_text
@@ -167,13 +167,13 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
             from mixgraph.ui.estimate import cli_main
             return int(cli_main(args, _registry(registry, args)) or 0)
         if args.command == "bench" and args.bench == "engine":
-            from mixgraph.ui.bench_engine import cli_main
+            from mixgraph.ui.bench.bench_engine import cli_main
             return int(cli_main(args) or 0)
         if args.command == "bench":
-            from mixgraph.ui.bench_precision import cli_main
+            from mixgraph.ui.bench.bench_precision import cli_main
             return int(cli_main(args) or 0)
         if args.command == "serve":
-            from mixgraph.ui.server import cli_main
+            from mixgraph.ui.server.server import cli_main
             return int(cli_main(args) or 0)
         if args.command == "demo":
             from mixgraph.ui.demo import cli_main
@@ -208,7 +208,7 @@ def _registry(registry: Any, args: argparse.Namespace | None = None) -> Any:
         except Exception as e:  # noqa: BLE001 - a broken install: say so, run nothing
             raise CliError(f"the node library failed to load ({type(e).__name__}: {e})") from e
     if args is not None:
-        from mixgraph.ui.custom_nodes import load_from_args
+        from mixgraph.ui.comfy.custom_nodes import load_from_args
         for line in load_from_args(args, registry, _env(args)).messages():
             print(f"warning: {line}", file=sys.stderr)
     return registry

@@ -133,7 +133,7 @@ def trace_peak(build, policy: Policy, run) -> int:
     they are counted as weights)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from mixgraph.nodes.models.cast import apply_precision
+    from mixgraph.nodes.weights.cast import apply_precision
 
     with torch.device("meta"):
         module = build()
@@ -166,7 +166,7 @@ def _model_peak(family_name: str, config: Any, pkey: tuple, batch: int, h: int, 
 
 @functools.lru_cache(maxsize=64)
 def _vae_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, mode: str, down: int) -> int:
-    from mixgraph.nodes.models.vae import AutoencoderKL
+    from mixgraph.nodes.vae.vae import AutoencoderKL
 
     policy = Policy(*pkey)
     if mode == "decode":
@@ -180,7 +180,7 @@ def _vae_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, mode: str, d
 
 @functools.lru_cache(maxsize=64)
 def _controlnet_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, down: int) -> int:
-    from mixgraph.nodes.models.controlnet import ControlNetModel
+    from mixgraph.nodes.adapters.controlnet import ControlNetModel
 
     policy = Policy(*pkey)
 
@@ -231,10 +231,10 @@ def _modules(socket: str, handle: Any) -> list:
         build = families.get(getattr(handle, "family", "sd")).build
         return [(lambda: build(handle.config), getattr(handle, "source", None))]
     if socket == "VAE":
-        from mixgraph.nodes.models.vae import AutoencoderKL
+        from mixgraph.nodes.vae.vae import AutoencoderKL
         return [(lambda: AutoencoderKL(handle.config), getattr(handle, "source", None))]
     if socket == "CONTROL_NET":
-        from mixgraph.nodes.models.controlnet import ControlNetModel
+        from mixgraph.nodes.adapters.controlnet import ControlNetModel
         return [(lambda: ControlNetModel(handle.config), getattr(handle, "source", None))]
     if socket == "CLIP":  # one module per text encoder of the set
         return [(functools.partial(e.build, e.config), e.source) for e in handle.encoders]
@@ -244,8 +244,8 @@ def _modules(socket: str, handle: Any) -> list:
 def _stored_table_bytes(module: torch.nn.Module, source: Any) -> int:
     """Bytes of the module's `keep_stored` tables in the file's dtype: the weight store counts
     them against its budget although they stay lazily paged views (not resident)."""
-    from mixgraph.nodes.models.cast import matched_names
-    from mixgraph.nodes.models.safetensors_io import source_dtypes
+    from mixgraph.nodes.weights.cast import matched_names
+    from mixgraph.nodes.weights.safetensors_io import source_dtypes
 
     names = matched_names(module, "keep_stored")
     if not names:
@@ -263,7 +263,7 @@ def _weight_parts(socket: str, handle: Any, pkey: tuple) -> tuple[tuple[int, int
     """(held, per use, counted) bytes of each module the handle materializes, one weight store
     entry each (a CLIP handle's text encoders are separate entries); `counted` is what the store
     counts against its budget (held plus the lazily paged tables)."""
-    from mixgraph.nodes.models.cast import precision_bytes
+    from mixgraph.nodes.weights.cast import precision_bytes
 
     parts = []
     for build, source in _modules(socket, handle):
@@ -280,13 +280,13 @@ def _weight_bytes(socket: str, handle: Any, pkey: tuple) -> tuple[int, int]:
 
 
 def _store_budget() -> int:
-    from mixgraph.nodes.models import store
+    from mixgraph.nodes.weights import store
     return store.STORE.budget_bytes
 
 
 class _Held:
     """The weight store as the run will fill it: an LRU of entries, bounded like
-    `nodes.models.store.WeightStore` (a new entry evicts the least recently used others while
+    `nodes.weights.store.WeightStore` (a new entry evicts the least recently used others while
     the total is over the budget; the new one is always kept). Entries a node is using stay
     resident until the node ends even when evicted (its module still references them)."""
 
@@ -355,7 +355,7 @@ class _Graph:
             folder, names, outs = _LOADERS[ct]
             if outs.get(link.slot) is None:
                 return None
-            from mixgraph.nodes import folders
+            from mixgraph.nodes.helpers import folders
             paths = tuple(str(folders.resolve(self.env, folder, call.inputs[n])) for n in names)
             extra = str(call.inputs.get("weight_dtype", call.inputs.get("type", "stable_diffusion")))
             mtimes = tuple(os.stat(p).st_mtime_ns for p in paths)
@@ -371,7 +371,7 @@ class _Graph:
                 if ct.startswith("Lora"):
                     up = _replace(up, patched=True)
                 if ct.startswith("Set") and ct.endswith("Precision") and up.pinned is None:
-                    from mixgraph.nodes.precision_nodes import policy_from
+                    from mixgraph.nodes.declare.model_patches.precision_nodes import policy_from
                     up = _replace(up, pinned=policy_from(
                         call.inputs.get("storage", "bf16"), call.inputs.get("compute", "bf16"),
                         bool(call.inputs.get("upcast_attention")), bool(call.inputs.get("f32_norms"))))
@@ -569,8 +569,8 @@ def weights_needed(wf: Workflow, registry: Any, env: Any,
     """The (file path, storage dtype) pairs the weight store will hold after running `wf`: every
     model input of a node traced back to its loader, under the policy that node resolves, as
     `estimate` counts them. What a Ray worker must hold for the prompt to need no load
-    (ui/ray_pool.py). Models it cannot trace (a custom loader) are left out."""
-    from mixgraph.nodes import folders
+    (ui/ray/ray_pool.py). Models it cannot trace (a custom loader) are left out."""
+    from mixgraph.nodes.helpers import folders
 
     resolver = Resolver(wf.precision, {}, None, env.device or "cpu", set())
     graph = _Graph(wf, registry, env)
@@ -633,7 +633,7 @@ def _upper_bound(wf: Workflow, registry: Any, env: Any) -> float:
     """A quick bound above the estimate, from file sizes and pixel counts only: every model file
     held 4 times over (an fp8 file computing in f32) and 16 KiB per pixel of the largest
     latent or image (the traced peaks are below 4 KiB per pixel for SD1.5/SDXL VAEs and UNets)."""
-    from mixgraph.nodes import folders
+    from mixgraph.nodes.helpers import folders
 
     graph = _Graph(wf, registry, env)
     files = 0

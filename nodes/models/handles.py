@@ -10,7 +10,7 @@ of the policy it runs under and wraps it with ``cast.apply_precision``. Deriving
 Policy: the policy passed in is authoritative and applied as given. The handle's pins
 (``precision``, and for a MODEL UNETLoader's ``weight_dtype``, a pinned storage dtype) are data
 that the one resolver reads (``graph.precision.resolve``, reached through
-``nodes.precision.effective``); a caller without the engine passes a finished policy itself.
+``nodes.helpers.precision.effective``); a caller without the engine passes a finished policy itself.
 """
 
 from __future__ import annotations
@@ -27,21 +27,23 @@ from torch import Tensor
 
 from mixgraph.nodes import families
 from mixgraph.nodes.families.base import Sampling
-from mixgraph.nodes.models import lora_bypass, store
+from mixgraph.nodes.adapters import lora_bypass
+from mixgraph.nodes.weights import store
 from mixgraph.nodes.models.attention import check_backend
-from mixgraph.nodes.models.cast import PolicyLike, apply_precision
+from mixgraph.nodes.weights.cast import PolicyLike, apply_precision
 from mixgraph.nodes.models.compile import compiled as compile_module
-from mixgraph.nodes.models.controlnet import ControlNetModel
-from mixgraph.nodes.models.controlnet_union import check_control_type
+from mixgraph.nodes.adapters.controlnet import ControlNetModel
+from mixgraph.nodes.adapters.controlnet_union import check_control_type
 from mixgraph.nodes.models.hooks import encode_with_hooks
-from mixgraph.nodes.models.latent_format import LatentFormat
-from mixgraph.nodes.models.layouts import reader_for_source
-from mixgraph.nodes.models.safetensors_io import WeightSource, inspect_file
-from mixgraph.nodes.models.taesd import load_taesd_autoencoder
-from mixgraph.nodes.models.encoder_set import EncoderEntry
-from mixgraph.nodes.models.text_encode import TextEncoder, check_set, encode_prompt, encode_tokens, tokenize
-from mixgraph.nodes.models.unet import UNetConfig
-from mixgraph.nodes.models.vae import AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
+from mixgraph.nodes.vae.latent_format import LatentFormat
+from mixgraph.nodes.weights.layouts import reader_for_source
+from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
+from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
+from mixgraph.nodes.encoders.encoder_set import EncoderEntry
+from mixgraph.nodes.encoders.text_encode import TextEncoder, check_set, encode_prompt, encode_tokens, tokenize
+from mixgraph.nodes.families.sd.unet import UNetConfig
+from mixgraph.nodes.vae.vae import (AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image,
+                                    encode_tiled)
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
@@ -354,7 +356,7 @@ def _taesd_module(encoder: str, decoder: str, name: str, stamp: tuple) -> torch.
 @dataclass(frozen=True)
 class TaesdVaeHandle:
     """VAE: ComfyUI's TAESD VAE (VAELoader "taesd" / "taesdxl"): the tiny encoder/decoder pair in
-    ``vae_approx`` (``models/taesd.py``, ``TAESDAutoencoder``). Same interface and latent space as
+    ``vae_approx`` (``vae/taesd.py``, ``TAESDAutoencoder``). Same interface and latent space as
     ``VaeHandle``: latents unscaled, IMAGE tensors [B,H,W,3] float32 in 0..1."""
 
     name: str
@@ -412,7 +414,7 @@ class TaesdVaeHandle:
 
 @dataclass(frozen=True)
 class ControlNetHandle:
-    """CONTROL_NET: a ControlNet recipe (``nodes.models.controlnet``); ``config`` is a
+    """CONTROL_NET: a ControlNet recipe (``nodes.adapters.controlnet``); ``config`` is a
     ``ControlNetConfig``. ``runner(policy)`` is the precision-applied ``ControlNetModel``
     (f32 in, f32 out), what ``ControlNetChain.runner`` holds. ``control_type``: the extra argument
     SetUnionControlNetType sets (ComfyUI ``set_extra_arg("control_type", ...)``): () = "auto", or

@@ -22,10 +22,10 @@ import os
 import warnings
 from collections import OrderedDict
 
-from mixgraph.nodes.models.lora import LoraFile, LoraKeyWarning, load_lora
-from mixgraph.nodes.models.lora_keys import group_modules
-from mixgraph.nodes.models.merge import CLIP_SKIP, MergePatch
-from mixgraph.nodes.models.safetensors_io import WeightSource, read_tensors
+from mixgraph.nodes.adapters.lora import LoraFile, LoraKeyWarning, load_lora
+from mixgraph.nodes.adapters.lora_keys import group_modules
+from mixgraph.nodes.weights.merge import CLIP_SKIP, MergePatch
+from mixgraph.nodes.weights.safetensors_io import WeightSource, read_tensors
 from mixgraph.nodes.payloads.hooks import HookGroup, LoraWeights, ModelWeights, WeightHook
 
 __all__ = ["read_lora_weights", "unet_patches", "clip_patches", "clip_schedule", "encode_with_hooks"]

@@ -16,7 +16,7 @@ Layouts understood (comfy-conventions §8):
   with or without ``model.diffusion_model.``; diffusers keys), text encoders (HF or OpenCLIP).
 
 The diffusers → LDM key renaming (``diffusers_unet_rename``, ``diffusers_vae_rename``) lives in
-``nodes.models.diffusers_names``, shared with the LoRA and ControlNet loaders; diffusers' VAE
+``nodes.weights.diffusers_names``, shared with the LoRA and ControlNet loaders; diffusers' VAE
 attention projections are [C, C] Linear weights where LDM has [C, C, 1, 1] 1×1 convs, which the
 weight store reshapes on assignment.
 
@@ -39,21 +39,23 @@ import torch
 
 from mixgraph.nodes import families
 from mixgraph.nodes.families.base import Detection
-from mixgraph.nodes.models.clip import CLIPTextConfig, is_open_clip
-from mixgraph.nodes.models.clip_vision_handle import clip_vision_handle
-from mixgraph.nodes.models.control_lora import ControlLoraHandle, is_control_lora
-from mixgraph.nodes.models.controlnet import controlnet_config_from_state_dict, convert_controlnet_state_dict
-from mixgraph.nodes.models.diffusers_names import diffusers_unet_rename
-from mixgraph.nodes.models.families import UnsupportedFamilyError, detect_family, family_of_file, refusal
+from mixgraph.nodes.encoders.clip import CLIPTextConfig, is_open_clip
+from mixgraph.nodes.encoders.clip_vision_handle import clip_vision_handle
+from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_lora
+from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
+                                                convert_controlnet_state_dict)
+from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename
+from mixgraph.nodes.families.refused import UnsupportedFamilyError, detect_family, family_of_file, refusal
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle
-from mixgraph.nodes.models.taesd import load_taesd_autoencoder
-from mixgraph.nodes.models.layouts import DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, reader_for_source
-from mixgraph.nodes.models.merge import MergePatch
-from mixgraph.nodes.models.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
-from mixgraph.nodes.models.t2i_adapter import is_t2i_adapter, load_t2i_adapter
-from mixgraph.nodes.models.text_encode import sd_encoder_entries
-from mixgraph.nodes.models.vae import VAEConfig
-from mixgraph.nodes.models.zero123 import is_zero123
+from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
+from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename,
+                                            reader_for_source)
+from mixgraph.nodes.weights.merge import MergePatch
+from mixgraph.nodes.weights.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
+from mixgraph.nodes.adapters.t2i_adapter import is_t2i_adapter, load_t2i_adapter
+from mixgraph.nodes.encoders.text_encode import sd_encoder_entries
+from mixgraph.nodes.vae.vae import VAEConfig
+from mixgraph.nodes.families.sd.zero123 import is_zero123
 
 __all__ = [
     "load_checkpoint",
@@ -482,7 +484,7 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
 
 def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     """ControlNetLoader: LDM (``control_model.`` or bare) or diffusers ControlNet files; the key
-    conversion and config derivation are ``nodes.models.controlnet``'s, run on the header here.
+    conversion and config derivation are ``nodes.adapters.controlnet``'s, run on the header here.
     T2I-Adapter files give a ``t2i_adapter.T2IAdapterHandle``."""
     p = Path(path)
     if p.is_dir():

@@ -30,7 +30,7 @@ __all__ = [
 
 IMAGE_SIZE = 64
 #: Models that ship with mixgraph, in a models-folder layout (checkpoints/, loras/, controlnet/):
-#: every models folder lists them after the user's own files (nodes.folders).
+#: every models folder lists them after the user's own files (nodes.helpers.folders).
 EMBEDDED_MODELS = Path(__file__).parent / "data" / "models"
 #: The trained checkpoint (tools/train_embedded.py).
 EMBEDDED_CHECKPOINT = EMBEDDED_MODELS / "checkpoints" / "mixgraph-shapes.safetensors"

@@ -39,7 +39,7 @@ class SizeCond:
 class UnclipEntry:
     """One unCLIPConditioning on a cond: CLIP vision ``image_embeds`` [B, P], ``strength`` and
     ``noise_augmentation`` (0..1); the model turns a cond's entries into its vector input y
-    (``nodes/models/unclip.py``)."""
+    (``nodes/families/sd/unclip.py``)."""
 
     image_embeds: torch.Tensor
     strength: float = 1.0
@@ -146,7 +146,7 @@ class Cond:
                  of the sampled latent (InpaintModelConditioning), or None.
     concat_mask: [B, 1, H, W] mask (any size) an inpaint model gets instead of the noise mask.
     unclip:      ``UnclipEntry``s (unCLIPConditioning), in order; () = none.
-    gligen:      GLIGEN text boxes (``models.gligen.GligenBoxes``: the model and its boxes), or None.
+    gligen:      GLIGEN text boxes (``adapters.gligen.GligenBoxes``: the model and its boxes), or None.
     concat_image: [B, 3, h, w] low-resolution image in [-1, 1] the x4 upscaler gets as its extra
                  input channels (SD_4XUpscale_Conditioning), or None.
     noise_augmentation: how much that image is noised, 0..1 (x4 upscaler; noise level

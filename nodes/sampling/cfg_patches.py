@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mixgraph.nodes.models.unet_patches import AttentionRecorder, IdentityAttention
+from mixgraph.nodes.families.sd.unet_patches import AttentionRecorder, IdentityAttention
 
 __all__ = ["GuidanceArgs", "last_patch", "guide", "run_pre_cfg", "post_cfg", "cfg_at", "RescaleCFG", "CFGZeroStar", "PerturbedAttentionGuidance", "APG",
            "TangentialDampingCFG", "SelfAttentionGuidance", "DifferentialDiffusion", "needs_uncond",

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from mixgraph.nodes.models.latent_format import format_of
+from mixgraph.nodes.vae.latent_format import format_of
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.sampling import Guidance

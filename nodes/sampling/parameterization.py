@@ -39,9 +39,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from mixgraph.nodes.models.control_lora import bind_chain
-from mixgraph.nodes.models.gligen import grounding_patch
-from mixgraph.nodes.models.latent_format import format_of
+from mixgraph.nodes.adapters.control_lora import bind_chain
+from mixgraph.nodes.adapters.gligen import grounding_patch
+from mixgraph.nodes.vae.latent_format import format_of
 from mixgraph.nodes.models.resize import center_crop
 from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .cfg_patches import GuidanceArgs, cfg_at, guide, needs_uncond
@@ -356,7 +356,7 @@ class CondDenoiser:
         control_to_uncond: (positive index, negative index) for ControlNetApply's
             ``control_apply_to_uncond``; None to skip.
         seed: the sampling seed; a cond's unCLIP image embeddings are noised with seed − 10
-            (``models/unclip.py``), so the model's ``cond_inputs`` gets it.
+            (``families/sd/unclip.py``), so the model's ``cond_inputs`` gets it.
 
     9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
     ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
@@ -366,7 +366,7 @@ class CondDenoiser:
     instruct-pix2pix models get ``cat([c_in·x (4), image latent (4)])`` (``_ip2p_concat``).
     The SD x4 upscaler (7 channels; the model has ``image_augmentor``) gets
     ``cat([c_in·x (4), low-resolution image (3)])`` per cond, from ``model.image_concat`` (the
-    cond's ``concat_image``, noise-augmented with seed − 10; ``models/x4_upscaler.py``).
+    cond's ``concat_image``, noise-augmented with seed − 10; ``families/sd/x4_upscaler.py``).
 
     ``unet_hook`` (None, or a ``step_cache.EasyRun`` set for one sampling run) stands around each
     UNet call: ``hook(call, unet_in, cond keys, sigma)``; ``hook.begin()`` marks each

@@ -6,11 +6,11 @@ Two previewers:
 * **latent2rgb**: a per-architecture linear map of the latent channels to RGB
   (ComfyUI ``latent_formats``: ``rgb = latent · latent_rgb_factors + latent_rgb_factors_bias``),
   then ``(rgb + 1) / 2`` clamped to [0, 1]; the image has the latent's size (H/8 × W/8).
-* **taesd**: the TAESD decoder (``models/taesd.py``) from ``vae_approx/taesd_decoder`` (SD1/SD2)
+* **taesd**: the TAESD decoder (``vae/taesd.py``) from ``vae_approx/taesd_decoder`` (SD1/SD2)
   or ``taesdxl_decoder`` (SDXL, Playground v2.5); full-size images, clamped to [0, 1].
 
 The tables are keyed by model kind, and by latent format name for a format that replaces its
-kind's own (``"sdxl_playground_2_5"``, ``models/latent_format.py``; ``preview_key``). Both
+kind's own (``"sdxl_playground_2_5"``, ``vae/latent_format.py``; ``preview_key``). Both
 previewers see the x0 in the sampler's latent space (after ``process_in``), as in ComfyUI.
 
 Only the first image of a batch is previewed. ``method``: "none" (no previews, ComfyUI's
@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from mixgraph.nodes.models.taesd import TAESDDecoder, load_taesd_decoder
+from mixgraph.nodes.vae.taesd import TAESDDecoder, load_taesd_decoder
 
 __all__ = ["PREVIEW_METHODS", "LATENT_RGB_FACTORS", "LATENT_RGB_BIAS", "TAESD_DECODER_NAMES",
            "preview_key", "latent_to_rgb", "Latent2RGBPreviewer", "TAESDPreviewer", "make_previewer"]

@@ -33,16 +33,16 @@ import torch
 
 from mixgraph.nodes.families.base import Detection
 from mixgraph.nodes.families.sd.parts import SDParts
-from mixgraph.nodes.models.latent_format import PLAYGROUND_V2_5
-from mixgraph.nodes.models.lotus import PREDICTION as LOTUS_PREDICTION
-from mixgraph.nodes.models.lotus import is_lotus
-from mixgraph.nodes.models.lotus import task_embedding as lotus_task_embedding
-from mixgraph.nodes.models.safetensors_io import WeightSource
-from mixgraph.nodes.models.sdpose import HeatmapHeadWeights
-from mixgraph.nodes.models.unclip import NoiseAugmentor
-from mixgraph.nodes.models.unet import UNetConfig, unet_config_from_state_dict
-from mixgraph.nodes.models.x4_upscaler import BETA_RANGE, ImageAugmentor, is_x4_upscaler, x4_unet_config
-from mixgraph.nodes.models.zero123 import CameraProjectionWeights, is_zero123
+from mixgraph.nodes.vae.latent_format import PLAYGROUND_V2_5
+from mixgraph.nodes.families.sd.lotus import PREDICTION as LOTUS_PREDICTION
+from mixgraph.nodes.families.sd.lotus import is_lotus
+from mixgraph.nodes.families.sd.lotus import task_embedding as lotus_task_embedding
+from mixgraph.nodes.weights.safetensors_io import WeightSource
+from mixgraph.nodes.families.sd.sdpose import HeatmapHeadWeights
+from mixgraph.nodes.families.sd.unclip import NoiseAugmentor
+from mixgraph.nodes.families.sd.unet import UNetConfig, unet_config_from_state_dict
+from mixgraph.nodes.families.sd.x4_upscaler import BETA_RANGE, ImageAugmentor, is_x4_upscaler, x4_unet_config
+from mixgraph.nodes.families.sd.zero123 import CameraProjectionWeights, is_zero123
 
 __all__ = ["detect_sd", "variant_of_config", "unclip_augmentor", "CHECKPOINT_ENCODERS", "UNCLIP_ADM"]
 

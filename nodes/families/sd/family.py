@@ -3,7 +3,7 @@
 Variants (``ModelHandle.kind``): "sd1", "sd2", "sdxl", "sdxl_refiner", "sd2_x4" (the SD 2.x x4
 upscaler). Inpaint (9 channels), instruct-pix2pix (8), SD2.1 unCLIP, Lotus / SDPose, Stable
 Zero123 and Playground v2.5 are these variants with extra handle fields (``detect.py``). Model
-files live in ``nodes/models`` (``unet.py``, ``x4_upscaler.py``, ``lotus.py``, ``unclip.py``,
+files live beside this one (``unet.py``, ``x4_upscaler.py``, ``lotus.py``, ``unclip.py``,
 ``zero123.py``, ``sdpose.py``).
 """
 
@@ -18,11 +18,11 @@ from torch import Tensor
 from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.sd.detect import CHECKPOINT_ENCODERS, detect_sd
 from mixgraph.nodes.families.sd.runner import UNetRunner
-from mixgraph.nodes.models.latent_format import LatentFormat
-from mixgraph.nodes.models.safetensors_io import WeightSource
-from mixgraph.nodes.models.unet import UNetConfig, UNetModel
-from mixgraph.nodes.models.x4_upscaler import BETA_RANGE as X4_BETA_RANGE
-from mixgraph.nodes.models.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
+from mixgraph.nodes.vae.latent_format import LatentFormat
+from mixgraph.nodes.weights.safetensors_io import WeightSource
+from mixgraph.nodes.families.sd.unet import UNetConfig, UNetModel
+from mixgraph.nodes.families.sd.x4_upscaler import BETA_RANGE as X4_BETA_RANGE
+from mixgraph.nodes.families.sd.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
 
 __all__ = ["SD", "SDFamily", "VARIANTS", "CLIP_PREFIXES"]
 

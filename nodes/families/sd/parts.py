@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mixgraph.nodes.models.sdpose import HeatmapHeadWeights
-from mixgraph.nodes.models.unclip import NoiseAugmentor
-from mixgraph.nodes.models.x4_upscaler import ImageAugmentor
-from mixgraph.nodes.models.zero123 import CameraProjectionWeights
+from mixgraph.nodes.families.sd.sdpose import HeatmapHeadWeights
+from mixgraph.nodes.families.sd.unclip import NoiseAugmentor
+from mixgraph.nodes.families.sd.x4_upscaler import ImageAugmentor
+from mixgraph.nodes.families.sd.zero123 import CameraProjectionWeights
 
 __all__ = ["SDParts", "NO_PARTS", "parts_of"]
 

@@ -17,11 +17,11 @@ from torch import Tensor
 
 from mixgraph.nodes.families.base import Sampling
 from mixgraph.nodes.families.sd.parts import parts_of
-from mixgraph.nodes.models import unet as unet_module
-from mixgraph.nodes.models.cast import PolicyLike
+from mixgraph.nodes.families.sd import unet as unet_module
+from mixgraph.nodes.weights.cast import PolicyLike
 from mixgraph.nodes.models.seamless import unet_wrappers
-from mixgraph.nodes.models.unclip import NoiseAugmentor, unclip_adm
-from mixgraph.nodes.models.unet import sdxl_adm, sdxl_refiner_adm
+from mixgraph.nodes.families.sd.unclip import NoiseAugmentor, unclip_adm
+from mixgraph.nodes.families.sd.unet import sdxl_adm, sdxl_refiner_adm
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = ["UNetRunner"]

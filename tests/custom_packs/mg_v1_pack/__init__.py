@@ -13,7 +13,7 @@ from PIL import Image
 import comfy.model_management
 import comfy.utils
 import folder_paths
-import nodes  # ComfyUI's `nodes` module (ui/comfy_host/nodes.py), as packs import it
+import nodes  # ComfyUI's `nodes` module (ui/comfy/comfy_host/nodes.py), as packs import it
 from comfy.comfy_types import IO, ComfyNodeABC, InputTypeDict
 from comfy_execution.graph import ExecutionBlocker
 from comfy_execution.graph_utils import GraphBuilder

@@ -1,0 +1,1 @@
+"""Node declarations, one folder per concept; nodes/library.py imports every module."""

@@ -1,0 +1,1 @@
+"""Conditioning nodes: text encoding, areas and masks, ControlNets, image and vision conditionings, weight hooks."""

@@ -1,0 +1,1 @@
+"""IMAGE and MASK nodes: load, save, transform, filter, crop, upscale, pose and background removal."""

@@ -1,0 +1,1 @@
+"""LATENT nodes: empty latents, batches, composites, transforms, latent files."""

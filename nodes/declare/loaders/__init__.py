@@ -1,0 +1,1 @@
+"""Nodes that load, save and place model files: checkpoints, diffusion models, text encoders, VAEs, LoRAs, ControlNets."""

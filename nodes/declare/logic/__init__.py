@@ -1,0 +1,1 @@
+"""Value and control-flow nodes: primitives, switches, loops, preview as text."""

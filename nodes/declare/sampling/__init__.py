@@ -1,0 +1,1 @@
+"""Sampler nodes: KSampler and the custom-sampling group (samplers, sigmas, guiders, noise)."""

@@ -1,0 +1,103 @@
+"""Text encoders as a set: what one named encoder of a CLIP handle is, and the tokenizers by name.
+
+A CLIP handle (``handles.ClipHandle``) holds any number of named encoders (``EncoderEntry``):
+SD 1.x has clip_l, SD 2.x clip_h, SDXL clip_l + clip_g; later families add T5-XXL, Qwen, Gemma.
+An entry says everything that differs between encoders, so that nothing that runs them needs to
+know which encoders it has:
+
+* where its weights are and its sizes (``source``, ``config``) and the module that holds them
+  (``build``; the weight store materializes ``build(config)``);
+* the tokenizer it reads, by name (``tokenizer``: "clip" for every CLIP encoder; a later family
+  registers "t5", "qwen2.5", ... with ``register_tokenizer``, without touching the handle);
+* its precision role (``role``), so that each encoder of a set can run under its own policy
+  (``ClipHandle.encode(..., policies={role: policy})``);
+* its output rule (``OutputRule``): the pad token, which hidden layer it gives, whether that
+  layer is normed, whether its pooled output is projected and whether it is the cond's pooled
+  vector. The encoders' hidden states join along features in set order, each cut to the
+  shortest token count (SDXL: clip_l 768 + clip_g 1280 = 2048; ``text_encode.encode_tokens``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from mixgraph.nodes.encoders.clip import CLIPTextModel
+from mixgraph.nodes.weights.safetensors_io import WeightSource
+from mixgraph.nodes.encoders.tokenizer import CLIPTokenizer
+
+__all__ = ["OutputRule", "EncoderEntry", "register_tokenizer", "get_tokenizer", "tokenizer_names"]
+
+
+@dataclass(frozen=True)
+class OutputRule:
+    """What one encoder contributes to a cond (ComfyUI's per-encoder ``SDClipModel`` settings).
+
+    pad_token: the id that fills a chunk after the end token (49407 for OpenAI's clip_l, 0 for
+        the OpenCLIP encoders).
+    default_layer: the hidden layer given without CLIPSetLastLayer (-2 penultimate); None = the
+        last layer after ``final_layer_norm``.
+    norm_hidden: ``final_layer_norm`` is applied to an intermediate layer (SD1 clip skip, SD2).
+    project_pooled: the pooled output goes through ``text_projection``.
+    pooled: this encoder's pooled output is the cond's pooled vector (SDXL: clip_g's); None of
+        them: the cond has no pooled vector.
+    """
+
+    pad_token: int
+    default_layer: int | None
+    norm_hidden: bool
+    project_pooled: bool
+    pooled: bool = False
+
+
+@dataclass(frozen=True)
+class EncoderEntry:
+    """One named text encoder of a CLIP handle (hashable: a weight-store and cache key).
+
+    name: "clip_l", "clip_g", "clip_h", later "t5xxl", ...; LoRA patches name it as their
+        ``target``, and textual-inversion files key their vectors by it.
+    source, config: its weights and sizes; ``build(config)`` is the module (meta-built for
+        shapes, materialized by the weight store).
+    rule: its ``OutputRule``. tokenizer: the registered tokenizer it reads. role: the precision
+        role it runs under ("text" for every SD encoder).
+    """
+
+    name: str
+    source: WeightSource
+    config: Any
+    rule: OutputRule
+    tokenizer: str = "clip"
+    role: str = "text"
+    build: Callable[[Any], nn.Module] = CLIPTextModel
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizers by name
+
+_TOKENIZERS: dict[str, Callable[[], Any]] = {"clip": CLIPTokenizer}
+
+
+def register_tokenizer(name: str, factory: Callable[[], Any]) -> None:
+    """Make ``factory()`` the tokenizer an entry names ``name``. The instance is built once, on
+    first use. Registering a name twice with another factory raises ValueError."""
+    known = _TOKENIZERS.get(name)
+    if known is not None and known is not factory:
+        raise ValueError(f"tokenizer {name!r} is already registered ({known!r})")
+    _TOKENIZERS[name] = factory
+
+
+@functools.cache
+def get_tokenizer(name: str) -> Any:
+    """The one cached tokenizer instance registered as ``name``."""
+    factory = _TOKENIZERS.get(name)
+    if factory is None:
+        raise ValueError(f"no tokenizer named {name!r}; registered: {', '.join(tokenizer_names())}")
+    return factory()
+
+
+def tokenizer_names() -> tuple[str, ...]:
+    return tuple(sorted(_TOKENIZERS))

@@ -1,0 +1,266 @@
+"""Prompt -> CONDITIONING for SD1, SD2, SDXL and the SDXL refiner, with ComfyUI's semantics.
+
+ComfyUI facts reproduced here (``comfy/sd1_clip.py``, ``sd2_clip.py``, ``sdxl_clip.py``):
+
+* Per-encoder settings (``encoder_set.OutputRule``; the SD families' in `SD_ENCODERS`): pad
+  token, default layer, whether ``final_layer_norm`` is applied to an intermediate layer, whether
+  the pooled output is projected. SD1 clip_l: pad 49407, last layer, normed hidden, unprojected
+  pooled. SD2 clip_h: pad 0, penultimate, normed hidden. SDXL clip_l and clip_g: pad 0 for
+  clip_g / 49407 for clip_l, penultimate, *raw* hidden. Refiner: clip_g only.
+* CLIPSetLastLayer's ``stop_at_clip_layer`` n replaces the default layer of every encoder; an n
+  with ``|n| > layers`` means the normed last layer.
+* Weights: every chunk and the empty prompt ``[start, end, pad...]`` go through the encoder in
+  one batch; a token of weight w != 1 becomes ``(z - z_empty) * w + z_empty`` (z_empty taken at
+  the same position). This differs from A1111's mean renormalisation.
+* Chunks are concatenated along tokens: cross_attn ``[1, 77 * chunks, D]``; the pooled output is
+  the first chunk's. The encoders of a set join along features in set order (SDXL:
+  ``cat(clip_l, clip_g)``, 768 + 1280 = 2048; all cut to the shortest token count); the pooled
+  vector is that of the encoder whose rule says ``pooled`` (SDXL: clip_g, projected, 1280).
+* Textual-inversion vectors take one slot each; a vector whose width differs from the encoder's is
+  dropped with a warning, and the chunk is refilled with pad tokens at the end (the weights of the
+  later slots stay by position, as in ComfyUI).
+
+Precision: text tensors are float32 at this boundary (token ids int64; Cond tensors float32).
+The encoders may be wrapped by ``nodes.weights.cast.apply_precision``; ComfyUI itself stores the
+text encoder in fp16 but computes it in float32 (``manual_cast`` with float32 inputs), which is
+the policy storage=f16, compute=f32.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel
+from mixgraph.nodes.encoders.encoder_set import EncoderEntry, OutputRule, get_tokenizer
+from mixgraph.nodes.weights.safetensors_io import WeightSource
+from mixgraph.nodes.encoders.tokenizer import END_TOKEN, START_TOKEN, EmbeddingLookup, TokenWeights
+from mixgraph.nodes.payloads.conditioning import Cond
+
+__all__ = [
+    "SD_ENCODERS",
+    "CHECKPOINT_PREFIXES",
+    "TextEncoder",
+    "sd_encoder_entries",
+    "sd_text_encoders",
+    "check_set",
+    "tokenize",
+    "encode_prompt",
+    "encode_tokens",
+    "text_encoders_from_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+# The encoders of each SD variant, in the order their features join (ComfyUI sd1_clip /
+# sd2_clip / sdxl_clip): name -> output rule. All read the "clip" tokenizer in role "text".
+SD_ENCODERS: dict[str, tuple[tuple[str, OutputRule], ...]] = {
+    "sd1": (("clip_l", OutputRule(END_TOKEN, None, True, False, pooled=True)),),
+    "sd2": (("clip_h", OutputRule(0, -2, True, True, pooled=True)),),
+    "sdxl": (("clip_l", OutputRule(END_TOKEN, -2, False, True)),
+             ("clip_g", OutputRule(0, -2, False, True, pooled=True))),
+    "sdxl_refiner": (("clip_g", OutputRule(0, -2, False, True, pooled=True)),),
+}
+
+# Where each encoder sits in a single-file checkpoint (comfy-conventions section 8).
+CHECKPOINT_PREFIXES: dict[str, dict[str, str]] = {
+    "sd1": {"clip_l": "cond_stage_model.transformer."},
+    "sd2": {"clip_h": "cond_stage_model.model."},
+    "sdxl": {"clip_l": "conditioner.embedders.0.transformer.", "clip_g": "conditioner.embedders.1.model."},
+    "sdxl_refiner": {"clip_g": "conditioner.embedders.0.model."},
+}
+
+
+def _sd_rules(kind: str) -> tuple[tuple[str, OutputRule], ...]:
+    rules = SD_ENCODERS.get(kind)
+    if rules is None:
+        raise ValueError(f"unknown text encoder kind {kind!r}; expected one of {tuple(SD_ENCODERS)}")
+    return rules
+
+
+def sd_encoder_entries(kind: str, sources: Mapping[str, WeightSource],
+                       configs: Mapping[str, CLIPTextConfig]) -> tuple[EncoderEntry, ...]:
+    """The ``EncoderEntry``s of an SD variant's CLIP from each encoder's weights and config."""
+    rules = _sd_rules(kind)
+    missing = [name for name, _ in rules if sources.get(name) is None or configs.get(name) is None]
+    if missing:
+        raise ValueError(f"{kind} text encoding needs {', '.join(missing)}, which is not loaded")
+    return tuple(EncoderEntry(name, sources[name], configs[name], rule) for name, rule in rules)
+
+
+@dataclass(frozen=True)
+class TextEncoder:
+    """One encoder ready to run: an entry's name, output rule and tokenizer name with its
+    precision-applied module."""
+
+    name: str
+    rule: OutputRule
+    model: nn.Module
+    tokenizer: str = "clip"
+
+
+def sd_text_encoders(kind: str, **models: nn.Module) -> tuple[TextEncoder, ...]:
+    """The encoders of an SD variant from in-memory modules (``clip_l=...``, ``clip_g=...``)."""
+    rules = _sd_rules(kind)
+    missing = [name for name, _ in rules if models.get(name) is None]
+    if missing:
+        raise ValueError(f"{kind} text encoding needs {', '.join(missing)}, which is not loaded")
+    return tuple(TextEncoder(name, rule, models[name]) for name, rule in rules)
+
+
+def text_encoders_from_checkpoint(sd: Mapping[str, Tensor], kind: str) -> tuple[TextEncoder, ...]:
+    """Build the encoders of `kind` from a single-file checkpoint's state dict."""
+    models = {name: CLIPTextModel.from_state_dict(sd, prefix=p) for name, p in CHECKPOINT_PREFIXES[kind].items()}
+    return sd_text_encoders(kind, **models)
+
+
+def check_set(names: Sequence[str], rules: Sequence[OutputRule]) -> None:
+    """A set of encoders runs when it has one, its names are unique and at most one of them
+    gives the pooled vector (joining several pooled vectors is a later family's rule)."""
+    if not names:
+        raise ValueError("text encoding needs at least one text encoder; this CLIP has none")
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        raise ValueError(f"a CLIP names each text encoder once; {', '.join(twice)} appears twice")
+    pooled = [n for n, r in zip(names, rules) if r.pooled]
+    if len(pooled) > 1:
+        raise NotImplementedError(f"a CLIP whose encoders {', '.join(pooled)} each give the pooled vector: "
+                                  f"joining pooled vectors is not supported yet")
+
+
+def _check_set(encoders: Sequence[TextEncoder]) -> None:
+    check_set([e.name for e in encoders], [e.rule for e in encoders])
+
+
+def tokenize(encoders: Sequence[TextEncoder | EncoderEntry], text: str, *,
+             embedding_lookup: EmbeddingLookup | None = None, warn: Callable[[str], None] | None = None,
+             texts: Mapping[str, str] | None = None, word_ids: bool = False) -> dict[str, list[TokenWeights]]:
+    """encoder name -> chunks of (token, weight[, word id]) for `text` (or ``texts[name]``),
+    each encoder with its own tokenizer and pad token (entries or loaded encoders alike)."""
+    unknown = sorted(set(texts or {}) - {e.name for e in encoders})
+    if unknown:
+        raise ValueError(f"this CLIP has no text encoder {', '.join(unknown)}; it has "
+                         f"{', '.join(e.name for e in encoders) or 'none'}")
+    return {
+        e.name: get_tokenizer(e.tokenizer).tokenize_with_weights(
+            (texts or {}).get(e.name, text), pad_token=e.rule.pad_token, embedding_lookup=embedding_lookup,
+            embedding_key=e.name, warn=warn, word_ids=word_ids,
+        )
+        for e in encoders
+    }
+
+
+def encode_prompt(
+    encoders: Sequence[TextEncoder],
+    text: str,
+    *,
+    layer_idx: int | None = None,
+    embedding_lookup: EmbeddingLookup | None = None,
+    warn: Callable[[str], None] | None = None,
+    texts: Mapping[str, str] | None = None,
+) -> tuple[Cond, ...]:
+    """CLIPTextEncode: one Cond with cross_attn [1, 77*chunks, D] and pooled [1, P].
+
+    `layer_idx`: CLIPSetLastLayer's stop_at_clip_layer (-1 last, -2 penultimate), or None for the
+    model's default. `embedding_lookup(name)` resolves ``embedding:name``. `warn` receives
+    user-facing warnings (missing or mismatched embeddings); default: this module's logger.
+    `texts`: a prompt per encoder name ("clip_l", "clip_g") replacing `text` for that encoder
+    (CLIPTextEncodeSDXL's text_l / text_g); when the encoders then get different chunk counts,
+    the shorter ones are padded with chunks of the empty prompt, as ComfyUI does.
+    """
+    warn = warn or logger.warning
+    _check_set(encoders)
+    tokenized = tokenize(encoders, text, embedding_lookup=embedding_lookup, warn=warn, texts=texts)
+    return encode_tokens(encoders, tokenized, layer_idx=layer_idx, warn=warn)
+
+
+def encode_tokens(
+    encoders: Sequence[TextEncoder],
+    tokenized: Mapping[str, list[TokenWeights]],
+    *,
+    layer_idx: int | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[Cond, ...]:
+    """ComfyUI's ``encode_from_tokens``: the chunks of (token, weight) per encoder name (what
+    ``tokenize_with_weights`` gives; word ids, if present, are dropped) -> one Cond."""
+    warn = warn or logger.warning
+    _check_set(encoders)
+    missing = [e.name for e in encoders if e.name not in tokenized]
+    if missing:
+        raise ValueError(f"text encoding: no tokens for {', '.join(missing)}")
+    chunked = [[[(t[0], t[1]) for t in chunk] for chunk in tokenized[e.name]] for e in encoders]
+    n_chunks = max(len(c) for c in chunked)
+    for e, chunks in zip(encoders, chunked):
+        if len(chunks) < n_chunks:
+            empty = get_tokenizer(e.tokenizer).tokenize_with_weights("", pad_token=e.rule.pad_token)
+            while len(chunks) < n_chunks:
+                chunks.extend(empty)
+    outs: list[Tensor] = []
+    pooled: Tensor | None = None
+    for e, chunks in zip(encoders, chunked):
+        z, p = _encode_chunks(e.model, chunks, e.rule, layer_idx, warn)
+        outs.append(z)
+        if e.rule.pooled:
+            pooled = p
+    cut = min(z.shape[1] for z in outs)
+    cross = torch.cat([z[:, :cut] for z in outs], dim=-1)  # [1, T, D_1 + D_2 + ...]
+    return (Cond(cross_attn=cross.float(), pooled=None if pooled is None else pooled.float()),)
+
+
+def _resolve_layer(requested: int | None, rule: OutputRule, n_layers: int) -> int | None:
+    layer = rule.default_layer if requested is None else requested
+    if layer is None or abs(layer) > n_layers:
+        return None
+    return layer
+
+
+def _encode_chunks(
+    model: CLIPTextModel,
+    chunks: list[TokenWeights],
+    rule: OutputRule,
+    layer_idx: int | None,
+    warn: Callable[[str], None],
+) -> tuple[Tensor, Tensor]:
+    """([1, 77*chunks, D], [1, P]) for one encoder, weights applied against the empty prompt."""
+    width = model.config.width
+    has_weights = any(w != 1.0 for chunk in chunks for _, w in chunk)
+    length = max(len(c) for c in chunks)
+    rows: list[list[int | Tensor]] = [_fit_row([t for t, _ in c], width, rule.pad_token, warn) for c in chunks]
+    if has_weights:
+        rows.append([START_TOKEN, END_TOKEN] + [rule.pad_token] * (length - 2))  # the empty prompt
+
+    placeholder = 0  # any id except the end token; its embedding is overwritten
+    tokens = torch.tensor([[t if isinstance(t, int) else placeholder for t in r] for r in rows])  # [N, T]
+    layer = _resolve_layer(layer_idx, rule, model.config.layers)
+    with torch.no_grad():
+        embeds = None
+        vectors = [(i, j, t) for i, r in enumerate(rows) for j, t in enumerate(r) if isinstance(t, Tensor)]
+        if vectors:
+            embeds = model.token_embeddings(tokens).clone()  # [N, T, D]
+            for i, j, vec in vectors:
+                embeds[i, j] = vec.to(embeds.dtype)
+        hidden, pooled = model(
+            tokens, layer, norm_hidden=rule.norm_hidden, embeds=embeds, project_pooled=rule.project_pooled
+        )
+        hidden, pooled = hidden.float(), pooled.float()
+        z = hidden[: len(chunks)]  # [chunks, T, D]
+        if has_weights:
+            w = torch.tensor([[wt for _, wt in c] for c in chunks], dtype=torch.float32)[..., None]  # [chunks, T, 1]
+            z_empty = hidden[-1]  # [T, D]
+            z = torch.where(w != 1.0, (z - z_empty) * w + z_empty, z)
+        z = z.reshape(1, -1, z.shape[-1])  # [chunks, T, D] -> [1, chunks*T, D]
+    return z.clone(), pooled[:1].clone()
+
+
+def _fit_row(row: list[int | Tensor], width: int, pad: int, warn: Callable[[str], None]) -> list[int | Tensor]:
+    """Drop embedding vectors of the wrong width, refilling with pad tokens at the end."""
+    kept = [t for t in row if not (isinstance(t, Tensor) and t.shape[-1] != width)]
+    dropped = len(row) - len(kept)
+    if dropped:
+        bad = next(t for t in row if isinstance(t, Tensor) and t.shape[-1] != width)
+        warn(f"embedding width {bad.shape[-1]} does not match the text encoder's {width}; ignored")
+    return kept + [pad] * dropped

@@ -1,0 +1,141 @@
+"""Recognise weight files of model families mixgraph does not run, from key names alone.
+
+mixgraph runs SD 1.x, SD 2.x and SDXL (base and refiner). A loader given a file of another
+family (Flux, SD3, video or audio models, ...) refuses with "model family X is not supported
+(mixgraph runs SD 1.x, SD 2.x and SDXL)", at validation when the file's header can be read
+cheaply (safetensors, diffusers folders) and again at load time.
+
+The characteristic keys are the ones ComfyUI's ``comfy/model_detection.py`` tests to tell its
+model classes apart (diffusion models), plus the text-encoder and VAE layouts of those families.
+Keys are matched after stripping a checkpoint prefix (``model.diffusion_model.``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from mixgraph.nodes.weights.safetensors_io import WeightFileError, inspect_file
+
+__all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "SUPPORTED"]
+
+SUPPORTED = "SD 1.x, SD 2.x and SDXL"
+
+_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.model.", "model.", "net.", "")
+
+# (family, keys that must all be present after a prefix); first match wins, so the more specific
+# signature of two families sharing a layout (Hunyuan Video / Chroma vs Flux) comes first.
+_DIFFUSION = (
+    ("Hunyuan Video", ("double_blocks.0.img_attn.qkv.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight")),
+    ("Chroma", ("double_blocks.0.img_attn.qkv.weight", "distilled_guidance_layer.in_proj.weight")),
+    ("Flux", ("double_blocks.0.img_attn.qkv.weight",)),
+    ("SD3 / SD3.5", ("joint_blocks.0.context_block.attn.qkv.weight",)),
+    ("AuraFlow", ("double_layers.0.attn.w1q.weight",)),
+    ("HunyuanDiT", ("mlp_t5.0.weight",)),
+    ("Stable Cascade", ("clf.1.weight",)),
+    ("Stable Cascade", ("clip_txt_mapper.weight",)),
+    ("Stable Audio", ("transformer.rotary_pos_emb.inv_freq",)),
+    ("LTX-Video", ("adaln_single.emb.timestep_embedder.linear_1.bias", "caption_projection.linear_1.weight")),
+    ("PixArt", ("t_block.1.weight",)),
+    ("Mochi", ("t5_yproj.weight",)),
+    ("Cosmos", ("blocks.block0.blocks.0.block.attn.to_q.0.weight",)),
+    ("Cosmos", ("x_embedder.proj.1.weight",)),
+    ("Wan", ("head.modulation", "patch_embedding.weight")),
+    ("Lumina 2", ("cap_embedder.1.weight",)),
+    ("HiDream", ("caption_projection.0.linear.weight",)),
+    ("ACE-Step (audio)", ("genre_embedder.weight",)),
+    ("Qwen-Image", ("txt_norm.weight", "img_in.weight")),
+    # temporal ResBlocks: SVD img2vid, SV3D (ComfyUI's use_temporal_resblock); Stable Zero123 runs
+    ("Stable Video Diffusion (SVD img2vid / SV3D)", ("input_blocks.1.0.time_stack.in_layers.0.weight",)),
+)
+
+_TEXT_ENCODERS = (
+    ("T5 text encoder (SD3 / Flux / PixArt / video models)", ("encoder.block.0.layer.0.SelfAttention.q.weight",)),
+    ("T5 text encoder (SD3 / Flux / PixArt / video models)", ("encoder.blocks.0.attn.q.weight",)),  # umT5 (Wan)
+    ("LLM text encoder (Hunyuan Video / Lumina 2 / HiDream / Qwen-Image / ...)",
+     ("model.layers.0.self_attn.q_proj.weight",)),
+)
+
+_VIDEO_VAE = (
+    ("Wan", ("decoder.head.0.gamma",)),
+    ("Stable Audio", ("encoder.layers.0.weight_g",)),
+    ("Stable Audio", ("encoder.layers.0.weight_v",)),
+)
+
+
+class UnsupportedFamilyError(NotImplementedError):
+    pass
+
+
+def refusal(family: str, where: str = "") -> str:
+    head = f"{where}: " if where else ""
+    return f"{head}model family {family} is not supported (mixgraph runs {SUPPORTED})"
+
+
+def _match(keys: set[str], table) -> str | None:
+    for family, needed in table:
+        for prefix in _PREFIXES:
+            if all(prefix + k in keys for k in needed):
+                return family
+    return None
+
+
+def detect_family(info) -> str | None:
+    """The unsupported family a file's tensors belong to, or None (an SD file, or unknown).
+    ``info``: key → TensorInfo (``safetensors_io.inspect_file``) or key → shape sequence."""
+    keys = set(info)
+    found = _match(keys, _DIFFUSION) or _match(keys, _TEXT_ENCODERS) or _match(keys, _VIDEO_VAE)
+    if found:
+        return found
+    for prefix in ("first_stage_model.", "vae.", ""):
+        entry = info.get(prefix + "decoder.conv_in.weight")
+        if entry is None:
+            continue
+        shape = tuple(getattr(entry, "shape", entry))
+        if len(shape) == 5:
+            return "video model (3-D VAE)"
+        if len(shape) == 4 and shape[1] == 16:
+            return "Flux / SD3 (16-channel VAE)"
+    return None
+
+
+_PIPELINES = {  # diffusers model_index.json _class_name prefix -> family
+    "Flux": "Flux", "StableDiffusion3": "SD3 / SD3.5", "AuraFlow": "AuraFlow", "HunyuanDiT": "HunyuanDiT",
+    "HunyuanVideo": "Hunyuan Video", "LTX": "LTX-Video", "Mochi": "Mochi", "Cosmos": "Cosmos", "Wan": "Wan",
+    "StableAudio": "Stable Audio", "StableCascade": "Stable Cascade", "Wuerstchen": "Stable Cascade",
+    "PixArt": "PixArt", "Lumina": "Lumina 2", "HiDream": "HiDream", "QwenImage": "Qwen-Image",
+    "StableVideoDiffusion": "Stable Video Diffusion", "Kandinsky": "Kandinsky", "IF": "DeepFloyd IF",
+}
+
+
+def _folder_family(folder: Path) -> str | None:
+    index = folder / "model_index.json"
+    if not index.is_file():
+        return None
+    try:
+        name = str(json.loads(index.read_text()).get("_class_name", ""))
+    except (OSError, ValueError, AttributeError):
+        return None
+    for prefix, family in _PIPELINES.items():
+        if name.startswith(prefix):
+            return family
+    return None
+
+
+def family_of_file(path: str | os.PathLike) -> str | None:
+    """Cheap check for validation: a safetensors header (no tensor data) or a diffusers folder's
+    model_index.json; None for anything else (pickles are not opened here) or unreadable files
+    (the loader reports those)."""
+    p = Path(path)
+    if p.is_dir():
+        return _folder_family(p)
+    if p.suffix.lower() not in (".safetensors", ".sft"):
+        return None
+    try:
+        info = inspect_file(p)
+    except (WeightFileError, OSError):
+        return None
+    return detect_family(info)
+

@@ -1,0 +1,1 @@
+"""Pixel-space models: ESRGAN-family upscalers and BiRefNet background removal."""

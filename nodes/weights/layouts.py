@@ -1,0 +1,80 @@
+"""Key layouts of weight sources: how a source's stored tensor names become our modules' names.
+
+A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``controlnet``, ``controlnet_diff``,
+``diffusers_unet``, ``diffusers_vae``,
+``hf_clip_vision``, ``open_clip_vision``, ``zero123_cc``); ``reader_for_source`` turns that into the renaming the
+loader applies to headers (to derive configs), the handles apply to shapes, and the weight store
+applies when it reads tensors. Its own module, so those three need not import one another for it.
+"""
+
+from __future__ import annotations
+
+from mixgraph.nodes.encoders.clip import open_clip_to_hf
+from mixgraph.nodes.encoders.clip_vision import hf_vision_rename, open_clip_vision_to_hf
+from mixgraph.nodes.adapters.controlnet import convert_controlnet_state_dict
+from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
+from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
+
+__all__ = ["hf_clip_rename", "reader_for_source", "convert_diff_controlnet", "DIFF_MARKERS"]
+
+
+def hf_clip_rename(key: str) -> str | None:
+    """A Hugging Face CLIP text-model key (with or without ``text_model.``) → ours; None skips
+    the ``position_ids`` buffer."""
+    if key.endswith("position_ids"):
+        return None
+    if not key.startswith(("text_model.", "text_projection")):
+        return "text_model." + key
+    return key
+
+
+def reader_for_source(source: WeightSource):
+    """(rename, post) turning ``source``'s stored keys into our module's keys.
+
+    ``rename`` maps one key (prefix stripped) or returns None to skip it; ``post`` converts the
+    whole renamed dict (only for layouts that are not a renaming, i.e. OpenCLIP's fused q/k/v).
+    """
+    layout = source.layout
+    if layout == "ldm":
+        return None, None
+    if layout == "hf_clip":
+        return hf_clip_rename, None
+    if layout == "open_clip":
+        return None, lambda sd: open_clip_to_hf(sd, "")
+    if layout == "hf_clip_vision":
+        return hf_vision_rename, None
+    if layout == "open_clip_vision":
+        return None, open_clip_vision_to_hf
+    if layout == "controlnet":
+        return None, convert_controlnet_state_dict
+    if layout == "zero123_cc":  # Stable Zero123's top-level cc_projection.* only (families/sd/zero123.py)
+        return _zero123_cc_rename, None
+    if layout == "controlnet_diff":
+        return None, convert_diff_controlnet
+    keys = _source_keys(source)
+    if layout == "diffusers_unet":
+        return diffusers_unet_rename(keys), None
+    if layout == "diffusers_vae":
+        return diffusers_vae_rename(keys), None
+    raise ValueError(f"unknown weight layout {layout!r}")
+
+
+def _zero123_cc_rename(key: str) -> str | None:
+    return key if key.startswith("cc_projection.") else None
+
+
+def convert_diff_controlnet(sd):
+    """A diff ControlNet (its ``difference`` marker key dropped) -> our keys; the base model's
+    weights are added by a merge patch (``loader.load_diff_controlnet``)."""
+    return convert_controlnet_state_dict({k: v for k, v in sd.items() if k not in DIFF_MARKERS})
+
+
+DIFF_MARKERS = ("difference", "control_model.difference")
+
+
+def _source_keys(source: WeightSource) -> list[str]:
+    if source.path is None:
+        names = list(source.tensors or ())
+    else:
+        names = list(inspect_file(source.path))
+    return [k[len(source.prefix):] for k in names if k.startswith(source.prefix)]

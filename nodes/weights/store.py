@@ -1,0 +1,345 @@
+"""The process-wide weight store: load each model's weights once, share them, bound the memory.
+
+``materialize(kind, source, config, storage_dtype, patches, build)`` returns an ``nn.Module``
+whose parameters are the cached tensors for ``(source, storage dtype, patches)``:
+
+- The cache holds **state dicts** (tensors), in an LRU bounded by a byte budget (default half the
+  machine's RAM; ``configure(budget_bytes=...)`` or env ``MIXGRAPH_WEIGHT_CACHE_BYTES``). Each call
+  builds a fresh module on the ``meta`` device and assigns the cached tensors to it (cheap: no
+  allocation, no random init), so callers may wrap or re-cast the module (``apply_precision``)
+  without touching what others share. Cached tensors must never be modified in place.
+- Tensors are read from disk one at a time straight into the storage dtype (``safetensors_io``),
+  never via an f32 copy of the whole model.
+- A second dtype of a source already cached is **derived in memory** when the cached copy holds
+  the file's values exactly (the cached dtype can represent every stored dtype: an f32 copy of an
+  f16 file → bf16, or a bf16 copy of a bf16 file → f32); otherwise the file is read again
+  (memory-mapped). So a bf16 and an f32 use of one file read it from disk at most once per dtype,
+  and only once when the first use is at least as wide as the file.
+- Patches (LoRA) are merged into a copy of the unpatched entry by ``nodes.adapters.lora.apply_patches``
+  (float32 merge, one cast back to the storage dtype, as ComfyUI); two workflows with the same
+  LoRA stack share the merged entry. A ``MergePatch`` (model merging) materializes the other
+  model it names through this same store first, in the same storage dtype.
+- Parameters of modules named in the model class's ``keep_f32`` patterns are stored in float32
+  whatever the storage dtype (they are tiny and must stay exact).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mixgraph.nodes.weights.layouts import reader_for_source
+from mixgraph.nodes.adapters.lora import apply_patches
+from mixgraph.nodes.weights.merge import MergePatch
+from mixgraph.nodes.weights.safetensors_io import WeightSource, read_source, source_dtypes
+
+__all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule",
+           "held"]
+
+log = logging.getLogger(__name__)
+
+# dtype -> dtypes it represents exactly (every value of each is a value of the key)
+_EXACT: dict[torch.dtype, set[torch.dtype]] = {
+    torch.float64: {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2},
+    torch.float32: {torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2},
+    torch.float16: {torch.float16, torch.float8_e4m3fn, torch.float8_e5m2},
+    torch.bfloat16: {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2},
+    torch.float8_e4m3fn: {torch.float8_e4m3fn},
+    torch.float8_e5m2: {torch.float8_e5m2},
+}
+
+
+def _default_budget() -> int:
+    env = os.environ.get("MIXGRAPH_WEIGHT_CACHE_BYTES")
+    if env:
+        return int(env)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.5)
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+@dataclass
+class StoreStats:
+    hits: int = 0  # materializations served from the cache
+    loads: int = 0  # state dicts read from disk (or from an in-memory test source)
+    derived: int = 0  # state dicts converted from a cached copy of another dtype
+    patched: int = 0  # patch merges performed
+    evictions: int = 0
+    bytes: int = 0  # bytes held now
+    bytes_read: int = 0  # bytes produced by disk reads, in storage dtype
+    reads_by_source: dict = field(default_factory=dict)  # source.identity -> number of disk reads
+
+
+@dataclass
+class _Entry:
+    tensors: dict[str, torch.Tensor]
+    nbytes: int
+    exact: bool  # holds the source's stored values exactly (usable to derive other dtypes)
+
+
+def _nbytes(sd: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of the distinct tensors (a tensor tied under two names counts once; distinct views
+    of one buffer, as OpenCLIP's fused q/k/v split into three, count each)."""
+    seen, total = set(), 0
+    for t in sd.values():
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _matcher(module: nn.Module, attr: str) -> Callable[[str], bool]:
+    """Predicate on state-dict keys: does the key belong to a module named by the class attribute
+    ``attr`` (``keep_f32`` or ``keep_stored``) of the module or one of its submodules?
+
+    A pattern matches a dotted module path as a prefix on a dot boundary ("time_embed" matches
+    "time_embed.0.weight") or as an fnmatch glob ("*.norm*")."""
+    patterns = tuple(
+        f"{owner}.{p}" if owner else p for owner, m in module.named_modules() for p in getattr(type(m), attr, ())
+    )
+    if not patterns:
+        return lambda key: False
+
+    def match(key: str) -> bool:
+        for p in patterns:
+            if key == p or key.startswith(p + ".") or fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(key, p + ".*"):
+                return True
+        return False
+
+    return match
+
+
+def dtype_rule(module: nn.Module) -> Callable[[str, torch.dtype], torch.dtype | None]:
+    """key, requested storage dtype -> the dtype to hold that tensor in (None: as the file has
+    it). ``keep_stored`` modules (embedding tables: only looked-up rows are ever read) stay as
+    stored, so an f32 file's table remains a lazily paged view of the file; ``keep_f32`` modules
+    are f32; everything else takes the requested dtype."""
+    keep, stored = _matcher(module, "keep_f32"), _matcher(module, "keep_stored")
+
+    def rule(key: str, dtype: torch.dtype) -> torch.dtype | None:
+        if stored(key):
+            return None
+        return torch.float32 if keep(key) else dtype
+
+    return rule
+
+
+def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def _build_meta(build: Callable[[Any], nn.Module], config: Any) -> nn.Module:
+    with torch.device("meta"):
+        return build(config)
+
+
+def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, what: str) -> nn.Module:
+    """Load ``sd`` into a meta-built module by assignment (no copy)."""
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in sd]
+    if missing:
+        raise ValueError(
+            f"{what}: {len(missing)} weights missing from the file for this architecture, e.g. "
+            f"{missing[:5]} (the file is incomplete or of another model type)"
+        )
+    sd = dict(sd)
+    bad = []
+    for k, v in expected.items():
+        got = tuple(sd[k].shape)
+        if got == tuple(v.shape):
+            continue
+        if _squeeze(got) == _squeeze(tuple(v.shape)):  # [C, C] Linear stored for a [C, C, 1, 1] conv
+            sd[k] = sd[k].reshape(v.shape)
+        else:
+            bad.append(f"{k} {list(got)} (model expects {list(v.shape)})")
+    if bad:
+        raise ValueError(f"{what}: weights with unexpected shapes: {bad[:5]}")
+    extra = [k for k in sd if k not in expected and not k.endswith("position_ids")]
+    if extra:
+        log.warning("%s: %d keys not used by the model, e.g. %s", what, len(extra), extra[:5])
+    module.load_state_dict({k: sd[k] for k in expected}, strict=True, assign=True)
+    leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    if leftover:
+        # non-persistent buffers (computed in __init__, not saved): take them from a real build
+        real = build(config)
+        real_bufs = dict(real.named_buffers())
+        for name in leftover:
+            if name not in real_bufs:
+                raise ValueError(f"{what}: parameter {name} has no value in the file")
+            owner = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+            owner._buffers[name.rpartition(".")[2]] = real_bufs[name]
+    return module.eval().requires_grad_(False)
+
+
+class WeightStore:
+    """An LRU of state dicts keyed by (kind, source identity, storage dtype, patches)."""
+
+    def __init__(self, budget_bytes: int | None = None):
+        self.budget_bytes = _default_budget() if budget_bytes is None else int(budget_bytes)
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._lock = threading.RLock()
+        self.stats = StoreStats()
+
+    # -- public ------------------------------------------------------------------------------
+
+    def materialize(
+        self,
+        kind: str,
+        source: WeightSource,
+        config: Hashable,
+        storage_dtype: torch.dtype,
+        patches: tuple = (),
+        build: Callable[[Any], nn.Module] | None = None,
+        rename: Callable[[str], str | None] | None = None,
+    ) -> nn.Module:
+        """A module of ``build(config)`` holding ``source``'s weights in ``storage_dtype`` with
+        ``patches`` merged. ``rename`` maps stored keys to module keys (default: the loader's
+        converter for ``source.layout``)."""
+        if build is None:
+            raise TypeError("materialize: build(config) -> nn.Module is required")
+        module = _build_meta(build, config)
+        sd = self.state_dict(kind, source, config, storage_dtype, tuple(patches), dtype_rule(module), rename)
+        return _assign(module, sd, build, config, f"{kind} weights from {source.name}")
+
+    def state_dict(
+        self,
+        kind: str,
+        source: WeightSource,
+        config: Hashable,
+        storage_dtype: torch.dtype,
+        patches: tuple = (),
+        rule: Callable[[str, torch.dtype], torch.dtype | None] = lambda k, dtype: dtype,
+        rename: Callable[[str], str | None] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        key = (kind, source.identity, config, storage_dtype, patches)
+        with self._lock:
+            entry = self._get(key)
+            if entry is not None:
+                self.stats.hits += 1
+                return entry.tensors
+            if patches:
+                base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename)
+                others = {  # merges: the other model, materialized (and cached) in the same dtype
+                    p: self.state_dict(p.kind or kind, p.source, p.config, storage_dtype, tuple(p.patches),
+                                       rule if p.build is None else dtype_rule(_build_meta(p.build, p.config)))
+                    for p in patches if isinstance(p, MergePatch) and p.target == kind
+                }
+                tensors = apply_patches(base, patches, target=kind, others=others)
+                self.stats.patched += 1
+                self._put(key, _Entry(tensors, _nbytes(tensors), exact=False))
+                return tensors
+            tensors, exact = self._derive(kind, source, config, storage_dtype, rule)
+            if tensors is None:
+                tensors, exact = self._read(source, storage_dtype, rule, rename)
+            self._put(key, _Entry(tensors, _nbytes(tensors), exact))
+            return tensors
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.stats = StoreStats()
+
+    def held(self) -> list[tuple[str, torch.dtype]]:
+        """(file path, storage dtype) of every file-backed entry held now, most recently used
+        last; what a Ray worker reports for model affinity (ui/ray/ray_pool.py)."""
+        with self._lock:
+            return list(dict.fromkeys((ident[1], dtype) for (_kind, ident, _cfg, dtype, _p)
+                                      in self._entries if ident[0] == "file"))
+
+    def configure(self, budget_bytes: int) -> None:
+        with self._lock:
+            self.budget_bytes = int(budget_bytes)
+            self._evict()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _get(self, key: tuple) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def _put(self, key: tuple, entry: _Entry) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        self._evict(keep=key)
+
+    def _evict(self, keep: tuple | None = None) -> None:
+        total = sum(e.nbytes for e in self._entries.values())
+        for k in list(self._entries):
+            if total <= self.budget_bytes:
+                break
+            if k == keep:
+                continue
+            total -= self._entries.pop(k).nbytes
+            self.stats.evictions += 1
+        self.stats.bytes = total
+
+    def _derive(self, kind, source, config, dtype, rule):
+        """Convert an exact cached copy of the same source (another dtype) without disk I/O."""
+        stored = None
+        for (k_kind, k_ident, k_cfg, k_dtype, k_patches), entry in reversed(self._entries.items()):
+            if k_patches or k_ident != source.identity or k_kind != kind or k_cfg != config or not entry.exact:
+                continue
+            if stored is None:
+                stored = source_dtypes(source)
+            if not stored <= _EXACT.get(k_dtype, {k_dtype}):
+                continue
+            out = {}
+            for name, t in entry.tensors.items():
+                target = rule(name, dtype)
+                out[name] = t.to(target) if t.is_floating_point() and target is not None else t
+            self.stats.derived += 1
+            return out, stored <= _EXACT.get(dtype, {dtype})
+        return None, False
+
+    def _read(self, source, dtype, rule, rename):
+        post = None
+        if rename is None:
+            rename, post = reader_for_source(source)
+        tensors = read_source(source, lambda k: rule(k, dtype), rename)
+        if post is not None:
+            tensors = post(tensors)
+        stored = source_dtypes(source)
+        self.stats.loads += 1
+        self.stats.bytes_read += _nbytes(tensors)
+        ident = source.identity
+        self.stats.reads_by_source[ident] = self.stats.reads_by_source.get(ident, 0) + 1
+        return tensors, stored <= _EXACT.get(dtype, {dtype})
+
+
+STORE = WeightStore()
+
+
+def materialize(kind, source, config, storage_dtype, patches=(), build=None, rename=None) -> nn.Module:
+    """``STORE.materialize``: see the module docstring."""
+    return STORE.materialize(kind, source, config, storage_dtype, patches, build, rename)
+
+
+def clear() -> None:
+    STORE.clear()
+
+
+def configure(budget_bytes: int) -> None:
+    STORE.configure(budget_bytes)
+
+
+def stats() -> StoreStats:
+    return STORE.stats
+
+
+def held() -> list[tuple[str, torch.dtype]]:
+    return STORE.held()

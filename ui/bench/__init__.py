@@ -1,0 +1,1 @@
+"""`mixgraph bench`: the engine-overhead and precision benchmarks."""

@@ -1,0 +1,67 @@
+"""`comfy_api.latest`: the V3 node API (`io`, `ui`, `ComfyExtension`) and the progress API
+(`ComfyAPI().execution.set_progress(...)`, awaitable; `ComfyAPISync` the same, blocking)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from mixgraph.ui.comfy import comfy_runtime as _rt
+
+from . import _io as io  # noqa: F401
+from . import _ui as ui  # noqa: F401
+
+
+class ComfyExtension(ABC):
+    """What a V3 pack's `comfy_entrypoint()` returns."""
+
+    async def on_load(self) -> None:
+        """Called once when the pack is loaded."""
+
+    @abstractmethod
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        """The pack's node classes."""
+
+
+def _set_progress(value: float, max_value: float, node_id: str | None, preview_image: Any) -> None:
+    now = _rt.running()
+    if now is None or (node_id is not None and node_id != now.node_id):
+        raise ValueError("set_progress: call it from the running node (node_id must be the "
+                         "running node's or None)")
+    preview = preview_image if isinstance(preview_image, torch.Tensor) else None
+    now.ctx.progress(int(value), int(max_value), preview)
+
+
+class _Execution:
+    async def set_progress(self, value: float, max_value: float, node_id: str | None = None,
+                           preview_image: Any = None, ignore_size_limit: bool = False) -> None:
+        _set_progress(value, max_value, node_id, preview_image)
+
+
+class _ExecutionSync:
+    def set_progress(self, value: float, max_value: float, node_id: str | None = None,
+                     preview_image: Any = None, ignore_size_limit: bool = False) -> None:
+        _set_progress(value, max_value, node_id, preview_image)
+
+
+class ComfyAPI:
+    VERSION = "latest"
+
+    def __init__(self) -> None:
+        self.execution = _Execution()
+
+
+class ComfyAPISync:
+    VERSION = "latest"
+
+    def __init__(self) -> None:
+        self.execution = _ExecutionSync()
+
+
+ComfyAPI_latest = ComfyAPI
+IO = io
+UI = ui
+
+__all__ = ["ComfyAPI", "ComfyAPISync", "ComfyExtension", "io", "IO", "ui", "UI"]
