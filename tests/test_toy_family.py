@@ -153,3 +153,33 @@ def test_toy_memory_estimate_uses_the_family(models):
     wf = api.load(prompt(), api.default_registry())
     est = estimate(wf, api.default_registry(), Env.from_args(models=str(models)), "f32")
     assert est["nodes"]["3"]["activation_bytes"] > 0 and est["nodes"]["3"]["weights_bytes"] > 0
+
+
+def test_a_registered_family_takes_its_files_over_from_the_refusal_table():
+    """The table of families mixgraph does not run (``families/refused.py``) never refuses a file
+    that a registered family recognises, so a new family needs no edit there; refusals name the
+    registered families."""
+    from mixgraph.nodes.families import refused
+    from mixgraph.nodes.families.base import Detection
+
+    key = "joint_blocks.0.context_block.attn.qkv.weight"  # the SD3 / SD3.5 row of the table
+    info = {f"model.diffusion_model.{key}": (12, 4), "model.diffusion_model.x_embedder.proj.weight": (4, 4, 2, 2)}
+
+    class ClaimsSD3:
+        name, display, precision_roles = "toy_sd3", "Toy SD3", {}
+
+        def detect(self, info, read=None, source=None):
+            return Detection(self.name, "toy", None) if key in info else None
+
+        build = runner = sampling = latent_format = text_encoders = trace_inputs = TOY.build
+
+    assert refused.detect_family(info) == "SD3 / SD3.5"
+    families.register(ClaimsSD3())
+    try:
+        assert refused.detect_family(info) is None
+        assert "Toy SD3" in refused.refusal("Flux")
+    finally:
+        families.unregister("toy_sd3")
+    assert refused.detect_family(info) == "SD3 / SD3.5"
+    assert refused.refusal("Flux", "x.safetensors") == (
+        f"x.safetensors: model family Flux is not supported (mixgraph runs {refused.supported()})")

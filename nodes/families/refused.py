@@ -1,9 +1,11 @@
 """Recognise weight files of model families mixgraph does not run, from key names alone.
 
-mixgraph runs SD 1.x, SD 2.x and SDXL (base and refiner). A loader given a file of another
-family (Flux, SD3, video or audio models, ...) refuses with "model family X is not supported
-(mixgraph runs SD 1.x, SD 2.x and SDXL)", at validation when the file's header can be read
-cheaply (safetensors, diffusers folders) and again at load time.
+mixgraph runs the families registered in ``nodes/families/__init__.py``. A loader given a file of
+another family (Flux, SD3, video or audio models, ...) refuses with "model family X is not
+supported (mixgraph runs SD 1.x, SD 2.x and SDXL)", at validation when the file's header can be read
+cheaply (safetensors, diffusers folders) and again at load time. A diffusion model that a
+registered family recognises (``families.detect``) is never refused here, so a new family needs
+no edit of these tables to take its files over.
 
 The characteristic keys are the ones ComfyUI's ``comfy/model_detection.py`` tests to tell its
 model classes apart (diffusion models), plus the text-encoder and VAE layouts of those families.
@@ -17,11 +19,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from mixgraph.nodes import families as registry
 from mixgraph.nodes.weights.safetensors_io import WeightFileError, inspect_file
 
-__all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "SUPPORTED"]
-
-SUPPORTED = "SD 1.x, SD 2.x and SDXL"
+__all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "supported"]
 
 _PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.model.", "model.", "net.", "")
 
@@ -69,26 +70,41 @@ class UnsupportedFamilyError(NotImplementedError):
     pass
 
 
+def supported() -> str:
+    """The registered families, as messages name them ("SD 1.x / 2.x / SDXL, ...")."""
+    return ", ".join(f.display for f in registry.FAMILIES.values())
+
+
 def refusal(family: str, where: str = "") -> str:
     head = f"{where}: " if where else ""
-    return f"{head}model family {family} is not supported (mixgraph runs {SUPPORTED})"
+    return f"{head}model family {family} is not supported (mixgraph runs {supported()})"
 
 
-def _match(keys: set[str], table) -> str | None:
+def _match(keys: set[str], table) -> tuple[str, str] | None:
+    """(family, checkpoint prefix) of the first row whose keys are all present, or None."""
     for family, needed in table:
         for prefix in _PREFIXES:
             if all(prefix + k in keys for k in needed):
-                return family
+                return family, prefix
     return None
+
+
+def _claimed(info, prefix: str) -> bool:
+    """Whether a registered family recognises the diffusion model under ``prefix``."""
+    sub = {k[len(prefix):]: v for k, v in info.items() if k.startswith(prefix)}
+    return registry.detect(sub) is not None
 
 
 def detect_family(info) -> str | None:
     """The unsupported family a file's tensors belong to, or None (an SD file, or unknown).
     ``info``: key → TensorInfo (``safetensors_io.inspect_file``) or key → shape sequence."""
     keys = set(info)
-    found = _match(keys, _DIFFUSION) or _match(keys, _TEXT_ENCODERS) or _match(keys, _VIDEO_VAE)
+    diffusion = _match(keys, _DIFFUSION)
+    if diffusion is not None and not _claimed(info, diffusion[1]):
+        return diffusion[0]
+    found = _match(keys, _TEXT_ENCODERS) or _match(keys, _VIDEO_VAE)
     if found:
-        return found
+        return found[0]
     for prefix in ("first_stage_model.", "vae.", ""):
         entry = info.get(prefix + "decoder.conv_in.weight")
         if entry is None:

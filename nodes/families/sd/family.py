@@ -42,7 +42,7 @@ class SDFamily:
     """``base.Family`` for SD 1.x / 2.x / SDXL (see the module docstring)."""
 
     name = "sd"
-    display = "SD 1.x / 2.x / SDXL"
+    display = "SD 1.x, SD 2.x and SDXL"
     variants = VARIANTS
     precision_roles: Mapping[str, str] = {"diffusion": "unet", "text": "text", "vae": "vae"}
 
