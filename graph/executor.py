@@ -22,7 +22,7 @@ compute; a warning event is sent and the report says `nan_fallback: true`. Still
 error naming the node.
 
 ComfyUI's dynamic execution model (list mapping, lazy inputs, node expansion, blockers, async
-nodes) lives in `graph.scheduler`, which runs the planned nodes; docs/ARCHITECTURE.md, "Dynamic
+nodes) lives in `graph.scheduler`, which runs the planned nodes; docs/subsystems.md, "Dynamic
 execution", has the rules. Expanded nodes get keys here like any other node.
 """
 

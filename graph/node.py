@@ -10,7 +10,7 @@ Every parameter except `ctx` has an `Input` descriptor as its default; the param
 input order ComfyUI clients see. A body that declares `ctx` receives the run `Context`.
 A body returns its outputs as a tuple (a single output may be returned bare), or a `Result` to
 attach a UI payload (output nodes) or a graph to expand into. A body may be `async def`; any
-output value may be an `ExecutionBlocker` (`graph.blocker`). docs/ARCHITECTURE.md, "Dynamic
+output value may be an `ExecutionBlocker` (`graph.blocker`). docs/subsystems.md, "Dynamic
 execution", has the list, lazy, expansion and async rules.
 """
 

@@ -2,7 +2,7 @@
 
 `Scheduler.drive()` starts from the nodes the outputs need (validation's topological order,
 cache hits left out) and runs them first-ready first. What ComfyUI's execution model adds
-(docs/ARCHITECTURE.md, "Dynamic execution") is handled where it happens:
+(docs/subsystems.md, "Dynamic execution") is handled where it happens:
 
 * a node whose input is not computed yet (an async node still running, an expansion not yet
   resolved) waits on it and is woken when it completes;

@@ -152,7 +152,7 @@ class Input:
     # hooks a node library attaches to an input whose literal names something outside the graph
     # (a file in a folder): `fingerprint(env, value)`, that thing's state, joins the node's cache
     # key; `check(env, name, value) -> [problems]` runs with the node's validation. `graph.node`
-    # folds them into the spec's `fingerprint` / `validate` (docs/ARCHITECTURE.md, "Engine seam").
+    # folds them into the spec's `fingerprint` / `validate` (docs/subsystems.md, "Engine seam").
     fingerprint: Callable[[Any, Any], Any] | None = field(default=None, compare=False, repr=False)
     check: Callable[[Any, str, Any], Sequence[str]] | None = field(default=None, compare=False,
                                                                    repr=False)
@@ -195,7 +195,7 @@ class NodeSpec:
     """The whole schema of a node type, derived once from its function.
 
     The dynamic execution fields (`input_is_list`, `check_lazy_status`, `Input.lazy`,
-    `Output.is_list`) are described in docs/ARCHITECTURE.md, "Dynamic execution".
+    `Output.is_list`) are described in docs/subsystems.md, "Dynamic execution".
 
     `precision_types`: the model socket types whose resolved precision policy the node may ask
     for (`ctx.policy_for`), sorted. They are part of the node's cache key, so they come from the

@@ -69,7 +69,7 @@ class ModelHandle:
     UNETLoader (read by the resolver, not applied here); parts: what the family's variant carries
     beside the model (set by its detection).
 
-    Patches, three kinds (ARCHITECTURE.md, "Model patches"): ``patches`` change weights and are
+    Patches, three kinds (docs/subsystems.md, "Model patches"): ``patches`` change weights and are
     merged at materialization (LoRA, attention multipliers); ``unet_patches`` act inside every
     UNet call (``unet_patches.py``: FreeU); ``sampler_patches`` act in the CFG denoiser
     (``sampling/cfg_patches.py``: RescaleCFG, CFGZeroStar, PAG). The last two are passed per call,

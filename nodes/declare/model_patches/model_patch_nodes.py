@@ -1,6 +1,6 @@
 """Model patches and guidance that act in the sampler (comfy_extras nodes_model_advanced.py,
 nodes_cfg.py, nodes_freelunch.py, nodes_pag.py, nodes_attention_multiply.py). Each returns a new
-handle; the shared weights are never changed (ARCHITECTURE.md, "Model patches")."""
+handle; the shared weights are never changed (docs/subsystems.md, "Model patches")."""
 
 from __future__ import annotations
 
