@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 
 from mixgraph.graph.registry import REGISTRY
-from mixgraph.nodes import (custom_sampling_nodes, guidance_extra_nodes,  # noqa: F401  (register)
-                            model_patch_nodes, primitive_nodes)
+from mixgraph.nodes.declare.logic import primitive_nodes  # noqa: F401  (register)
+from mixgraph.nodes.declare.model_patches import guidance_extra_nodes, model_patch_nodes  # noqa: F401
+from mixgraph.nodes.declare.sampling import custom_sampling_nodes  # noqa: F401
 from mixgraph.nodes.sampling.guidance import perp_neg
 
 
