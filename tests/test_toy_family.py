@@ -156,9 +156,9 @@ def test_toy_memory_estimate_uses_the_family(models):
 
 
 def test_a_registered_family_takes_its_files_over_from_the_refusal_table():
-    """The table of families mixgraph does not run (``families/refused.py``) never refuses a file
-    that a registered family recognises, so a new family needs no edit there; refusals name the
-    registered families."""
+    """The table of families mixgraph does not run (``families/refused.py``) stops refusing a
+    row's files once a registered family names the row in its ``refusals`` and recognises the
+    file, so a new family needs no edit there; refusals name the registered families."""
     from mixgraph.nodes.families import refused
     from mixgraph.nodes.families.base import Detection
 
@@ -167,6 +167,7 @@ def test_a_registered_family_takes_its_files_over_from_the_refusal_table():
 
     class ClaimsSD3:
         name, display, precision_roles = "toy_sd3", "Toy SD3", {}
+        refusals = ("SD3 / SD3.5",)
 
         def detect(self, info, read=None, source=None):
             return Detection(self.name, "toy", None) if key in info else None

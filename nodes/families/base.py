@@ -141,6 +141,8 @@ class Family(Protocol):
     name: str
     display: str
     precision_roles: Mapping[str, str]
+    # optional: ``refusals``, the rows of ``families/refused.py``'s table of families mixgraph
+    # does not run that this family runs ("Flux", ...): those files stop being refused
 
     def detect(self, info: Mapping[str, Any], read: Any = None, source: Any = None) -> Detection | None: ...
 

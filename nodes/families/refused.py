@@ -3,9 +3,9 @@
 mixgraph runs the families registered in ``nodes/families/__init__.py``. A loader given a file of
 another family (Flux, SD3, video or audio models, ...) refuses with "model family X is not
 supported (mixgraph runs SD 1.x, SD 2.x and SDXL)", at validation when the file's header can be read
-cheaply (safetensors, diffusers folders) and again at load time. A diffusion model that a
-registered family recognises (``families.detect``) is never refused here, so a new family needs
-no edit of these tables to take its files over.
+cheaply (safetensors, diffusers folders) and again at load time. A registered family that names
+a row of ``_DIFFUSION`` in its ``refusals`` (``base.Family``) takes those files over when its
+``detect`` recognises them, so a new family needs no edit of these tables.
 
 The characteristic keys are the ones ComfyUI's ``comfy/model_detection.py`` tests to tell its
 model classes apart (diffusion models), plus the text-encoder and VAE layouts of those families.
@@ -89,10 +89,15 @@ def _match(keys: set[str], table) -> tuple[str, str] | None:
     return None
 
 
-def _claimed(info, prefix: str) -> bool:
-    """Whether a registered family recognises the diffusion model under ``prefix``."""
+def _claimed(family: str, info, prefix: str) -> bool:
+    """Whether a registered family runs the files of the refused ``family`` (it names that row
+    in its ``refusals``) and recognises the diffusion model under ``prefix``. A family must name
+    the row: SD's detection alone would take an SVD UNet (an SD UNet plus temporal layers)."""
+    takers = [f for f in registry.FAMILIES.values() if family in getattr(f, "refusals", ())]
+    if not takers:
+        return False
     sub = {k[len(prefix):]: v for k, v in info.items() if k.startswith(prefix)}
-    return registry.detect(sub) is not None
+    return any(f.detect(sub) is not None for f in takers)
 
 
 def detect_family(info) -> str | None:
@@ -100,7 +105,7 @@ def detect_family(info) -> str | None:
     ``info``: key → TensorInfo (``safetensors_io.inspect_file``) or key → shape sequence."""
     keys = set(info)
     diffusion = _match(keys, _DIFFUSION)
-    if diffusion is not None and not _claimed(info, diffusion[1]):
+    if diffusion is not None and not _claimed(diffusion[0], info, diffusion[1]):
         return diffusion[0]
     found = _match(keys, _TEXT_ENCODERS) or _match(keys, _VIDEO_VAE)
     if found:
