@@ -19,10 +19,12 @@ import math
 
 import torch
 
+from .schedules import SigmaTable
+
 __all__ = ["ContinuousSchedule"]
 
 
-class ContinuousSchedule:
+class ContinuousSchedule(SigmaTable):
     skip_steps = 1
 
     def __init__(self, kind: str, sigma_min: float, sigma_max: float):
@@ -36,14 +38,6 @@ class ContinuousSchedule:
         self.sigmas = sigmas  # [1000] float32, increasing
         self.log_sigmas = sigmas.log()
         self.num_timesteps = len(sigmas)
-
-    @property
-    def sigma_min(self) -> torch.Tensor:
-        return self.sigmas[0]
-
-    @property
-    def sigma_max(self) -> torch.Tensor:
-        return self.sigmas[-1]
 
     def timestep(self, sigma: torch.Tensor) -> torch.Tensor:
         sigma = torch.as_tensor(sigma, dtype=torch.float32)

@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from .schedules import SigmaTable
+
 __all__ = ["FlowSchedule", "FLOW_SHIFT_KINDS", "time_snr_shift", "flux_time_shift", "flux_resolution_shift"]
 
 FLOW_SHIFT_KINDS = ("linear", "exponential")
@@ -52,7 +54,7 @@ def flux_resolution_shift(width: int, height: int, max_shift: float = 1.15, base
     return (width * height / (8 * 8 * 2 * 2)) * slope + intercept
 
 
-class FlowSchedule:
+class FlowSchedule(SigmaTable):
     """The σ schedule of a flow-matching model (see the module docstring)."""
 
     skip_steps = 1
@@ -78,14 +80,6 @@ class FlowSchedule:
         # [T] float32, increasing, ending at 1
         self.log_sigmas = self.sigmas.log()
         self.num_timesteps = timesteps
-
-    @property
-    def sigma_min(self) -> torch.Tensor:
-        return self.sigmas[0]
-
-    @property
-    def sigma_max(self) -> torch.Tensor:
-        return self.sigmas[-1]
 
     def timestep(self, sigma: torch.Tensor) -> torch.Tensor:
         """The model's time input: σ·multiplier ("linear"), σ ("exponential")."""

@@ -20,6 +20,7 @@ import scipy.stats
 import torch
 
 __all__ = [
+    "SigmaTable",
     "DiscreteSchedule",
     "SCHEDULER_NAMES",
     "calculate_sigmas",
@@ -49,7 +50,22 @@ def rescale_zero_terminal_snr_sigmas(sigmas: torch.Tensor) -> torch.Tensor:
     return ((1 - alphas_bar) / alphas_bar) ** 0.5
 
 
-class DiscreteSchedule:
+class SigmaTable:
+    """A schedule tabulated as increasing ``sigmas`` [T] (what every schedule of a model keeps, as
+    ComfyUI's ``model_sampling.sigmas``): its ends are σ_min and σ_max."""
+
+    sigmas: torch.Tensor
+
+    @property
+    def sigma_min(self) -> torch.Tensor:
+        return self.sigmas[0]
+
+    @property
+    def sigma_max(self) -> torch.Tensor:
+        return self.sigmas[-1]
+
+
+class DiscreteSchedule(SigmaTable):
     """SD1/SD2/SDXL discrete-time sigmas (ComfyUI ``ModelSamplingDiscrete``).
 
     ``distilled=True`` gives ComfyUI's ``ModelSamplingDiscreteDistilled`` used for LCM
@@ -87,14 +103,6 @@ class DiscreteSchedule:
             sigmas = valid
         self.sigmas = sigmas.float()  # [N] float32, increasing
         self.log_sigmas = sigmas.log().float()
-
-    @property
-    def sigma_min(self) -> torch.Tensor:
-        return self.sigmas[0]
-
-    @property
-    def sigma_max(self) -> torch.Tensor:
-        return self.sigmas[-1]
 
     def timestep(self, sigma: torch.Tensor) -> torch.Tensor:
         """Nearest integer timestep in log σ (what the UNet receives), same shape as sigma."""
