@@ -205,17 +205,23 @@ def sample_dpm_2_ancestral(model, x, sigmas, extra_args=None, callback=None, dis
     for i in range(len(sigmas) - 1):
         denoised, sigma_down, sigma_up = ancestral_eval(model, x, sigmas, i, s_in, extra_args,
                                                         callback, eta)
-        d = to_d(x, sigmas[i], denoised)
-        if sigma_down == 0:
-            x = x + d * (sigma_down - sigmas[i])
-        else:
-            sigma_mid = sigmas[i].log().lerp(sigma_down.log(), 0.5).exp()
-            x_2 = x + d * (sigma_mid - sigmas[i])
-            denoised_2 = model(x_2, sigma_mid * s_in, **extra_args)
-            d_2 = to_d(x_2, sigma_mid, denoised_2)
-            x = x + d_2 * (sigma_down - sigmas[i])
+        x = _dpm_2_step(model, x, sigmas[i], sigma_down, denoised, s_in, extra_args)
+        if sigma_down != 0:
             x = x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * sigma_up
     return x
+
+
+def _dpm_2_step(model, x, sigma, sigma_down, denoised, s_in, extra_args):
+    """One DPM-Solver-2 step from σ to σ_down (Lu et al. 2022, the midpoint in log σ), from
+    D(x, σ) = ``denoised``; an Euler step when σ_down is 0."""
+    d = to_d(x, sigma, denoised)
+    if sigma_down == 0:
+        return x + d * (sigma_down - sigma)
+    sigma_mid = sigma.log().lerp(sigma_down.log(), 0.5).exp()
+    x_2 = x + d * (sigma_mid - sigma)
+    denoised_2 = model(x_2, sigma_mid * s_in, **extra_args)
+    d_2 = to_d(x_2, sigma_mid, denoised_2)
+    return x + d_2 * (sigma_down - sigma)
 
 
 def _dpm_2_ancestral_rf(model, x, sigmas, extra_args, callback, noise_sampler, eta, s_noise):
@@ -226,15 +232,8 @@ def _dpm_2_ancestral_rf(model, x, sigmas, extra_args, callback, noise_sampler, e
         denoised = model(x, sigmas[i] * s_in, **extra_args)
         sigma_down, alpha_ratio, renoise = rf_ancestral_step(sigmas[i], sigmas[i + 1], eta)
         report_step(callback, i, x, sigmas[i], denoised)
-        d = to_d(x, sigmas[i], denoised)
-        if sigma_down == 0:
-            x = x + d * (sigma_down - sigmas[i])
-        else:
-            sigma_mid = sigmas[i].log().lerp(sigma_down.log(), 0.5).exp()
-            x_2 = x + d * (sigma_mid - sigmas[i])
-            denoised_2 = model(x_2, sigma_mid * s_in, **extra_args)
-            d_2 = to_d(x_2, sigma_mid, denoised_2)
-            x = x + d_2 * (sigma_down - sigmas[i])
+        x = _dpm_2_step(model, x, sigmas[i], sigma_down, denoised, s_in, extra_args)
+        if sigma_down != 0:
             x = alpha_ratio * x + noise_sampler(sigmas[i], sigmas[i + 1]) * s_noise * renoise
     return x
 
