@@ -201,6 +201,7 @@ class CliError(Exception):
 def _registry(registry: Any, args: argparse.Namespace | None = None) -> Any:
     """The registry (the node library unless given), with the custom node packs the arguments
     name; a pack that fails to import is reported on stderr and skipped."""
+    env = _env(args) if args is not None else None    # a bad --models refused before the import
     if registry is None:
         from mixgraph.ui.api import default_registry
         try:
@@ -209,13 +210,17 @@ def _registry(registry: Any, args: argparse.Namespace | None = None) -> Any:
             raise CliError(f"the node library failed to load ({type(e).__name__}: {e})") from e
     if args is not None:
         from mixgraph.ui.comfy.custom_nodes import load_from_args
-        for line in load_from_args(args, registry, _env(args)).messages():
+        for line in load_from_args(args, registry, env).messages():
             print(f"warning: {line}", file=sys.stderr)
     return registry
 
 
 def _env(args: argparse.Namespace):
-    from mixgraph.graph.env import Env
+    """The run's folders; CliError for a --models folder (or MIXGRAPH_MODELS) that is not one."""
+    from mixgraph.graph.env import Env, models_problem
+    problem = models_problem(args.models)
+    if problem:
+        raise CliError(problem)
     return Env.from_args(models=args.models, input=args.input, output=getattr(args, "output", None),
                          device=getattr(args, "device", None))
 

@@ -81,7 +81,7 @@ def help_text() -> str:
 
 def cli_main(args) -> int:
     """`mixgraph demo [--prompt TEXT] [--seed N] [--output DIR] [--device D]`."""
-    from mixgraph.graph.env import check_device, folder_problem
+    from mixgraph.graph.env import check_device, folder_problem, models_problem
     from mixgraph.graph.executor import NodeError
 
     problem = check_device(getattr(args, "device", None))
@@ -89,7 +89,7 @@ def cli_main(args) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     output = args.output or "output"
-    problem = folder_problem(output)
+    problem = folder_problem(output) or models_problem(getattr(args, "models", None))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
