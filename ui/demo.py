@@ -75,7 +75,8 @@ def run(prompt: str | None = None, output: str | Path = "output", seed: int = 42
 
 
 def help_text() -> str:
-    return ("Run txt2img on the embedded model (no download, a few seconds on a CPU) and write a "
+    return ("Run txt2img on the embedded model (no download; 4 to 16 s on a CPU, longer when "
+            "other programs keep its cores busy) and write a "
             f"PNG. {vocabulary_text()} Default prompt: '{DEFAULT_PROMPT}'.")
 
 
