@@ -31,6 +31,25 @@ class Env:
                    output=Path(output or "output"), temp=Path(temp or "temp"), device=device or "cpu")
 
 
+def models_problem(models: str | os.PathLike | None, flag: str = "--models") -> str | None:
+    """Why a models folder a person named (`flag`, else the env setting MIXGRAPH_MODELS) cannot
+    be used: it does not exist or is not a folder. None when none was named (the default
+    ./models may be missing: the embedded models still load) or it is a folder."""
+    if models:
+        named = f"{flag} {models}"
+    elif os.environ.get("MIXGRAPH_MODELS"):
+        models = os.environ["MIXGRAPH_MODELS"]
+        named = f"MIXGRAPH_MODELS={models}"
+    else:
+        return None
+    path = Path(models)
+    if path.is_dir():
+        return None
+    why = "is a file, not a folder" if path.exists() else "no such folder"
+    return (f"{named}: {why} ({os.path.abspath(path)}); give an existing models folder (one "
+            f"holding checkpoints/, loras/, ...), or leave it out to use ./models")
+
+
 def check_device(device: str | None) -> str | None:
     """None if `device` is usable here, else why not."""
     if not device:

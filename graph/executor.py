@@ -87,7 +87,9 @@ class _Run:
 
     def warn(self, message: str, node_id: str | None = None) -> None:
         text = f"node {node_id}: {message}" if node_id else message
-        log.warning(text)
+        # marked when an event carries it too: a consumer that prints the event (the terminal's
+        # progress bar) keeps Python's last-resort handler from printing it a second time
+        log.warning(text, extra={"mixgraph_event": self.on_event is not None})
         self.report.warnings.append(text)
         if self.on_event is not None:
             self.on_event(ev.Warning(self.prompt_id, message, node_id))

@@ -156,6 +156,10 @@ class Input:
     fingerprint: Callable[[Any, Any], Any] | None = field(default=None, compare=False, repr=False)
     check: Callable[[Any, str, Any], Sequence[str]] | None = field(default=None, compare=False,
                                                                    repr=False)
+    # `not_listed(env, value) -> str`: for a computed combo, where its options came from and how
+    # to add one, appended to a `value_not_in_list` problem's details (a file not found says
+    # which folders were searched); the problem's type and shape stay ComfyUI's
+    not_listed: Callable[[Any, Any], str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def has_default(self) -> bool:

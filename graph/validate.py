@@ -495,8 +495,10 @@ class _NodeChecker:
             if v not in options:
                 big = len(options) > 20
                 listed = f"(list of length {len(options)})" if big else str(options)
-                return False, _fail("value_not_in_list", "Value not in list",
-                                    f"{name}: '{_shown(v)}' not in {listed}", name,
+                details = f"{name}: '{_shown(v)}' not in {listed}"
+                if inp.not_listed is not None:   # where the options came from, how to add one
+                    details += f"; {inp.not_listed(self.env, v)}"
+                return False, _fail("value_not_in_list", "Value not in list", details, name,
                                     input_config=None if big else self.config(spec, name, inp),
                                     received_value=_shown(v))
         return True, v

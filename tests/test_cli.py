@@ -19,6 +19,7 @@ def write(tmp_path, prompt, name="wf.json"):
 
 
 def dirs(tmp_path):
+    (tmp_path / "models").mkdir(exist_ok=True)   # a --models folder must exist
     return ["--models", str(tmp_path / "models"), "--input", str(tmp_path), "--output", str(tmp_path / "out")]
 
 

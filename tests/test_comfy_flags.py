@@ -167,6 +167,7 @@ def test_comfy_flags_listen_everywhere_without_token_is_refused(tmp_path):
 def test_comfy_flags_serve_with_comfyui_arguments_end_to_end(tmp_path):
     x, y, u, models = tmp_path / "X", tmp_path / "Y", tmp_path / "U", tmp_path / "models"
     u.mkdir()
+    models.mkdir()
     port = _free_port()
     proc = _spawn(tmp_path, "--listen", "127.0.0.1", "--port", str(port), "--output-directory", str(x),
                   "--input-directory", str(y), "--user-directory", str(u), "--models-directory",

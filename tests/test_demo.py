@@ -1,5 +1,8 @@
 """`mixgraph demo` and `--version` on the command line."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from mixgraph import __version__
@@ -39,3 +42,17 @@ def test_demo_twice_in_one_process_writes_into_each_output_folder(tmp_path):
     assert [p.parent for p in map(Path, first.files)] == [tmp_path / "a"]
     assert [p.parent for p in map(Path, second.files)] == [tmp_path / "b"]
     assert again.report.to_json()["nodes"]["9"]["status"] == "cached"
+
+
+def test_demo_says_once_on_the_terminal_which_words_the_model_does_not_know(tmp_path):
+    """As a user runs it: the warning shows once (not again through Python's last-resort log
+    handler), and the picture is still written (exit 0)."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "mixgraph", "demo", "--prompt",
+                           "a photo of a cat sitting on a sofa", "--output", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("does not know the word(s) 'photo', 'of', 'cat', 'sitting', 'sofa'") == 1, done.stderr
+    assert "warning: the embedded model (mixgraph-shapes) does not know" in done.stderr
+    assert Path(done.stdout.strip().splitlines()[-1]).is_file()

@@ -84,6 +84,7 @@ def test_embedded_model_follows_the_prompt_not_the_seed(executor, tmp_path):
 def test_embedded_model_demo_command_writes_the_default_picture(tmp_path, capsys):
     from mixgraph.ui.cli import main
 
+    (tmp_path / "models").mkdir()   # an empty models folder: the embedded model is still found
     assert main(["demo", "--output", str(tmp_path), "--models", str(tmp_path / "models")]) == 0
     captured = capsys.readouterr()
     path = captured.out.strip().splitlines()[-1]
@@ -91,3 +92,39 @@ def test_embedded_model_demo_command_writes_the_default_picture(tmp_path, capsys
     with Image.open(path) as im:
         verdict = check_image(np.asarray(im.convert("RGB")))
     assert (verdict.color, verdict.background, verdict.shape) == ("blue", "yellow", "circle")
+
+
+def test_embedded_model_vocabulary_is_its_training_captions_words():
+    from mixgraph.nodes.models.shapes import unknown_words, vocabulary
+
+    assert {"a", "an", "on", "background", "red", "circle", "small", "top", "center"} <= vocabulary()
+    assert "medium" not in vocabulary()     # captions leave the medium size out
+    assert unknown_words("a small red circle at the top left on a blue background") == []
+    assert unknown_words("a (Photo:1.2) of a cat, a CAT on a sofa embedding:x") == ["photo", "of", "cat", "sofa"]
+
+
+def test_embedded_model_warns_once_which_words_it_does_not_know(executor, tmp_path):
+    wf = demo_workflow("a photo of a cat sitting on a sofa", seed=1)
+    wf["3"]["inputs"]["steps"] = 2
+    warnings = api.run(wf, executor=executor, output=tmp_path / "out").report.warnings
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("node 6: the embedded model (mixgraph-shapes) does not know "
+                                  "the word(s) 'photo', 'of', 'cat', 'sitting', 'sofa'")
+    wf = demo_workflow("a red square on a green background", seed=1)
+    wf["3"]["inputs"]["steps"] = 2
+    assert api.run(wf, executor=executor, output=tmp_path / "out").report.warnings == []
+
+
+def test_embedded_model_is_recognised_by_its_marker_not_its_name(tmp_path):
+    """A copy under another name is the embedded model; another checkpoint under its name is not."""
+    import shutil
+
+    from mixgraph.nodes.helpers.embedded_model import prompt_warning
+    from mixgraph.nodes.weights.synthetic import write_sd15_checkpoint
+
+    copy = tmp_path / "renamed.safetensors"
+    shutil.copyfile(EMBEDDED_CHECKPOINT, copy)
+    assert "'cat'" in prompt_warning(load_checkpoint(copy)[1], "a cat")
+    other = tmp_path / EMBEDDED_CHECKPOINT.name
+    write_sd15_checkpoint(other, size="tiny", seed=0)
+    assert prompt_warning(load_checkpoint(other)[1], "a cat") is None

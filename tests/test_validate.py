@@ -197,6 +197,34 @@ def test_validate_value_not_in_list_short_and_long():
     assert set(v.node_errors) == {"1", "2"} and v.node_errors["1"]["dependent_outputs"] == ["4"]
 
 
+def test_validate_value_not_in_list_details_say_where_the_options_came_from():
+    """`Input.not_listed` (a models folder's searched folders) is appended to the details; the
+    problem keeps ComfyUI's type, message and extra_info."""
+    import dataclasses
+
+    said = []
+    combo = dataclasses.replace(Combo(lambda env: ["m1"]),
+                                not_listed=lambda env, v: said.append((env, v)) or f"looked in {env}")
+
+    @node(outputs=["STRING"], register=False)
+    def Where(choice=combo):
+        pass
+
+    reg = Registry()
+    for spec in (Where.spec, Sink.spec, AnyIn.spec):
+        reg.add(spec)
+    v = validate({"1": C("Where", choice="m2"), "2": C("AnyIn", x=Link("1", 0)),
+                  "3": C("Sink", value=Link("2", 0))}, reg, env="/models")
+    assert _only(v, "1") == {"type": "value_not_in_list", "message": "Value not in list",
+                             "details": "choice: 'm2' not in ['m1']; looked in /models",
+                             "extra_info": {"input_name": "choice", "input_config": [["m1"]],
+                                            "received_value": "m2"}}
+    assert said == [("/models", "m2")]
+    assert validate({"1": C("Where", choice="m1"), "2": C("AnyIn", x=Link("1", 0)),
+                     "3": C("Sink", value=Link("2", 0))}, reg, env="/models").clean
+    assert said == [("/models", "m2")]     # asked only for a value not listed
+
+
 def test_validate_custom_validation_and_claimed_inputs():
     v = validate({"1": C("ReadFile", path="ok.txt", count=0), "2": C("Sink", value=Link("1", 0)),
                   "3": C("ReadFile", path="gone.txt", count=1), "4": C("Sink", value=Link("3", 0))}, REG)

@@ -49,6 +49,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mixgraph", description="Node-graph workflow engine for "
                                      "Stable Diffusion with per-subgraph precision.")
@@ -95,9 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     _custom_nodes(p)
 
     p = sub.add_parser("serve", help="HTTP/WebSocket server and the browser editor")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8188)
-    p.add_argument("--output", metavar="DIR")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                   help="address(es) to listen on, comma-separated (default 127.0.0.1: this machine "
+                        "only; any other needs --token or --insecure)")
+    p.add_argument("--port", type=_port, default=8188, metavar="N",
+                   help="TCP port to listen on (default 8188, as ComfyUI)")
+    p.add_argument("--output", metavar="DIR", help="output folder (default ./output)")
     p.add_argument("--token", help="bearer token required from clients")
     p.add_argument("--insecure", action="store_true", help="listen beyond localhost without a token")
     p.add_argument("--device", metavar="D")
@@ -201,6 +214,7 @@ class CliError(Exception):
 def _registry(registry: Any, args: argparse.Namespace | None = None) -> Any:
     """The registry (the node library unless given), with the custom node packs the arguments
     name; a pack that fails to import is reported on stderr and skipped."""
+    env = _env(args) if args is not None else None    # a bad --models refused before the import
     if registry is None:
         from mixgraph.ui.api import default_registry
         try:
@@ -209,13 +223,17 @@ def _registry(registry: Any, args: argparse.Namespace | None = None) -> Any:
             raise CliError(f"the node library failed to load ({type(e).__name__}: {e})") from e
     if args is not None:
         from mixgraph.ui.comfy.custom_nodes import load_from_args
-        for line in load_from_args(args, registry, _env(args)).messages():
+        for line in load_from_args(args, registry, env).messages():
             print(f"warning: {line}", file=sys.stderr)
     return registry
 
 
 def _env(args: argparse.Namespace):
-    from mixgraph.graph.env import Env
+    """The run's folders; CliError for a --models folder (or MIXGRAPH_MODELS) that is not one."""
+    from mixgraph.graph.env import Env, models_problem
+    problem = models_problem(args.models)
+    if problem:
+        raise CliError(problem)
     return Env.from_args(models=args.models, input=args.input, output=getattr(args, "output", None),
                          device=getattr(args, "device", None))
 
@@ -263,17 +281,23 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    from mixgraph.ui.estimate import refusal
-    problem = refusal(wf, registry, env, args.precision)
-    if problem:     # refused before it runs, rather than killed by the OOM killer mid-run
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_INVALID
+    # validate first: a value out of range is said at once, and only a valid workflow is
+    # estimated (tracing an absurd size would take minutes only to answer "not enough memory")
+    from mixgraph.graph.validate import validate
+    v = validate(wf.prompt, registry, env)
+    if v.clean:
+        from mixgraph.ui.estimate import refusal
+        problem = refusal(wf, registry, env, args.precision, order=v.order)
+        if problem:     # refused before it runs, rather than killed by the OOM killer mid-run
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_INVALID
     from mixgraph.ui.progress import ProgressBar
     bar = ProgressBar(disable=args.quiet)
     report = None
     code = EXIT_OK
     try:
-        report = Executor(registry, env, cache).run(wf, precision=args.precision, on_event=bar)
+        report = Executor(registry, env, cache).run(wf, precision=args.precision, on_event=bar,
+                                                    validation=v)
     except ValidationFailed as e:
         print(f"invalid workflow {args.workflow}:\n{e}", file=sys.stderr)
         report, code = e.report, EXIT_INVALID

@@ -75,13 +75,14 @@ def run(prompt: str | None = None, output: str | Path = "output", seed: int = 42
 
 
 def help_text() -> str:
-    return ("Run txt2img on the embedded model (no download, a few seconds on a CPU) and write a "
+    return ("Run txt2img on the embedded model (no download; 4 to 16 s on a CPU, longer when "
+            "other programs keep its cores busy) and write a "
             f"PNG. {vocabulary_text()} Default prompt: '{DEFAULT_PROMPT}'.")
 
 
 def cli_main(args) -> int:
     """`mixgraph demo [--prompt TEXT] [--seed N] [--output DIR] [--device D]`."""
-    from mixgraph.graph.env import check_device, folder_problem
+    from mixgraph.graph.env import check_device, folder_problem, models_problem
     from mixgraph.graph.executor import NodeError
 
     problem = check_device(getattr(args, "device", None))
@@ -89,7 +90,7 @@ def cli_main(args) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     output = args.output or "output"
-    problem = folder_problem(output)
+    problem = folder_problem(output) or models_problem(getattr(args, "models", None))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

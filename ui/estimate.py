@@ -610,7 +610,7 @@ def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
     if available is None:
         return None
     room = available + held_bytes + BASE_BYTES    # this process already holds its base
-    if _upper_bound(wf, registry, env) <= room:
+    if _upper_bound(wf, registry, env, order) <= room:
         return None     # fits even by a coarse bound: no tracing needed
     try:
         est = estimate(wf, registry, env, precision, order=order)
@@ -629,16 +629,18 @@ def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
             f"{_gib(room)} is available; {hint}")
 
 
-def _upper_bound(wf: Workflow, registry: Any, env: Any) -> float:
+def _upper_bound(wf: Workflow, registry: Any, env: Any, order: Sequence[str] | None = None) -> float:
     """A quick bound above the estimate, from file sizes and pixel counts only: every model file
     held 4 times over (an fp8 file computing in f32) and 16 KiB per pixel of the largest
-    latent or image (the traced peaks are below 4 KiB per pixel for SD1.5/SDXL VAEs and UNets)."""
+    latent or image (the traced peaks are below 4 KiB per pixel for SD1.5/SDXL VAEs and UNets).
+    `order`: the nodes that will run (the valid ones); None: all."""
     from mixgraph.nodes.helpers import folders
 
     graph = _Graph(wf, registry, env)
     files = 0
     pixels = DEFAULT_SIDE * DEFAULT_SIDE
-    for nid, call in wf.prompt.items():
+    for nid in (wf.prompt if order is None else order):
+        call = wf.prompt[nid]
         if call.class_type in _LOADERS and _names_a_file(call):
             folder, names, _ = _LOADERS[call.class_type]
             for n in names:

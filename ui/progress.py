@@ -9,6 +9,7 @@ stderr; `disable=True` keeps only the warnings.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Any, TextIO
@@ -16,8 +17,23 @@ from typing import Any, TextIO
 __all__ = ["ProgressBar"]
 
 
+class _PrintedByTheBar(logging.Filter):
+    """The engine logs each run warning and sends it as an event, which the bar prints. Where no
+    logging is configured, Python's last-resort handler would print the log record as well, so
+    the same warning showed twice; the record is dropped then (a configured handler keeps it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "mixgraph_event", False) or bool(logging.getLogger().handlers)
+
+
+_FILTER = _PrintedByTheBar()
+
+
 class ProgressBar:
     def __init__(self, disable: bool = False, file: TextIO | None = None, prefix: str = ""):
+        engine_log = logging.getLogger("mixgraph")
+        if _FILTER not in engine_log.filters:
+            engine_log.addFilter(_FILTER)
         self.disable = disable
         self.file = file or sys.stderr
         self.prefix = prefix

@@ -162,6 +162,31 @@ def resolve(env: Any, folder: str, name: str) -> Path:
     raise FolderError(f"{folder}: file {name!r} not found in {', '.join(map(str, roots(env, folder)))}")
 
 
+ADD_A_FOLDER = ("add a models folder with --models DIR or MIXGRAPH_MODELS=DIR, or name an existing "
+                "ComfyUI/A1111 install in extra_model_paths.yaml next to the models folder")
+
+
+def searched(env: Any, folder: str) -> str:
+    """The folders a file of `folder` is looked for in, as absolute paths (a missing one says
+    so), and how to add one: what a "file not found" tells a new user."""
+    shown = []
+    for root in roots(env, folder):
+        if root == EMBEDDED_MODELS / FOLDERS[ALIASES.get(folder, folder)][0]:
+            shown.append(f"{root} (mixgraph's embedded models)")
+        else:
+            shown.append(f"{root.resolve()}" + ("" if root.is_dir() else " (no such folder)"))
+    return f"looked in {', '.join(shown)}; {ADD_A_FOLDER}"
+
+
+def missing_image(value: str, path: Path, hint: str = "") -> str:
+    """ComfyUI's "Invalid image file: NAME", saying why: the file is missing (at which absolute
+    path), or the name is a folder. `hint`: how to provide it."""
+    where = os.path.abspath(path)
+    if path.is_dir():
+        return f"Invalid image file: {value} is a folder ({where}), not an image"
+    return f"Invalid image file: {value} is missing: no file {where}" + (f"; {hint}" if hint else "")
+
+
 def list_images(env: Any) -> list[str]:
     root = Path(getattr(env, "input", "input"))
     return sorted(_walk(root, IMAGE_EXTENSIONS)) if env is not None else []

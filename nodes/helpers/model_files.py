@@ -53,7 +53,8 @@ class ModelFile:
         """The combo input, with the fingerprint (and the check, where there is one) attached."""
         combo = Combo(self.options, tooltip=tooltip, optional=optional)
         return dataclasses.replace(combo, fingerprint=self.fingerprint,
-                                   check=self.check if self.refuse is not None else None)
+                                   check=self.check if self.refuse is not None else None,
+                                   not_listed=self.searched)
 
     def options(self, env: Any) -> list[str]:
         """The combo's options: the folder's files for the env (none without one)."""
@@ -62,6 +63,10 @@ class ModelFile:
     def path(self, env: Any, name: str) -> Path:
         """The file `name` resolves to in the folder's roots (`folders.FolderError` if none)."""
         return folders.resolve(env, self.folder, name)
+
+    def searched(self, env: Any, name: Any) -> str:
+        """For a name not among the options: the folders searched and how to add one."""
+        return folders.searched(env, self.folder)
 
     def fingerprint(self, env: Any, name: Any) -> Any:
         """The file's fingerprint for the cache key; None when the name resolves to no file

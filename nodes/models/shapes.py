@@ -14,8 +14,10 @@ seed gives the same pictures on every machine.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,8 @@ from PIL import Image, ImageDraw
 __all__ = [
     "COLORS", "SHAPES", "SIZES", "POSITIONS", "IMAGE_SIZE", "Scene", "caption", "parse_caption",
     "render", "random_scene", "is_held_out", "held_out_scenes", "check_image", "Verdict",
-    "vocabulary_text", "EMBEDDED_CHECKPOINT", "EMBEDDED_MODELS",
+    "vocabulary_text", "vocabulary", "unknown_words", "EMBEDDED_CHECKPOINT", "EMBEDDED_MODELS",
+    "MODEL_METADATA",
 ]
 
 IMAGE_SIZE = 64
@@ -34,6 +37,9 @@ IMAGE_SIZE = 64
 EMBEDDED_MODELS = Path(__file__).parent / "data" / "models"
 #: The trained checkpoint (tools/train_embedded.py).
 EMBEDDED_CHECKPOINT = EMBEDDED_MODELS / "checkpoints" / "mixgraph-shapes.safetensors"
+#: The safetensors metadata entry that marks a file as this model (tools/train_embedded.py
+#: writes it), whatever the file is called or wherever it was copied.
+MODEL_METADATA = ("mixgraph.model", "mixgraph-shapes")
 
 # name -> RGB 0..255; chosen far apart so a dominant colour maps back to one name
 COLORS: dict[str, tuple[int, int, int]] = {
@@ -315,3 +321,27 @@ def vocabulary_text() -> str:
         f"COLOR: {', '.join(COLORS)}. SHAPE: {', '.join(SHAPES)}. SIZE: small, large (or none). "
         f"POSITION: {', '.join(POSITIONS)}. Other words are not known to it."
     )
+
+
+@functools.cache
+def vocabulary() -> frozenset[str]:
+    """Every word of every training caption: the only words whose token embeddings the trained
+    checkpoint keeps (tools/train_embedded.py zeroes the rest), so the only ones it can draw."""
+    words: set[str] = set()
+    for scene in all_scenes():
+        words.update(caption(scene).split())
+    return frozenset(words)
+
+
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_EMBEDDING = re.compile(r"embedding:\S+")
+
+
+def unknown_words(text: str) -> list[str]:
+    """The words of a prompt the model does not know, each once, in prompt order. Prompt syntax
+    is not a word: `(red:1.2)` weights, numbers, `embedding:name` textual inversions."""
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(_EMBEDDING.sub(" ", text.lower())):
+        if word not in vocabulary():
+            seen.setdefault(word)
+    return list(seen)

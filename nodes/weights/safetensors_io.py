@@ -189,6 +189,16 @@ def _safetensors_header(path: str) -> dict:
     return header
 
 
+def file_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """A safetensors file's `__metadata__` (strings), from its header only; {} for a pickle file
+    or a header without one."""
+    path = os.fspath(path)
+    if _is_pickle(path):
+        return {}
+    meta = _safetensors_header(path).get("__metadata__")
+    return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+
+
 def inspect_file(path: str | os.PathLike) -> dict[str, TensorInfo]:
     """Key → (shape, dtype) for every tensor, without reading tensor data from safetensors files.
 

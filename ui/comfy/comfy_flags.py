@@ -146,6 +146,12 @@ def serve_options(args: argparse.Namespace, cuda_available: bool | None = None
     def folder(value: str | None, sub: str) -> str | None:
         return value if value else (str(base / sub) if base is not None else None)
 
+    if base is None or getattr(args, "models", None):   # --base-directory's own models/ may be missing
+        from mixgraph.graph.env import models_problem
+        problem = models_problem(getattr(args, "models", None))
+        if problem:
+            raise FlagError(problem)
+
     user = getattr(args, "user_directory", None)
     if user is not None and not Path(user).is_dir():
         raise FlagError(f"--user-directory {user}: no such folder (ComfyUI requires it to exist)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -704,8 +705,14 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
     if token is None and not bind_is_loopback(host):
         print("warning: listening beyond localhost without a token (--insecure)", file=sys.stderr)
-    web.run_app(app, host=hosts if len(hosts) > 1 else hosts[0], port=port,
-                print=lambda _: print(f"mixgraph serving on {url}", file=sys.stderr))
+    try:
+        web.run_app(app, host=hosts if len(hosts) > 1 else hosts[0], port=port,
+                    print=lambda _: print(f"mixgraph serving on {url}", file=sys.stderr))
+    except OSError as e:    # the listening socket: port in use, address not here, unknown host
+        print(f"error: cannot listen on {host} port {port}: {e.strerror or e}"
+              + (" (another server runs there: stop it or give another --port)"
+                 if e.errno == errno.EADDRINUSE else ""), file=sys.stderr)
+        return 2
     return 0
 
 

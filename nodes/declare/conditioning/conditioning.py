@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Float, Int, Socket, String, node
 from mixgraph.nodes.helpers import latent_ops
+from mixgraph.nodes.helpers.embedded_model import prompt_warning
 from mixgraph.nodes.helpers.embeddings import embedding_lookup, embeddings_fingerprint
 from mixgraph.nodes.adapters.controlnet import apply_controlnet
 from mixgraph.nodes.helpers.precision import effective, encoder_policies
@@ -14,6 +15,9 @@ def CLIPTextEncode(ctx, text=String(multiline=True, dynamic_prompts=True), clip=
     """Encodes a prompt with `(word:1.2)` weights and `embedding:name` textual inversions."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
+    warning = prompt_warning(clip, text)   # the embedded model's few words
+    if warning:
+        ctx.warn(warning)
     policy = effective(ctx, clip, "CLIP")
     return (clip.encode(text, policy, policies=encoder_policies(ctx, clip),
                         embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn)),)

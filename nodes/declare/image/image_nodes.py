@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ def _image_exists(env: Any, image: str | None = None, **_: Any) -> list[str]:
         path = _image_path(env, image)
     except folders.FolderError as e:
         return [str(e)]
-    return [] if path.is_file() else [f"Invalid image file: {image}"]
+    return [] if path.is_file() else [folders.missing_image(
+        image, path, f"put it in the input folder {os.path.abspath(env.input)} (--input DIR) "
+                     f"or upload it in the editor")]
 
 
 @node(category="image", outputs=("IMAGE", "MASK"), display_name="Load Image",
@@ -118,7 +121,7 @@ def _output_image_exists(env: Any, image: str | None = None, **_: Any) -> list[s
         path = _output_image_path(env, str(image))
     except folders.FolderError as e:
         return [str(e)]
-    return [] if path.is_file() else [f"Invalid image file: {image}"]
+    return [] if path.is_file() else [folders.missing_image(str(image), path)]
 
 
 @node(category="image", outputs=("IMAGE", "MASK"), display_name="Load Image (from Outputs)",

@@ -38,7 +38,7 @@ def _frame_exists(env: Any, image: Any = _LINKED, **_: Any) -> list[str]:
         path = folders.annotated_path(env, str(image))
     except folders.FolderError as e:
         return [str(e)]
-    return [] if path.is_file() else [f"Invalid image file: {image}"]
+    return [] if path.is_file() else [folders.missing_image(image, path)]
 
 
 @node(category="image", outputs=("IMAGE",), display_name="Webcam Capture",
