@@ -17,17 +17,16 @@ from torch import Tensor
 
 from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.sd.detect import CHECKPOINT_ENCODERS, detect_sd
+from mixgraph.nodes.families.sd.latent_formats import sd_latent_format
 from mixgraph.nodes.families.sd.runner import UNetRunner
 from mixgraph.nodes.vae.latent_format import LatentFormat
 from mixgraph.nodes.weights.safetensors_io import WeightSource
 from mixgraph.nodes.families.sd.unet import UNetConfig, UNetModel
 from mixgraph.nodes.families.sd.x4_upscaler import BETA_RANGE as X4_BETA_RANGE
-from mixgraph.nodes.families.sd.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
 
 __all__ = ["SD", "SDFamily", "VARIANTS", "CLIP_PREFIXES"]
 
 VARIANTS = ("sd1", "sd2", "sdxl", "sdxl_refiner", "sd2_x4")
-_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025, "sd2_x4": X4_LATENT_SCALE}
 # diffusers pipeline folder of each text encoder, per variant
 _FOLDERS = {"sd1": {"clip_l": "text_encoder"}, "sd2": {"clip_h": "text_encoder"},
             "sdxl": {"clip_l": "text_encoder", "clip_g": "text_encoder_2"},
@@ -62,8 +61,9 @@ class SDFamily:
         return Sampling()
 
     def latent_format(self, variant: str, channels: int = 4) -> LatentFormat:
-        """The variant's own (scalar) latent format (``latent_format.py``)."""
-        return LatentFormat(_SCALE.get(variant, 0.18215), channels, 4 if variant == "sd2_x4" else 8)
+        """The variant's own (scalar) latent format, with its preview factors and TAESD decoder
+        (``latent_formats.py``)."""
+        return sd_latent_format(variant, channels)
 
     def text_encoders(self, variant: str) -> tuple[TextEncoderSlot, ...]:
         """The CLIP encoders of ``variant``: where a checkpoint keeps each, in which layout, its
