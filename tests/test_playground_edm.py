@@ -19,6 +19,7 @@ from mixgraph.nodes.helpers.previews import previewer_for
 from mixgraph.nodes.sampling.ksampler import add_noise, sample, sample_custom
 from mixgraph.nodes.sampling.parameterization import CondDenoiser, ModelSampling
 from mixgraph.nodes.families.sd.family import SD
+from mixgraph.nodes.families.sd.runner import UNetRunner
 from mixgraph.nodes.sampling.preview import Latent2RGBPreviewer, latent_to_rgb, make_previewer, preview_format
 
 F32 = parse_spec("f32")
@@ -182,9 +183,16 @@ def test_playground_sampler_custom_outputs_and_add_noise(sdxl):
 
 
 def test_playground_inpaint_concat_latent_goes_through_process_in():
-    model = SimpleNamespace(prediction="eps", zsnr=False, in_channels=9, latent_format=PLAYGROUND_V2_5)
+    """An SD inpaint runner whose handle carries Playground's format: the concat latent is
+    brought into the sampler's space by that format (the SD runner's ``concat``)."""
+    handle = SimpleNamespace(config=SimpleNamespace(in_channels=9), latent_format=PLAYGROUND_V2_5,
+                             parts=None, unet_patches=())
+    runner = UNetRunner.__new__(UNetRunner)
+    runner.handle, runner.in_channels, runner.latent_format = handle, 9, PLAYGROUND_V2_5
     z = MEAN + STD * _randn(1, 4, 8, 8, seed=10)
     cond = Cond(_randn(1, 77, 32, seed=11), concat_latent=z, concat_mask=torch.zeros(1, 1, 8, 8))
+    model = SimpleNamespace(prediction="eps", zsnr=False, in_channels=9, latent_format=PLAYGROUND_V2_5,
+                            concat=runner.concat)
     den = CondDenoiser(model, [[cond]], [False], torch.zeros(1, 4, 8, 8), control_to_uncond=None)
     concat = den.lists[0][0].concat  # [B, 1 + 4, H, W]: mask, masked latent
     assert torch.allclose(concat[:, 1:], (z - MEAN) * 0.5 / STD, atol=1e-5)

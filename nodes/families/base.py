@@ -21,11 +21,13 @@ What a family says, and who asks:
   checkpoint keys (the weight store materializes it in a storage dtype).
 * ``runner(handle, module, policy)``: the sampler seam, a ``FamilyRunner``: the model with the
   family's conditioning. The denoiser hands it ``Cond``s and the latent; the runner says what
-  each cond becomes (``cond_inputs``) and calls the model (``__call__``). Samplers never see it:
-  they see ``denoise(x, sigma, ...)`` only.
+  each cond becomes (``cond_inputs``; optionally the extra input channels, ``concat``) and calls
+  the model (``__call__``). Samplers never see it: they see ``denoise(x, sigma, ...)`` only.
 * ``sampling(variant)``: the parameterisation (eps, v, EDM, x0, flow matching / CONST with a
   shift) and schedule defaults (``Sampling``).
-* ``latent_format(variant, channels)``: ``latent_format.LatentFormat`` (scale, shift, channels).
+* ``latent_format(variant, channels)``: ``latent_format.LatentFormat`` (scale, shift, channels,
+  and the sampler previews' ``latent_rgb_factors`` / ``latent_rgb_factors_bias`` /
+  ``taesd_decoder_name``; without factors a model gets no previews).
 * ``text_encoders(variant)``: the named encoders the family pairs with (``TextEncoderSlot``).
 * ``precision_roles``: which precision role each part runs under (presets decide per role).
 * ``trace_inputs(config, latent_shape, batch)``: dummy inputs for the memory estimate's traced
@@ -110,6 +112,19 @@ class FamilyRunner(Protocol):
     Everything goes in and comes out float32. ``sampling`` builds the denoiser's
     ``ModelSampling``; ``latent_format`` scales latents in and out; ``in_channels`` counts the
     model's input channels (more than the latent's: concat conditioning such as inpainting).
+
+    Optional (the denoiser asks with ``getattr``; a runner without them has none):
+
+    * ``concat(cond, latent_image, denoise_mask, seed) -> Tensor | None``: the extra input
+      channels [B, E, H, W] the model takes after the latent for one cond (ComfyUI's
+      ``concat_cond``: an inpaint model's mask + masked latent, an instruct-pix2pix model's image
+      latent, ...; shared tensors in ``models/concat_cond.py``). ``latent_image`` [B, C, H, W] is
+      the process_in-scaled sampled latent, ``denoise_mask`` its noise mask at latent size or
+      None, ``seed`` the sampling seed. The denoiser crops it with the cond's area, batches it
+      and checks C + E == ``in_channels``; None: no extra channels.
+    * ``context_free_refusal() -> str | None``: why the model cannot run a text-free cond (no
+      context, DualModelGuider's unconnected negative), as a sentence for the error; None when
+      it can.
     """
 
     sampling: Sampling
