@@ -32,6 +32,11 @@ What a family says, and who asks:
 * ``precision_roles``: which precision role each part runs under (presets decide per role).
 * ``trace_inputs(config, latent_shape, batch)``: dummy inputs for the memory estimate's traced
   forward, so the estimate knows no model class.
+* optional, for saving (``weights/save.py``; a family without them cannot be saved as a
+  single-file checkpoint, and saving it says so): ``checkpoint_layout(variant)`` ->
+  ``CheckpointLayout`` (where each part's keys go), and ``checkpoint_extras(handle, dtype)``, the
+  tensors a variant keeps beside the model at the file's top level (SD: Stable Zero123's
+  ``cc_projection.*``).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-__all__ = ["Sampling", "TextEncoderSlot", "Detection", "FamilyRunner", "Family", "PREDICTIONS"]
+__all__ = ["Sampling", "TextEncoderSlot", "Detection", "CheckpointLayout", "FamilyRunner", "Family", "PREDICTIONS"]
 
 #: Parameterisations a family may name (``sampling/parameterization.py`` implements each).
 #: "flow" is rectified flow / flow matching (ComfyUI's CONST): x_σ = (1 − σ)·x0 + σ·ε, the model
@@ -103,6 +108,27 @@ class Detection:
     variant: str
     config: Any
     fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """Where a family variant's single-file checkpoint keeps each part (what CheckpointSave
+    writes): the diffusion model's key prefix, the VAE's, each text encoder's as
+    (name, prefix, layout) in the family's order (layout: the key layout the encoder is stored in,
+    "hf" | "open_clip", as ``TextEncoderSlot.layout``), and ComfyUI's ``modelspec.architecture``
+    metadata value (None: no ``modelspec`` entries)."""
+
+    diffusion: str
+    vae: str
+    text_encoders: tuple[tuple[str, str, str], ...] = ()
+    architecture: str | None = None
+
+    def text_encoder(self, name: str) -> tuple[str, str] | None:
+        """(prefix, layout) of the text encoder ``name``, or None when the file has no place for it."""
+        for slot, prefix, layout in self.text_encoders:
+            if slot == name:
+                return prefix, layout
+        return None
 
 
 @runtime_checkable
