@@ -183,7 +183,9 @@ class Family(Protocol):
     display: str
     precision_roles: Mapping[str, str]
     # optional: ``refusals``, the rows of ``families/refused.py``'s table of families mixgraph
-    # does not run that this family runs ("Flux", ...): those files stop being refused
+    # does not run that this family runs ("Flux", ...): those files stop being refused;
+    # ``checkpoint_layout(variant) -> CheckpointLayout`` and ``checkpoint_extras(handle, dtype)``
+    # for CheckpointSave (without them saving the family's models is refused by name)
 
     def detect(self, info: Mapping[str, Any], read: Any = None, source: Any = None) -> Detection | None: ...
 
