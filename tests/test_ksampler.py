@@ -340,3 +340,34 @@ def test_ksampler_ddim_is_euler_except_inpaint_noise():
     xa, xb = ma.calls[1]["x"], mb.calls[1]["x"]
     assert torch.equal(xa[..., 4:], xb[..., 4:])  # sampled region: same trajectory
     assert not torch.allclose(xa[..., :4], xb[..., :4])  # kept region re-noised with seed+1
+
+
+def test_sd_runner_concat_follows_the_unet_input_width():
+    """``UNetRunner.concat`` (ComfyUI's ``concat_cond``): none for a 4-channel UNet, the image
+    latent for 8 (instruct-pix2pix; zeros without one), mask + masked latent for 9 (inpaint; all
+    ones + the grey latent without a mask), and a clear refusal for another width."""
+    from types import SimpleNamespace
+
+    from mixgraph.nodes.families.sd.family import SD
+    from mixgraph.nodes.families.sd.runner import UNetRunner
+    from mixgraph.nodes.models.concat_cond import blank_inpaint_latent
+
+    def runner(in_channels):
+        r = UNetRunner.__new__(UNetRunner)
+        r.handle = SimpleNamespace(parts=None)
+        r.in_channels, r.latent_format = in_channels, SD.latent_format("sd1")
+        return r
+
+    lat = torch.full((2, 4, 4, 6), 0.5)
+    image = torch.randn(1, 4, 4, 6, generator=torch.Generator().manual_seed(0))
+    assert runner(4).concat(Cond(POS), lat, None, 0) is None
+    assert torch.equal(runner(8).concat(Cond(POS), lat, None, 0), torch.zeros_like(lat))
+    assert torch.equal(runner(8).concat(Cond(POS, concat_latent=image), lat, None, 0), image.expand(2, -1, -1, -1))
+    blank = runner(9).concat(Cond(POS), lat, None, 0)
+    assert torch.equal(blank, torch.cat([torch.ones(2, 1, 4, 6), blank_inpaint_latent(lat)], dim=1))
+    mask = torch.zeros(2, 4, 4, 6)
+    mask[:, :, 2:] = 1.0
+    masked = runner(9).concat(Cond(POS), lat, mask, 0)
+    assert torch.equal(masked, torch.cat([mask[:, :1], lat], dim=1))
+    with pytest.raises(NotImplementedError, match="a 6-channel model with a 4-channel latent: only inpaint"):
+        runner(6).concat(Cond(POS), lat, None, 0)

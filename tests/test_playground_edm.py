@@ -18,7 +18,9 @@ from mixgraph.nodes.payloads.sampling import Guidance, Sampler
 from mixgraph.nodes.helpers.previews import previewer_for
 from mixgraph.nodes.sampling.ksampler import add_noise, sample, sample_custom
 from mixgraph.nodes.sampling.parameterization import CondDenoiser, ModelSampling
-from mixgraph.nodes.sampling.preview import Latent2RGBPreviewer, latent_to_rgb, make_previewer, preview_key
+from mixgraph.nodes.families.sd.family import SD
+from mixgraph.nodes.families.sd.runner import UNetRunner
+from mixgraph.nodes.sampling.preview import Latent2RGBPreviewer, latent_to_rgb, make_previewer, preview_format
 
 F32 = parse_spec("f32")
 MEAN = torch.tensor([-1.6574, 1.886, -1.383, 2.5155]).view(1, 4, 1, 1)
@@ -85,7 +87,7 @@ def test_edm_playground_node_sets_edm_and_latent_format(sdxl):
     pg = N.ModelSamplingContinuousEDM(base, "edm_playground_v2.5", 80.0, 0.002)[0]
     assert pg.prediction == "edm" and pg.continuous_sampling == ("edm", 0.002, 80.0)
     assert pg.latent_format == PLAYGROUND_V2_5
-    assert base.latent_format == LatentFormat(0.13025) and base.prediction == "eps"  # unchanged
+    assert base.latent_format == SD.latent_format("sdxl") and base.prediction == "eps"  # unchanged
     ms = ModelSampling.for_model(pg.runner(F32))
     assert ms.sigma_data == SIGMA_DATA
     assert float(ms.sigma_max) == pytest.approx(80.0, rel=1e-5)
@@ -181,9 +183,16 @@ def test_playground_sampler_custom_outputs_and_add_noise(sdxl):
 
 
 def test_playground_inpaint_concat_latent_goes_through_process_in():
-    model = SimpleNamespace(prediction="eps", zsnr=False, in_channels=9, latent_format=PLAYGROUND_V2_5)
+    """An SD inpaint runner whose handle carries Playground's format: the concat latent is
+    brought into the sampler's space by that format (the SD runner's ``concat``)."""
+    handle = SimpleNamespace(config=SimpleNamespace(in_channels=9), latent_format=PLAYGROUND_V2_5,
+                             parts=None, unet_patches=())
+    runner = UNetRunner.__new__(UNetRunner)
+    runner.handle, runner.in_channels, runner.latent_format = handle, 9, PLAYGROUND_V2_5
     z = MEAN + STD * _randn(1, 4, 8, 8, seed=10)
     cond = Cond(_randn(1, 77, 32, seed=11), concat_latent=z, concat_mask=torch.zeros(1, 1, 8, 8))
+    model = SimpleNamespace(prediction="eps", zsnr=False, in_channels=9, latent_format=PLAYGROUND_V2_5,
+                            concat=runner.concat)
     den = CondDenoiser(model, [[cond]], [False], torch.zeros(1, 4, 8, 8), control_to_uncond=None)
     concat = den.lists[0][0].concat  # [B, 1 + 4, H, W]: mask, masked latent
     assert torch.allclose(concat[:, 1:], (z - MEAN) * 0.5 / STD, atol=1e-5)
@@ -194,18 +203,18 @@ def test_playground_inpaint_concat_latent_goes_through_process_in():
 def test_playground_latent2rgb_preview_uses_its_factors(sdxl):
     pg = N.ModelSamplingContinuousEDM(sdxl.model, "edm_playground_v2.5", 80.0, 0.002)[0]
     runner = pg.runner(F32)
-    assert preview_key(runner) == "sdxl_playground_2_5" and preview_key(sdxl.model) == "sdxl"
+    assert preview_format(runner) == PLAYGROUND_V2_5 and preview_format(sdxl.model) == SD.latent_format("sdxl")
     x0 = _randn(1, 4, 3, 2, seed=12)
     factors = torch.tensor([[0.3920, 0.4054, 0.4549], [-0.2634, -0.0196, 0.0653],
                             [0.0568, 0.1687, -0.0755], [-0.3112, -0.2359, -0.2076]])
     want = ((x0[0].movedim(0, -1) @ factors + 1.0) / 2.0).clamp(0, 1)  # no bias
-    assert torch.allclose(latent_to_rgb(x0, preview_key(runner)), want, atol=1e-6)
-    assert not torch.allclose(latent_to_rgb(x0, "sdxl"), want, atol=1e-3)
+    assert torch.allclose(latent_to_rgb(x0, preview_format(runner)), want, atol=1e-6)
+    assert not torch.allclose(latent_to_rgb(x0, SD.latent_format("sdxl")), want, atol=1e-3)
     ctx = SimpleNamespace(env=SimpleNamespace(settings={"preview_method": "latent2rgb"}))
     previewer = previewer_for(ctx, runner)
-    assert isinstance(previewer, Latent2RGBPreviewer) and previewer.kind == "sdxl_playground_2_5"
+    assert isinstance(previewer, Latent2RGBPreviewer) and previewer.format == PLAYGROUND_V2_5
     asked = []
-    make_previewer("taesd", preview_key(runner), lambda name: asked.append(name))  # no file: latent2rgb
+    make_previewer("taesd", preview_format(runner), lambda name: asked.append(name))  # no file: latent2rgb
     assert asked == ["taesdxl_decoder"]
 
 
@@ -217,10 +226,10 @@ def test_playground_step_previews_see_the_sampler_latent(sdxl):
     out = sample(runner, seed=2, steps=2, cfg=1.0, sampler_name="euler", scheduler="karras", positive=(pos,),
                  negative=(neg,), latent=Latent(torch.zeros(1, 4, 16, 16)),
                  on_step=lambda i, total, image: images.append(image),
-                 preview=lambda x0: latent_to_rgb(x0, preview_key(runner))).samples
+                 preview=lambda x0: latent_to_rgb(x0, preview_format(runner))).samples
     # euler's last x0 is the sample: the preview is latent2rgb of it in the sampler's space
     assert len(images) == 2
-    assert torch.allclose(images[-1], latent_to_rgb(PLAYGROUND_V2_5.process_in(out), "sdxl_playground_2_5"),
+    assert torch.allclose(images[-1], latent_to_rgb(PLAYGROUND_V2_5.process_in(out), PLAYGROUND_V2_5),
                           atol=1e-5)
 
 
@@ -266,7 +275,7 @@ def test_loader_detects_playground_checkpoint(tmp_path):
             for m in (model, patched)]
     assert torch.equal(runs[0], runs[1])
     # a plain SDXL file, edm_mean without edm_std, an SD1 file with the markers, edm_vpred: not Playground
-    assert plain.prediction == "eps" and plain.latent_format == LatentFormat(0.13025)
+    assert plain.prediction == "eps" and plain.latent_format == SD.latent_format("sdxl")
     with pytest.raises(NotImplementedError, match="not supported yet"):
         loader.load_checkpoint(_save(tmp_path / "half.safetensors", sdxl_state_dict(seed=6) | {"edm_mean": MEAN}))
     with pytest.raises(NotImplementedError, match="not supported yet"):

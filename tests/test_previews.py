@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import io
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,8 +21,10 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.nodes.vae.taesd import TAESDConfig, TAESDDecoder, TAESDFileError, load_taesd_decoder
-from mixgraph.nodes.sampling.preview import (LATENT_RGB_FACTORS, Latent2RGBPreviewer, TAESDPreviewer,
-                                             latent_to_rgb, make_previewer)
+from mixgraph.nodes.families.sd.family import SD
+from mixgraph.nodes.sampling.preview import (Latent2RGBPreviewer, TAESDPreviewer, latent_to_rgb, make_previewer,
+                                             preview_format)
+from mixgraph.nodes.vae.latent_format import LatentFormat
 from mixgraph.ui import api
 from mixgraph.ui.server.server import create_app
 from tests.fixtures.checkpoints import write_sd15
@@ -39,8 +42,9 @@ def test_latent_to_rgb_matches_factor_formula():
     g = torch.Generator().manual_seed(0)
     x0 = torch.randn(2, 4, 5, 7, generator=g)
     for kind, bias in (("sd1", (0.0, 0.0, 0.0)), ("sdxl", (0.1084, -0.0175, -0.0011))):
-        f = LATENT_RGB_FACTORS[kind]
-        rgb = latent_to_rgb(x0, kind)
+        fmt = SD.latent_format(kind)
+        f = fmt.latent_rgb_factors
+        rgb = latent_to_rgb(x0, fmt)
         assert rgb.shape == (5, 7, 3)
         for y, x in ((0, 0), (4, 6), (2, 3)):
             for c in range(3):
@@ -52,7 +56,7 @@ def test_latent_to_rgb_matches_factor_formula():
 def test_latent_to_rgb_sd1_factor_first_row():
     x0 = torch.zeros(1, 4, 1, 1)
     x0[0, 0] = 1.0                                         # only channel 0: rgb = row 0
-    rgb = latent_to_rgb(x0, "sd1")[0, 0]
+    rgb = latent_to_rgb(x0, SD.latent_format("sd1"))[0, 0]
     assert torch.allclose(rgb, (torch.tensor([0.3512, 0.2297, 0.3227]) + 1) / 2, atol=1e-6)
 
 
@@ -93,15 +97,38 @@ def test_make_previewer_methods(tmp_path):
     found = {"taesd_decoder": path}
     find = found.get
     none = {}.get
-    assert make_previewer("none", "sd1", find) is None
-    assert isinstance(make_previewer("auto", "sd1", find), TAESDPreviewer)
-    assert isinstance(make_previewer("auto", "sd1", none), Latent2RGBPreviewer)
-    assert isinstance(make_previewer("taesd", "sd1", none), Latent2RGBPreviewer)
-    assert isinstance(make_previewer("latent2rgb", "sd1", find), Latent2RGBPreviewer)
+    sd1, sdxl = SD.latent_format("sd1"), SD.latent_format("sdxl")
+    assert make_previewer("none", sd1, find) is None
+    assert isinstance(make_previewer("auto", sd1, find), TAESDPreviewer)
+    assert isinstance(make_previewer("auto", sd1, none), Latent2RGBPreviewer)
+    assert isinstance(make_previewer("taesd", sd1, none), Latent2RGBPreviewer)
+    assert isinstance(make_previewer("latent2rgb", sd1, find), Latent2RGBPreviewer)
     # SDXL looks for its own decoder only
-    assert isinstance(make_previewer("auto", "sdxl", find), Latent2RGBPreviewer)
+    assert isinstance(make_previewer("auto", sdxl, find), Latent2RGBPreviewer)
     with pytest.raises(ValueError, match="preview method"):
-        make_previewer("fancy", "sd1", find)
+        make_previewer("fancy", sd1, find)
+
+
+def test_a_latent_format_without_factors_gets_no_preview():
+    """As ComfyUI: a latent format with no ``latent_rgb_factors`` is not previewed (no error),
+    whatever the method; one without a TAESD decoder name falls back to latent2rgb."""
+    bare = LatentFormat(1.0, channels=16)
+    asked = []
+    for method in ("auto", "latent2rgb", "taesd"):
+        assert make_previewer(method, bare, asked.append) is None
+    assert make_previewer("auto", None, asked.append) is None
+    assert asked == []
+    assert preview_format(SimpleNamespace(latent_format=bare)) is None
+    assert preview_format(SimpleNamespace(kind="sd1")) is None
+    two = LatentFormat(1.0, channels=2, latent_rgb_factors=((1.0, 0.0, 0.0), (0.0, 1.0, 0.0)))
+    assert preview_format(SimpleNamespace(latent_format=two)) is two
+    previewer = make_previewer("taesd", two, asked.append)
+    assert isinstance(previewer, Latent2RGBPreviewer) and asked == []
+    x0 = torch.zeros(1, 2, 1, 1)
+    x0[0, 1] = 1.0
+    assert torch.allclose(latent_to_rgb(x0, two)[0, 0], torch.tensor([0.5, 1.0, 0.5]))
+    with pytest.raises(ValueError, match="rows of 3"):
+        LatentFormat(1.0, channels=2, latent_rgb_factors=((1.0, 0.0, 0.0),))
 
 
 # --- websocket frames during a KSampler run ---------------------------------------------------

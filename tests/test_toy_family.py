@@ -184,3 +184,28 @@ def test_a_registered_family_takes_its_files_over_from_the_refusal_table():
     assert refused.detect_family(info) == "SD3 / SD3.5"
     assert refused.refusal("Flux", "x.safetensors") == (
         f"x.safetensors: model family Flux is not supported (mixgraph runs {refused.supported()})")
+
+
+def test_toy_has_no_preview_no_concat_and_is_not_saved(models):
+    """What the toy family does not declare it does not get, by name and without an error from
+    inside shared code: no latent preview (its format has no factors), no extra input channels
+    (its runner has no ``concat``: a wider model would be named), no checkpoint saving."""
+    from types import SimpleNamespace
+
+    from mixgraph.nodes.helpers.previews import previewer_for
+    from mixgraph.nodes.weights import save
+
+    model = loader.load_checkpoint(models / "checkpoints" / "toy.safetensors")[0]
+    runner = model.runner(_f32())
+    ctx = SimpleNamespace(env=SimpleNamespace(settings={"preview_method": "auto"}))
+    assert previewer_for(ctx, runner) is None and previewer_for(ctx, model) is None
+    text = torch.zeros(1, 77, CFG.context_dim)
+    latent = torch.zeros(1, CFG.channels, 8, 8)
+    assert CFGDenoiser(runner, (Cond(text),), (), 1.0, latent).positive[0].concat is None
+    wider = SimpleNamespace(prediction="flow", zsnr=False, in_channels=CFG.channels + 1,
+                            latent_format=model.latent_format, sampling=model.sampling)
+    with pytest.raises(ValueError, match=r"no extra input channels \(FamilyRunner.concat\)"):
+        CFGDenoiser(wider, (Cond(text),), (), 1.0, latent)
+    with pytest.raises(NotImplementedError, match=r"Toy flow transformer \(tests\) \('toy'\) model as a "
+                                                  r"checkpoint is not supported yet"):
+        save.checkpoint_state_dict(model)

@@ -17,6 +17,7 @@ from PIL import Image
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.models.loader import load_checkpoint, load_unet
 from mixgraph.nodes.weights.synthetic import module_shapes, random_state_dict
+from mixgraph.nodes.families.sd.family import SD
 from mixgraph.nodes.families.sd.unet import UNetModel, unet_config_from_state_dict
 from mixgraph.nodes.families.sd.x4_upscaler import ImageAugmentor, resize_to_batch_size
 from mixgraph.nodes.payloads.conditioning import Cond
@@ -224,7 +225,9 @@ def test_x4_denoiser_feeds_the_image_and_its_noise_level(handles):
 
 
 def test_x4_previews_use_the_sd_x4_factors():
-    preview = make_previewer("auto", "sd2_x4", lambda name: None)
+    fmt = SD.latent_format("sd2_x4")
+    assert fmt.taesd_decoder_name is None and fmt.latent_rgb_factors_bias is None
+    preview = make_previewer("auto", fmt, lambda name: None)
     x0 = torch.zeros(1, 4, 2, 2)
     x0[0, 0] = 1.0
     rgb = np.asarray(preview(x0), dtype=np.float32) / 255

@@ -21,15 +21,22 @@ What a family says, and who asks:
   checkpoint keys (the weight store materializes it in a storage dtype).
 * ``runner(handle, module, policy)``: the sampler seam, a ``FamilyRunner``: the model with the
   family's conditioning. The denoiser hands it ``Cond``s and the latent; the runner says what
-  each cond becomes (``cond_inputs``) and calls the model (``__call__``). Samplers never see it:
-  they see ``denoise(x, sigma, ...)`` only.
+  each cond becomes (``cond_inputs``; optionally the extra input channels, ``concat``) and calls
+  the model (``__call__``). Samplers never see it: they see ``denoise(x, sigma, ...)`` only.
 * ``sampling(variant)``: the parameterisation (eps, v, EDM, x0, flow matching / CONST with a
   shift) and schedule defaults (``Sampling``).
-* ``latent_format(variant, channels)``: ``latent_format.LatentFormat`` (scale, shift, channels).
+* ``latent_format(variant, channels)``: ``latent_format.LatentFormat`` (scale, shift, channels,
+  and the sampler previews' ``latent_rgb_factors`` / ``latent_rgb_factors_bias`` /
+  ``taesd_decoder_name``; without factors a model gets no previews).
 * ``text_encoders(variant)``: the named encoders the family pairs with (``TextEncoderSlot``).
 * ``precision_roles``: which precision role each part runs under (presets decide per role).
 * ``trace_inputs(config, latent_shape, batch)``: dummy inputs for the memory estimate's traced
   forward, so the estimate knows no model class.
+* optional, for saving (``weights/save.py``; a family without them cannot be saved as a
+  single-file checkpoint, and saving it says so): ``checkpoint_layout(variant)`` ->
+  ``CheckpointLayout`` (where each part's keys go), and ``checkpoint_extras(handle, dtype)``, the
+  tensors a variant keeps beside the model at the file's top level (SD: Stable Zero123's
+  ``cc_projection.*``).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-__all__ = ["Sampling", "TextEncoderSlot", "Detection", "FamilyRunner", "Family", "PREDICTIONS"]
+__all__ = ["Sampling", "TextEncoderSlot", "Detection", "CheckpointLayout", "FamilyRunner", "Family", "PREDICTIONS"]
 
 #: Parameterisations a family may name (``sampling/parameterization.py`` implements each).
 #: "flow" is rectified flow / flow matching (ComfyUI's CONST): x_σ = (1 − σ)·x0 + σ·ε, the model
@@ -103,6 +110,27 @@ class Detection:
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """Where a family variant's single-file checkpoint keeps each part (what CheckpointSave
+    writes): the diffusion model's key prefix, the VAE's, each text encoder's as
+    (name, prefix, layout) in the family's order (layout: the key layout the encoder is stored in,
+    "hf" | "open_clip", as ``TextEncoderSlot.layout``), and ComfyUI's ``modelspec.architecture``
+    metadata value (None: no ``modelspec`` entries)."""
+
+    diffusion: str
+    vae: str
+    text_encoders: tuple[tuple[str, str, str], ...] = ()
+    architecture: str | None = None
+
+    def text_encoder(self, name: str) -> tuple[str, str] | None:
+        """(prefix, layout) of the text encoder ``name``, or None when the file has no place for it."""
+        for slot, prefix, layout in self.text_encoders:
+            if slot == name:
+                return prefix, layout
+        return None
+
+
 @runtime_checkable
 class FamilyRunner(Protocol):
     """The sampler seam: one precision-applied diffusion model with its family's conditioning.
@@ -110,6 +138,19 @@ class FamilyRunner(Protocol):
     Everything goes in and comes out float32. ``sampling`` builds the denoiser's
     ``ModelSampling``; ``latent_format`` scales latents in and out; ``in_channels`` counts the
     model's input channels (more than the latent's: concat conditioning such as inpainting).
+
+    Optional (the denoiser asks with ``getattr``; a runner without them has none):
+
+    * ``concat(cond, latent_image, denoise_mask, seed) -> Tensor | None``: the extra input
+      channels [B, E, H, W] the model takes after the latent for one cond (ComfyUI's
+      ``concat_cond``: an inpaint model's mask + masked latent, an instruct-pix2pix model's image
+      latent, ...; shared tensors in ``models/concat_cond.py``). ``latent_image`` [B, C, H, W] is
+      the process_in-scaled sampled latent, ``denoise_mask`` its noise mask at latent size or
+      None, ``seed`` the sampling seed. The denoiser crops it with the cond's area, batches it
+      and checks C + E == ``in_channels``; None: no extra channels.
+    * ``context_free_refusal() -> str | None``: why the model cannot run a text-free cond (no
+      context, DualModelGuider's unconnected negative), as a sentence for the error; None when
+      it can.
     """
 
     sampling: Sampling
@@ -142,7 +183,9 @@ class Family(Protocol):
     display: str
     precision_roles: Mapping[str, str]
     # optional: ``refusals``, the rows of ``families/refused.py``'s table of families mixgraph
-    # does not run that this family runs ("Flux", ...): those files stop being refused
+    # does not run that this family runs ("Flux", ...): those files stop being refused;
+    # ``checkpoint_layout(variant) -> CheckpointLayout`` and ``checkpoint_extras(handle, dtype)``
+    # for CheckpointSave (without them saving the family's models is refused by name)
 
     def detect(self, info: Mapping[str, Any], read: Any = None, source: Any = None) -> Detection | None: ...
 

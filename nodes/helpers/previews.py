@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mixgraph.nodes.helpers import folders
-from mixgraph.nodes.sampling.preview import make_previewer, preview_key
+from mixgraph.nodes.sampling.preview import make_previewer, preview_format
 
 __all__ = ["previewer_for"]
 
@@ -28,13 +28,13 @@ def _find_decoder(env: Any) -> Callable[[str], Path | None]:
 
 
 def previewer_for(ctx: Any, model: Any) -> Callable | None:
-    """The step previewer for a sampler node running `model` (anything with a `kind`; a replaced
-    latent format, Playground v2.5's, picks its own), or None when previews are off (the
-    default, as in ComfyUI) or the model has none."""
+    """The step previewer for a sampler node running `model` (anything with a `latent_format`: the
+    preview factors and TAESD decoder are its format's), or None when previews are off (the
+    default, as in ComfyUI) or the model's latent format has none."""
     settings = dict(getattr(ctx.env, "settings", ()) or ())
     method = settings.get("preview_method") or "none"
     size = int(settings.get("preview_size") or DEFAULT_PREVIEW_SIZE)
-    kind = preview_key(model)
-    if method == "none" or kind is None:
+    fmt = preview_format(model)
+    if method == "none" or fmt is None:
         return None
-    return make_previewer(method, kind, _find_decoder(ctx.env), size)
+    return make_previewer(method, fmt, _find_decoder(ctx.env), size)

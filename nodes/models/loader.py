@@ -55,6 +55,7 @@ from mixgraph.nodes.weights.safetensors_io import TensorInfo, WeightSource, insp
 from mixgraph.nodes.adapters.t2i_adapter import is_t2i_adapter, load_t2i_adapter
 from mixgraph.nodes.encoders.text_encode import sd_encoder_entries
 from mixgraph.nodes.vae.vae import VAEConfig
+from mixgraph.nodes.families.sd.family import UNET_PREFIX, VAE_PREFIX  # the single-file (LDM) layout
 from mixgraph.nodes.families.sd.zero123 import is_zero123
 
 __all__ = [
@@ -69,11 +70,6 @@ __all__ = [
     "load_diff_controlnet",
 ]
 
-UNET_PREFIX = "model.diffusion_model."
-VAE_PREFIX = "first_stage_model."
-#: text-encoder kind -> {encoder: (checkpoint prefix, layout)}: the SD family's table (``save.py``)
-CLIP_PREFIXES = {kind: {slot.name: (slot.prefix, slot.layout) for slot in families.get("sd").text_encoders(kind)}
-                 for kind in ("sd1", "sd2", "sdxl", "sdxl_refiner")}
 CLIP_ACTIVATION = {"clip_l": "quick_gelu", "clip_g": "gelu", "clip_h": "gelu"}
 WEIGHT_DTYPES = {
     "default": None,

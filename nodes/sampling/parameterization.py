@@ -26,7 +26,8 @@ timestep, and
 classifier-free guidance (Ho & Salimans 2022) on x0 predictions, ``uncond + (cond − uncond)·cfg``,
 with several conds / areas / masks combined as ComfyUI's ``calc_cond_batch`` weighted average,
 the model family's own conditioning (``FamilyRunner.cond_inputs``: SDXL's vector ``y``, ...),
-ControlNet residuals, 9-channel inpaint concat and timestep ranges. The model is called as
+ControlNet residuals, the extra input channels the runner gives (``FamilyRunner.concat``:
+inpaint, instruct-pix2pix, ...) and timestep ranges. The model is called as
 ``model(x, timestep, context, inputs, control=, patches=, sigma=)`` (``families/base.py``).
 """
 
@@ -41,8 +42,7 @@ import torch.nn.functional as F
 
 from mixgraph.nodes.adapters.control_lora import bind_chain
 from mixgraph.nodes.adapters.gligen import grounding_patch
-from mixgraph.nodes.vae.latent_format import format_of
-from mixgraph.nodes.models.resize import center_crop
+from mixgraph.nodes.models.concat_cond import repeat_to_batch
 from mixgraph.nodes.payloads.conditioning import Cond, Control
 from .cfg_patches import GuidanceArgs, cfg_at, guide, needs_uncond
 from .hooks import HookRuntime
@@ -50,22 +50,11 @@ from .schedule_continuous import ContinuousSchedule
 from .schedule_flow import FlowSchedule
 from .schedules import DiscreteSchedule
 
-__all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS", "blank_inpaint_latent"]
+__all__ = ["ModelSampling", "CondDenoiser", "CFGDenoiser", "PREDICTIONS"]
 
 # The same names as ``families.base.PREDICTIONS`` (a test keeps the two equal).
 PREDICTIONS = ("eps", "v_prediction", "x0", "lcm", "img_to_img", "edm", "flow")
 
-# What pixel value 0 (grey after the VAE's [-1, 1] mapping) encodes to in the SD1/SD2 latent,
-# already multiplied by the latent scale: the "masked image" a 9-channel inpaint model sees when
-# no mask is given (ComfyUI blank_inpaint_image_like).
-_BLANK_INPAINT = (0.8223, -0.6876, 0.6364, 0.1380)
-
-
-def repeat_to_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
-    """Tile or cut dim 0 to ``batch`` entries."""
-    if t.shape[0] < batch:
-        t = t.repeat(-(-batch // t.shape[0]), *([1] * (t.ndim - 1)))
-    return t[:batch]
 
 
 def _bcast(sigma: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -214,14 +203,6 @@ class ModelSampling:
         return math.isclose(sigma_max, sigma, rel_tol=1e-05) or sigma > sigma_max
 
 
-def blank_inpaint_latent(like: torch.Tensor) -> torch.Tensor:
-    """[B, 4, H, W] latent of an all-grey image (ComfyUI's SD1 constants)."""
-    blank = torch.ones_like(like[:, :4])
-    for c, v in enumerate(_BLANK_INPAINT):
-        blank[:, c] *= v
-    return blank
-
-
 # ------------------------------------------------------------------------------------- CFG
 
 
@@ -236,7 +217,7 @@ class _Entry:
     mask: torch.Tensor | None  # [Bm, H, W] resized to the latent, times mask_strength
     sigma_start: float | None  # active while sigma_end <= σ <= sigma_start
     sigma_end: float | None
-    concat: torch.Tensor | None = None  # [B, 1+C, H, W] inpaint-model channels, or None
+    concat: torch.Tensor | None = None  # [B, E, H, W] extra input channels (``FamilyRunner.concat``), or None
     gligen: object | None = None  # the GLIGEN module for the cond's boxes, or None
     control_context: torch.Tensor | None = None  # [1, T', D] ControlNet-only text, or None
 
@@ -347,10 +328,11 @@ class CondDenoiser:
 
     Args:
         model: a ``SamplerModel`` (see ARCHITECTURE.md): a ``families.base.FamilyRunner``
-            (``cond_inputs``, called as the model, ``in_channels``, ``sampling``).
+            (``cond_inputs``, called as the model, ``in_channels``, ``sampling``; optionally
+            ``concat`` and ``context_free_refusal``).
         cond_lists: one CONDITIONING tuple per list (e.g. positive, negative).
         negatives: per list, whether it is a "negative" prompt (SDXL ADM defaults).
-        latent_image: [B, C, H, W] the process_in-scaled input latent (for the inpaint concat).
+        latent_image: [B, C, H, W] the process_in-scaled input latent (for the runner's concat).
         denoise_mask: [B, C, H, W] noise mask at latent size (1 = resample), or None.
         model_sampling: parameterisation + schedule; default from ``model.prediction/zsnr``.
         control_to_uncond: (positive index, negative index) for ControlNetApply's
@@ -358,15 +340,12 @@ class CondDenoiser:
         seed: the sampling seed; a cond's unCLIP image embeddings are noised with seed − 10
             (``families/sd/unclip.py``), so the model's ``cond_inputs`` gets it.
 
-    9-channel inpaint models get, per ComfyUI ``BaseModel.concat_cond``, the UNet input
-    ``cat([c_in·x (4), mask (1), masked latent (4)])`` where mask = round(denoise_mask[:, :1])
-    and masked latent = ``latent_image`` (already scaled; VAEEncodeForInpaint greys the masked
-    pixels before encoding); without a noise mask: mask = 1 and the masked latent is the blank
-    grey latent. The concat is cropped with the cond's area like the input. 8-channel
-    instruct-pix2pix models get ``cat([c_in·x (4), image latent (4)])`` (``_ip2p_concat``).
-    The SD x4 upscaler (7 channels; the model has ``image_augmentor``) gets
-    ``cat([c_in·x (4), low-resolution image (3)])`` per cond, from ``model.image_concat`` (the
-    cond's ``concat_image``, noise-augmented with seed − 10; ``families/sd/x4_upscaler.py``).
+    A model with more input channels than the latent (ComfyUI's ``concat_cond``) gets
+    ``cat([c_in·x, concat])``, where ``concat`` [B, E, H, W] is what the runner's
+    ``concat(cond, latent_image, denoise_mask, seed)`` gives per cond (``families/base.py``;
+    SD: inpaint mask + masked latent, instruct-pix2pix's image latent, the x4 upscaler's image;
+    the tensors in ``models/concat_cond.py``). The denoiser only crops it with the cond's area
+    like the input and batches it; a runner without ``concat`` gives none.
 
     ``unet_hook`` (None, or a ``step_cache.EasyRun`` set for one sampling run) stands around each
     UNet call: ``hook(call, unet_in, cond keys, sigma)``; ``hook.begin()`` marks each
@@ -405,71 +384,11 @@ class CondDenoiser:
         bound: dict = {}
         lists = [[c if c.control is None else replace(c, control=bind_chain(c.control, model, bound))
                   for c in conds] for conds in lists]
-        self.concat = None
         self._latent_image = latent_image
         self._denoise_mask = denoise_mask
-        self._inpaint = False
-        self._ip2p = False
-        self._image = getattr(model, "image_augmentor", None) is not None
-        extra = int(getattr(model, "in_channels", C)) - C
-        if self._image:
-            if extra != 3:
-                raise ValueError(f"an image-conditioned (x4 upscaler) model with {C + extra} input channels "
-                                 f"and a {C}-channel latent: it takes {C} + 3 channels")
-        elif extra == C:
-            self._ip2p = True
-            self.concat = self._ip2p_concat(None)
-        elif extra > 0:
-            if extra != C + 1:
-                raise NotImplementedError(
-                    f"a {C + extra}-channel model with a {C}-channel latent: only inpaint "
-                    f"concat (mask + masked latent, {2 * C + 1} channels) and instruct-pix2pix "
-                    f"concat (image latent, {2 * C} channels) are supported yet"
-                )
-            self._inpaint = True
-            self.concat = self._inpaint_concat(None, None)
         self._gligen_modules: dict = {}
         self.lists = [[self._resolve(c, negative=neg) for c in conds]
                       for conds, neg in zip(lists, negatives)]
-
-    def _inpaint_concat(self, concat_latent, concat_mask) -> torch.Tensor:
-        """[B, 1+C, H, W] = cat(mask, masked latent) for a 9-channel inpaint model (ComfyUI
-        ``BaseModel.concat_cond``): the cond's InpaintModelConditioning latent (through the
-        model's ``process_in`` here) and mask when set, else the sampled latent and its noise
-        mask, else all-ones and grey."""
-        latent_image = self._latent_image
-        B, C, H, W = latent_image.shape
-        masked = latent_image
-        if concat_latent is not None:
-            masked = format_of(self.model).process_in(concat_latent.to(self.device, torch.float32))
-            if tuple(masked.shape[-2:]) != (H, W):
-                masked = F.interpolate(masked, size=(H, W), mode="bilinear")
-            masked = repeat_to_batch(masked, B)
-        m = concat_mask if concat_mask is not None else self._denoise_mask
-        if m is None:
-            return torch.cat([torch.ones_like(latent_image[:, :1]),
-                              blank_inpaint_latent(latent_image) if concat_latent is None else masked], dim=1)
-        m = m.to(self.device, torch.float32)
-        m = m[:, :1] if m.ndim == 4 else m
-        m = m.reshape(-1, 1, m.shape[-2], m.shape[-1])  # [Bm, 1, h, w]
-        if tuple(m.shape[-2:]) != (H, W):
-            m = F.interpolate(m, size=(H, W), mode="bilinear")
-        return torch.cat([repeat_to_batch(m.round(), B), masked], dim=1)  # [B, 1+C, H, W]
-
-    def _ip2p_concat(self, concat_latent) -> torch.Tensor:
-        """[B, C, H, W] for an 8-channel instruct-pix2pix model (ComfyUI ``IP2P.concat_cond``):
-        the cond's InstructPixToPixConditioning latent as encoded (unscaled: SD1.x and diffusers
-        SDXL ip2p models take it raw), cropped to the sampled latent's aspect ratio around its
-        centre and resized bilinearly when its size differs, repeated to the batch; zeros when
-        no cond carries one."""
-        latent_image = self._latent_image
-        B, C, H, W = latent_image.shape
-        if concat_latent is None:
-            return torch.zeros_like(latent_image)
-        image = concat_latent.to(self.device, torch.float32)
-        if tuple(image.shape[1:]) != (C, H, W):
-            image = F.interpolate(center_crop(image, W, H), size=(H, W), mode="bilinear")
-        return repeat_to_batch(image, B)
 
     # -- preparation
     def _resolve(self, c: Cond, negative: bool = False) -> _Entry:
@@ -494,14 +413,7 @@ class CondDenoiser:
         s_start = s_end = None
         if (start, end) != (0.0, 1.0):
             s_start, s_end = self.ms.percent_to_sigma(start), self.ms.percent_to_sigma(end)
-        concat = self.concat
-        if self._image:
-            seed = 0 if self.seed is None else self.seed
-            concat = self.model.image_concat(c, tuple(self._latent_image.shape), seed).to(self.device)
-        elif self._inpaint and (c.concat_latent is not None or c.concat_mask is not None):
-            concat = self._inpaint_concat(c.concat_latent, c.concat_mask)
-        elif self._ip2p and c.concat_latent is not None:
-            concat = self._ip2p_concat(c.concat_latent)
+        concat = self._concat(c)
         gligen = None
         if c.gligen is not None:
             gligen = self._gligen_modules.get(id(c.gligen.model))
@@ -518,6 +430,26 @@ class CondDenoiser:
         if c.controlnet_cross_attn is not None:  # CLIPTextEncodeControlnet
             control_context = c.controlnet_cross_attn.to(self.device, torch.float32)
         return _Entry(c, context, inputs, area, mask, s_start, s_end, concat, gligen, control_context)
+
+    def _concat(self, c: Cond) -> torch.Tensor | None:
+        """The runner's extra input channels for ``c`` [B, E, H, W] (``FamilyRunner.concat``), or
+        None; checked against the model's ``in_channels`` so a missing or wrong concat is named
+        here, not found as a convolution shape error."""
+        concat_fn = getattr(self.model, "concat", None)  # None: a model with no extra channels
+        concat = None
+        if concat_fn is not None:
+            concat = concat_fn(c, self._latent_image, self._denoise_mask, 0 if self.seed is None else self.seed)
+        in_channels = getattr(self.model, "in_channels", None)
+        if in_channels is not None:
+            C = self._latent_image.shape[1]
+            extra = 0 if concat is None else concat.shape[1]
+            if concat is None and in_channels > C:
+                raise ValueError(f"a {in_channels}-channel model with a {C}-channel latent, and its runner "
+                                 f"gives no extra input channels (FamilyRunner.concat)")
+            if concat is not None and C + extra != in_channels:
+                raise ValueError(f"the runner's concat gives {extra} channels for a {C}-channel latent; "
+                                 f"the model takes {in_channels}")
+        return concat
 
     def _area_and_mult(self, e: _Entry, x: torch.Tensor, sigma: torch.Tensor):
         s = float(sigma.reshape(-1)[0])
@@ -700,7 +632,7 @@ class CondDenoiser:
                 if area is not None:
                     c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
-            unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + 1 + C, h, w]
+            unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + E, h, w]
         first = batch[0][0]
         if first.gligen is not None:
             b_, _, h_, w_ = inputs[0].shape
@@ -732,19 +664,17 @@ def _can_concat(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 
 def _check_text_free(model, entry: _Entry) -> None:
-    """A text-free cond runs the UNet with no context (ComfyUI's ``[[None, {}]]``): refuse, with
-    what to do, where that cannot work, instead of a matrix-shape error from inside the UNet."""
-    mismatch = getattr(model, "context_free_mismatch", None)
-    if mismatch is not None:
-        text_w, block_w = mismatch
+    """A text-free cond runs the model with no context (ComfyUI's ``[[None, {}]]``): refuse, with
+    what to do, where that cannot work (the runner's ``context_free_refusal`` says why), instead
+    of a matrix-shape error from inside the model."""
+    refusal = getattr(model, "context_free_refusal", None)
+    reason = refusal() if refusal is not None else None
+    if reason is not None:
         raise ValueError(
             f"DualModelGuider's 'negative' is not connected, so its negative pass is text-free: "
-            f"the UNet runs with no cross-attention context (ComfyUI's [[None, {{}}]] negative), "
-            f"each cross-attention attending to the image tokens instead. This UNet's "
-            f"cross-attention takes {text_w}-wide text tokens, not its {block_w}-wide image "
-            f"tokens, so it needs a text context (every SD 1.x/2.x/SDXL UNet does; ComfyUI stops "
-            f"here too, with a matrix-shape error). Connect a negative CONDITIONING (an empty "
-            f"prompt, or ConditioningZeroOut), or set cfg to 1 (the negative is then not run)")
+            f"the model runs with no cross-attention context (ComfyUI's [[None, {{}}]] negative). "
+            f"{reason}. Connect a negative CONDITIONING (an empty prompt, or ConditioningZeroOut), "
+            f"or set cfg to 1 (the negative is then not run)")
     if entry.cond.control is not None:
         raise ValueError("a text-free cond (DualModelGuider's unconnected 'negative') cannot "
                          "drive a ControlNet: the ControlNet reads the text context (ComfyUI "

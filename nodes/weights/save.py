@@ -3,14 +3,18 @@
 What is saved is each handle's weights **after** its patches (LoRA, merges, attention scales),
 materialized through the weight store in the storage dtype the caller asks for. Layouts:
 
-- single-file checkpoint (CheckpointSave, ModelSave): UNet ``model.diffusion_model.*``, VAE
-  ``first_stage_model.*``, text encoders under the family's prefixes (the loader's
-  ``CLIP_PREFIXES``): SD1 ``cond_stage_model.transformer.text_model.*`` (HF layout), SD2
-  ``cond_stage_model.model.*`` (OpenCLIP layout), SDXL ``conditioner.embedders.0.transformer.*``
-  + ``conditioner.embedders.1.model.*``, refiner ``conditioner.embedders.0.model.*``. A
+- single-file checkpoint (CheckpointSave): where each part goes is the model family's
+  ``checkpoint_layout(variant)`` (``families/base.py: CheckpointLayout``). SD: UNet
+  ``model.diffusion_model.*``, VAE ``first_stage_model.*``, text encoders SD1
+  ``cond_stage_model.transformer.text_model.*`` (HF layout), SD2 ``cond_stage_model.model.*``
+  (OpenCLIP layout), SDXL ``conditioner.embedders.0.transformer.*`` +
+  ``conditioner.embedders.1.model.*``, refiner ``conditioner.embedders.0.model.*``. A
   v-prediction model gets the ``v_pred`` marker key (and ``ztsnr`` with a zero-terminal-SNR
-  schedule); SDXL-family files get ComfyUI's ``modelspec.*`` metadata; a Stable Zero123 model
-  its ``cc_projection.*``.
+  schedule); a layout with an ``architecture`` (SDXL) gets ComfyUI's ``modelspec.*`` metadata;
+  what the family keeps beside the model (``checkpoint_extras``: Stable Zero123's
+  ``cc_projection.*``) goes at the top level. A family without ``checkpoint_layout`` is refused
+  by name ("not supported yet").
+- ModelSave / diff saves: the diffusion model's own keys (``unet_state_dict``, built by its family).
 - CLIPSave: one file per encoder, HF layout without prefix (``text_model.*``).
 - VAESave: LDM VAE keys without prefix.
 
@@ -30,17 +34,13 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from mixgraph.nodes.families.sd.parts import parts_of
+from mixgraph.nodes import families
+from mixgraph.nodes.families.base import CheckpointLayout
 from mixgraph.nodes.weights import store
-from mixgraph.nodes.models.loader import CLIP_PREFIXES, UNET_PREFIX, VAE_PREFIX
-from mixgraph.nodes.families.sd.unet import UNetModel
 from mixgraph.nodes.vae.vae import AutoencoderKL
-from mixgraph.nodes.families.sd.zero123 import CameraProjection
 
 __all__ = ["unet_state_dict", "clip_state_dicts", "vae_state_dict", "hf_to_open_clip", "checkpoint_state_dict",
-           "cc_projection_state_dict", "checkpoint_metadata", "prompt_metadata", "write_safetensors"]
-
-_ARCH = {"sdxl": "stable-diffusion-xl-v1-base", "sdxl_refiner": "stable-diffusion-xl-v1-refiner"}
+           "checkpoint_layout", "checkpoint_metadata", "prompt_metadata", "write_safetensors"]
 
 
 def _plain(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -50,20 +50,25 @@ def _plain(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 @torch.inference_mode()
 def unet_state_dict(model, dtype: torch.dtype) -> dict[str, Tensor]:
-    """The MODEL handle's UNet weights (patches merged), our LDM keys without prefix.
+    """The MODEL handle's diffusion model weights (patches merged), the family model's own keys
+    (SD: our LDM keys) without prefix.
 
     (Materialization runs in inference mode, as every consumer's does: cached entries built
     there are inference tensors, which a module outside it may not take.)"""
-    m = store.materialize("unet", model.source, model.config, dtype, model.patches, UNetModel)
+    build = families.get(model.family).build
+    m = store.materialize("unet", model.source, model.config, dtype, model.patches, build)
     return _plain(m.state_dict())
 
 
-@torch.inference_mode()
-def cc_projection_state_dict(weights, dtype: torch.dtype) -> dict[str, Tensor]:
-    """Stable Zero123's camera projection, ``cc_projection.*`` at the file's top level (where
-    ComfyUI's ``Stable_Zero123`` model keeps it)."""
-    m = store.materialize("cc_projection", weights.source, weights.config, dtype, (), CameraProjection)
-    return _plain(m.state_dict())
+def checkpoint_layout(model, variant: str | None = None) -> CheckpointLayout:
+    """The single-file checkpoint layout of a MODEL handle's family, for ``variant`` (default the
+    handle's own, ``Family.checkpoint_layout``); a family that has none is refused by name."""
+    family = families.get(model.family)
+    layout = getattr(family, "checkpoint_layout", None)
+    if layout is None:
+        raise NotImplementedError(f"saving a {family.display} ({family.name!r}) model as a checkpoint is "
+                                  f"not supported yet")
+    return layout(model.kind if variant is None else variant)
 
 
 @torch.inference_mode()
@@ -121,35 +126,35 @@ def hf_to_open_clip(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 def checkpoint_state_dict(model=None, clip=None, vae=None, dtypes: Mapping[str, torch.dtype] | None = None
                           ) -> dict[str, Tensor]:
-    """One single-file checkpoint in the LDM/SGM layout of ``model.kind``; ``dtypes`` maps
+    """One single-file checkpoint in the layout of ``model``'s family variant (SD: LDM/SGM); the
+    text encoders go where a checkpoint of the CLIP's variant keeps them. ``dtypes`` maps
     "MODEL" / "CLIP" / "VAE" to the storage dtype each part is written in (default float32)."""
+    if model is None:
+        raise ValueError("a checkpoint needs its MODEL: the family's layout says where each part goes")
     dtypes = dict(dtypes or {})
     out: dict[str, Tensor] = {}
-    kind = model.kind if model is not None else clip.kind
-    if model is not None:
-        out.update({UNET_PREFIX + k: v for k, v in unet_state_dict(model, dtypes.get("MODEL", torch.float32)).items()})
-        cc = parts_of(model).cc_projection
-        if cc is not None:
-            out.update(cc_projection_state_dict(cc, dtypes.get("MODEL", torch.float32)))
-        if model.prediction == "v_prediction":
-            out["v_pred"] = torch.tensor([])
-            if model.zsnr:
-                out["ztsnr"] = torch.tensor([])
+    layout = checkpoint_layout(model)
+    family = families.get(model.family)
+    out.update({layout.diffusion + k: v for k, v in unet_state_dict(model, dtypes.get("MODEL", torch.float32)).items()})
+    extras = getattr(family, "checkpoint_extras", None)  # what the variant keeps beside the model
+    if extras is not None:
+        out.update(_plain(extras(model, dtypes.get("MODEL", torch.float32))))
+    if model.prediction == "v_prediction":
+        out["v_pred"] = torch.tensor([])
+        if model.zsnr:
+            out["ztsnr"] = torch.tensor([])
     if clip is not None:
-        prefixes = CLIP_PREFIXES.get(clip.kind)
-        if prefixes is None:
-            raise ValueError(f"saving the text encoders of a {clip.kind!r} CLIP is not supported yet")
+        clip_layout = layout if clip.kind == model.kind else checkpoint_layout(model, clip.kind)
         for name, sd in clip_state_dicts(clip, dtypes.get("CLIP", torch.float32)).items():
-            if name not in prefixes:
+            where = clip_layout.text_encoder(name)
+            if where is None:
                 raise ValueError(f"a {clip.kind} checkpoint has no place for a {name} text encoder")
-            prefix, layout = prefixes[name]
-            if layout == "open_clip":
+            prefix, key_layout = where
+            if key_layout == "open_clip":
                 sd = hf_to_open_clip(sd)
             out.update({prefix + k: v for k, v in sd.items()})
     if vae is not None:
-        out.update({VAE_PREFIX + k: v for k, v in vae_state_dict(vae, dtypes.get("VAE", torch.float32)).items()})
-    if kind not in CLIP_PREFIXES:
-        raise ValueError(f"saving a {kind!r} model is not supported yet")
+        out.update({layout.vae + k: v for k, v in vae_state_dict(vae, dtypes.get("VAE", torch.float32)).items()})
     return out
 
 
@@ -163,9 +168,10 @@ def prompt_metadata(prompt: Any = None, extra_pnginfo: Mapping[str, Any] | None 
 
 
 def checkpoint_metadata(model, title: str) -> dict[str, str]:
-    """ComfyUI's ``modelspec.*`` entries (SDXL family only) and the prediction key."""
+    """ComfyUI's ``modelspec.*`` entries (a layout with an ``architecture``: SDXL) and the
+    prediction key."""
     meta: dict[str, str] = {}
-    arch = _ARCH.get(model.kind)
+    arch = checkpoint_layout(model).architecture
     if arch is not None:
         meta.update({"modelspec.architecture": arch, "modelspec.sai_model_spec": "1.0.0",
                      "modelspec.implementation": "sgm", "modelspec.title": title})

@@ -1,6 +1,6 @@
 """ComfyUI's InstructPixToPixConditioning (``comfy_extras/nodes_ip2p.py``): the image an
-instruct-pix2pix model edits goes to its 4 extra input channels (the sampler's
-``_ip2p_concat``)."""
+instruct-pix2pix model edits goes to its 4 extra input channels (the SD runner's
+``concat``, ``models/concat_cond.ip2p_concat``)."""
 
 from __future__ import annotations
 

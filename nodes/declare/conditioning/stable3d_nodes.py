@@ -2,7 +2,7 @@
 its batched variant, for Stable Zero123 checkpoints loaded by ImageOnlyCheckpointLoader. The
 camera embedding and the conds are ``families/sd/zero123.py``'s; the UNet side (camera projection,
 concat of the input view's latent) is the sampler's (``UNetRunner.project_context``,
-``CondDenoiser._ip2p_concat``). SV3D_Conditioning is declared so that ComfyUI workflows using it
+``UNetRunner.concat``: ``models/concat_cond.ip2p_concat``). SV3D_Conditioning is declared so that ComfyUI workflows using it
 get a clear refusal: SV3D is a video model."""
 
 from __future__ import annotations

@@ -15,19 +15,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.base import CheckpointLayout, Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.sd.detect import CHECKPOINT_ENCODERS, detect_sd
+from mixgraph.nodes.families.sd.latent_formats import sd_latent_format
+from mixgraph.nodes.families.sd.parts import parts_of
 from mixgraph.nodes.families.sd.runner import UNetRunner
 from mixgraph.nodes.vae.latent_format import LatentFormat
 from mixgraph.nodes.weights.safetensors_io import WeightSource
 from mixgraph.nodes.families.sd.unet import UNetConfig, UNetModel
+from mixgraph.nodes.families.sd.zero123 import CameraProjection
+from mixgraph.nodes.weights import store
 from mixgraph.nodes.families.sd.x4_upscaler import BETA_RANGE as X4_BETA_RANGE
-from mixgraph.nodes.families.sd.x4_upscaler import LATENT_SCALE as X4_LATENT_SCALE
 
-__all__ = ["SD", "SDFamily", "VARIANTS", "CLIP_PREFIXES"]
+__all__ = ["SD", "SDFamily", "VARIANTS", "CLIP_PREFIXES", "UNET_PREFIX", "VAE_PREFIX"]
 
 VARIANTS = ("sd1", "sd2", "sdxl", "sdxl_refiner", "sd2_x4")
-_SCALE = {"sd1": 0.18215, "sd2": 0.18215, "sdxl": 0.13025, "sdxl_refiner": 0.13025, "sd2_x4": X4_LATENT_SCALE}
 # diffusers pipeline folder of each text encoder, per variant
 _FOLDERS = {"sd1": {"clip_l": "text_encoder"}, "sd2": {"clip_h": "text_encoder"},
             "sdxl": {"clip_l": "text_encoder", "clip_g": "text_encoder_2"},
@@ -36,6 +38,10 @@ _ENCODING = {"sd2_x4": "sd2"}  # the x4 upscaler encodes its prompt as SD 2.x do
 #: text-encoder kind ("sd1", ...) -> {encoder: (checkpoint prefix, layout)}, in the usual order
 CLIP_PREFIXES = {k: CHECKPOINT_ENCODERS[k] for k in ("sd1", "sd2", "sdxl", "sdxl_refiner")}
 TRACE_TOKENS = 77  # one CLIP chunk: the memory estimate's context length
+UNET_PREFIX = "model.diffusion_model."  # the LDM/SGM single-file layout
+VAE_PREFIX = "first_stage_model."
+# ComfyUI's modelspec.architecture of the SDXL-family files (comfy/sd.py save_checkpoint)
+_ARCHITECTURE = {"sdxl": "stable-diffusion-xl-v1-base", "sdxl_refiner": "stable-diffusion-xl-v1-refiner"}
 
 
 class SDFamily:
@@ -62,8 +68,9 @@ class SDFamily:
         return Sampling()
 
     def latent_format(self, variant: str, channels: int = 4) -> LatentFormat:
-        """The variant's own (scalar) latent format (``latent_format.py``)."""
-        return LatentFormat(_SCALE.get(variant, 0.18215), channels, 4 if variant == "sd2_x4" else 8)
+        """The variant's own (scalar) latent format, with its preview factors and TAESD decoder
+        (``latent_formats.py``)."""
+        return sd_latent_format(variant, channels)
 
     def text_encoders(self, variant: str) -> tuple[TextEncoderSlot, ...]:
         """The CLIP encoders of ``variant``: where a checkpoint keeps each, in which layout, its
@@ -74,6 +81,27 @@ class SDFamily:
         return tuple(TextEncoderSlot(name, "clip", "text", prefix=prefix, layout=layout,
                                      folder=_FOLDERS[encoding][name], encoding=encoding)
                      for name, (prefix, layout) in CLIP_PREFIXES[encoding].items())
+
+    def checkpoint_layout(self, variant: str) -> CheckpointLayout:
+        """``base.CheckpointLayout`` of an SD ``variant``'s single-file checkpoint (LDM/SGM
+        layout): the UNet under ``model.diffusion_model.``, the VAE under ``first_stage_model.``,
+        the text encoders where its checkpoints keep them (``CLIP_PREFIXES``); the x4 upscaler
+        is not saved yet."""
+        if variant not in CLIP_PREFIXES:
+            raise ValueError(f"saving a {variant!r} model is not supported yet")
+        encoders = tuple((name, prefix, layout) for name, (prefix, layout) in CLIP_PREFIXES[variant].items())
+        return CheckpointLayout(UNET_PREFIX, VAE_PREFIX, encoders, _ARCHITECTURE.get(variant))
+
+    @torch.inference_mode()
+    def checkpoint_extras(self, handle, dtype: torch.dtype) -> dict[str, Tensor]:
+        """What a checkpoint keeps beside the UNet at its top level: Stable Zero123's camera
+        projection ``cc_projection.*`` (where ComfyUI's ``Stable_Zero123`` model keeps it),
+        materialized in ``dtype``; nothing for the other variants."""
+        cc = parts_of(handle).cc_projection
+        if cc is None:
+            return {}
+        m = store.materialize("cc_projection", cc.source, cc.config, dtype, (), CameraProjection)
+        return dict(m.state_dict())
 
     def trace_inputs(self, config: UNetConfig, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
         """``UNetModel.forward`` inputs on ``latent_shape`` (h, w) latent pixels: x, timesteps,

@@ -4,8 +4,10 @@
 What a CONDITIONING entry becomes besides its text tokens (``cond_inputs``): the vector input
 ``y`` (``adm``): SDXL's pooled text + size numbers, the refiner's aesthetic score, SD2.1 unCLIP's
 noised image embedding, Lotus' task switcher, the x4 upscaler's noise-level label. Stable
-Zero123 projects the context (``project_context``); the x4 upscaler adds the low-resolution
-image as input channels (``image_concat``).
+Zero123 projects the context (``project_context``). Extra input channels (``concat``, ComfyUI's
+``concat_cond``): an inpaint UNet's mask + masked latent (C + 1 more channels than the latent),
+instruct-pix2pix's (and Stable Zero123's) image latent (C more), the x4 upscaler's
+low-resolution image (3 more).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from torch import Tensor
 
 from mixgraph.nodes.families.base import Sampling
 from mixgraph.nodes.families.sd.parts import parts_of
+from mixgraph.nodes.families.sd.x4_upscaler import IMAGE_CHANNELS
+from mixgraph.nodes.models.concat_cond import inpaint_concat, ip2p_concat
 from mixgraph.nodes.families.sd import unet as unet_module
 from mixgraph.nodes.weights.cast import PolicyLike
 from mixgraph.nodes.models.seamless import unet_wrappers
@@ -46,7 +50,6 @@ class UNetRunner:
         self.continuous_sampling = handle.continuous_sampling
         self._cc_module = None
         self.beta_range = getattr(handle, "beta_range", None)
-        self.image_augmentor = parts_of(handle).x4
         self.sampling: Sampling = handle.sampling
 
     def project_context(self, cross_attn: Tensor) -> Tensor:
@@ -65,6 +68,18 @@ class UNetRunner:
         """(text width, block width) where this UNet cannot run a text-free cond (no context),
         or None when it can (``unet.context_free_mismatch``)."""
         return unet_module.context_free_mismatch(self.model)
+
+    def context_free_refusal(self) -> str | None:
+        """``base.FamilyRunner.context_free_refusal``: why this UNet cannot run a text-free cond,
+        or None when it can."""
+        mismatch = self.context_free_mismatch
+        if mismatch is None:
+            return None
+        text_w, block_w = mismatch
+        return (f"Each cross-attention would attend to the image tokens instead, but this UNet's "
+                f"cross-attention takes {text_w}-wide text tokens, not its {block_w}-wide image "
+                f"tokens, so it needs a text context (every SD 1.x/2.x/SDXL UNet does; ComfyUI stops "
+                f"here too, with a matrix-shape error)")
 
     @property
     def wants_sigma(self) -> bool:
@@ -105,12 +120,37 @@ class UNetRunner:
             call = functools.partial(wrap.wrap_unet, call, control=control)
         return call(x)
 
-    def image_concat(self, cond: Cond, latent_shape: tuple[int, ...], seed: int) -> Tensor:
-        """The x4 upscaler's extra input channels [B, 3, H, W] for ``cond`` (``x4_upscaler.py``)."""
+    def concat(self, cond: Cond, latent_image: Tensor, denoise_mask: Tensor | None, seed: int) -> Tensor | None:
+        """``base.FamilyRunner.concat``: the UNet's extra input channels for ``cond`` [B, E, H, W]
+        beside the latent [B, C, H, W], decided by the UNet's input width (ComfyUI's
+        ``concat_cond`` of each model class):
+
+        * the x4 upscaler (E = 3): the cond's low-resolution image, noise-augmented with
+          seed − 10 (``x4_upscaler.py``);
+        * E = C (instruct-pix2pix, Stable Zero123): the cond's image latent, zeros without
+          (``concat_cond.ip2p_concat``);
+        * E = C + 1 (inpaint): mask + masked latent from the cond's InpaintModelConditioning or
+          the noise mask and sampled latent (``concat_cond.inpaint_concat``);
+        * E = 0: None."""
+        B, C, H, W = latent_image.shape
+        extra = self.in_channels - C
         x4 = parts_of(self.handle).x4
-        if x4 is None:
-            raise ValueError("image_concat: this model takes no image input")
-        return x4.concat(cond.concat_image, cond.noise_augmentation, latent_shape, seed)
+        if x4 is not None:
+            if extra != IMAGE_CHANNELS:
+                raise ValueError(f"an image-conditioned (x4 upscaler) model with {C + extra} input channels "
+                                 f"and a {C}-channel latent: it takes {C} + {IMAGE_CHANNELS} channels")
+            return x4.concat(cond.concat_image, cond.noise_augmentation, tuple(latent_image.shape),
+                             seed).to(latent_image.device)
+        if extra <= 0:
+            return None
+        if extra == C:
+            return ip2p_concat(latent_image, cond.concat_latent)
+        if extra != C + 1:
+            raise NotImplementedError(
+                f"a {C + extra}-channel model with a {C}-channel latent: only inpaint "
+                f"concat (mask + masked latent, {2 * C + 1} channels) and instruct-pix2pix "
+                f"concat (image latent, {2 * C} channels) are supported yet")
+        return inpaint_concat(latent_image, denoise_mask, cond.concat_latent, cond.concat_mask, self.latent_format)
 
     def adm(self, cond: Cond, latent_hw: tuple[int, int], negative: bool = False, seed: int = 0) -> Tensor | None:
         """SDXL vector conditioning, with ComfyUI's defaults (``samplers.encode_model_conds``):

@@ -15,7 +15,7 @@ to ``model.diffusion_model.*``). ComfyUI facts followed here (``comfy/model_base
   (ComfyUI: ``!= 768``, the width of the real model; here the projection's output width, read
   from its weight's shape), in the UNet's precision, once per sampling run;
 - the input view's latent is concatenated unscaled (ComfyUI's ``c_concat``), zeros without one:
-  the same path as instruct-pix2pix (``CondDenoiser._ip2p_concat``).
+  the same path as instruct-pix2pix (``UNetRunner.concat``: ``models/concat_cond.ip2p_concat``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """ComfyUI's `latent_preview` for custom node packs: the sampler step callback that reports
 progress for the running node (and honours interrupts) and, when `--preview-method` asks for
-previews and the model is one of ours (a MODEL handle with a `kind`), a preview image of each
-step's x0 (latent2rgb or TAESD, `nodes/sampling/preview.py`). `get_previewer(device,
+previews and the model is one of ours (a MODEL handle whose latent format has preview factors), a
+preview image of each step's x0 (latent2rgb or TAESD, `nodes/sampling/preview.py`). `get_previewer(device,
 latent_format)` gives None: ComfyUI's latent_format objects are not provided here."""
 
 from __future__ import annotations
