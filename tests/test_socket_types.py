@@ -179,7 +179,7 @@ def test_library_every_role_a_family_names_is_declared():
     declare each, or every preset fails for that part."""
     from mixgraph.graph.roles import ROLES
     from mixgraph.nodes import library  # noqa: F401  (the families the library registers)
-    from mixgraph.nodes.families import FAMILIES
+    from mixgraph.nodes.families.registry import FAMILIES
 
     undeclared = [f"{family.name}: {part} -> {role}" for family in FAMILIES.values()
                   for part, role in family.precision_roles.items() if role not in ROLES.declared()]

@@ -15,7 +15,7 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.formats.workflow import load_workflow
-from mixgraph.nodes import families
+from mixgraph.nodes.families import registry as families
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling

@@ -153,7 +153,7 @@ def _policy_key(p: Policy) -> tuple:
 def _model_peak(family_name: str, config: Any, pkey: tuple, batch: int, h: int, w: int) -> int:
     """The traced peak of one diffusion model call on an h x w latent (latent pixels): the
     model class and its dummy inputs are the family's (``build``, ``trace_inputs``)."""
-    from mixgraph.nodes import families
+    from mixgraph.nodes.families import registry as families
 
     family = families.get(family_name)
     policy = Policy(*pkey)
@@ -227,7 +227,7 @@ def _modules(socket: str, handle: Any) -> list:
     """(builder, weight source) of each module a handle materializes (builders make it on the
     meta device when called)."""
     if socket == "MODEL":
-        from mixgraph.nodes import families
+        from mixgraph.nodes.families import registry as families
         build = families.get(getattr(handle, "family", "sd")).build
         return [(lambda: build(handle.config), getattr(handle, "source", None))]
     if socket == "VAE":

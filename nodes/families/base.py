@@ -2,7 +2,7 @@
 
 A model family (SD 1.x/2.x/SDXL, Flux.1, SD3.x, Z-Image, Qwen-Image, Wan, ...) is one folder under
 ``nodes/families/`` holding one object that satisfies ``Family`` plus its model files, and one
-line in ``nodes/families/__init__.py``'s registry. Shared code (loaders, handles, the sampler, the
+line in ``nodes/families/registry.py``'s registry. Shared code (loaders, handles, the sampler, the
 memory estimate) asks the registry and the family; it never branches on a family's name.
 
 What a family says, and who asks:

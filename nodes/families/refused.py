@@ -1,6 +1,6 @@
 """Recognise weight files of model families mixgraph does not run, from key names alone.
 
-mixgraph runs the families registered in ``nodes/families/__init__.py``. A loader given a file of
+mixgraph runs the families registered in ``nodes/families/registry.py``. A loader given a file of
 another family (Flux, SD3, video or audio models, ...) refuses with "model family X is not
 supported (mixgraph runs SD 1.x, SD 2.x and SDXL)", at validation when the file's header can be read
 cheaply (safetensors, diffusers folders) and again at load time. A registered family that names
@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from mixgraph.nodes import families as registry
+from mixgraph.nodes.families import registry
 from mixgraph.nodes.weights.safetensors_io import WeightFileError, inspect_file
 
 __all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "supported"]

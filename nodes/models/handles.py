@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from mixgraph.nodes import families
+from mixgraph.nodes.families import registry as families
 from mixgraph.nodes.families.base import Sampling
 from mixgraph.nodes.adapters import lora_bypass
 from mixgraph.nodes.weights import store

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from mixgraph.nodes import families
+from mixgraph.nodes.families import registry as families
 from mixgraph.nodes.families.base import Detection
 from mixgraph.nodes.encoders.clip import CLIPTextConfig, is_open_clip
 from mixgraph.nodes.encoders.clip_vision_handle import clip_vision_handle

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from mixgraph.nodes import families
+from mixgraph.nodes.families import registry as families
 from mixgraph.nodes.families.base import CheckpointLayout
 from mixgraph.nodes.weights import store
 from mixgraph.nodes.vae.vae import AutoencoderKL
