@@ -107,20 +107,29 @@ def _too_large(size: int, limit: int) -> web.HTTPRequestEntityTooLarge:
 
 def body_deadline_middleware() -> Any:
     """Reads every request body (but a multipart upload's, which its handler reads in parts under
-    the same deadline) before the handler runs, within `body_timeout`; else 408 and the
-    connection closes. Without it a body shorter than its Content-Length holds the connection
-    until the client gives up."""
+    the same deadline) before the handler runs, within `body_timeout`; else 408, and the
+    connection closes at once. Without it a body shorter than its Content-Length holds the
+    connection until the client gives up."""
     @web.middleware
     async def middleware(request: web.Request, handler):
-        if request.body_exists and not request.content_type.startswith("multipart/"):
-            try:
+        try:
+            if request.body_exists and not request.content_type.startswith("multipart/"):
                 await read_body(request)
-            except web.HTTPRequestTimeout as e:
-                response = web.Response(status=e.status, text=e.text, headers=e.headers)
-                response.force_close()
-                return response
-        return await handler(request)
+            return await handler(request)
+        except web.HTTPRequestTimeout as e:
+            return await _answer_and_close(request, e)
     return middleware
+
+
+async def _answer_and_close(request: web.Request, error: web.HTTPException) -> web.Response:
+    """Send `error` and close the connection: aiohttp would otherwise linger up to 10 s reading
+    the rest of a body that is not coming."""
+    response = web.Response(status=error.status, text=error.text, headers={"Connection": "close"})
+    await response.prepare(request)
+    await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()          # flushes the answer first
+    return response
 
 
 async def read_part(part: Any, limit: int, timeout: float) -> bytes:
