@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-batch-pixels", type=_positive, metavar="N",
                    help="most batch_size x width x height of one node (default 2**30)")
     g.add_argument("--body-timeout", type=float, metavar="S",
-                   help="seconds a request body may take to arrive (default 60)")
+                   help="seconds a request body may take to arrive (default 30)")
     p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="run prompts on Ray workers (needs mixgraph[ray]); no ADDRESS: start a "
                         "local Ray instance")

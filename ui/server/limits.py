@@ -50,7 +50,7 @@ class Limits:
     max_list: int = 10_000             # items of one list: a literal, targets, ids to delete
     max_nodes: int = 10_000            # nodes of one prompt (--max-nodes)
     max_batch_pixels: int = 1 << 30    # batch_size x width x height of one node (--max-batch-pixels)
-    body_timeout: float = 60.0         # seconds a request body may take to arrive (--body-timeout)
+    body_timeout: float = 30.0         # seconds a request body may take to arrive (--body-timeout)
 
     def __post_init__(self) -> None:
         for name in ("max_body", "max_text", "max_list", "max_nodes", "max_batch_pixels",
