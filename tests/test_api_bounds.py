@@ -226,6 +226,10 @@ def test_node_count_list_length_and_batch_pixels_are_bounded(env):
         out = await r.json()
         assert out["error"]["type"] == "prompt_too_large"
         assert "8 nodes; at most 6" in out["error"]["message"] and "--max-nodes" in out["error"]["message"]
+        ui = {"nodes": [{"id": i, "type": "Const", "widgets_values": [i]} for i in range(9)],
+              "links": []}                                        # counted before it is parsed
+        r = await c.post("/prompt", json={"prompt": ui})
+        assert r.status == 400 and "9 nodes; at most 6" in (await r.json())["error"]["message"]
 
         r = await c.post("/prompt", json={"prompt": show(call("Const", value={"__value__": list(range(50))}))})
         (err,) = (await r.json())["node_errors"]["1"]["errors"]

@@ -32,8 +32,8 @@ from mixgraph.graph.safe_json import loads as json_loads
 from mixgraph.graph.spec import REQUIRED
 from mixgraph.graph.validate import Problem
 
-__all__ = ["Limits", "LIMITS_KEY", "OverLimit", "check_prompt", "read_json",
-           "body_deadline_middleware"]
+__all__ = ["Limits", "LIMITS_KEY", "OverLimit", "check_sent", "check_prompt", "read_json",
+           "read_part", "body_deadline_middleware"]
 
 MB = 1024 * 1024
 #: Bodies at least this long are parsed in a worker thread (parsing 30 MB takes ~0.3 s).
@@ -160,12 +160,26 @@ class OverLimit(Exception):
         self.body = body
 
 
+def check_sent(sent: dict, limits: Limits) -> None:
+    """The node count of a workflow as sent (API: its keys; UI: its `nodes` list), checked
+    before it is parsed, so parsing never meets a million nodes; `check_prompt` checks the
+    parsed prompt again (subgraphs expanded)."""
+    nodes = sent.get("nodes")
+    count = len(nodes) if isinstance(nodes, list) else len(sent)
+    if count > limits.max_nodes:
+        raise OverLimit(_too_many(count, limits))
+
+
+def _too_many(count: int, limits: Limits) -> dict:
+    return _body("prompt_too_large", f"the prompt has {count} nodes; at most {limits.max_nodes} "
+                 f"are allowed (--max-nodes sets the limit)", {})
+
+
 def check_prompt(prompt: dict[str, NodeCall], registry: Any, limits: Limits) -> None:
     """Raise OverLimit naming every node and input beyond `limits` (module docstring). Linear in
     the prompt's size; runs before validation, so nothing costly looks at an oversized prompt."""
     if len(prompt) > limits.max_nodes:
-        raise OverLimit(_body("prompt_too_large", f"the prompt has {len(prompt)} nodes; at most "
-                              f"{limits.max_nodes} are allowed (--max-nodes sets the limit)", {}))
+        raise OverLimit(_too_many(len(prompt), limits))
     node_errors: dict[str, dict] = {}
     for nid, call in prompt.items():
         spec = registry.get(call.class_type) if call.class_type else None

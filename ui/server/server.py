@@ -41,7 +41,7 @@ from mixgraph.ui.server.templates import template_routes
 from mixgraph.ui.server.jobs import JobRoutes
 from mixgraph.ui.server.jobstore import DB_NAME, MAX_HISTORY, JobStore, JobStoreError
 from mixgraph.ui.server.limits import (LIMITS_KEY, Limits, OverLimit, body_deadline_middleware,
-                                       check_prompt, read_json, read_part)
+                                       check_prompt, check_sent, read_json, read_part)
 from mixgraph.ui.server.params import (BadField, flag, optional_str, prompt_request, query_int,
                                        queue_edit)
 from mixgraph.ui.server.queue import PromptQueue, QueueItem
@@ -185,6 +185,7 @@ class Server:
                                   "node_errors": v.node_errors}, dumps=_dumps)
 
     def _check(self, prompt: dict, targets: list[str] | None, extra: dict | None = None):
+        check_sent(prompt, self.limits)
         wf = editor_regions(load_workflow(prompt, self.registry), extra or {}, self.registry)
         check_prompt(wf.prompt, self.registry, self.limits)     # OverLimit: before any work
         v = validate(wf.prompt, self.registry, self.env, targets)
@@ -210,6 +211,7 @@ class Server:
         spec = body.get("precision")
 
         def run() -> Any:
+            check_sent(body["prompt"], self.limits)
             wf = load_workflow(body["prompt"], self.registry)
             check_prompt(wf.prompt, self.registry, self.limits)
             v = validate(wf.prompt, self.registry, self.env)
