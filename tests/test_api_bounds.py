@@ -190,7 +190,7 @@ def test_look_alike_input_names_are_400_naming_node_and_input(env, name):
         out = await r.json()
         (err,) = out["node_errors"]["1"]["errors"]
         assert err["type"] == "invalid_input_name" and err["extra_info"]["input_name"] == name
-        assert out["error"]["type"] == "prompt_too_large" and repr(name) in out["error"]["message"]
+        assert out["error"]["type"] == "invalid_prompt" and repr(name) in out["error"]["message"]
         # an undeclared plain name is ignored, as ComfyUI does
         r = await c.post("/prompt", json={"prompt": show({"class_type": "Const",
                                                           "inputs": {"value": 1, "note": 2}})})

@@ -188,7 +188,10 @@ def check_prompt(prompt: dict[str, NodeCall], registry: Any, limits: Limits) -> 
             node_errors[nid] = {"errors": [p.to_json() for p in problems],
                                 "dependent_outputs": [], "class_type": call.class_type}
     if node_errors:
-        first = next(iter(node_errors.values()))["errors"][0]["message"]
+        errors = [e for entry in node_errors.values() for e in entry["errors"]]
+        first = errors[0]["message"]
+        if all(e["type"] == "invalid_input_name" for e in errors):
+            raise OverLimit(_body("invalid_prompt", f"Invalid prompt: {first}", node_errors))
         raise OverLimit(_body("prompt_too_large", f"the prompt asks for more than one request "
                               f"may: {first}", node_errors))
 
