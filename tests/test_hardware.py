@@ -258,6 +258,7 @@ def test_server_refuses_a_prompt_that_cannot_fit_and_keeps_serving(tiny):
     """POST /prompt with a batch far beyond this machine's memory: ComfyUI's error body with
     type `insufficient_memory`, naming the estimate; nothing is queued, and a prompt that fits
     is still accepted."""
+    from mixgraph.ui.server.limits import Limits
     from mixgraph.ui.server.server import create_app
 
     env = Env.from_args(models=str(tiny / "models"), input=str(tiny / "input"),
@@ -265,8 +266,8 @@ def test_server_refuses_a_prompt_that_cannot_fit_and_keeps_serving(tiny):
     prompt = json.loads(open("workflows/txt2img_sd15.json").read())
     prompt["5"]["inputs"].update(width=8192, height=8192, batch_size=4096)
 
-    async def main_():
-        app = create_app(env, user_dir=tiny / "user")
+    async def main_():       # the batch-size limit (tests/test_api_bounds.py) would refuse first
+        app = create_app(env, user_dir=tiny / "user", limits=Limits(max_batch_pixels=1 << 50))
         async with TestServer(app) as server, TestClient(server) as c:
             r = await c.post("/prompt", json={"prompt": prompt})
             body = await r.json()

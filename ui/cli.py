@@ -116,6 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="D")
     p.add_argument("--max-history", type=_positive, metavar="N",
                    help="finished prompts kept in the history (default 10000, as ComfyUI)")
+    g = p.add_argument_group("what one request may ask (defaults generous for real use; "
+                             "README, 'The editor')")
+    g.add_argument("--max-request-mb", type=float, metavar="MB",
+                   help="largest JSON request body, a prompt with its workflow (default 32)")
+    g.add_argument("--max-text-length", type=_positive, metavar="N",
+                   help="longest text of one STRING input, in characters (default 100000)")
+    g.add_argument("--max-nodes", type=_positive, metavar="N",
+                   help="most nodes in one prompt (default 10000)")
+    g.add_argument("--max-batch-pixels", type=_positive, metavar="N",
+                   help="most batch_size x width x height of one node (default 2**30)")
+    g.add_argument("--body-timeout", type=float, metavar="S",
+                   help="seconds a request body may take to arrive (default 30)")
     p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="run prompts on Ray workers (needs mixgraph[ray]); no ADDRESS: start a "
                         "local Ray instance")

@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from mixgraph.ui.server.params import query_int
+
 __all__ = ["STATUSES", "queue_job", "history_job", "list_jobs", "JobRoutes"]
 
 STATUSES = ("pending", "in_progress", "completed", "failed", "cancelled")
@@ -124,18 +126,6 @@ def list_jobs(running: list, pending: list, history: dict, statuses: tuple[str, 
     return sorted(jobs, key=key, reverse=descending)
 
 
-def _int(value: str | None, default: int | None, name: str) -> int | None:
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise web.HTTPBadRequest(text=f"{name} must be an integer") from None
-    if number < 0:
-        raise web.HTTPBadRequest(text=f"{name} must not be negative")
-    return number
-
-
 class JobRoutes:
     """`/jobs` over a PromptQueue (its `snapshot()`, `history()` and `created_times()`)."""
 
@@ -162,7 +152,7 @@ class JobRoutes:
         order = q.get("sort_order", "desc")
         if order not in ("asc", "desc"):
             raise web.HTTPBadRequest(text="sort_order must be asc or desc")
-        limit, offset = _int(q.get("limit"), None, "limit"), _int(q.get("offset"), 0, "offset")
+        limit, offset = query_int(request, "limit", None, 0), query_int(request, "offset", 0, 0)
         running, pending, history, created = await asyncio.get_running_loop().run_in_executor(
             None, self._all)        # up to max_history entries read from the store
         jobs = list_jobs(running, pending, history, statuses or STATUSES,
@@ -177,16 +167,22 @@ class JobRoutes:
 
     async def job(self, request: web.Request) -> web.Response:
         pid = request.match_info["job_id"]
+        job = await asyncio.get_running_loop().run_in_executor(None, self._job, pid)  # the store
+        if job is None:
+            raise web.HTTPNotFound(text=f"no job {pid!r}")
+        return web.json_response(job, dumps=_dumps)
+
+    def _job(self, pid: str) -> dict | None:
         entry = self.queue.history_item(pid).get(pid)
         created = self.queue.created_times()
         if entry is not None:
-            return web.json_response(history_job(pid, entry, True, created), dumps=_dumps)
+            return history_job(pid, entry, True, created)
         running, pending = self.queue.snapshot()
         for items, status in ((running, "in_progress"), (pending, "pending")):
             for item in items:
                 if item[1] == pid:
-                    return web.json_response(queue_job(item, status, created), dumps=_dumps)
-        raise web.HTTPNotFound(text=f"no job {pid!r}")
+                    return queue_job(item, status, created)
+        return None
 
 
 def _dumps(obj: Any) -> str:

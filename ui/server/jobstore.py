@@ -87,6 +87,9 @@ class QueuedRow:
         self.created_ms, self.started_ms = created_ms, started_ms
 
 
+_SQL_INT_MAX = 2 ** 63 - 1
+
+
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=str)       # as the HTTP API renders odd values
 
@@ -255,8 +258,8 @@ class JobStore:
             if offset < 0 and max_items is not None:
                 total = db.execute("SELECT COUNT(*) FROM history").fetchone()[0]
                 offset = total - max_items
-            offset = max(offset, 0)
-            limit = -1 if max_items is None else max(max_items, 0)
+            offset = min(max(offset, 0), _SQL_INT_MAX)      # SQLite's integers are 64-bit
+            limit = -1 if max_items is None else min(max(max_items, 0), _SQL_INT_MAX)
             rows = db.execute(f"SELECT {_ENTRY_COLUMNS} FROM history ORDER BY seq "
                               "LIMIT ? OFFSET ?", (limit, offset)).fetchall()
         return {row[0]: _entry(row) for row in rows}

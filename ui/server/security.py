@@ -20,7 +20,8 @@
   1,024 characters) is a `BadFileName`, answered 400 rather than failing in the OS call; an
   upload's own name must also be printable and more than dots and spaces (`check_upload_name`).
 * Uploads are read with a size limit and must decode as images of sane size (`check_image`).
-* Request bodies are JSON parsed by `graph.safe_json` (`read_json`): depth and number limits.
+* Request bodies are JSON parsed by `graph.safe_json` (`read_json`, in `ui.server.limits` with
+  the size and arrival-time limits): depth and number limits.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from mixgraph.graph import safe_json
+from mixgraph.ui.server.limits import read_json  # noqa: F401 - the routes' one JSON body reader
 
 __all__ = ["SecurityError", "BadFileName", "is_loopback", "bind_is_loopback", "check_bind",
            "check_cors", "security_middleware",
@@ -263,12 +264,6 @@ def check_upload_name(name: str) -> None:
                           f"'image.png'")
     if not name.isprintable():
         raise BadFileName(f"upload file name {name!r} contains control characters")
-
-
-async def read_json(request: web.Request) -> Any:
-    """A request's body as JSON, parsed by `graph.safe_json`; raises JsonError (the handler
-    answers 400), never a RecursionError."""
-    return safe_json.loads(await request.read(), "the request body")
 
 
 async def read_limited(part, limit: int) -> bytes:

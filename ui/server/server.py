@@ -41,10 +41,13 @@ from mixgraph.ui.server.frontend import UserData, frontend_root, index_handler, 
 from mixgraph.ui.server.templates import template_routes
 from mixgraph.ui.server.jobs import JobRoutes
 from mixgraph.ui.server.jobstore import DB_NAME, MAX_HISTORY, JobStore, JobStoreError
+from mixgraph.ui.server.limits import (LIMITS_KEY, Limits, OverLimit, body_deadline_middleware,
+                                       check_prompt, check_sent, read_json, read_part)
+from mixgraph.ui.server.params import (BadField, flag, optional_str, prompt_request, query_int,
+                                       queue_edit)
 from mixgraph.ui.server.queue import PromptQueue, QueueItem
 from mixgraph.ui.server.security import (BadFileName, SecurityError, bind_is_loopback, check_bind, check_cors,
-                                         check_upload_name, read_json, read_limited, safe_path,
-                                         security_middleware)
+                                         check_upload_name, safe_path, security_middleware)
 from mixgraph.ui.server.ws import Hub
 from mixgraph.ui.comfy import custom_nodes as custom_node_packs
 from mixgraph.ui.comfy.custom_nodes import LoadReport
@@ -66,6 +69,18 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=str)
 
 
+async def _off_loop(fn: Callable, *args: Any) -> Any:
+    """`fn(*args)` in a worker thread: the event loop stays free for other requests while it
+    waits on the job store's lock or the queue's, or renders a large answer."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def _json_off_loop(fn: Callable, *args: Any) -> web.Response:
+    """A JSON answer built and rendered in a worker thread (`_off_loop`)."""
+    text = await _off_loop(lambda: _dumps(fn(*args)))
+    return web.Response(text=text, content_type="application/json")
+
+
 class Server:
     """The state behind the routes: environment, registry, executor, queue (over the job store
     at `jobs_db`), hub."""
@@ -73,8 +88,10 @@ class Server:
     def __init__(self, env: Env, registry: Any, executor: Executor, max_upload: int,
                  user_dir: Path, unload_hooks: tuple[Callable[[], Any], ...] = (),
                  jobs_db: Path | None = None, max_history: int = MAX_HISTORY,
-                 custom_nodes: LoadReport | None = None, ray: Any = None):
+                 custom_nodes: LoadReport | None = None, ray: Any = None,
+                 limits: Limits | None = None):
         self.env = env
+        self.limits = limits or Limits()
         self.custom_nodes = custom_nodes
         self.registry = registry
         self.executor = executor
@@ -139,49 +156,39 @@ class Server:
             body = custom_node_packs.on_prompt(body)     # the packs' on-prompt handlers
         if not isinstance(body, dict) or "prompt" not in body:
             return _error("no_prompt", "No prompt provided", "No prompt provided")
-        prompt = body["prompt"]
-        if not isinstance(prompt, dict):
-            return _error("invalid_prompt", "Invalid prompt: 'prompt' must be a JSON object")
-        targets = body.get("partial_execution_targets")
-        if targets is not None and not (isinstance(targets, list)
-                                        and all(isinstance(t, (str, int)) for t in targets)):
-            return _error("invalid_prompt", "Invalid prompt: partial_execution_targets must be a "
-                                            "list of node ids")
         try:
-            if "number" in body:
-                number = float(body["number"])
-                if not math.isfinite(number):
-                    raise ValueError(number)
-            else:
-                number = self.queue.next_number(front=bool(body.get("front")))
-        except (TypeError, ValueError, OverflowError):
-            return _error("invalid_prompt", "Invalid prompt: 'number' must be a finite number")
-        extra = body.get("extra_data") if isinstance(body.get("extra_data"), dict) else {}
-        extra = dict(extra)
+            req = prompt_request(body, self.limits)
+        except BadField as e:
+            return _error("invalid_prompt", f"Invalid prompt: {e}", e.field)
+        number = req.number if req.number is not None else self.queue.next_number(front=req.front)
+        extra = dict(req.extra_data)
         try:
-            wf, v = await asyncio.get_running_loop().run_in_executor(
-                None, self._check, prompt, [str(t) for t in targets] if targets else None, extra)
+            wf, v = await _off_loop(self._check, req.prompt, req.targets, extra)
+        except OverLimit as e:
+            return web.json_response(e.body, status=400, dumps=_dumps)
         except WorkflowError as e:   # also a bad precision SPEC (InvalidPrecision), as `validate`
             return _error(e.error_type, f"Invalid prompt: {e}", str(e))
         if not v.ok:
             return web.json_response({"error": v.error, "node_errors": v.node_errors}, status=400,
                                      dumps=_dumps)
-        prompt_id = str(body.get("prompt_id") or uuid.uuid4())
-        if body.get("client_id") is not None:
-            extra["client_id"] = str(body["client_id"])
-        source = None
+        prompt_id = req.prompt_id or str(uuid.uuid4())
+        if req.client_id is not None:
+            extra["client_id"] = req.client_id
+        source, prompt = None, req.prompt
         if wf.source != "api":       # keep ComfyUI's item shape: the API prompt in slot 2
             source, prompt = prompt, dump_api(wf)
-        try:
-            self.queue.put(QueueItem(number, prompt_id, prompt, extra, list(v.outputs), wf, v,
-                                     source, [str(t) for t in targets] if targets else None))
+        try:                         # the job store writes the prompt: off the event loop
+            await _off_loop(self.queue.put, QueueItem(number, prompt_id, prompt, extra,
+                                                      list(v.outputs), wf, v, source, req.targets))
         except JobStoreError as e:
             return _error("server_error", f"the prompt could not be queued: {e}", status=500)
         return web.json_response({"prompt_id": prompt_id, "number": number,
                                   "node_errors": v.node_errors}, dumps=_dumps)
 
     def _check(self, prompt: dict, targets: list[str] | None, extra: dict | None = None):
+        check_sent(prompt, self.limits)
         wf = editor_regions(load_workflow(prompt, self.registry), extra or {}, self.registry)
+        check_prompt(wf.prompt, self.registry, self.limits)     # OverLimit: before any work
         v = validate(wf.prompt, self.registry, self.env, targets)
         if v.ok:        # refuse, with the estimate and a preset that fits, what cannot fit
             from mixgraph.nodes.weights import store
@@ -205,11 +212,15 @@ class Server:
         spec = body.get("precision")
 
         def run() -> Any:
+            check_sent(body["prompt"], self.limits)
             wf = load_workflow(body["prompt"], self.registry)
+            check_prompt(wf.prompt, self.registry, self.limits)
             v = validate(wf.prompt, self.registry, self.env)
             return v, (memory_section(wf, self.registry, self.env, spec, v.order) if v.ok else None)
         try:
-            v, section = await asyncio.get_running_loop().run_in_executor(None, run)
+            v, section = await _off_loop(run)
+        except OverLimit as e:
+            return web.json_response(e.body, status=400, dumps=_dumps)
         except WorkflowError as e:
             return _error(e.error_type, f"Invalid prompt: {e}", str(e))
         if section is None:
@@ -231,26 +242,28 @@ class Server:
         a new prompt id. Body (optional): `{"front": bool, "prompt_id": str}`. Answers as
         `POST /prompt` does, including its 400 when the prompt no longer validates."""
         old = request.match_info["prompt_id"]
-        record = self.queue.history_request(old)
+        record = await _off_loop(self.queue.history_request, old)
         if record is None:
             raise web.HTTPNotFound(text=f"no prompt {old!r} in the history")
         body = await self._flags(request)
+        front, new_id = self._field(flag, body, "front"), self._field(optional_str, body, "prompt_id")
         extra, source, targets = dict(record["extra_data"]), record.get("source"), \
             record.get("targets")
         try:
-            wf, v = await asyncio.get_running_loop().run_in_executor(
-                None, self._check, source if source is not None else record["prompt"], targets,
-                extra)
+            wf, v = await _off_loop(self._check, source if source is not None else
+                                    record["prompt"], targets, extra)
+        except OverLimit as e:
+            return web.json_response(e.body, status=400, dumps=_dumps)
         except WorkflowError as e:
             return _error("invalid_prompt", f"Invalid prompt: {e}", str(e))
         if not v.ok:
             return web.json_response({"error": v.error, "node_errors": v.node_errors}, status=400,
                                      dumps=_dumps)
-        number = self.queue.next_number(front=bool(body.get("front")))
-        prompt_id = str(body.get("prompt_id") or uuid.uuid4())
+        number = self.queue.next_number(front=front)
+        prompt_id = new_id or str(uuid.uuid4())
         try:
-            self.queue.put(QueueItem(number, prompt_id, record["prompt"], extra, list(v.outputs),
-                                     wf, v, source, targets))
+            await _off_loop(self.queue.put, QueueItem(number, prompt_id, record["prompt"], extra,
+                                                      list(v.outputs), wf, v, source, targets))
         except JobStoreError as e:
             return _error("server_error", f"the prompt could not be queued: {e}", status=500)
         return web.json_response({"prompt_id": prompt_id, "number": number,
@@ -260,60 +273,75 @@ class Server:
         return web.json_response(self.status())
 
     async def get_queue(self, request: web.Request) -> web.Response:
-        running, pending = self.queue.snapshot()
-        body = {"queue_running": running, "queue_pending": pending}
-        if hasattr(self.queue, "workers"):       # --ray: each worker, what it holds and runs
-            body["mixgraph_workers"] = self.queue.workers()
-        return web.json_response(body, dumps=_dumps)
+        def body() -> dict:
+            running, pending = self.queue.snapshot()
+            out = {"queue_running": running, "queue_pending": pending}
+            if hasattr(self.queue, "workers"):       # --ray: each worker, what it holds and runs
+                out["mixgraph_workers"] = self.queue.workers()
+            return out
+        return await _json_off_loop(body)
 
     async def _flags(self, request: web.Request) -> dict:
-        if not request.can_read_body:
+        """The JSON object body of a small POST (none or null: {}); 400 for anything else."""
+        if not request.body_exists:
             return {}
         try:
             body = await read_json(request)
         except JsonError as e:
             raise web.HTTPBadRequest(text=str(e)) from None
-        return body if isinstance(body, dict) else {}
+        if body is None:
+            return {}
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text="the request body must be a JSON object")
+        return body
+
+    @staticmethod
+    def _field(parse: Callable, body: dict, name: str) -> Any:
+        """`parse(body, name)` (`ui.server.params`), a BadField answered 400 naming the field."""
+        try:
+            return parse(body, name)
+        except BadField as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
+
+    async def _edit(self, request: web.Request) -> Any:
+        try:
+            return queue_edit(await self._flags(request), self.limits)
+        except BadField as e:
+            raise web.HTTPBadRequest(text=str(e)) from None
 
     async def post_queue(self, request: web.Request) -> web.Response:
-        body = await self._flags(request)
-        if body.get("clear"):
-            self.queue.clear()
-        if isinstance(body.get("delete"), list):
-            self.queue.delete([str(x) for x in body["delete"]])
+        edit = await self._edit(request)
+        if edit.clear:
+            await _off_loop(self.queue.clear)
+        if edit.delete:
+            await _off_loop(self.queue.delete, edit.delete)
         return web.Response(status=200)
 
     async def get_history(self, request: web.Request) -> web.Response:
-        try:
-            max_items = int(request.query["max_items"]) if "max_items" in request.query else None
-            offset = int(request.query.get("offset", -1))
-        except ValueError:
-            raise web.HTTPBadRequest(text="max_items and offset must be integers") from None
-        history = await asyncio.get_running_loop().run_in_executor(   # up to max_history rows
-            None, self.queue.history, max_items, offset)
-        return web.json_response(history, dumps=_dumps)
+        max_items = query_int(request, "max_items", None, 0)
+        offset = query_int(request, "offset", -1, -1)
+        return await _json_off_loop(self.queue.history, max_items, offset)   # up to max_history
 
     async def get_history_item(self, request: web.Request) -> web.Response:
-        return web.json_response(self.queue.history_item(request.match_info["prompt_id"]),
-                                 dumps=_dumps)
+        return await _json_off_loop(self.queue.history_item, request.match_info["prompt_id"])
 
     async def post_history(self, request: web.Request) -> web.Response:
-        body = await self._flags(request)
-        if body.get("clear"):
-            self.queue.clear_history()
-        if isinstance(body.get("delete"), list):
-            self.queue.delete_history([str(x) for x in body["delete"]])
+        edit = await self._edit(request)
+        if edit.clear:
+            await _off_loop(self.queue.clear_history)
+        if edit.delete:
+            await _off_loop(self.queue.delete_history, edit.delete)
         return web.Response(status=200)
 
     async def interrupt(self, request: web.Request) -> web.Response:
         body = await self._flags(request)
-        pid = body.get("prompt_id")
-        self.queue.interrupt(str(pid) if pid is not None else None)
+        self.queue.interrupt(self._field(optional_str, body, "prompt_id"))
         return web.Response(status=200)
 
     async def free(self, request: web.Request) -> web.Response:
         body = await self._flags(request)
-        self.queue.request_free(bool(body.get("unload_models")), bool(body.get("free_memory")))
+        self.queue.request_free(self._field(flag, body, "unload_models"),
+                                self._field(flag, body, "free_memory"))
         return web.Response(status=200)
 
     # --- files ---------------------------------------------------------------------------------
@@ -338,10 +366,9 @@ class Server:
             raise web.HTTPNotFound(text="no such file")
         headers = {"Content-Disposition": f'filename="{header_safe(path.name)}"',
                    "X-Content-Type-Options": "nosniff"}
-        channel, preview = q.get("channel", "rgba"), q.get("preview")
+        channel, preview = q.get("channel", "rgba"), preview_option(q.get("preview"))
         if channel in ("rgb", "a") or preview:
-            loop = asyncio.get_running_loop()
-            converted = await loop.run_in_executor(None, convert_image, path, channel, preview)
+            converted = await _off_loop(convert_image, path, channel, preview)
             if converted is not None:
                 data, ctype = converted
                 return web.Response(body=data, content_type=ctype, headers=headers)
@@ -360,17 +387,21 @@ class Server:
         fields: dict[str, str] = {}
         try:
             while True:
-                part = await reader.next()
+                part = await asyncio.wait_for(reader.next(), self.limits.body_timeout)
                 if part is None:
                     break
                 if part.name == "image" and part.filename is not None:
                     filename = part.filename
-                    data = await read_limited(part, self.max_upload)
+                    data = await read_part(part, self.max_upload, self.limits.body_timeout)
                 elif part.name in ("type", "subfolder", "overwrite", "original_ref"):
-                    fields[part.name] = (await read_limited(part, 1 << 16)).decode("utf-8",
-                                                                                    "replace")
+                    fields[part.name] = (await read_part(part, 1 << 16, self.limits.body_timeout)
+                                         ).decode("utf-8", "replace")
                 else:
                     await part.release()
+        except asyncio.TimeoutError:
+            raise web.HTTPRequestTimeout(
+                text=f"the upload stalled: no part header for {self.limits.body_timeout:g} s "
+                     f"(--body-timeout sets the limit)", headers={"Connection": "close"}) from None
         except (HttpProcessingError, ValueError) as e:
             # a part header aiohttp refuses: a NUL, CR or LF in the file name, say
             detail = getattr(e, "message", "") or str(e)
@@ -435,10 +466,12 @@ class Server:
         return web.json_response(info, dumps=_dumps)
 
     async def system_stats(self, request: web.Request) -> web.Response:
-        stats = system_stats(self.env)
-        if hasattr(self.queue, "workers"):
-            stats["mixgraph_workers"] = self.queue.workers()
-        return web.json_response(stats, dumps=_dumps)
+        def stats() -> dict:
+            out = system_stats(self.env)
+            if hasattr(self.queue, "workers"):
+                out["mixgraph_workers"] = self.queue.workers()
+            return out
+        return await _json_off_loop(stats)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         from mixgraph.nodes.helpers import folders
@@ -478,6 +511,19 @@ class Server:
 
 
 # --- helpers used by the handlers ---------------------------------------------------------------
+
+def preview_option(text: str | None) -> str | None:
+    """`/view`'s `preview=FORMAT;QUALITY` ("webp;90"): 400 naming it for a quality that is not
+    a whole number from 0 to 100."""
+    if not text:
+        return None
+    quality = text.partition(";")[2]
+    if quality and not (quality.isascii() and quality.isdigit() and len(quality) <= 3
+                        and int(quality) <= 100):
+        raise web.HTTPBadRequest(text=f"query parameter preview must be FORMAT;QUALITY with a "
+                                      f"quality from 0 to 100, not {text[:40]!r}")
+    return text
+
 
 def editor_regions(wf: Workflow, extra: dict, registry: Any) -> Workflow:
     """The editor queues an API prompt and sends its UI graph along in
@@ -585,7 +631,7 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
                jobs_db: str | os.PathLike | None = None,
                max_history: int = MAX_HISTORY, cors_origin: str | None = None,
                custom_nodes: LoadReport | None = None, cache: Any = None,
-               ray: Any = None) -> web.Application:
+               ray: Any = None, limits: Limits | None = None) -> web.Application:
     """The aiohttp application. Raises SecurityError for a non-loopback `host` without a token
     (unless `insecure`). `registry` defaults to the node library; `executor` to a new one.
     `user_dir` is the user's folder (settings), `./user/default` by default, inside the user
@@ -596,7 +642,8 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     WEB_DIRECTORY files and WebSocket messages the app serves.
 
     `cache`: the new executor's output cache (`graph.cache.make_cache`; default mode if None).
-    `ray`: a `ui.ray.ray_pool.RayConfig`: prompts run on Ray workers, started with the app."""
+    `ray`: a `ui.ray.ray_pool.RayConfig`: prompts run on Ray workers, started with the app.
+    `limits`: what one request may ask (`ui.server.limits.Limits`; its defaults if None)."""
     check_bind(host, token, insecure)
     check_cors(cors_origin, token, insecure)
     hooks = tuple(unload_hooks) if unload_hooks is not None else ()
@@ -612,12 +659,15 @@ def create_app(env: Env, *, registry: Any = None, token: str | None = None, inse
     user = Path(user_dir) if user_dir is not None else Path("user") / "default"
     server = Server(env, registry, executor, max_upload, user, hooks,
                     Path(jobs_db) if jobs_db is not None else user.parent / "mixgraph" / DB_NAME,
-                    max_history, custom_nodes, ray)
+                    max_history, custom_nodes, ray, limits)
 
-    app = web.Application(client_max_size=max_upload + (1 << 20), middlewares=[
+    app = web.Application(client_max_size=max(max_upload + (1 << 20), server.limits.max_body),
+                          middlewares=[
         security_middleware(token=token, loopback_only=bind_is_loopback(host) and token is None
-                            and not insecure, cors_origin=cors_origin)])
+                            and not insecure, cors_origin=cors_origin),
+        body_deadline_middleware()])
     app[SERVER_KEY] = server
+    app[LIMITS_KEY] = server.limits
     for method, path, handler in server.routes():
         app.router.add_route(method, path, handler)
         app.router.add_route(method, "/api" + path, handler)
@@ -660,7 +710,8 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
           max_upload: int = DEFAULT_MAX_UPLOAD, max_history: int = MAX_HISTORY,
           temp: str | None = None, user_dir: str | None = None, cors_origin: str | None = None,
           extra_model_paths: dict[str, tuple] | None = None, settings: dict | None = None,
-          custom_nodes_args: Any = None, cache: Any = None, ray: Any = None) -> int:
+          custom_nodes_args: Any = None, cache: Any = None, ray: Any = None,
+          limits: Limits | None = None) -> int:
     """Run the server until Ctrl-C. Returns an exit code (2: refused configuration, or a job
     store that cannot be used). `host` may list several addresses, comma-separated; the other
     keywords come from ComfyUI's flags (`ui.comfy.comfy_flags`)."""
@@ -694,7 +745,7 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
         print(f"warning: {line}", file=sys.stderr)
     app = create_app(env, token=token, insecure=insecure, host=host, max_upload=max_upload,
                      max_history=max_history, user_dir=user_dir, cors_origin=cors_origin,
-                     custom_nodes=packs, cache=cache, ray=ray)
+                     custom_nodes=packs, cache=cache, ray=ray, limits=limits)
     try:            # before listening: a damaged job store is a clear error, not a traceback
         app[SERVER_KEY].queue.open()       # (with --ray: also Ray and its workers, ui/ray_pool)
     except (JobStoreError, RuntimeError) as e:
@@ -723,6 +774,7 @@ def cli_main(args: Any) -> int:
     try:
         options, notes = serve_options(args)
         cache = cache_from_args(args)
+        limits = limits_from_args(args)
         ray = None
         if getattr(args, "ray", None) is not None:
             from mixgraph.ui.ray.ray_pool import RayUnavailable, config_from_args
@@ -738,4 +790,23 @@ def cli_main(args: Any) -> int:
     return serve(**options, cache=cache, token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
                  max_history=getattr(args, "max_history", None) or MAX_HISTORY,
-                 custom_nodes_args=args, ray=ray)
+                 custom_nodes_args=args, ray=ray, limits=limits)
+
+
+def limits_from_args(args: Any) -> Limits:
+    """`Limits` from serve's flags (`--max-request-mb` ...); ValueError naming a bad one."""
+    given = {"max_text": "max_text_length", "max_nodes": "max_nodes",
+             "max_batch_pixels": "max_batch_pixels", "body_timeout": "body_timeout"}
+    kw: dict[str, Any] = {}
+    for field, attr in given.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"--{attr.replace('_', '-')} {value}: give a number above 0")
+            kw[field] = value
+    mb = getattr(args, "max_request_mb", None)
+    if mb is not None:
+        if not (math.isfinite(mb) and 0 < mb < 1 << 20):
+            raise ValueError(f"--max-request-mb {mb}: give a size in MB above 0")
+        kw["max_body"] = max(1, round(mb * 1024 * 1024))
+    return Limits(**kw)
