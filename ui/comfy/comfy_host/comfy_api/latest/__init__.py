@@ -1,5 +1,6 @@
-"""`comfy_api.latest`: the V3 node API (`io`, `ui`, `ComfyExtension`) and the progress API
-(`ComfyAPI().execution.set_progress(...)`, awaitable; `ComfyAPISync` the same, blocking)."""
+"""`comfy_api.latest`: the V3 node API (`io`, `ui`, `ComfyExtension`), the value types (`Input`,
+`InputImpl`, `Types`) and the progress API (`ComfyAPI().execution.set_progress(...)`, awaitable;
+`ComfyAPISync` the same, blocking). The pinned versions (`comfy_api.v0_0_1`...) build on these."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import torch
 
 from mixgraph.ui.comfy import comfy_runtime as _rt
 
+from comfy_api.internal import ComfyAPIBase
+from comfy_api.internal.async_to_sync import create_sync_class
+
 from . import _io as io  # noqa: F401
 from . import _ui as ui  # noqa: F401
+from ._inputs import Input, InputImpl, Types  # noqa: F401
 
 
 class ComfyExtension(ABC):
@@ -34,34 +39,28 @@ def _set_progress(value: float, max_value: float, node_id: str | None, preview_i
     now.ctx.progress(int(value), int(max_value), preview)
 
 
-class _Execution:
-    async def set_progress(self, value: float, max_value: float, node_id: str | None = None,
-                           preview_image: Any = None, ignore_size_limit: bool = False) -> None:
-        _set_progress(value, max_value, node_id, preview_image)
+class ComfyAPI_latest(ComfyAPIBase):
+    """The progress API: `ComfyAPI().execution.set_progress(...)`, awaitable."""
 
-
-class _ExecutionSync:
-    def set_progress(self, value: float, max_value: float, node_id: str | None = None,
-                     preview_image: Any = None, ignore_size_limit: bool = False) -> None:
-        _set_progress(value, max_value, node_id, preview_image)
-
-
-class ComfyAPI:
     VERSION = "latest"
+    STABLE = False
+
+    class Execution:
+        async def set_progress(self, value: float, max_value: float, node_id: str | None = None,
+                               preview_image: Any = None, ignore_size_limit: bool = False) -> None:
+            _set_progress(value, max_value, node_id, preview_image)
+
+    execution: Execution
 
     def __init__(self) -> None:
-        self.execution = _Execution()
+        self.execution = self.Execution()
 
 
-class ComfyAPISync:
-    VERSION = "latest"
-
-    def __init__(self) -> None:
-        self.execution = _ExecutionSync()
-
-
-ComfyAPI_latest = ComfyAPI
+ComfyAPI = ComfyAPI_latest
+# the same API, blocking (for sync node bodies)
+ComfyAPISync = create_sync_class(ComfyAPI_latest)
 IO = io
 UI = ui
 
-__all__ = ["ComfyAPI", "ComfyAPISync", "ComfyExtension", "io", "IO", "ui", "UI"]
+__all__ = ["ComfyAPI", "ComfyAPISync", "Input", "InputImpl", "Types", "ComfyExtension", "io", "IO",
+           "ui", "UI"]

@@ -1,0 +1,34 @@
+"""`comfy_api.v0_0_3`: the API pinned at version 0.0.3, today the same as `latest` (ComfyUI's
+`sdk` namespace of this version is not provided: importing it fails by name)."""
+
+from __future__ import annotations
+
+from comfy_api.internal.async_to_sync import create_sync_class
+from comfy_api.latest import IO, UI, ComfyAPI_latest, ComfyExtension, io, ui  # noqa: F401
+from comfy_api.latest import Input as Input_latest
+from comfy_api.latest import InputImpl as InputImpl_latest
+from comfy_api.latest import Types as Types_latest
+
+
+class ComfyAPIAdapter_v0_0_3(ComfyAPI_latest):
+    VERSION = "0.0.3"
+    STABLE = False
+
+
+class Input(Input_latest):
+    pass
+
+
+class InputImpl(InputImpl_latest):
+    pass
+
+
+class Types(Types_latest):
+    pass
+
+
+ComfyAPI = ComfyAPIAdapter_v0_0_3
+ComfyAPISync = create_sync_class(ComfyAPIAdapter_v0_0_3)
+
+__all__ = ["ComfyAPI", "ComfyAPISync", "Input", "InputImpl", "Types", "ComfyExtension", "io", "IO",
+           "ui", "UI"]
