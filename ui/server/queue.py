@@ -363,6 +363,9 @@ class PromptQueue:
     def _execute(self, item: QueueItem) -> None:
         client_id = item.extra_data.get("client_id")
         messages: list = []
+        # The prompt's last event, `executing {node: null}`, is what a client waits for before it
+        # reads /history/{prompt_id}: it (and anything after it) is sent once the entry is stored.
+        held: list[ev.Event] = []
 
         def on_event(event: ev.Event) -> None:
             type_, data = event.to_comfy()
@@ -373,6 +376,13 @@ class PromptQueue:
                 messages.append([type_, data])
             if isinstance(event, ev.Executing):
                 self._running_node = event.node
+            if held or (isinstance(event, ev.Executing) and event.node is None):
+                held.append(event)
+            else:
+                send(event)
+
+        def send(event: ev.Event) -> None:
+            type_, data = event.to_comfy()
             try:       # a client that cannot be told must never fail the run
                 if isinstance(event, ev.Progress) and event.preview is not None:
                     self._preview(event, item.prompt_id, client_id)
@@ -383,6 +393,8 @@ class PromptQueue:
 
         report, status = self._run_item(item, on_event)
         self._store(item, report, messages, status, self._note(item))
+        for event in held:
+            send(event)
 
     def _run_item(self, item: QueueItem, on_event: Callable[[ev.Event], None]) -> tuple[Any, str]:
         """Run one prompt, its events to `on_event`: here, on this process's executor. The seam
