@@ -462,7 +462,10 @@ class RamPressureCache(OutputCache):
 def make_cache(*, lru: int | None = None, none: bool = False, ram: float | None = None,
                max_bytes: int | None = None) -> OutputCache:
     """The cache for ComfyUI's flags: `--cache-lru N`, `--cache-none`, `--cache-ram GB`; none of
-    them gives the default (`OutputCache`, an LRU by bytes kept across prompts). At most one."""
+    them gives the default (`OutputCache`, an LRU by bytes kept across prompts). At most one.
+    `--cache-lru 0` is ComfyUI's default value of the flag ("LRU off"): the default cache."""
+    if lru is not None and int(lru) == 0:
+        lru = None
     chosen = [name for name, on in (("--cache-lru", lru is not None), ("--cache-none", none),
                                     ("--cache-ram", ram is not None)) if on]
     if len(chosen) > 1:

@@ -341,6 +341,7 @@ def test_cache_modes_differ_in_what_they_keep(env):
 def test_make_cache_from_flags():
     assert type(make_cache()) is OutputCache
     assert make_cache(lru=5).max_entries == 5
+    assert type(make_cache(lru=0)) is OutputCache      # ComfyUI: --cache-lru 0 is LRU off
     assert type(make_cache(none=True)) is NoCache
     assert make_cache(ram=2.0).headroom == 2 * 2**30
     with pytest.raises(ValueError, match="one cache mode"):
