@@ -222,7 +222,8 @@ def serve_options(args: argparse.Namespace, cuda_available: bool | None = None
 def add_cache_flags(p: argparse.ArgumentParser) -> None:
     """ComfyUI's cache modes (graph.cache.make_cache); without one, the LRU by bytes."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--cache-lru", type=int, metavar="N", help="keep at most N node results (0: off, the default cache)")
+    g.add_argument("--cache-lru", type=int, metavar="N",
+                   help="keep at most N node results (0: off, the default cache)")
     g.add_argument("--cache-none", action="store_true", help="keep nothing between prompts")
     g.add_argument("--cache-ram", type=float, nargs="?", const=4.0, metavar="GB",
                    help="keep results while GB of RAM stay available (default 4)")
