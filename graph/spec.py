@@ -33,7 +33,8 @@ class SocketTypes:
     BOOLEAN, COMBO, and the wildcard `*`); a node library registers its own (the diffusion types,
     in nodes/socket_types.py) before it declares a node, because a declaration reads them: an
     input of a model type adds that type to the node's `precision_types`. A type never registered
-    is link-only and holds no model, which is what a custom pack's own type is.
+    is a custom pack's own: it holds no model, and, as in ComfyUI, validation passes a literal
+    given for it to the node unchanged (a registered link-only type refuses literals).
     """
 
     def __init__(self) -> None:

@@ -8,7 +8,8 @@ report; the differences:
 * a link to a node that is not in the prompt, or to an output slot the node does not have, is a
   `bad_linked_input` whose message names the node (ComfyUI raises a KeyError/IndexError that
   surfaces as `exception_during_validation`);
-* a literal given to a link-only input (MODEL, LATENT, ...) is an `invalid_input_type`;
+* a literal given to a registered link-only input (MODEL, LATENT, ...) is an `invalid_input_type`
+  (one for a type nobody registered, a pack's own, passes unchanged, as in ComfyUI);
 * a dependency cycle is one `dependency_cycle` problem, on the cycle's node first in prompt
   order, found here rather than at execution; it names at most `plan.CYCLE_LISTED` nodes of the
   cycle (`extra_info`: `cycle`, `cycle_length`), so a 20,000-node cycle gives a small error body;
@@ -458,6 +459,10 @@ class _NodeChecker:
                 return True, v
             return False, _fail("invalid_input_type", f"Input '{name}': {why}",
                                 f"{name}, {_shown(v)!r}", name, received_value=_shown(v))
+        if SOCKET_TYPES.get(kind) is None:
+            # a type nobody registered (a custom pack's own, e.g. "BOOL"): as in ComfyUI, the
+            # literal goes to the node unchanged; the node that declared the type reads it
+            return True, v
         if not SOCKET_TYPES.is_widget(kind) and kind != "*":
             return False, _fail("invalid_input_type", f"Input '{name}' takes a {kind} from another "
                                 f"node's output, not a literal value", f"{name}, {_shown(v)!r}",

@@ -9,6 +9,7 @@ from mixgraph.graph.prompt import BadLink, Link, NodeCall
 from mixgraph.graph.registry import Registry
 from mixgraph.graph.validate import Problem, format_problems, validate
 from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes import socket_types  # noqa: F401 - registers MODEL (link-only) as the library does
 
 
 @node(outputs=["INT"], register=False)
@@ -166,6 +167,21 @@ def test_validate_invalid_input_type():
     assert e["extra_info"]["input_config"] == ["INT", {"default": 5, "min": 0, "max": 10}]
     e3 = _only(v, "3")
     assert e3["type"] == "invalid_input_type" and "takes a MODEL from another node's output" in e3["message"]
+
+
+
+@node(outputs=[], output_node=True, register=False)
+def PackTypeSink(flag=Socket("MG_TEST_PACK_ONLY_TYPE")):
+    return ()
+
+
+def test_validate_literal_for_a_type_nobody_registered_passes_unchanged():
+    """ComfyUI passes a literal for a type of a pack's own (its test pack's "BOOL") to the node
+    as it is; only registered link types (MODEL...) refuse literals."""
+    reg = Registry()
+    reg.add(PackTypeSink.spec)
+    v = validate({"1": C("PackTypeSink", flag=False)}, reg)
+    assert v.ok and v.inputs["1"] == {"flag": False}
 
 
 def test_validate_min_max():
