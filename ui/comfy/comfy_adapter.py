@@ -309,6 +309,7 @@ def spec_for_class(name: str, cls: Any, *, pack: str, display_name: str | None =
 
     func = getattr(cls, func_name)
     _, takes_kwargs = _params(func)
+    required = tuple(n for n, i in inputs if not i.optional)
     node = _Node(name, cls, pack, v3, func_name, infos, outputs, hidden)
     input_is_list = bool(getattr(cls, "INPUT_IS_LIST", False))
     fields: dict[str, Any] = dict(
@@ -316,8 +317,8 @@ def spec_for_class(name: str, cls: Any, *, pack: str, display_name: str | None =
         category=str(getattr(cls, "CATEGORY", "") or ""),
         display_name=display_name, description=str(getattr(cls, "DESCRIPTION", "") or ""),
         output_node=bool(getattr(cls, "OUTPUT_NODE", False)), wants_ctx=True,
-        fingerprint=_fingerprint_of(cls, v3, where), validate=_validate_fn(validator, v_names,
-                                                                            v_kwargs, declared),
+        fingerprint=_fingerprint_of(cls, v3, where, required),
+        validate=_validate_fn(validator, v_names, v_kwargs, declared, required),
         python_module=python_module or f"custom_nodes.{pack}",
         precision_types=tuple(sorted({i.type for _, i in inputs if SOCKET_TYPES.is_model(i.type)})),
         extra_inputs=takes_kwargs, info_extra=tuple(info_extra))
@@ -342,7 +343,7 @@ def _lazy_of(cls: Any, v3: bool) -> Callable | None:
     return getattr(cls, "check_lazy_status", None)
 
 
-def _fingerprint_of(cls: Any, v3: bool, where: str) -> Callable | None:
+def _fingerprint_of(cls: Any, v3: bool, where: str, required: tuple[str, ...]) -> Callable | None:
     fn = (cls.fingerprint_inputs if _overrides(cls, "fingerprint_inputs") else None) if v3 \
         else getattr(cls, "IS_CHANGED", None)
     if fn is None:
@@ -350,9 +351,11 @@ def _fingerprint_of(cls: Any, v3: bool, where: str) -> Callable | None:
 
     def fingerprint(env: Any, **literals: Any) -> Any:
         """IS_CHANGED / fingerprint_inputs over the literal inputs (links are not known before
-        the run, as in ComfyUI); its value joins the cache key; a NaN means always re-run."""
+        the run, as in ComfyUI, which passes None for a linked input: a required input that is
+        no literal is a link); its value joins the cache key; a NaN means always re-run."""
+        values = {name: None for name in required} | literals
         with host_path():
-            value = _maybe_await(fn(**_filtered(fn, literals)))
+            value = _maybe_await(fn(**_filtered(fn, values)))
         if isinstance(value, float) and math.isnan(value):
             return value
         return ("IS_CHANGED", value)
@@ -361,17 +364,19 @@ def _fingerprint_of(cls: Any, v3: bool, where: str) -> Callable | None:
 
 
 def _validate_fn(validator: Callable | None, names: list[str], takes_kwargs: bool,
-                 declared: list[str]) -> Callable | None:
+                 declared: list[str], required: tuple[str, ...] = ()) -> Callable | None:
     """The engine's validator hook for VALIDATE_INPUTS / validate_inputs. Its signature names
     what the engine passes and what skips the default checks: the names the validator takes,
-    or every declared input when it takes **kwargs (ComfyUI's rule)."""
+    or every declared input when it takes **kwargs (ComfyUI's rule). A required input the engine
+    passes no literal for is a link, whose value is not known yet: None, as ComfyUI passes."""
     if validator is None:
         return None
     wants_types = "input_types" in names
     named = [n for n in (declared if takes_kwargs else names) if n != "input_types"]
 
     def validate(env: Any, **literals: Any) -> list:
-        call = _filtered(validator, literals) if not takes_kwargs else dict(literals)
+        values = {n: None for n in required if n in named} | literals
+        call = _filtered(validator, values) if not takes_kwargs else values
         if not wants_types:
             call.pop("input_types", None)
         with host_path():
