@@ -64,6 +64,12 @@ class Context:
         """The prompt in ComfyUI's API format (what SaveImage embeds in PNG metadata)."""
         return self._run.api_prompt()
 
+    @property
+    def dynprompt(self) -> Any:
+        """The run's `DynamicPrompt`: the prompt plus the nodes expansion added (what a node
+        declaring the DYNPROMPT hidden input gets)."""
+        return self._run.dynprompt
+
     def policy_for(self, socket_type: str, *, role: str | None = None, pinned: Any = None,
                    storage: torch.dtype | None = None,
                    compute: torch.dtype | None = None) -> Policy:

@@ -259,8 +259,10 @@ class Scheduler:
         missing = unevaluated = listed = None
         blocker = None
         names = plan.names
-        if plan.spec.extra_inputs:   # undeclared links, validated, for a **kwargs function
-            names = names + tuple(n for n, x in call.items() if type(x) is Link and n not in names)
+        if plan.spec.extra_inputs:   # undeclared links, validated, for a **kwargs function,
+            hidden = {p for p, _ in plan.hidden}       # and what the prompt gives a hidden input
+            names = names + tuple(n for n, x in call.items()
+                                  if (type(x) is Link or n in hidden) and n not in names)
         elif plan.spec.accept_all_inputs:   # undeclared literals as well
             names = names + tuple(n for n in call if n not in names)
         if plan.grows:
@@ -331,7 +333,9 @@ class Scheduler:
         if plan.hidden:
             hidden = self.run.hidden
             for pname, kind in plan.hidden:
-                kw[pname] = hidden(kind, nid)
+                value = hidden(kind, nid)
+                if value is not None or pname not in kw:   # see _invoke
+                    kw[pname] = value
         return kw
 
     def _execute(self, nid, plan, kw_list, listy, blocker) -> None:
@@ -368,6 +372,10 @@ class Scheduler:
                 n_blocked += 1
                 continue
             for p, value in hidden:
+                # a hidden input of a kind the run does not fill (a pack's own, ComfyUI's test
+                # pack's "*") that the prompt gives keeps the prompt's value, as in ComfyUI
+                if value is None and p in kw:
+                    continue
                 kw[p] = [value] if plan.input_is_list else value
             if ctx is not None:
                 kw["ctx"] = ctx

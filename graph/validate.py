@@ -386,10 +386,12 @@ class _NodeChecker:
                     received_type=kind, template_id=tid)))
         if spec.extra_inputs or spec.accept_all_inputs:   # undeclared links reach **kwargs;
             declared = spec.input_map                        # literals only with accept_all_inputs
-            for name, v in given.items():
+            hidden = {n for n, _ in spec.hidden}   # a value the prompt gives a hidden input
+            for name, v in given.items():          # reaches the node too, as in ComfyUI
                 if name in declared or name in got:
                     continue
-                if type(v) is not Link and spec.accept_all_inputs and type(v) is not BadLink:
+                if type(v) is not Link and (spec.accept_all_inputs or name in hidden) \
+                        and type(v) is not BadLink:
                     got[name] = v
                 elif type(v) is Link:
                     if v.node_id in prompt:

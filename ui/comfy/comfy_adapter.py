@@ -395,6 +395,13 @@ def _validate_fn(validator: Callable | None, names: list[str], takes_kwargs: boo
     return validate
 
 
+#: The hidden-input kinds ComfyUI fills itself. A V1 class's hidden input of another kind (its
+#: own, e.g. ComfyUI's test pack's "*") gets a value only when the prompt gives one; otherwise it
+#: is left out, so the node's own default applies, as in ComfyUI.
+FILLED_HIDDEN = frozenset({"PROMPT", "DYNPROMPT", "EXTRA_PNGINFO", "UNIQUE_ID",
+                           "AUTH_TOKEN_COMFY_ORG", "API_KEY_COMFY_ORG"})
+
+
 class _Node:
     """The callable a custom node's spec runs: one per class."""
 
@@ -435,7 +442,8 @@ class _Node:
             try:
                 target = self._target(ctx, hidden)
                 if not self.v3:
-                    args.update(hidden)
+                    args.update({n: v for n, v in hidden.items()
+                                 if v is not None or self.hidden[n].kind in FILLED_HIDDEN})
                 ret = getattr(target, self.func_name)(**args)
                 if ENGINE_DYNAMIC and inspect.isawaitable(ret):
                     # the engine awaits it on its loop; other nodes run meanwhile
@@ -534,10 +542,11 @@ class _Node:
 
 
 def _given_inputs(ctx: Any) -> dict | None:
-    """The inputs the prompt gives this node (ComfyUI passes only those), or None when the node
-    is not in the prompt as submitted (an expanded node)."""
+    """The inputs the prompt gives this node (ComfyUI passes only those), from the run's dynamic
+    prompt, so an expanded node's are known too (its raw links included); None when there is
+    no prompt to look at."""
     try:
-        node = ctx.prompt.get(ctx.node_id)
+        node = ctx.dynprompt.get_node(ctx.node_id)
     except Exception:  # noqa: BLE001 - no prompt to look at
         return None
     inputs = node.get("inputs") if isinstance(node, dict) else None
