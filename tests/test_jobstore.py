@@ -194,3 +194,23 @@ def test_jobstore_schema_1_file_gains_the_mixgraph_column(tmp_path):
     assert again.history()["p1"]["status"]["mixgraph"]["worker"] == "w1"
     assert again.history()["p0"] == _entry(0)
     again.close()
+
+
+def test_prompt_queue_stores_history_before_the_closing_executing_event(env, tmp_path):
+    """ComfyUI's clients read /history/{id} as soon as `executing {node: null}` arrives: the
+    entry is stored before that event is sent (ComfyUI's own execution tests race on it)."""
+    seen: list = []
+
+    def emit(type_, data, client_id=None):
+        if type_ == "executing" and data["node"] is None:
+            seen.append(queue.history_item(data["prompt_id"]))
+
+    queue = PromptQueue(Executor(REG, env, OutputCache(2**20)), emit=emit,
+                        store=JobStore(tmp_path / "jobs.sqlite3"))
+    queue.start()
+    try:
+        queue.put(QueueItem(queue.next_number(), "p", diamond(), {"client_id": "me"}, ["5"]))
+        assert queue.wait_idle(10.0)
+    finally:
+        queue.stop()
+    assert len(seen) == 1 and seen[0]["p"]["status"]["status_str"] == "success"
