@@ -9,7 +9,7 @@ from mixgraph.graph.prompt import BadLink, Link, NodeCall
 from mixgraph.graph.registry import Registry
 from mixgraph.graph.validate import Problem, format_problems, validate
 from mixgraph.graph.formats.workflow import load_workflow
-from mixgraph.nodes import socket_types  # noqa: F401 - registers MODEL (link-only) as the library does
+from mixgraph.nodes import socket_types  # noqa: F401 - registers MODEL, link-only
 
 
 @node(outputs=["INT"], register=False)
