@@ -91,12 +91,12 @@ def _make_dumps():
     return dumps
 
 
-_dumps = _make_dumps()
+canonical_dumps = _make_dumps()
 
 
 def canonical_literals(literals: dict[str, Any]) -> str:
     """Canonical JSON of literal inputs (sorted keys; floats by repr; 1, 1.0 and True differ)."""
-    return _dumps(literals)
+    return canonical_dumps(literals)
 
 
 def structural_key(class_type: str, version: Any, literals: dict[str, Any],
@@ -136,7 +136,7 @@ def _one_key(header: str, literals: dict[str, Any] | None,
     """One 16-byte digest of a node call (upstream keys as given)."""
     if literals:
         try:
-            lit = _dumps(literals)
+            lit = canonical_dumps(literals)
         except (TypeError, ValueError):  # NotCanonical, unsortable keys
             return None
         head = f"{header}{lit}\x1f{precision}\x1f{external!r}".encode()

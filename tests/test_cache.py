@@ -98,7 +98,7 @@ def test_fingerprint_disk_cache_survives_a_new_process_state(tmp_path):
 def test_node_key_is_structural_key_with_the_header_made_once():
     import json
 
-    from mixgraph.graph.cache import _dumps, key_header, node_key
+    from mixgraph.graph.cache import canonical_dumps, key_header, node_key
     up = structural_key("U", 1, {}, [])
     for lits, links, prec, ext in [({}, [], "", None), ({}, [("a", up, 0)], "", None),
                                    ({"x": [1.5, None, True], "é": "ü\x01"}, [("b", up, 2), ("a", up, 70)],
@@ -106,7 +106,7 @@ def test_node_key_is_structural_key_with_the_header_made_once():
         assert node_key(key_header("A", 1), lits, links, prec, ext) == structural_key("A", 1, lits, links, prec, ext)
     assert structural_key("A", 1, {}, [("a", up, 64)]) != structural_key("A", 1, {}, [("a", up, 0)])
     lit = {"b": {"z": 1, "a": [0.1, 2]}, "a": "x\u00e9\n", "c": float("inf")}
-    assert _dumps(lit) == json.dumps(lit, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_dumps(lit) == json.dumps(lit, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert structural_key("A", 1, {"b": 1, 2: "a"}, []) is None                     # unsortable keys
 
 

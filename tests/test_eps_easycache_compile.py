@@ -247,9 +247,9 @@ def test_torch_compile_handle_and_cache_key(model):
 
 
 def test_torch_compile_cudagraphs_needs_cuda():
-    problems = N._check_backend(Env(device="cpu"), backend="cudagraphs")
+    problems = N.check_compile_backend(Env(device="cpu"), backend="cudagraphs")
     assert problems and problems[0][0] == "backend" and "needs CUDA" in problems[0][1]
-    assert N._check_backend(Env(device="cpu"), backend="inductor") == []
+    assert N.check_compile_backend(Env(device="cpu"), backend="inductor") == []
     from mixgraph.nodes.models import compile as C
     with pytest.raises(ValueError, match="needs CUDA"):
         C.compiled(torch.nn.Linear(2, 2), "cudagraphs")

@@ -127,11 +127,11 @@ def test_hooks_model_as_lora_adds_the_difference_to_lora_patched_weights(ckpts, 
     hooked_clip = clip.with_patches(clip_patches(hook, 1.0, clip))
 
     def enc(c):
-        from mixgraph.nodes.models.handles import _materialize
+        from mixgraph.nodes.weights import store
         from mixgraph.nodes.encoders.clip import CLIPTextModel
         patches = tuple(p for p in c.patches if getattr(p, "target", name) == name)
-        return _materialize(name, c.encoder(name).source, c.encoder(name).config, F32.storage,
-                            patches, CLIPTextModel).state_dict()
+        return store.materialize(name, c.encoder(name).source, c.encoder(name).config, F32.storage,
+                               patches, CLIPTextModel).state_dict()
     h, c, o, b = enc(hooked_clip), enc(clip), enc(other_clip), enc(base_clip)
     for key in b:
         if key.endswith(("position_ids", "logit_scale")):

@@ -289,10 +289,10 @@ def test_lora_save_spec_matches_comfyui():
 
 
 def test_extract_lora_quantile_shapes_and_low_rank_exactness():
-    from mixgraph.nodes.adapters.lora_extract import _quantile, extract_lora, lora_from_diff
+    from mixgraph.nodes.adapters.lora_extract import quantile, extract_lora, lora_from_diff
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1000, generator=g)
-    assert torch.allclose(_quantile(x, 0.99), torch.quantile(x, 0.99))
+    assert torch.allclose(quantile(x, 0.99), torch.quantile(x, 0.99))
     # a rank-2 difference: the rank-2 SVD is exact; clamping only trims the top 1% of factor values
     diff = torch.randn(16, 2, generator=g) @ torch.randn(2, 12, generator=g)
     up, down = extract_lora(diff, 8)

@@ -47,7 +47,7 @@ def test_write_sdxl_checkpoint_loads_as_sdxl_with_its_sizes(tmp_path):
 
 def test_sdxl_full_shapes_are_sdxl_base():
     counts = {prefix: sum(math.prod(s) for s in shapes.values())
-              for prefix, shapes, _ in synthetic._sdxl_parts("full", 0)}
+              for prefix, shapes, _ in synthetic.sdxl_parts("full", 0)}
     assert counts["model.diffusion_model."] == 2_567_463_684          # SDXL base UNet
     assert counts["conditioner.embedders.1.model."] == 694_659_840    # OpenCLIP ViT-bigG text
     assert counts["conditioner.embedders.0.transformer."] == pytest.approx(123.06e6, rel=1e-3)
@@ -69,12 +69,12 @@ def test_estimate_counts_both_sdxl_text_encoders(tmp_path):
 
 
 def test_store_nbytes_counts_views_of_one_buffer_each_and_tied_tensors_once():
-    from mixgraph.nodes.weights.store import _nbytes
+    from mixgraph.nodes.weights.store import nbytes
 
     fused = torch.zeros(3 * 8, 8)                       # OpenCLIP in_proj, split into q/k/v views
     q, k, v = fused.chunk(3, dim=0)
-    assert _nbytes({"q": q, "k": k, "v": v}) == fused.numel() * 4
-    assert _nbytes({"a": q, "tied": q}) == q.numel() * 4
+    assert nbytes({"q": q, "k": k, "v": v}) == fused.numel() * 4
+    assert nbytes({"a": q, "tied": q}) == q.numel() * 4
 
 
 def test_estimate_drops_what_the_weight_store_evicts(tmp_path):

@@ -167,7 +167,7 @@ def run(workflow: Any, *, models: str | os.PathLike | None = None, input: str | 
         device: str | None = None, targets: Iterable[str] | None = None,
         on_event: Callable | None = None) -> RunResult:
     """Run a workflow (path, dict, Workflow, or a `Graph`). Raises ValidationFailed, NodeError or
-    Interrupted from graph.executor, each carrying `.report`."""
+    Interrupted (mixgraph.graph.executor), each carrying `.report`."""
     ex = executor or default_executor()
     if isinstance(workflow, Graph):
         workflow = workflow.build()

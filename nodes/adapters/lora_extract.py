@@ -31,7 +31,7 @@ CLAMP_QUANTILE = 0.99
 LORA_TYPES = ("standard", "full_diff")
 
 
-def _quantile(values: Tensor, q: float) -> Tensor:
+def quantile(values: Tensor, q: float) -> Tensor:
     """Linear-interpolation quantile (``torch.quantile``'s default) without its input size limit."""
     s = torch.sort(values.flatten()).values
     pos = q * (s.numel() - 1)
@@ -51,7 +51,7 @@ def extract_lora(diff: Tensor, rank: int) -> tuple[Tensor, Tensor]:
     u, s, vh = torch.linalg.svd(flat, full_matrices=False)
     up = u[:, :rank] @ torch.diag(s[:rank])  # [out, r]
     down = vh[:rank, :]  # [r, in·kh·kw]
-    hi = _quantile(torch.cat([up.flatten(), down.flatten()]), CLAMP_QUANTILE)
+    hi = quantile(torch.cat([up.flatten(), down.flatten()]), CLAMP_QUANTILE)
     up, down = up.clamp(-hi, hi), down.clamp(-hi, hi)
     if diff.ndim == 4:
         up = up.reshape(out_dim, rank, 1, 1)

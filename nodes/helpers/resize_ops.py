@@ -21,7 +21,7 @@ RESIZE_TYPES = ("scale dimensions", "scale by multiplier", "scale longer dimensi
                 "match size", "scale to multiple")
 
 
-def _resize(x: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled") -> torch.Tensor:
+def resize_to(x: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled") -> torch.Tensor:
     """IMAGE or MASK `x` resampled to width x height."""
     image = x.dim() == 4
     chw = x.movedim(-1, 1) if image else x.unsqueeze(1)
@@ -35,7 +35,7 @@ def _hw(x: torch.Tensor) -> tuple[int, int]:
 
 def scale_by(x: torch.Tensor, multiplier: float, method: str) -> torch.Tensor:
     h, w = _hw(x)
-    return _resize(x, round(w * multiplier), round(h * multiplier), method)
+    return resize_to(x, round(w * multiplier), round(h * multiplier), method)
 
 
 def scale_dimensions(x: torch.Tensor, width: int, height: int, method: str,
@@ -47,7 +47,7 @@ def scale_dimensions(x: torch.Tensor, width: int, height: int, method: str,
         width = max(1, round(w * height / h))
     elif height == 0:
         height = max(1, round(h * width / w))
-    return _resize(x, width, height, method, crop)
+    return resize_to(x, width, height, method, crop)
 
 
 def fit_side(h: int, w: int, size: int, longer: bool) -> tuple[int, int]:
@@ -61,22 +61,22 @@ def fit_side(h: int, w: int, size: int, longer: bool) -> tuple[int, int]:
 
 
 def scale_longer(x: torch.Tensor, size: int, method: str) -> torch.Tensor:
-    return _resize(x, *fit_side(*_hw(x), size, longer=True), method)
+    return resize_to(x, *fit_side(*_hw(x), size, longer=True), method)
 
 
 def scale_shorter(x: torch.Tensor, size: int, method: str) -> torch.Tensor:
-    return _resize(x, *fit_side(*_hw(x), size, longer=False), method)
+    return resize_to(x, *fit_side(*_hw(x), size, longer=False), method)
 
 
 def scale_total_pixels(x: torch.Tensor, megapixels: float, method: str) -> torch.Tensor:
     h, w = _hw(x)
     factor = math.sqrt(int(megapixels * 1024 * 1024) / (w * h))
-    return _resize(x, round(w * factor), round(h * factor), method)
+    return resize_to(x, round(w * factor), round(h * factor), method)
 
 
 def match_size(x: torch.Tensor, match: torch.Tensor, method: str, crop: str) -> torch.Tensor:
     h, w = _hw(match)
-    return _resize(x, w, h, method, crop)
+    return resize_to(x, w, h, method, crop)
 
 
 def scale_to_multiple(x: torch.Tensor, multiple: int, method: str) -> torch.Tensor:
@@ -93,7 +93,7 @@ def scale_to_multiple(x: torch.Tensor, multiple: int, method: str) -> torch.Tens
         cw, ch = tw, max(th, int(math.ceil(h * sw)))
     else:
         cw, ch = max(tw, int(math.ceil(w * sh))), th
-    out = _resize(x, cw, ch, method)
+    out = resize_to(x, cw, ch, method)
     x0, y0 = (cw - tw) // 2, (ch - th) // 2
     return out[:, y0:y0 + th, x0:x0 + tw]
 

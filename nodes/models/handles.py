@@ -50,10 +50,6 @@ __all__ = [
     "LatentFormat", "ModelHandle", "ClipHandle", "VaeHandle", "TaesdVaeHandle", "ControlNetHandle",
 ]
 
-def _materialize(kind, source, config, storage, patches, build):
-    return store.materialize(kind, source, config, storage, patches, build)
-
-
 # --------------------------------------------------------------------------------------------
 # MODEL
 
@@ -111,7 +107,7 @@ class ModelHandle:
         family = families.get(self.family)
         check_backend(self.attention_backend)  # the model's attention is BACKENDS' implementation
         merged, bypass = lora_bypass.split(self.patches)
-        module = _materialize("unet", self.source, self.config, policy.storage, merged, family.build)
+        module = store.materialize("unet", self.source, self.config, policy.storage, merged, family.build)
         module = apply_precision(module, policy)
         if bypass:  # LoraLoaderBypass: forward hooks on this use's private module
             lora_bypass.install(module, bypass, "unet", "UNet")
@@ -238,7 +234,7 @@ class ClipHandle:
             run = self.policy_for(e, policy, policies)
             patches, bypass = lora_bypass.split(
                 tuple(p for p in self.patches if getattr(p, "target", e.name) == e.name))
-            module = _materialize(e.name, e.source, e.config, run.storage, patches, e.build)
+            module = store.materialize(e.name, e.source, e.config, run.storage, patches, e.build)
             module = lora_bypass.install(apply_precision(module, run), bypass, e.name, e.name)
             loaded.append(TextEncoder(e.name, e.rule, module, e.tokenizer))
         return tuple(loaded)
@@ -305,7 +301,7 @@ class VaeHandle:
         return self.config.downscale
 
     def module(self, policy: PolicyLike) -> AutoencoderKL:
-        module = _materialize("vae", self.source, self.config, policy.storage, (), AutoencoderKL)
+        module = store.materialize("vae", self.source, self.config, policy.storage, (), AutoencoderKL)
         return apply_precision(module, policy)
 
     def decode(self, samples: Tensor, policy: PolicyLike) -> Tensor:
@@ -433,7 +429,7 @@ class ControlNetHandle:
         return dataclasses.replace(self, control_type=tuple(control_type))
 
     def runner(self, policy: PolicyLike) -> torch.nn.Module:
-        module = _materialize("controlnet", self.source, self.config, policy.storage, self.patches, ControlNetModel)
+        module = store.materialize("controlnet", self.source, self.config, policy.storage, self.patches, ControlNetModel)
         return apply_precision(module, policy)
 
     def with_precision(self, policy: PolicyLike | None) -> "ControlNetHandle":

@@ -87,7 +87,7 @@ class _Entry:
     exact: bool  # holds the source's stored values exactly (usable to derive other dtypes)
 
 
-def _nbytes(sd: Mapping[str, torch.Tensor]) -> int:
+def nbytes(sd: Mapping[str, torch.Tensor]) -> int:
     """Bytes of the distinct tensors (a tensor tied under two names counts once; distinct views
     of one buffer, as OpenCLIP's fused q/k/v split into three, count each)."""
     seen, total = set(), 0
@@ -239,12 +239,12 @@ class WeightStore:
                 }
                 tensors = apply_patches(base, patches, target=kind, others=others)
                 self.stats.patched += 1
-                self._put(key, _Entry(tensors, _nbytes(tensors), exact=False))
+                self._put(key, _Entry(tensors, nbytes(tensors), exact=False))
                 return tensors
             tensors, exact = self._derive(kind, source, config, storage_dtype, rule)
             if tensors is None:
                 tensors, exact = self._read(source, storage_dtype, rule, rename)
-            self._put(key, _Entry(tensors, _nbytes(tensors), exact))
+            self._put(key, _Entry(tensors, nbytes(tensors), exact))
             return tensors
 
     def clear(self) -> None:
@@ -315,7 +315,7 @@ class WeightStore:
             tensors = post(tensors)
         stored = source_dtypes(source)
         self.stats.loads += 1
-        self.stats.bytes_read += _nbytes(tensors)
+        self.stats.bytes_read += nbytes(tensors)
         ident = source.identity
         self.stats.reads_by_source[ident] = self.stats.reads_by_source.get(ident, 0) + 1
         return tensors, stored <= _EXACT.get(dtype, {dtype})

@@ -146,7 +146,7 @@ def open_clip_shapes(config: CLIPTextConfig) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in hf_to_open_clip(sd).items()}
 
 
-def _sdxl_parts(size: str, seed: int) -> list[tuple[str, dict[str, tuple[int, ...]], int]]:
+def sdxl_parts(size: str, seed: int) -> list[tuple[str, dict[str, tuple[int, ...]], int]]:
     """(key prefix, shapes, seed) of each component of an SDXL base checkpoint."""
     if size not in ("tiny", "full"):
         raise ValueError(f"size must be 'tiny' or 'full', not {size!r}")
@@ -168,7 +168,7 @@ def sdxl_checkpoint(size: str = "tiny", seed: int = 0,
     """A single-file SDXL base checkpoint state dict in memory ("tiny"; "full" is 13.9 GB in
     f32: use `write_sdxl_checkpoint`, which streams). The same tensors as the file it writes."""
     sd: dict[str, torch.Tensor] = {}
-    for prefix, shapes, s in _sdxl_parts(size, seed):
+    for prefix, shapes, s in sdxl_parts(size, seed):
         sd |= _prefixed(prefix, random_state_dict(shapes, s, dtype))
     sd[SDXL_PREFIXES[3] + "logit_scale"] = _logit_scale(dtype)
     return sd
@@ -185,7 +185,7 @@ def write_sdxl_checkpoint(path: str | Path, size: str = "tiny", seed: int = 0,
         raise ValueError(f"dtype must be one of {sorted(map(str, _ST_DTYPES))}, not {dtype}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    parts = _sdxl_parts(size, seed)
+    parts = sdxl_parts(size, seed)
     item = torch.empty((), dtype=dtype).element_size()
     header: dict[str, dict] = {}
     offset = 0

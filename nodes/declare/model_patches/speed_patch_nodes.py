@@ -69,7 +69,7 @@ def LazyCache(model=Socket("MODEL", tooltip="The model to add LazyCache to."),
     return _with_step_cache(step_cache.LazyCache, model, reuse_threshold, start_percent, end_percent, verbose)
 
 
-def _check_backend(env, backend=None) -> list[tuple[str, str]]:
+def check_compile_backend(env, backend=None) -> list[tuple[str, str]]:
     if backend is None or backend not in compile_ops.BACKENDS:
         return []  # linked, or an unknown literal (the option check reports it)
     try:
@@ -79,6 +79,6 @@ def _check_backend(env, backend=None) -> list[tuple[str, str]]:
     return []
 
 
-@node(category="_for_testing", outputs=("MODEL",), validate=_check_backend)
+@node(category="_for_testing", outputs=("MODEL",), validate=check_compile_backend)
 def TorchCompileModel(model=Socket("MODEL"), backend=Combo(compile_ops.BACKENDS)):
     return (model.with_compile(compile_ops.check_backend(backend)),)
