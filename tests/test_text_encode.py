@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel
-from mixgraph.nodes.encoders.text_encode import (TextEncoder, encode_prompt, sd_text_encoders,
-                                                 text_encoders_from_checkpoint)
+from mixgraph.nodes.encoders.text_encode import TextEncoder, encode_prompt
+from mixgraph.nodes.families.sd.encoders import sd_text_encoders, text_encoders_from_checkpoint
 from mixgraph.nodes.encoders.tokenizer import END_TOKEN, START_TOKEN, CLIPTokenizer
 from mixgraph.nodes.payloads.conditioning import Cond
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict, tiny_open_clip_state_dict

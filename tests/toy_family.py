@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mixgraph.nodes.encoders.encoder_set import OutputRule
+from mixgraph.nodes.encoders.tokenizer import END_TOKEN
 from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.models.attention import attention
 from mixgraph.nodes.vae.latent_format import LatentFormat
@@ -172,7 +174,10 @@ class ToyFamily:
                             std=(1.0,) * channels, name="toy")
 
     def text_encoders(self, variant: str) -> tuple[TextEncoderSlot, ...]:
-        return (TextEncoderSlot("clip_l", "clip", "text", prefix=TEXT_PREFIX, layout="hf_clip", encoding="sd1"),)
+        # its own set: one CLIP-L whose last normed layer and pooled output it reads
+        rule = OutputRule(END_TOKEN, None, True, False, pooled=True)
+        return (TextEncoderSlot("clip_l", "clip", "text", prefix=TEXT_PREFIX, layout="hf_clip", encoding="toy",
+                                rule=rule),)
 
     def trace_inputs(self, config: ToyConfig, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
         h, w = latent_shape[-2:]

@@ -1,8 +1,8 @@
-"""Prompt -> CONDITIONING for SD1, SD2, SDXL and the SDXL refiner, with ComfyUI's semantics.
+"""Prompt -> CONDITIONING through a set of CLIP-style text encoders, with ComfyUI's semantics.
 
 ComfyUI facts reproduced here (``comfy/sd1_clip.py``, ``sd2_clip.py``, ``sdxl_clip.py``):
 
-* Per-encoder settings (``encoder_set.OutputRule``; the SD families' in `SD_ENCODERS`): pad
+* Per-encoder settings (``encoder_set.OutputRule``; the SD family's in ``families/sd/encoders.py``): pad
   token, default layer, whether ``final_layer_norm`` is applied to an intermediate layer, whether
   the pooled output is projected. SD1 clip_l: pad 49407, last layer, normed hidden, unprojected
   pooled. SD2 clip_h: pad 0, penultimate, normed hidden. SDXL clip_l and clip_g: pad 0 for
@@ -35,62 +35,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel
+from mixgraph.nodes.encoders.clip import CLIPTextModel
 from mixgraph.nodes.encoders.encoder_set import EncoderEntry, OutputRule, get_tokenizer
-from mixgraph.nodes.weights.safetensors_io import WeightSource
 from mixgraph.nodes.encoders.tokenizer import END_TOKEN, START_TOKEN, EmbeddingLookup, TokenWeights
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
-    "SD_ENCODERS",
-    "CHECKPOINT_PREFIXES",
     "TextEncoder",
-    "sd_encoder_entries",
-    "sd_text_encoders",
     "check_set",
     "tokenize",
     "encode_prompt",
     "encode_tokens",
-    "text_encoders_from_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
-
-# The encoders of each SD variant, in the order their features join (ComfyUI sd1_clip /
-# sd2_clip / sdxl_clip): name -> output rule. All read the "clip" tokenizer in role "text".
-SD_ENCODERS: dict[str, tuple[tuple[str, OutputRule], ...]] = {
-    "sd1": (("clip_l", OutputRule(END_TOKEN, None, True, False, pooled=True)),),
-    "sd2": (("clip_h", OutputRule(0, -2, True, True, pooled=True)),),
-    "sdxl": (("clip_l", OutputRule(END_TOKEN, -2, False, True)),
-             ("clip_g", OutputRule(0, -2, False, True, pooled=True))),
-    "sdxl_refiner": (("clip_g", OutputRule(0, -2, False, True, pooled=True)),),
-}
-
-# Where each encoder sits in a single-file checkpoint (comfy-conventions section 8).
-CHECKPOINT_PREFIXES: dict[str, dict[str, str]] = {
-    "sd1": {"clip_l": "cond_stage_model.transformer."},
-    "sd2": {"clip_h": "cond_stage_model.model."},
-    "sdxl": {"clip_l": "conditioner.embedders.0.transformer.", "clip_g": "conditioner.embedders.1.model."},
-    "sdxl_refiner": {"clip_g": "conditioner.embedders.0.model."},
-}
-
-
-def _sd_rules(kind: str) -> tuple[tuple[str, OutputRule], ...]:
-    rules = SD_ENCODERS.get(kind)
-    if rules is None:
-        raise ValueError(f"unknown text encoder kind {kind!r}; expected one of {tuple(SD_ENCODERS)}")
-    return rules
-
-
-def sd_encoder_entries(kind: str, sources: Mapping[str, WeightSource],
-                       configs: Mapping[str, CLIPTextConfig]) -> tuple[EncoderEntry, ...]:
-    """The ``EncoderEntry``s of an SD variant's CLIP from each encoder's weights and config."""
-    rules = _sd_rules(kind)
-    missing = [name for name, _ in rules if sources.get(name) is None or configs.get(name) is None]
-    if missing:
-        raise ValueError(f"{kind} text encoding needs {', '.join(missing)}, which is not loaded")
-    return tuple(EncoderEntry(name, sources[name], configs[name], rule) for name, rule in rules)
-
 
 @dataclass(frozen=True)
 class TextEncoder:
@@ -101,21 +59,6 @@ class TextEncoder:
     rule: OutputRule
     model: nn.Module
     tokenizer: str = "clip"
-
-
-def sd_text_encoders(kind: str, **models: nn.Module) -> tuple[TextEncoder, ...]:
-    """The encoders of an SD variant from in-memory modules (``clip_l=...``, ``clip_g=...``)."""
-    rules = _sd_rules(kind)
-    missing = [name for name, _ in rules if models.get(name) is None]
-    if missing:
-        raise ValueError(f"{kind} text encoding needs {', '.join(missing)}, which is not loaded")
-    return tuple(TextEncoder(name, rule, models[name]) for name, rule in rules)
-
-
-def text_encoders_from_checkpoint(sd: Mapping[str, Tensor], kind: str) -> tuple[TextEncoder, ...]:
-    """Build the encoders of `kind` from a single-file checkpoint's state dict."""
-    models = {name: CLIPTextModel.from_state_dict(sd, prefix=p) for name, p in CHECKPOINT_PREFIXES[kind].items()}
-    return sd_text_encoders(kind, **models)
 
 
 def check_set(names: Sequence[str], rules: Sequence[OutputRule]) -> None:

@@ -85,7 +85,8 @@ class TextEncoderSlot:
     "qwen3_4b", ...), the ``tokenizer`` it reads, and the precision ``role`` it runs under.
     Where the loaders find it: ``prefix`` and key ``layout`` in a single-file checkpoint ("" when
     checkpoints do not carry it), ``folder`` in a diffusers pipeline folder; ``encoding``: the
-    text-encode rules (``text_encode.ENCODER_SPECS`` key) the encoders of the variant run under."""
+    name of the text-encoder set the variant's encoders make (``ClipHandle.kind``); ``rule``: the
+    encoder's output rule (``encoder_set.OutputRule``: pad token, layer, pooled output)."""
 
     name: str
     tokenizer: str
@@ -94,6 +95,7 @@ class TextEncoderSlot:
     layout: str = ""
     folder: str = ""
     encoding: str = ""
+    rule: Any = None
 
 
 @dataclass(frozen=True)

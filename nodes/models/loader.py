@@ -38,9 +38,10 @@ from pathlib import Path
 import torch
 
 from mixgraph.nodes.families import registry as families
-from mixgraph.nodes.families.base import Detection
+from mixgraph.nodes.families.base import Detection, TextEncoderSlot
 from mixgraph.nodes.encoders.clip import CLIPTextConfig, is_open_clip
 from mixgraph.nodes.encoders.clip_vision_handle import clip_vision_handle
+from mixgraph.nodes.encoders.encoder_set import EncoderEntry
 from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_lora
 from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
                                                 convert_controlnet_state_dict)
@@ -53,7 +54,6 @@ from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlne
 from mixgraph.nodes.weights.merge import MergePatch
 from mixgraph.nodes.weights.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
 from mixgraph.nodes.adapters.t2i_adapter import is_t2i_adapter, load_t2i_adapter
-from mixgraph.nodes.encoders.text_encode import sd_encoder_entries
 from mixgraph.nodes.vae.vae import VAEConfig
 from mixgraph.nodes.families.sd.family import UNET_PREFIX, VAE_PREFIX  # the single-file (LDM) layout
 from mixgraph.nodes.families.sd.zero123 import is_zero123
@@ -159,9 +159,15 @@ def _markers(info: Info) -> dict[str, TensorInfo]:
     return {k: v for k, v in info.items() if k in MARKERS}
 
 
-def _clip_handle(kind: str, sources: dict[str, WeightSource], configs: dict[str, CLIPTextConfig]) -> ClipHandle:
-    """The CLIP of SD variant ``kind``: its encoders (``text_encode.SD_ENCODERS``) in set order."""
-    return ClipHandle(kind=kind, encoders=sd_encoder_entries(kind, sources, configs))
+def _clip_handle(slots: Sequence[TextEncoderSlot], sources: Mapping[str, WeightSource],
+                 configs: Mapping[str, CLIPTextConfig]) -> ClipHandle:
+    """The CLIP of a family variant's text-encoder ``slots`` (``Family.text_encoders``), in set
+    order, from each encoder's weights and config."""
+    missing = [s.name for s in slots if sources.get(s.name) is None or configs.get(s.name) is None]
+    if missing:
+        raise ValueError(f"{slots[0].encoding} text encoding needs {', '.join(missing)}, which is not loaded")
+    return ClipHandle(kind=slots[0].encoding, encoders=tuple(
+        EncoderEntry(s.name, sources[s.name], configs[s.name], s.rule, s.tokenizer, s.role) for s in slots))
 
 
 def _clip_config(info: Info, source: WeightSource, role: str) -> CLIPTextConfig:
@@ -226,7 +232,7 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
             configs[slot.name] = _clip_config(info, sources[slot.name], slot.name)
     clip = None
     if slots and len(sources) == len(slots):
-        clip = _clip_handle(slots[0].encoding, sources, configs)
+        clip = _clip_handle(slots, sources, configs)
     return model, clip, _checkpoint_vae(p, info, found)
 
 
@@ -280,7 +286,7 @@ def _load_diffusers_folder(root: Path, prediction: str | None):
         if slot.folder and (root / slot.folder).is_dir():
             f = _find_weights(root / slot.folder, "model")
             sources[slot.name], configs[slot.name] = _standalone_clip_source(f, slot.name)
-    clip = _clip_handle(slots[0].encoding, sources, configs) if slots and len(sources) == len(slots) else None
+    clip = _clip_handle(slots, sources, configs) if slots and len(sources) == len(slots) else None
     vae = None
     if (root / "vae").is_dir():
         vae = load_vae(_find_weights(root / "vae", "diffusion_pytorch_model"), kind=found.variant)
@@ -464,7 +470,7 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
             raise ValueError(f"{paths[0].name}: a 1280-wide (clip_g) encoder needs type 'sdxl' with a clip_l")
         source, cfg = _standalone_clip_source(paths[0], role)
         kind = "sd1" if role == "clip_l" else "sd2"
-        return _clip_handle(kind, {role: source}, {role: cfg})
+        return _clip_handle(families.get("sd").text_encoders(kind), {role: source}, {role: cfg})
     if type == "sdxl":
         if len(paths) != 2:
             raise ValueError("CLIP type sdxl takes two text encoder files (clip_l and clip_g)")
@@ -473,7 +479,8 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
         if a[1].width > b[1].width:
             a, b = b, a
         la, lb = _standalone_clip_source(Path(a[0].path), "clip_l"), _standalone_clip_source(Path(b[0].path), "clip_g")
-        return _clip_handle("sdxl", {"clip_l": la[0], "clip_g": lb[0]}, {"clip_l": la[1], "clip_g": lb[1]})
+        return _clip_handle(families.get("sd").text_encoders("sdxl"), {"clip_l": la[0], "clip_g": lb[0]},
+                            {"clip_l": la[1], "clip_g": lb[1]})
     raise NotImplementedError(f"CLIP type {type!r}: not supported yet (mixgraph runs SD 1.x, SD 2.x and SDXL: "
                               f"types stable_diffusion, sdxl)")
 

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from mixgraph.nodes.families.base import CheckpointLayout, Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.sd.detect import CHECKPOINT_ENCODERS, detect_sd
+from mixgraph.nodes.families.sd.encoders import sd_rules
 from mixgraph.nodes.families.sd.latent_formats import sd_latent_format
 from mixgraph.nodes.families.sd.parts import parts_of
 from mixgraph.nodes.families.sd.runner import UNetRunner
@@ -74,13 +75,14 @@ class SDFamily:
 
     def text_encoders(self, variant: str) -> tuple[TextEncoderSlot, ...]:
         """The CLIP encoders of ``variant``: where a checkpoint keeps each, in which layout, its
-        diffusers folder, and the text-encode rules they run under (``text_encode.ENCODER_SPECS``)."""
+        diffusers folder, and their output rules (``encoders.SD_ENCODERS``), in set order."""
         encoding = _ENCODING.get(variant, variant)
         if encoding not in CLIP_PREFIXES:
             raise ValueError(f"SD variant {variant!r}: no text encoders known (variants: {', '.join(VARIANTS)})")
-        return tuple(TextEncoderSlot(name, "clip", "text", prefix=prefix, layout=layout,
-                                     folder=_FOLDERS[encoding][name], encoding=encoding)
-                     for name, (prefix, layout) in CLIP_PREFIXES[encoding].items())
+        prefixes = CLIP_PREFIXES[encoding]
+        return tuple(TextEncoderSlot(name, "clip", "text", prefix=prefixes[name][0], layout=prefixes[name][1],
+                                     folder=_FOLDERS[encoding][name], encoding=encoding, rule=rule)
+                     for name, rule in sd_rules(encoding))
 
     def checkpoint_layout(self, variant: str) -> CheckpointLayout:
         """``base.CheckpointLayout`` of an SD ``variant``'s single-file checkpoint (LDM/SGM
