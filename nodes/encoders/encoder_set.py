@@ -15,6 +15,12 @@ know which encoders it has:
   layer is normed, whether its pooled output is projected and whether it is the cond's pooled
   vector. The encoders' hidden states join along features in set order, each cut to the
   shortest token count (SDXL: clip_l 768 + clip_g 1280 = 2048; ``text_encode.encode_tokens``).
+
+Encoders that are no CLIP (T5, decoder LLMs) run through their module's own
+``encode_chunks(chunks, rule, layer_idx, warn) -> EncodedText``; how a set's outputs become one
+cond (Flux: T5's tokens with CLIP-L's pooled vector; SD3: CLIP-L+G along features, padded, then
+T5 along tokens) is the set's *join*, registered by the set's name (``register_join``; the
+name is ``ClipHandle.kind``). A set without a registered join joins along features as above.
 """
 
 from __future__ import annotations
@@ -24,13 +30,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+from collections.abc import Mapping
+
+from torch import Tensor, nn
 
 from mixgraph.nodes.encoders.clip import CLIPTextModel
 from mixgraph.nodes.weights.safetensors_io import WeightSource
 from mixgraph.nodes.encoders.tokenizer import CLIPTokenizer
+from mixgraph.nodes.payloads.conditioning import Cond
 
-__all__ = ["OutputRule", "EncoderEntry", "register_tokenizer", "get_tokenizer", "tokenizer_names"]
+__all__ = ["OutputRule", "EncoderEntry", "EncodedText", "Join", "register_tokenizer", "get_tokenizer",
+           "tokenizer_names", "register_join", "get_join"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,41 @@ class EncoderEntry:
     tokenizer: str = "clip"
     role: str = "text"
     build: Callable[[Any], nn.Module] = CLIPTextModel
+
+
+@dataclass(frozen=True)
+class EncodedText:
+    """One encoder's output for one prompt: ``hidden`` [1, T, D] (the chunks along tokens, weights
+    applied), ``pooled`` [1, P] or None, ``mask`` [1, T] (1 = a real token, 0 = padding) or None
+    when every token counts. Float32."""
+
+    hidden: Tensor
+    pooled: Tensor | None = None
+    mask: Tensor | None = None
+
+
+#: A set's join: encoder name -> its output, in set order -> the cond's tensors.
+Join = Callable[[Mapping[str, EncodedText]], Cond]
+
+
+# --------------------------------------------------------------------------------------------
+# joins by set name
+
+_JOINS: dict[str, Join] = {}
+
+
+def register_join(name: str, join: Join) -> None:
+    """Make ``join`` how the encoder set named ``name`` (``ClipHandle.kind``) makes one cond.
+    Registering a name twice with another function raises ValueError."""
+    known = _JOINS.get(name)
+    if known is not None and known is not join:
+        raise ValueError(f"text-encoder set {name!r} has a join already ({known!r})")
+    _JOINS[name] = join
+
+
+def get_join(name: str) -> Join | None:
+    """The join registered for the set ``name``, or None (join along features)."""
+    return _JOINS.get(name)
 
 
 # --------------------------------------------------------------------------------------------

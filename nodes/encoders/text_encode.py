@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from mixgraph.nodes.encoders.clip import CLIPTextModel
-from mixgraph.nodes.encoders.encoder_set import EncoderEntry, OutputRule, get_tokenizer
+from mixgraph.nodes.encoders.encoder_set import EncodedText, EncoderEntry, Join, OutputRule, get_tokenizer
 from mixgraph.nodes.encoders.tokenizer import END_TOKEN, START_TOKEN, EmbeddingLookup, TokenWeights
 from mixgraph.nodes.payloads.conditioning import Cond
 
@@ -61,22 +61,22 @@ class TextEncoder:
     tokenizer: str = "clip"
 
 
-def check_set(names: Sequence[str], rules: Sequence[OutputRule]) -> None:
-    """A set of encoders runs when it has one, its names are unique and at most one of them
-    gives the pooled vector (joining several pooled vectors is a later family's rule)."""
+def check_set(names: Sequence[str], rules: Sequence[OutputRule], join: Join | None = None) -> None:
+    """A set of encoders runs when it has one, its names are unique and, unless the set has a
+    join of its own (``encoder_set.register_join``), at most one of them gives the pooled vector."""
     if not names:
         raise ValueError("text encoding needs at least one text encoder; this CLIP has none")
     twice = sorted({n for n in names if list(names).count(n) > 1})
     if twice:
         raise ValueError(f"a CLIP names each text encoder once; {', '.join(twice)} appears twice")
     pooled = [n for n, r in zip(names, rules) if r.pooled]
-    if len(pooled) > 1:
+    if len(pooled) > 1 and join is None:
         raise NotImplementedError(f"a CLIP whose encoders {', '.join(pooled)} each give the pooled vector: "
                                   f"joining pooled vectors is not supported yet")
 
 
-def _check_set(encoders: Sequence[TextEncoder]) -> None:
-    check_set([e.name for e in encoders], [e.rule for e in encoders])
+def _check_set(encoders: Sequence[TextEncoder], join: Join | None = None) -> None:
+    check_set([e.name for e in encoders], [e.rule for e in encoders], join)
 
 
 def tokenize(encoders: Sequence[TextEncoder | EncoderEntry], text: str, *,
@@ -105,6 +105,7 @@ def encode_prompt(
     embedding_lookup: EmbeddingLookup | None = None,
     warn: Callable[[str], None] | None = None,
     texts: Mapping[str, str] | None = None,
+    join: Join | None = None,
 ) -> tuple[Cond, ...]:
     """CLIPTextEncode: one Cond with cross_attn [1, 77*chunks, D] and pooled [1, P].
 
@@ -114,11 +115,12 @@ def encode_prompt(
     `texts`: a prompt per encoder name ("clip_l", "clip_g") replacing `text` for that encoder
     (CLIPTextEncodeSDXL's text_l / text_g); when the encoders then get different chunk counts,
     the shorter ones are padded with chunks of the empty prompt, as ComfyUI does.
+    `join`: the set's join (``encoder_set.get_join``), None: along features.
     """
     warn = warn or logger.warning
-    _check_set(encoders)
+    _check_set(encoders, join)
     tokenized = tokenize(encoders, text, embedding_lookup=embedding_lookup, warn=warn, texts=texts)
-    return encode_tokens(encoders, tokenized, layer_idx=layer_idx, warn=warn)
+    return encode_tokens(encoders, tokenized, layer_idx=layer_idx, warn=warn, join=join)
 
 
 def encode_tokens(
@@ -127,11 +129,18 @@ def encode_tokens(
     *,
     layer_idx: int | None = None,
     warn: Callable[[str], None] | None = None,
+    join: Join | None = None,
 ) -> tuple[Cond, ...]:
     """ComfyUI's ``encode_from_tokens``: the chunks of (token, weight) per encoder name (what
-    ``tokenize_with_weights`` gives; word ids, if present, are dropped) -> one Cond."""
+    ``tokenize_with_weights`` gives; word ids, if present, are dropped) -> one Cond.
+
+    A CLIP encoder runs here (``_encode_chunks``); any other module runs its own
+    ``encode_chunks(chunks, rule, layer_idx, warn) -> encoder_set.EncodedText``. `join` makes
+    the cond from the outputs by encoder name (``encoder_set.register_join``); None: the
+    hidden states join along features, cut to the shortest, and the pooled vector is that of
+    the encoder whose rule says ``pooled``."""
     warn = warn or logger.warning
-    _check_set(encoders)
+    _check_set(encoders, join)
     missing = [e.name for e in encoders if e.name not in tokenized]
     if missing:
         raise ValueError(f"text encoding: no tokens for {', '.join(missing)}")
@@ -142,13 +151,17 @@ def encode_tokens(
             empty = get_tokenizer(e.tokenizer).tokenize_with_weights("", pad_token=e.rule.pad_token)
             while len(chunks) < n_chunks:
                 chunks.extend(empty)
-    outs: list[Tensor] = []
-    pooled: Tensor | None = None
+    outputs: dict[str, EncodedText] = {}
     for e, chunks in zip(encoders, chunked):
-        z, p = _encode_chunks(e.model, chunks, e.rule, layer_idx, warn)
-        outs.append(z)
-        if e.rule.pooled:
-            pooled = p
+        encode_chunks = getattr(e.model, "encode_chunks", None)
+        if encode_chunks is not None:
+            outputs[e.name] = encode_chunks(chunks, e.rule, layer_idx, warn)
+        else:
+            outputs[e.name] = EncodedText(*_encode_chunks(e.model, chunks, e.rule, layer_idx, warn))
+    if join is not None:
+        return (join(outputs),)
+    outs = [outputs[e.name].hidden for e in encoders]
+    pooled = next((outputs[e.name].pooled for e in encoders if e.rule.pooled), None)
     cut = min(z.shape[1] for z in outs)
     cross = torch.cat([z[:, :cut] for z in outs], dim=-1)  # [1, T, D_1 + D_2 + ...]
     return (Cond(cross_attn=cross.float(), pooled=None if pooled is None else pooled.float()),)

@@ -39,7 +39,7 @@ from mixgraph.nodes.vae.latent_format import LatentFormat
 from mixgraph.nodes.weights.layouts import reader_for_source
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
-from mixgraph.nodes.encoders.encoder_set import EncoderEntry
+from mixgraph.nodes.encoders.encoder_set import EncoderEntry, get_join
 from mixgraph.nodes.encoders.text_encode import TextEncoder, check_set, encode_prompt, encode_tokens, tokenize
 from mixgraph.nodes.families.sd.unet import UNetConfig
 from mixgraph.nodes.vae.vae import (AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image,
@@ -193,7 +193,7 @@ class ClipHandle:
         bad = [e for e in self.encoders if not isinstance(e, EncoderEntry)]
         if bad:
             raise TypeError(f"ClipHandle.encoders holds EncoderEntry items, got {type(bad[0]).__name__}")
-        check_set(self.names, [e.rule for e in self.encoders])
+        check_set(self.names, [e.rule for e in self.encoders], get_join(self.kind))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -219,7 +219,7 @@ class ClipHandle:
                                      texts=texts, policies=policies)
         return encode_prompt(
             self._text_encoders(policy, policies), text, layer_idx=self.layer_idx,
-            embedding_lookup=embedding_lookup, warn=warn, texts=texts,
+            embedding_lookup=embedding_lookup, warn=warn, texts=texts, join=get_join(self.kind),
         )
 
     @staticmethod
@@ -249,7 +249,8 @@ class ClipHandle:
         """ComfyUI's ``clip.encode_from_tokens``: CONDITIONING for chunks from ``tokenize``."""
         if self.hooks is not None:
             raise NotImplementedError("encoding tokens with a CLIP that has hooks (SetClipHooks): not supported yet")
-        return encode_tokens(self._text_encoders(policy, policies), tokenized, layer_idx=self.layer_idx, warn=warn)
+        return encode_tokens(self._text_encoders(policy, policies), tokenized, layer_idx=self.layer_idx, warn=warn,
+                             join=get_join(self.kind))
 
     def with_layer(self, n: int | None) -> "ClipHandle":
         return dataclasses.replace(self, layer_idx=n)
