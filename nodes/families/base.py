@@ -86,7 +86,10 @@ class TextEncoderSlot:
     Where the loaders find it: ``prefix`` and key ``layout`` in a single-file checkpoint ("" when
     checkpoints do not carry it), ``folder`` in a diffusers pipeline folder; ``encoding``: the
     name of the text-encoder set the variant's encoders make (``ClipHandle.kind``); ``rule``: the
-    encoder's output rule (``encoder_set.OutputRule``: pad token, layer, pooled output)."""
+    encoder's output rule (``encoder_set.OutputRule``: pad token, layer, pooled output);
+    ``arch``: the encoder architecture the slot's weights are ("clip", "t5", "qwen3", "gemma2":
+    a name registered with the text encoders, which derives the config from the weights' shapes
+    and builds the module); ``optional``: the set runs without it (SD3 without T5)."""
 
     name: str
     tokenizer: str
@@ -96,6 +99,8 @@ class TextEncoderSlot:
     folder: str = ""
     encoding: str = ""
     rule: Any = None
+    arch: str = "clip"
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,10 @@ class Family(Protocol):
     # optional: ``refusals``, the rows of ``families/refused.py``'s table of families mixgraph
     # does not run that this family runs ("Flux", ...): those files stop being refused;
     # ``checkpoint_layout(variant) -> CheckpointLayout`` and ``checkpoint_extras(handle, dtype)``
-    # for CheckpointSave (without them saving the family's models is refused by name)
+    # for CheckpointSave (without them saving the family's models is refused by name);
+    # ``clip_types``: CLIPLoader / DualCLIPLoader / TripleCLIPLoader ``type`` -> the variant whose
+    # ``text_encoders`` the loaded files fill ({"flux": "dev"}); the loaders match each file to a
+    # slot by the encoder architecture its keys show
 
     def detect(self, info: Mapping[str, Any], read: Any = None, source: Any = None) -> Detection | None: ...
 
