@@ -194,10 +194,10 @@ def test_workflow_ui_converted_widget_keeps_its_slot():
                                      "sampler_name": "euler", "latent": Link("1", 0), "denoise": 0.5}
 
 
-def test_workflow_ui_group_node_not_supported():
+def test_workflow_ui_group_node_without_definition_is_an_error():
     ui = _ui([_n(1, "workflow>My group")], [])
-    ui["extra"] = {"groupNodes": {"My group": {"nodes": [], "links": [], "external": []}}}
-    with pytest.raises(NotImplementedError, match="not supported yet"):
+    ui["extra"] = {"groupNodes": {"Other group": {"nodes": [], "links": [], "external": []}}}
+    with pytest.raises(WorkflowError, match="'My group'.*no definition"):
         load_workflow(ui, REG)
 
 

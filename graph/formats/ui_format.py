@@ -12,7 +12,9 @@ the frontend's rules, which a file written by any ComfyUI editor relies on:
 * Reroute nodes are followed through chains; a PrimitiveNode's value (`widgets_values[0]`)
   becomes a literal on each target; Note and MarkdownNote are ignored.
 * subgraph instances (`definitions.subgraphs`) are expanded in place, inner nodes under ids
-  `"<instance>:<inner>"` (`graph.formats.ui_subgraph`).
+  `"<instance>:<inner>"` (`graph.formats.ui_subgraph`); legacy group nodes (`workflow>NAME`,
+  `extra.groupNodes`) become subgraphs first, as today's editor migrates them
+  (`graph.formats.ui_group_nodes`).
 * a group whose title carries a precision tag (`Sampling [bf16]`, `[f16+upcast]`) or whose
   `properties.precision` is set is a precision region holding the nodes whose `pos` lies inside
   its `bounding` box (an instance inside it: all its inner nodes). A subgraph is a region too when
@@ -32,6 +34,7 @@ from mixgraph.graph.prompt import (Link, NodeCall, PrecisionConfig, Region, Work
                                    pydantic_message)
 from mixgraph.graph.formats.ui_graph import (PRECISION_TAG, UiGroup, UiNode, UiWorkflow, link_table,
                                              precision_tag, widget_inputs, widget_slots)
+from mixgraph.graph.formats.ui_group_nodes import legacy_group_subgraphs
 from mixgraph.graph.formats.ui_subgraph import Literal, Scope, collect_definitions
 
 __all__ = ["PRECISION_TAG", "UiGroup", "convert_ui", "group_precision", "subgraph_precision",
@@ -43,8 +46,10 @@ def convert_ui(obj: dict, registry: Any, name: str = "<workflow>") -> Workflow:
         wf = UiWorkflow.model_validate(obj)
     except ValidationError as e:
         raise WorkflowError(f"{name}: not a valid ComfyUI UI workflow: {pydantic_message(e)}") from None
-    root = Scope(wf.nodes, link_table(wf.links, name), wf.groups,
-                 collect_definitions(wf.definitions, name), registry, name)
+    nodes, group_defs = legacy_group_subgraphs(wf.nodes, wf.extra, registry, name)
+    definitions = collect_definitions(wf.definitions, name)
+    definitions.update({d.id: d for d in group_defs})
+    root = Scope(nodes, link_table(wf.links, name), wf.groups, definitions, registry, name)
     prompt: dict[str, NodeCall] = {}
     for scope, n in root.walk():
         spec = registry.get(n.type) if registry is not None else None

@@ -19,7 +19,9 @@ follows a link to the real output that feeds it, across every boundary:
 
 Older files promote widgets with `properties.proxyWidgets` (values kept on the inner nodes, so the
 inner `widgets_values` already hold them); they need nothing here. Legacy *group nodes*
-(`extra.groupNodes`, types `workflow>NAME`) are a different mechanism and not supported yet.
+(`extra.groupNodes`, types `workflow>NAME`) in the root graph arrive here as subgraphs
+(`graph.formats.ui_group_nodes`); one inside a subgraph definition is refused, as the editor
+unpacks those into the root graph (lossily).
 """
 
 from __future__ import annotations
@@ -118,8 +120,8 @@ class Scope:
         for n in self.order:
             if n.type.startswith(GROUP_NODE_PREFIXES):
                 raise NotImplementedError(f"{self.name}: legacy group node {self.exec_id(n.key)} "
-                                          f"({n.type!r}): not supported yet; convert it to a "
-                                          f"subgraph in the ComfyUI editor")
+                                          f"({n.type!r}) inside a subgraph: not supported yet; "
+                                          f"open the workflow in the ComfyUI editor and save it again")
             if n.mode in (MODE_NEVER, MODE_BYPASS) or n.type in IGNORED or n.type in (REROUTE, PRIMITIVE):
                 continue
             if self.is_instance(n):
