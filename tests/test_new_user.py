@@ -158,3 +158,18 @@ def test_new_user_serve_port_in_use_is_said_on_the_terminal(tmp_path):
     assert done.returncode == 2, done.stderr
     assert f"error: cannot listen on 127.0.0.1 port {port}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_resolution_selector_matches_comfyui_rounding():
+    """ComfyUI's ResolutionSelector (comfy_extras/nodes_resolution.py): width/height from an
+    aspect ratio and megapixels, multiples of 8 (values worked out by hand from its formula)."""
+    from mixgraph.ui import api
+    cases = {("1:1 (Square)", 1.0): (1024, 1024), ("16:9 (Widescreen)", 1.0): (1368, 768),
+             ("2:3 (Portrait Photo)", 0.5): (592, 888), ("21:9 (Ultrawide)", 2.0): (2216, 952)}
+    for (ratio, mp), expected in cases.items():
+        g = api.Graph()
+        sel = g.add("ResolutionSelector", node_id="1", aspect_ratio=ratio, megapixels=mp)
+        g.add("PreviewAny", node_id="2", source=sel[0])
+        g.add("PreviewAny", node_id="3", source=sel[1])
+        res = api.run(g)
+        assert tuple(res.outputs["1"]) == expected, (ratio, mp)

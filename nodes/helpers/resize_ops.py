@@ -120,3 +120,24 @@ def resize(x: torch.Tensor, choice: dict, method: str) -> torch.Tensor:
     if kind == "scale to multiple":
         return scale_to_multiple(x, choice["multiple"], method)
     raise ValueError(f"resize_type {kind!r} is not one of {list(RESIZE_TYPES)}")
+
+
+#: ResolutionSelector's aspect ratios (ComfyUI comfy_extras/nodes_resolution.py), in its option order.
+ASPECT_RATIOS = {
+    "1:1 (Square)": (1, 1),
+    "3:2 (Photo)": (3, 2),
+    "4:3 (Standard)": (4, 3),
+    "16:9 (Widescreen)": (16, 9),
+    "21:9 (Ultrawide)": (21, 9),
+    "2:3 (Portrait Photo)": (2, 3),
+    "3:4 (Portrait Standard)": (3, 4),
+    "9:16 (Portrait Widescreen)": (9, 16),
+}
+
+
+def resolution_for(aspect_ratio: str, megapixels: float) -> tuple[int, int]:
+    """(width, height) of about ``megapixels`` · 1024² pixels at ``aspect_ratio``, each a multiple
+    of 8 (ComfyUI's ResolutionSelector: Python's round, so halves go to the even multiple)."""
+    w_ratio, h_ratio = ASPECT_RATIOS[aspect_ratio]
+    scale = math.sqrt(megapixels * 1024 * 1024 / (w_ratio * h_ratio))
+    return round(w_ratio * scale / 8) * 8, round(h_ratio * scale / 8) * 8

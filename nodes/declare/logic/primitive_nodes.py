@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from mixgraph.graph.node import Boolean, Combo, Float, Int, String, node
-from mixgraph.nodes.helpers import text_ops
+from mixgraph.nodes.helpers import resize_ops, text_ops
 
 
 @node(category="utils/primitive", outputs=("STRING",), display_name="String")
@@ -101,3 +101,11 @@ def RegexReplace(string=String(multiline=True), regex_pattern=String(multiline=T
                  count=Int(0, min=0, max=100, optional=True)):
     fl = text_ops.flags(case_insensitive, multiline, dotall)
     return (text_ops.regex_replace(string, regex_pattern, replace, fl, count),)
+
+
+@node(category="utils", outputs=(("INT", "width"), ("INT", "height")), display_name="Resolution Selector")
+def ResolutionSelector(aspect_ratio=Combo(tuple(resize_ops.ASPECT_RATIOS), default="1:1 (Square)"),
+                       megapixels=Float(1.0, min=0.1, max=16.0, step=0.1)):
+    """Width and height (multiples of 8) for an aspect ratio and a megapixel target, e.g. for an
+    empty latent (ComfyUI comfy_extras/nodes_resolution.py)."""
+    return resize_ops.resolution_for(aspect_ratio, megapixels)
