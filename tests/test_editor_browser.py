@@ -265,6 +265,17 @@ def test_editor_browser_first_start_opens_default_workflow_and_run_draws_it(tmp_
                 assert page.evaluate("() => window.app.graph.getNodeById(6).widgets[0].value") \
                     == DEFAULT_PROMPT
                 assert page.locator(".p-dialog").count() == 0, "a dialog covers the first screen"
+                # fitted and readable: the editor draws titles from 60 % zoom; every node on screen
+                view = page.evaluate("""() => {
+                    const c = window.app.canvas, ds = c.ds, el = c.canvas;
+                    const w = el.clientWidth, h = el.clientHeight;
+                    const off = window.app.graph.nodes.filter(n => {
+                        const [x, y] = ds.convertOffsetToCanvas([n.pos[0], n.pos[1] - 30]);
+                        const [x1, y1] = ds.convertOffsetToCanvas([n.pos[0] + n.size[0], n.pos[1] + n.size[1]]);
+                        return x < 0 || y < 0 || x1 > w || y1 > h; }).map(n => n.type);
+                    return {scale: ds.scale, off};
+                }""")
+                assert view["scale"] >= 0.6 and not view["off"], view
 
                 # The template browser lists the workflows of workflows/ by their README titles.
                 page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")

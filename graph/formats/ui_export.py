@@ -3,7 +3,11 @@
 The inverse of `graph.formats.ui_format.convert_ui` for the parts an API prompt has: nodes, literal inputs
 and links (no groups, no reroutes). Used to serve the workflows in `workflows/` as editor
 templates and to give the editor its default graph. The layout is automatic: a column per
-dependency depth, nodes stacked in each column.
+dependency depth, nodes stacked in each column; a long chain of columns is folded into bands
+one under the other, as many columns per band as make the graph fit a 1180 x 700 canvas (a
+1280 x 800 window less the editor's bars; larger windows show more) at the largest scale, and the
+saved view (`extra.ds`) shows it whole at that scale, so the editor opens it readable (its nodes
+lose their titles below 60 %).
 
 Widget values follow `widget_slots` (object_info order; a seed's control value "fixed" after it);
 a widget-type input fed by a link appears in `inputs` with a `widget` entry and keeps its default
@@ -31,6 +35,8 @@ NODE_WIDTH = 320
 ROW_HEIGHT = 24
 TITLE_HEIGHT = 30
 GAP = 40
+#: The canvas area the saved view fits (a 1280 x 800 window less the editor's side and top bars).
+VIEW_WIDTH, VIEW_HEIGHT = 1180.0, 700.0
 
 
 def _node_id(node_id: str) -> int | str:
@@ -114,10 +120,10 @@ def to_ui(wf: Workflow, registry: Any, env: Any = None) -> dict:
         n_rows = max(len(inputs) + len([s for s in widget_slots(spec) if s is not None]), len(spec.outputs), 1)
         height = TITLE_HEIGHT + ROW_HEIGHT * n_rows + (120 if call.class_type in _TALL else 0)
         d = depth[nid]
-        y = column_y.get(d, 60.0)
+        y = column_y.get(d, 0.0)
         column_y[d] = y + height + GAP
         node = {
-            "id": _node_id(nid), "type": call.class_type, "pos": [60 + d * COLUMN_WIDTH, y],
+            "id": _node_id(nid), "type": call.class_type, "pos": [d, y],  # column, offset: placed below
             "size": [NODE_WIDTH, height], "flags": {}, "order": index, "mode": 0,
             "inputs": inputs, "outputs": [],
             "properties": {"Node name for S&R": call.class_type}, "widgets_values": widgets,
@@ -125,6 +131,7 @@ def to_ui(wf: Workflow, registry: Any, env: Any = None) -> dict:
         if call.title:
             node["title"] = call.title
         nodes.append(node)
+    _place(nodes, column_y)
     for node in nodes:
         spec = registry.get(node["type"])
         node["outputs"] = [
@@ -156,7 +163,31 @@ def _row_widgets(name: str, rows: Rows, given: dict[str, Any], env: Any) -> list
     return out
 
 
-def _view(nodes: list[dict], width: float = 1200.0, height: float = 640.0) -> dict:
+def _place(nodes: list[dict], column_height: dict[int, float]) -> None:
+    """Turn each node's (column, offset in column) into a canvas position: the columns in bands
+    of the width that lets the whole graph fit ``VIEW_WIDTH`` x ``VIEW_HEIGHT`` at the largest
+    scale (ties: fewer bands)."""
+    columns = max(column_height, default=0) + 1
+
+    def bands(per_band: int) -> list[float]:
+        return [max((column_height.get(c, 0.0) for c in range(b, min(b + per_band, columns))), default=0.0)
+                for b in range(0, columns, per_band)]
+
+    def fit(per_band: int) -> float:
+        width = 60 + (min(per_band, columns) - 1) * COLUMN_WIDTH + NODE_WIDTH + 60
+        height = 60 + sum(bands(per_band)) + 60
+        return min(1.0, VIEW_WIDTH / width, VIEW_HEIGHT / height)
+
+    per_band = max(range(columns, 0, -1), key=fit)
+    band_top = [60.0]
+    for h in bands(per_band)[:-1]:
+        band_top.append(band_top[-1] + h + GAP)
+    for node in nodes:
+        column, offset = node["pos"]
+        node["pos"] = [60 + (column % per_band) * COLUMN_WIDTH, band_top[column // per_band] + offset]
+
+
+def _view(nodes: list[dict], width: float = VIEW_WIDTH, height: float = VIEW_HEIGHT) -> dict:
     """A canvas view that shows the whole graph in a window of about width x height pixels."""
     if not nodes:
         return {"scale": 1.0, "offset": [0, 0]}
