@@ -206,3 +206,40 @@ def test_the_mask_crosses_the_custom_node_boundary():
     assert opts["attention_mask"].shape == (1, 6, 6) and opts["attention_mask_img_shape"] == (1, 1)
     (back,) = cond_from_comfy([[tokens, opts]])
     torch.testing.assert_close(back.model_inputs["attention_mask"], cond.model_inputs["attention_mask"])
+
+
+# --- what a Flux runner does with the mask (ComfyUI's upscale_dit_mask) ----------------------------
+
+
+def _bilinear_weights(n_in: int, n_out: int) -> torch.Tensor:
+    """[n_out, n_in] 1-D linear interpolation, half-pixel centres, edges clamped (align_corners=False)."""
+    w = torch.zeros(n_out, n_in, dtype=torch.float64)
+    for o in range(n_out):
+        src = max((o + 0.5) * n_in / n_out - 0.5, 0.0)
+        i0 = min(int(src), n_in - 1)
+        i1, frac = min(i0 + 1, n_in - 1), src - i0
+        w[o, i0] += 1 - frac
+        w[o, i1] += frac
+    return w
+
+
+def test_upscale_dit_mask_stretches_the_image_rows_and_columns():
+    from mixgraph.nodes.models.dit_mask import upscale_dit_mask
+
+    (cond,) = append_style_tokens((Cond(torch.zeros(1, 3, CONTEXT)),), torch.ones(1, 2, CONTEXT), 0.5, "attn_bias")
+    mask = cond.model_inputs["attention_mask"].float()  # [1, 3 + 2 + 1, ...]
+    big = upscale_dit_mask(mask, (1, 1), (2, 3))  # the one stand-in image token becomes 6
+    assert big.shape == (1, 11, 11)
+    src = [0, 1, 2, 3, 4] + [5] * 6  # each row / column of the result copies this one of the mask
+    torch.testing.assert_close(big[0], mask[0][src][:, src], rtol=0, atol=0)
+    assert upscale_dit_mask(mask, (1, 1), (1, 1)) is mask
+
+    t, (hi, wi), (ho, wo) = 2, (2, 2), (3, 5)
+    m = torch.randn(1, t + hi * wi, t + hi * wi, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    a = torch.kron(_bilinear_weights(hi, ho), _bilinear_weights(wi, wo))  # [ho*wo, hi*wi] 2-D bilinear
+    want = torch.zeros(1, t + ho * wo, t + ho * wo, dtype=torch.float64)
+    want[0, :t, :t] = m[0, :t, :t]
+    want[0, :t, t:] = m[0, :t, t:] @ a.T
+    want[0, t:, :t] = a @ m[0, t:, :t]
+    want[0, t:, t:] = a @ m[0, t:, t:] @ a.T
+    torch.testing.assert_close(upscale_dit_mask(m, (hi, wi), (ho, wo)), want, rtol=1e-12, atol=1e-12)
