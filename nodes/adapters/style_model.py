@@ -11,6 +11,9 @@ ComfyUI's fixed value (not stored in the file).
 
 Forward (ComfyUI ``StyleAdapter``): x = cat(vision last_hidden_state [B, N, W], style queries) ->
 ln_pre -> blocks -> ln_post of the last T tokens -> @ proj -> [B, T, D].
+
+``load_style_model`` also loads Flux Redux projectors (``adapters/redux.py``); ``append_style_tokens``
+is ``StyleModelApply`` for both, with ComfyUI's attention-bias mask (``extend_attention_bias``).
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ import torch
 from torch import Tensor, nn
 
 from mixgraph.nodes.weights import store
+from mixgraph.nodes.adapters.redux import ReduxConfig, ReduxHandle, is_redux
 from mixgraph.nodes.models.attention import ResidualAttentionBlock
 from mixgraph.nodes.weights.cast import PolicyLike, apply_precision
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.payloads.vision import ClipVisionOutput
 
 __all__ = ["StyleConfig", "StyleAdapter", "StyleModelHandle", "load_style_model", "StyleModelError",
-           "append_style_tokens"]
+           "append_style_tokens", "extend_attention_bias"]
 
 HEADS = 8
 
@@ -109,31 +113,85 @@ class StyleModelHandle:
         return dataclasses.replace(self, precision=policy)
 
 
-def load_style_model(path: str | os.PathLike) -> StyleModelHandle:
-    """StyleModelLoader: T2I-Adapter style models; other style models (Flux Redux) are refused."""
+def load_style_model(path: str | os.PathLike) -> StyleModelHandle | ReduxHandle:
+    """StyleModelLoader: a T2I-Adapter style model (``style_embedding``) or a Flux Redux projector
+    (``redux_down.weight``), tested in ComfyUI's order."""
     info = inspect_file(path)
     name = os.path.basename(path)
-    if "redux_up.weight" in info:
-        raise NotImplementedError(f"{name}: Flux Redux style models: not supported yet (mixgraph runs SD 1.x, "
-                                  f"SD 2.x and SDXL)")
     shapes = {k: tuple(v.shape) for k, v in info.items()}
-    return StyleModelHandle(WeightSource.from_file(path), StyleConfig.from_shapes(shapes, name))
+    if "style_embedding" in shapes:
+        return StyleModelHandle(WeightSource.from_file(path), StyleConfig.from_shapes(shapes, name))
+    if is_redux(shapes):
+        return ReduxHandle(WeightSource.from_file(path), ReduxConfig.from_shapes(shapes, name))
+    raise StyleModelError(f"{name}: not a style model: no 'style_embedding' (T2I-Adapter) or 'redux_down.weight' "
+                          f"(Flux Redux) ({len(shapes)} tensors, e.g. {sorted(shapes)[:4]})")
 
 
 def append_style_tokens(conds, tokens: Tensor, strength: float, strength_type: str) -> tuple:
-    """StyleModelApply: each cond's text tokens [B, N, D] followed by the style tokens [1, T, D]
-    (times ``strength`` for "multiply"; "attn_bias" leaves them as they are: ComfyUI's
-    log(strength) attention mask is read by Flux only, never by an SD-family UNet)."""
+    """StyleModelApply (ComfyUI ``nodes.py``): each cond's text tokens [B, T, D] followed by the
+    style tokens [1, n, D]. "multiply" scales them by ``strength``. "attn_bias" leaves them as they
+    are and, unless strength is 1, records an additive attention bias log(strength) on every
+    query's attention to them in ``model_inputs["attention_mask"]`` (``extend_attention_bias``);
+    a mask already there is extended either way (bias 0 for the new tokens under "multiply").
+
+    Who reads the mask: ComfyUI's Flux / Chroma models (``model_base.Flux.extra_conds``); an SD
+    1.x / 2.x / SDXL UNet never does, in ComfyUI as here, so there "attn_bias" equals ComfyUI's
+    result (the tokens unscaled)."""
     if strength_type not in ("multiply", "attn_bias"):
         raise ValueError(f"strength_type must be 'multiply' or 'attn_bias', got {strength_type!r}")
     if strength_type == "multiply":
         tokens = tokens * float(strength)
+    bias = float(strength) if strength_type == "attn_bias" else 1.0
     out = []
     for c in conds:
         text = c.cross_attn
+        if text is None:
+            raise StyleModelError("StyleModelApply: a text-free conditioning has no text tokens to append the "
+                                  "style tokens to (encode a prompt, even an empty one)")
         if text.shape[-1] != tokens.shape[-1]:
             raise StyleModelError(f"the style model gives {tokens.shape[-1]}-wide tokens, the conditioning is "
                                   f"{text.shape[-1]} wide (a style model made for another model family)")
-        extra = tokens.to(text.dtype).expand(text.shape[0], -1, -1)  # [B, T, D]
-        out.append(dataclasses.replace(c, cross_attn=torch.cat([text, extra], dim=1)))  # [B, N + T, D]
+        inputs = c.model_inputs
+        if "attention_mask" in inputs or (strength_type == "attn_bias" and bias != 1.0):
+            inputs = {**inputs, **extend_attention_bias(inputs, text.shape[0], text.shape[1], tokens.shape[1], bias)}
+        extra = tokens.to(text.dtype).expand(text.shape[0], -1, -1)  # [B, n, D]
+        out.append(dataclasses.replace(c, cross_attn=torch.cat([text, extra], dim=1),  # [B, T + n, D]
+                                       model_inputs=inputs))
     return tuple(out)
+
+
+def extend_attention_bias(inputs: Mapping, batch: int, n_txt: int, n_new: int, strength: float) -> dict:
+    """ComfyUI's StyleModelApply mask, for ``n_new`` tokens appended after ``n_txt`` text tokens.
+
+    The mask is an additive bias over the joint sequence a Flux block attends over, text first,
+    then the image: [B, T + R, T + R] float16 (queries × keys), where the image part is
+    ``attention_mask_img_shape`` = (h, w) reference tokens (R = h·w; (1, 1) unless a node set
+    another) that the model stretches bilinearly to its real token grid
+    (``comfy.utils.upscale_dit_mask``). A boolean mask is read as log(mask) (True -> 0, False
+    -> -inf). The new mask is [B, T + n + R, T + n + R]: the old one's four quadrants around the
+    new rows and columns, log(strength) in the new key columns for the text and image queries,
+    0 elsewhere (the new tokens' own queries attend freely). Returns the two ``model_inputs``
+    entries, under ComfyUI's names."""
+    ref = tuple(int(v) for v in inputs.get("attention_mask_img_shape", (1, 1)))
+    n_ref = ref[0] * ref[1]
+    old = inputs.get("attention_mask")
+    size = n_txt + n_ref
+    if old is None:
+        old = torch.zeros(batch, size, size, dtype=torch.float16)
+    if old.dtype == torch.bool:
+        old = torch.log(old.to(torch.float16))
+    if old.ndim != 3 or tuple(old.shape[-2:]) != (size, size) or old.shape[0] not in (1, batch):
+        raise StyleModelError(
+            f"StyleModelApply: the conditioning's attention_mask is {list(old.shape)}; appending tokens needs "
+            f"ComfyUI's Flux form [{batch}, {size}, {size}] ({n_txt} text + {n_ref} image tokens, "
+            f"attention_mask_img_shape {ref})")
+    t, n = n_txt, n_new
+    mask = torch.zeros(batch, t + n + n_ref, t + n + n_ref, dtype=torch.float16)
+    mask[:, :t, :t] = old[:, :t, :t]
+    mask[:, :t, t + n:] = old[:, :t, t:]
+    mask[:, t + n:, :t] = old[:, t:, :t]
+    mask[:, t + n:, t + n:] = old[:, t:, t:]
+    bias = torch.log(torch.tensor([float(strength)]))  # -inf for strength 0, as ComfyUI (float16 in the mask)
+    mask[:, :t, t:t + n] = bias
+    mask[:, t + n:, t:t + n] = bias
+    return {"attention_mask": mask, "attention_mask_img_shape": ref}

@@ -141,11 +141,12 @@ class CLIPVisionModel(nn.Module):
         return x, penultimate, embeds
 
 
-def clip_preprocess(image: Tensor, size: int, crop: bool = True) -> Tensor:
+def clip_preprocess(image: Tensor, size: int, crop: bool = True, mean: tuple[float, ...] = CLIP_MEAN,
+                    std: tuple[float, ...] = CLIP_STD) -> Tensor:
     """IMAGE [B, H, W, C] in 0..1 -> normalised pixels [B, 3, size, size] (ComfyUI
     ``clip_preprocess``): crop=True scales the short side to ``size`` (bicubic, antialiased) and
     cuts the centre; crop=False stretches to size × size. Values are quantised to 8 bits, then
-    normalised with CLIP's mean and std."""
+    normalised with the tower's mean and std (CLIP's by default; SigLIP's are 0.5)."""
     x = image[..., :3].movedim(-1, 1).float()  # [B, 3, H, W]
     h, w = x.shape[-2:]
     if (h, w) != (size, size):
@@ -158,9 +159,9 @@ def clip_preprocess(image: Tensor, size: int, crop: bool = True) -> Tensor:
         top, left = (x.shape[2] - size) // 2, (x.shape[3] - size) // 2
         x = x[:, :, top:top + size, left:left + size]
     x = torch.clamp(255.0 * x, 0, 255).round() / 255.0
-    mean = torch.tensor(CLIP_MEAN, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(CLIP_STD, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    return (x - mean) / std
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    return (x - m) / s
 
 
 # --- layouts ------------------------------------------------------------------------------------

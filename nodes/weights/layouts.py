@@ -1,8 +1,8 @@
 """Key layouts of weight sources: how a source's stored tensor names become our modules' names.
 
 A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``controlnet``, ``controlnet_diff``,
-``diffusers_unet``, ``diffusers_vae``,
-``hf_clip_vision``, ``open_clip_vision``, ``zero123_cc``); ``reader_for_source`` turns that into the renaming the
+``diffusers_unet``, ``diffusers_vae``, ``hf_clip_vision``, ``open_clip_vision``, ``hf_siglip_vision``,
+``zero123_cc``); ``reader_for_source`` turns that into the renaming the
 loader applies to headers (to derive configs), the handles apply to shapes, and the weight store
 applies when it reads tensors. Its own module, so those three need not import one another for it.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mixgraph.nodes.encoders.clip import open_clip_to_hf
 from mixgraph.nodes.encoders.clip_vision import hf_vision_rename, open_clip_vision_to_hf
+from mixgraph.nodes.encoders.siglip_vision import siglip_vision_rename
 from mixgraph.nodes.adapters.controlnet import convert_controlnet_state_dict
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
@@ -45,6 +46,8 @@ def reader_for_source(source: WeightSource):
         return hf_vision_rename, None
     if layout == "open_clip_vision":
         return None, open_clip_vision_to_hf
+    if layout == "hf_siglip_vision":
+        return siglip_vision_rename, None
     if layout == "controlnet":
         return None, convert_controlnet_state_dict
     if layout == "zero123_cc":  # Stable Zero123's top-level cc_projection.* only (families/sd/zero123.py)

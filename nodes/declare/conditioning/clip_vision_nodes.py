@@ -1,8 +1,10 @@
 """CLIP vision, unCLIP and style-model nodes (ComfyUI ``nodes.py``: CLIPVisionLoader,
 CLIPVisionEncode, unCLIPCheckpointLoader, unCLIPConditioning, StyleModelLoader, StyleModelApply).
 
-Runtime: ``encoders/clip_vision.py`` (+ ``clip_vision_handle.py``), ``families/sd/unclip.py``,
-``adapters/style_model.py``; the unCLIP entries ride on ``Cond.unclip`` to the model's ``adm``."""
+Runtime: ``encoders/clip_vision.py``, ``encoders/siglip_vision.py`` (+ ``clip_vision_handle.py``),
+``families/sd/unclip.py``, ``adapters/style_model.py``, ``adapters/redux.py``; the unCLIP entries
+ride on ``Cond.unclip`` to the model's ``adm``, a Redux attention bias on
+``Cond.model_inputs["attention_mask"]`` to a Flux model."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from mixgraph.nodes.helpers.precision import effective
 
 @node(category="loaders", outputs=("CLIP_VISION",), display_name="Load CLIP Vision")
 def CLIPVisionLoader(ctx, clip_name=CLIP_VISION.input()):
-    """Loads a CLIP vision tower (ViT-L/14, ViT-H/14, ViT-bigG/14) from models/clip_vision."""
+    """Loads a vision tower (CLIP ViT-L/14, ViT-H/14, ViT-bigG/14, SigLIP) from models/clip_vision."""
     return (load_clip_vision(CLIP_VISION.path(ctx.env, clip_name)),)
 
 
@@ -50,7 +52,7 @@ def unCLIPConditioning(conditioning=Socket("CONDITIONING"), clip_vision_output=S
 
 @node(category="loaders", outputs=("STYLE_MODEL",), display_name="Load Style Model")
 def StyleModelLoader(ctx, style_model_name=STYLE_MODEL.input()):
-    """Loads a T2I-Adapter style model from models/style_models."""
+    """Loads a T2I-Adapter style model or a Flux Redux model from models/style_models."""
     return (load_style_model(STYLE_MODEL.path(ctx.env, style_model_name)),)
 
 
@@ -60,7 +62,8 @@ def StyleModelApply(ctx, conditioning=Socket("CONDITIONING"), style_model=Socket
                     strength=Float(1.0, min=0.0, max=10.0, step=0.001),
                     strength_type=Combo(("multiply", "attn_bias"))):
     """Appends the style tokens to each cond's text tokens. "multiply" scales them by strength.
-    "attn_bias" leaves them unscaled: ComfyUI records a log(strength) attention bias that only
-    Flux models read, so on SD 1.x / 2.x / SDXL the result equals ComfyUI's."""
+    "attn_bias" leaves them unscaled and records a log(strength) attention bias on them in the
+    cond (ComfyUI's attention_mask), which Flux models read and SD 1.x / 2.x / SDXL ignore, as
+    in ComfyUI."""
     tokens = style_model.get_cond(clip_vision_output, effective(ctx, style_model, "STYLE_MODEL"))
     return (append_style_tokens(conditioning, tokens, strength, strength_type),)
