@@ -8,11 +8,16 @@ import torch
 from transformers import Gemma2Config as HFGemma2Config, Gemma2Model
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.encoders.encoder_set import OutputRule
+from mixgraph.nodes.encoders.encoder_set import OutputRule, get_tokenizer
+from mixgraph.nodes.encoders.llm_sets import GEMMA2_2B, GEMMA2_RULE, LUMINA2, llm_entry, lumina2_prompt
+from mixgraph.nodes.models.handles import ClipHandle
 from mixgraph.nodes.encoders.gemma2 import GEMMA_BOS, Gemma2TextModel, gemma2_config, is_gemma2
 from mixgraph.nodes.weights.cast import apply_precision
+from mixgraph.nodes.weights.safetensors_io import WeightSource
+from tests.fixtures.tiny_llm import gemma2_state_dict, write_gemma2
 
 PAD = 0
+F32 = parse_spec("f32")
 RULE = OutputRule(pad_token=PAD, default_layer=-2, norm_hidden=False, project_pooled=False)
 
 
@@ -117,3 +122,49 @@ def test_gemma2_runs_under_fp8_storage_with_f32_norms():
         got = cast.encode_chunks(chunk, RULE, None, print).hidden
         assert got.dtype == torch.float32 and torch.isfinite(got).all()
         assert (got - ref).norm() / ref.norm() < 0.15, spec
+
+
+# --------------------------------------------------------------------------------------------
+# end to end: a Lumina 2 text-encoder set, built by hand from its entry, through ClipHandle.encode
+
+
+def test_lumina2_set_encodes_a_weighted_prompt_with_the_files_tokenizer(tmp_path):
+    source = WeightSource.from_file(write_gemma2(tmp_path / "gemma_2_2b.safetensors"))
+    entry = llm_entry("gemma2", source, GEMMA2_2B, "gemma", GEMMA2_RULE)
+    assert entry.tokenizer.startswith("gemma:")  # the file's own SentencePiece model
+    clip = ClipHandle(LUMINA2, (entry,))
+    text = lumina2_prompt("superior", "a (red cat:1.3) under the sky")
+    assert text.startswith("You are an assistant designed to generate superior images") and " <Prompt Start> a (" in text
+    tokens = clip.tokenize(text)[GEMMA2_2B][0]
+    assert tokens[0] == (GEMMA_BOS, 1.0, 0)
+    weighted = [i for i, (_, w, _) in enumerate(tokens) if w != 1.0]
+    assert weighted and all(tokens[i][1] == pytest.approx(1.3) for i in weighted)
+
+    (cond,) = clip.encode(text, F32)
+    n = len(tokens)
+    assert cond.cross_attn.shape == (1, n, 32) and cond.pooled is None
+    assert cond.model_inputs["attention_mask"].tolist() == [[1] * n]
+    sd = gemma2_state_dict()
+    del sd["spiece_model"]
+    model = ours(sd)
+    ids = torch.tensor([[t for t, _, _ in tokens]])
+    with torch.no_grad():
+        z = model(model.embed(ids), torch.ones_like(ids), 1)[0]  # layer -2 of 3
+        empty_ids = torch.tensor([[GEMMA_BOS] + [PAD] * (n - 1)])
+        z_empty = model(model.embed(empty_ids), (empty_ids == GEMMA_BOS).long(), 1)[0]
+    want = z.clone()
+    want[weighted] = (z[weighted] - z_empty[weighted]) * 1.3 + z_empty[weighted]
+    torch.testing.assert_close(cond.cross_attn[0], want)
+    (plain,) = clip.encode(lumina2_prompt("superior", "a red cat under the sky"), F32)
+    # causal: the system prompt's tokens (before any weighted one) are the same either way
+    torch.testing.assert_close(plain.cross_attn[0, :10], cond.cross_attn[0, :10])
+    assert weighted[0] > 10
+
+
+def test_lumina2_entry_refuses_a_file_that_is_not_gemma2(tmp_path):
+    sd = gemma2_state_dict()
+    sd["model.layers.0.self_attn.q_norm.weight"] = torch.ones(256)  # a Gemma 3 marker
+    with pytest.raises(ValueError, match="not a gemma2 model"):
+        llm_entry("gemma2", WeightSource.from_state_dict(sd), GEMMA2_2B, "gemma", GEMMA2_RULE)
+    assert get_tokenizer(llm_entry("gemma2", WeightSource.from_state_dict(gemma2_state_dict()), GEMMA2_2B, "gemma",
+                                   GEMMA2_RULE).tokenizer).vocab_size == 120

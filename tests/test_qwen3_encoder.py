@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import Qwen3Config as HFQwen3Config, Qwen3Model
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.encoders.decoder_llm import causal_padding_mask
-from mixgraph.nodes.encoders.encoder_set import OutputRule
+from mixgraph.nodes.encoders.encoder_set import OutputRule, get_tokenizer
+from mixgraph.nodes.encoders.llm_sets import QWEN3_4B, QWEN3_RULE, Z_IMAGE, llm_entry
+from mixgraph.nodes.models.handles import ClipHandle
 from mixgraph.nodes.encoders.qwen3 import Qwen3TextModel, is_qwen3, qwen3_config
+from mixgraph.nodes.weights import store
 from mixgraph.nodes.weights.cast import apply_precision
+from mixgraph.nodes.weights.safetensors_io import WeightSource
+from tests.fixtures.tiny_llm import write_qwen3
 
 PAD = 0
+F32 = parse_spec("f32")
 RULE = OutputRule(pad_token=PAD, default_layer=-2, norm_hidden=False, project_pooled=False)
 
 
@@ -111,3 +118,40 @@ def test_qwen3_runs_under_a_bf16_policy_with_f32_norms():
 def test_mask_is_finite_when_every_key_is_padding():
     m = causal_padding_mask(torch.zeros(1, 3, dtype=torch.long), torch.float16)
     assert torch.isfinite(m).all()
+
+
+# --------------------------------------------------------------------------------------------
+# end to end: a Z-Image text-encoder set, built by hand from its entry, through ClipHandle.encode
+
+
+def test_z_image_set_encodes_a_prompt_in_the_chat_template(tmp_path):
+
+    source = WeightSource.from_file(write_qwen3(tmp_path / "qwen_3_4b.safetensors"))
+    entry = llm_entry("qwen3", source, QWEN3_4B, "z_image", QWEN3_RULE)
+    assert entry.config.shape.vocab_size == 151936 and entry.tokenizer == "z_image"
+    clip = ClipHandle(Z_IMAGE, (entry,))
+    text = "a (red:1.3) fox"
+    tokens = clip.tokenize(text)[QWEN3_4B]
+    ids = [t for t, _, _ in tokens[0]]
+    qwen = get_tokenizer("qwen2.5")
+    assert ids[:3] == [151644, 872, 198] and ids[-5:] == qwen.encode("<|im_end|>\n<|im_start|>assistant\n")
+    assert ids == qwen.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+    assert all(w == 1.0 for _, w, _ in tokens[0])  # ComfyUI's Z-Image tokenizer: weights off
+
+    store.clear()
+    (cond,) = clip.encode(text, F32)
+    assert cond.cross_attn.shape == (1, len(ids), 32) and cond.cross_attn.dtype == torch.float32
+    assert cond.pooled is None
+    assert cond.model_inputs["attention_mask"].tolist() == [[1] * len(ids)]
+    model = ours({k: v.float() for k, v in source_tensors(source).items()})
+    with torch.no_grad():
+        want = model(model.embed(torch.tensor([ids])), torch.ones(1, len(ids), dtype=torch.long), 1)
+    torch.testing.assert_close(cond.cross_attn, want)
+    (bf16,) = clip.encode(text, parse_spec("bf16"))
+    assert (bf16.cross_attn - want).norm() / want.norm() < 0.05
+    (last,) = clip.with_layer(-1).encode(text, F32)  # CLIPSetLastLayer -1: the last layer
+    assert not torch.allclose(last.cross_attn, cond.cross_attn)
+
+
+def source_tensors(source):
+    return load_file(source.path)

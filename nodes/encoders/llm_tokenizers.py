@@ -54,13 +54,14 @@ _QWEN_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
                r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
-def _chunk_one(groups: list[TokenWeights], start: int | None, pad: int, word_ids: bool) -> list[list[tuple]]:
-    """ComfyUI's packing with an unbounded max_length and no end token: one chunk."""
+def _chunk_one(groups: list[TokenWeights], start: int | None, pad: int, word_ids: bool,
+               min_length: int | None) -> list[list[tuple]]:
+    """ComfyUI's packing with an unbounded max_length and no end token: one chunk, padded to
+    `min_length` (ComfyUI's default for these tokenizers: 1)."""
     chunk: list[tuple] = [] if start is None else [(start, 1.0, 0)]
     for word, group in enumerate(groups, start=1):
         chunk.extend((t, w, word) for t, w in group)
-    if not chunk:
-        chunk.append((pad, 1.0, 0))  # min_length=1
+    chunk.extend([(pad, 1.0, 0)] * max(0, (1 if min_length is None else min_length) - len(chunk)))
     return [chunk if word_ids else [(t, w) for t, w, _ in chunk]]
 
 
@@ -102,13 +103,14 @@ class QwenTokenizer:
 
     def tokenize_with_weights(self, text: str, *, pad_token: int = QWEN_PAD,
                               embedding_lookup: EmbeddingLookup | None = None, embedding_key: str = "qwen3_4b",
-                              warn: Callable[[str], None] | None = None, word_ids: bool = False) -> list[list[tuple]]:
+                              warn: Callable[[str], None] | None = None, word_ids: bool = False,
+                              min_length: int | None = None) -> list[list[tuple]]:
         """ComfyUI's ``tokenize_with_weights`` for this tokenizer: one chunk of (token, weight[, word id])."""
         if self.template is not None:
             text = self.template.format(text)
         groups = weighted_groups(text, self.encode, embedding_lookup=embedding_lookup,
                                  embedding_key=embedding_key, warn=warn, weights=self.weights)
-        return _chunk_one(groups, None, pad_token, word_ids)
+        return _chunk_one(groups, None, pad_token, word_ids, min_length)
 
 
 class GemmaTokenizer:
@@ -128,11 +130,12 @@ class GemmaTokenizer:
 
     def tokenize_with_weights(self, text: str, *, pad_token: int = 0,
                               embedding_lookup: EmbeddingLookup | None = None, embedding_key: str = "gemma2_2b",
-                              warn: Callable[[str], None] | None = None, word_ids: bool = False) -> list[list[tuple]]:
+                              warn: Callable[[str], None] | None = None, word_ids: bool = False,
+                              min_length: int | None = None) -> list[list[tuple]]:
         """ComfyUI's ``Gemma2BTokenizer.tokenize_with_weights``: ``[<bos>] + tokens``, weights on."""
         groups = weighted_groups(text, self.encode, embedding_lookup=embedding_lookup,
                                  embedding_key=embedding_key, warn=warn)
-        return _chunk_one(groups, self.start_token, pad_token, word_ids)
+        return _chunk_one(groups, self.start_token, pad_token, word_ids, min_length)
 
 
 # --------------------------------------------------------------------------------------------
