@@ -9,12 +9,13 @@ from transformers import Gemma2Config as HFGemma2Config, Gemma2Model
 
 from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.encoders.encoder_set import OutputRule, get_tokenizer
-from mixgraph.nodes.encoders.llm_sets import GEMMA2_2B, GEMMA2_RULE, LUMINA2, llm_entry, lumina2_prompt
+from mixgraph.nodes.encoders.llm_sets import (GEMMA2_2B, GEMMA2_RULE, LLM_PREFIXES, LUMINA2, entry_tokenizer,
+                                              find_gemma2, find_qwen3, gemma2_arch_config, llm_entry, lumina2_prompt)
 from mixgraph.nodes.models.handles import ClipHandle
 from mixgraph.nodes.encoders.gemma2 import GEMMA_BOS, Gemma2TextModel, gemma2_config, is_gemma2
 from mixgraph.nodes.weights.cast import apply_precision
 from mixgraph.nodes.weights.safetensors_io import WeightSource
-from tests.fixtures.tiny_llm import gemma2_state_dict, write_gemma2
+from tests.fixtures.tiny_llm import gemma2_state_dict, qwen3_state_dict, write_gemma2
 
 PAD = 0
 F32 = parse_spec("f32")
@@ -168,3 +169,18 @@ def test_lumina2_entry_refuses_a_file_that_is_not_gemma2(tmp_path):
         llm_entry("gemma2", WeightSource.from_state_dict(sd), GEMMA2_2B, "gemma", GEMMA2_RULE)
     assert get_tokenizer(llm_entry("gemma2", WeightSource.from_state_dict(gemma2_state_dict()), GEMMA2_2B, "gemma",
                                    GEMMA2_RULE).tokenizer).vocab_size == 120
+
+
+def test_llm_architectures_in_a_registrys_shape():
+    """find(info, prefix) / config(info, found, slot) over a checkpoint's keys as stored, and the
+    entry's tokenizer: the slot's for Qwen3, the file's for Gemma 2."""
+    prefix = LLM_PREFIXES["gemma2"][1]
+    info = {prefix + k: v for k, v in gemma2_state_dict().items()}
+    found = find_gemma2(info, prefix)
+    assert found is not None and (found.arch, found.prefix, found.width) == ("gemma2", prefix, 32)
+    assert find_gemma2(info, "") is None and find_qwen3(info, prefix) is None
+    assert gemma2_arch_config(info, found, GEMMA2_2B).shape.layers == 3
+    assert find_qwen3(qwen3_state_dict(vocab=64), "").width == 32
+    src = WeightSource.from_state_dict(info, prefix=prefix)
+    assert entry_tokenizer("gemma2", src, "gemma").startswith("gemma:")
+    assert entry_tokenizer("qwen3", src, "z_image") == "z_image"

@@ -39,7 +39,8 @@ from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 
 __all__ = ["Z_IMAGE", "LUMINA2", "QWEN3_4B", "GEMMA2_2B", "QWEN3_RULE", "GEMMA2_RULE", "LUMINA2_SYSTEM_PROMPTS",
            "lumina2_prompt", "LlmArch", "LLM_ARCHS", "register_llm_archs", "source_shapes", "llm_entry",
-           "decoder_join"]
+           "decoder_join", "entry_tokenizer", "LLM_PREFIXES", "LlmFound", "find_qwen3", "find_gemma2",
+           "qwen3_arch_config", "gemma2_arch_config"]
 
 Z_IMAGE, LUMINA2 = "z_image", "lumina2"  # set names (ClipHandle.kind)
 QWEN3_4B, GEMMA2_2B = "qwen3_4b", "gemma2_2b"  # encoder names (slots, embedding keys)
@@ -113,6 +114,66 @@ def register_llm_archs(register: Callable[[LlmArch], None]) -> None:
     """Hand "qwen3" and "gemma2" to an architecture registry (``register(arch)``)."""
     for arch in LLM_ARCHS.values():
         register(arch)
+
+
+def entry_tokenizer(arch: str, source: WeightSource, slot_tokenizer: str) -> str:
+    """The tokenizer name an entry of architecture `arch` in `source` reads: the file's own for
+    Gemma 2 (registered on the way), else the slot's (Z-Image: "z_image")."""
+    spec = LLM_ARCHS.get(arch)
+    return slot_tokenizer if spec is None else spec.tokenizer(source, slot_tokenizer)
+
+
+# --------------------------------------------------------------------------------------------
+# the same, in the shape of an architecture registry that finds an encoder under a prefix:
+# ``find(info, prefix) -> LlmFound | None`` and ``config(info, found, slot_name)``, where `info`
+# maps the file's keys as stored to tensors, TensorInfo or shapes
+
+#: where files keep them: standalone (ComfyUI's qwen_3_4b / gemma_2_2b), or in a single-file
+#: checkpoint under ComfyUI's ``text_encoders.<name>.transformer.``
+LLM_PREFIXES = {"qwen3": ("", f"text_encoders.{QWEN3_4B}.transformer."),
+                "gemma2": ("", f"text_encoders.{GEMMA2_2B}.transformer.")}
+
+
+@dataclass(frozen=True)
+class LlmFound:
+    """Where a file keeps a decoder-LLM encoder: architecture, key prefix, layout (keys as
+    stored: "ldm"), hidden width."""
+
+    arch: str
+    prefix: str
+    layout: str
+    width: int
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(getattr(v, "shape", v))
+
+
+def _shapes(info: Mapping[str, Any], prefix: str) -> dict[str, tuple[int, ...]]:
+    return {k[len(prefix):]: _shape(v) for k, v in info.items() if k.startswith(prefix)}
+
+
+def _finder(arch: str) -> Callable[[Mapping[str, Any], str], LlmFound | None]:
+    def find(info: Mapping[str, Any], prefix: str) -> LlmFound | None:
+        embed = info.get(prefix + "model.embed_tokens.weight")
+        if embed is None or not LLM_ARCHS[arch].recognise({k[len(prefix):] for k in info if k.startswith(prefix)}):
+            return None
+        return LlmFound(arch, prefix, "ldm", _shape(embed)[1])
+
+    find.__qualname__ = f"find_{arch}"
+    return find
+
+
+def _arch_config(arch: str) -> Callable[[Mapping[str, Any], Any, str], Any]:
+    def config(info: Mapping[str, Any], found: Any, slot: str) -> Any:
+        return LLM_ARCHS[arch].config(_shapes(info, found.prefix))
+
+    config.__qualname__ = f"{arch}_config"
+    return config
+
+
+find_qwen3, find_gemma2 = _finder("qwen3"), _finder("gemma2")
+qwen3_arch_config, gemma2_arch_config = _arch_config("qwen3"), _arch_config("gemma2")
 
 
 def source_shapes(source: WeightSource) -> dict[str, tuple[int, ...]]:
