@@ -113,11 +113,11 @@ def test_gemma_tokenizer_from_spiece_bytes():
     chunks = tok.tokenize_with_weights("a photo of a (red cat:1.2)<end_of_turn>", pad_token=0, word_ids=True)
     assert len(chunks) == 1
     ids = [t for t, _, _ in chunks[0]]
-    # ComfyUI: <bos>, then each weight segment tokenized on its own
-    assert ids == [2] + sp.encode("a photo of a ") + sp.encode("red cat") + sp.encode("<end_of_turn>")
-    assert sp.piece_to_id("<end_of_turn>") in ids
+    # ComfyUI: <bos>, then each weight segment tokenized on its own; <end_of_turn> is id 107
+    assert ids == [2] + sp.encode("a photo of a ") + sp.encode("red cat") + [107]
     assert [w for _, w, _ in chunks[0]] == [1.0] + [1.0] * len(sp.encode("a photo of a ")) + \
-        [1.2] * len(sp.encode("red cat")) + [1.0] * len(sp.encode("<end_of_turn>"))
+        [1.2] * len(sp.encode("red cat")) + [1.0]
+    assert tok.encode("cat<end_of_turn>sky") == sp.encode("cat") + [107] + sp.encode("sky")
     assert chunks[0][0] == (2, 1.0, 0)
     assert tok.tokenize_with_weights("", pad_token=0) == [[(2, 1.0)]]
 

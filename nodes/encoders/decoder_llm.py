@@ -36,7 +36,7 @@ from mixgraph.nodes.encoders.encoder_set import EncodedText, OutputRule
 from mixgraph.nodes.models.attention import attention
 
 __all__ = ["DecoderShape", "RMSNorm", "rope_cos_sin", "apply_rope", "DecoderAttention", "GatedMLP",
-           "DecoderTextEncoder", "count_layers", "resolve_layer"]
+           "DecoderTextEncoder", "count_layers", "resolve_layer", "shape_from", "padding_mask", "causal_padding_mask"]
 
 
 @dataclass(frozen=True)

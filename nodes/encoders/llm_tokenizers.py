@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -115,7 +116,12 @@ class QwenTokenizer:
 
 class GemmaTokenizer:
     """A SentencePiece model given as its serialized bytes (the ``spiece_model`` tensor);
-    prompts start with its ``<bos>``."""
+    prompts start with its ``<bos>``. ``<end_of_turn>`` is id 107 wherever it appears (ComfyUI's
+    ``special_tokens`` for Gemma 2: the text is split around it and the other parts encoded on
+    their own). ComfyUI then also drops the first id of such a piece (its ``tokens_start=1``
+    meant for the ``<bos>`` that path no longer adds); we keep it."""
+
+    special_tokens = {"<end_of_turn>": 107}
 
     def __init__(self, model_bytes: bytes) -> None:
         self._sp = sentencepiece.SentencePieceProcessor(model_proto=model_bytes)
@@ -123,10 +129,17 @@ class GemmaTokenizer:
         if self.start_token < 0:
             raise ValueError("the Gemma SentencePiece model has no <bos> token")
         self.vocab_size = self._sp.get_piece_size()
+        self._special = re.compile("(" + "|".join(re.escape(t) for t in self.special_tokens) + ")")
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` without ``<bos>`` (ComfyUI's ``tokens_start=1`` drops it per piece)."""
-        return self._sp.encode(text)
+        ids: list[int] = []
+        for part in self._special.split(text):
+            if part in self.special_tokens:
+                ids.append(self.special_tokens[part])
+            elif part:
+                ids += self._sp.encode(part)
+        return ids
 
     def tokenize_with_weights(self, text: str, *, pad_token: int = 0,
                               embedding_lookup: EmbeddingLookup | None = None, embedding_key: str = "gemma2_2b",
