@@ -40,6 +40,7 @@ __all__ = [
     "TokenWeights",
     "EmbeddingLookup",
     "parse_weights",
+    "weighted_groups",
     "load_clip_vocab",
 ]
 
@@ -150,24 +151,45 @@ class CLIPTokenizer:
         one piece between ``embedding:`` markers within one weight segment (ids from 1, counted
         over the whole prompt; an embedding is a word of its own); start/end/pad tokens have id 0.
         """
-        warn = warn or logger.warning
-        groups: list[TokenWeights] = []
-        for segment, weight in parse_weights(text):
-            for word in _split_embeddings(segment):
-                if word.startswith(_EMBEDDING_PREFIX) and embedding_lookup is not None:
-                    name = word[len(_EMBEDDING_PREFIX) :].strip("\n")
-                    embed, leftover = _find_embedding(name, embedding_lookup, embedding_key)
-                    if embed is None:
-                        warn(f"embedding:{name} does not exist, ignoring")
-                    else:
-                        vectors = embed.reshape(-1, embed.shape[-1])  # [n, D]
-                        groups.append([(vectors[i], weight) for i in range(vectors.shape[0])])
-                    if leftover == "":
-                        continue
-                    word = leftover
-                groups.append([(t, weight) for t in self.encode(word)])
+        groups = weighted_groups(text, self.encode, embedding_lookup=embedding_lookup,
+                                 embedding_key=embedding_key, warn=warn or logger.warning)
         chunks = _chunk(groups, pad_token=pad_token, max_length=max_length)
         return chunks if word_ids else [[(t, w) for t, w, _ in c] for c in chunks]
+
+
+def weighted_groups(
+    text: str,
+    encode: Callable[[str], list[int]],
+    *,
+    embedding_lookup: EmbeddingLookup | None = None,
+    embedding_key: str = "clip_l",
+    warn: Callable[[str], None] | None = None,
+    weights: bool = True,
+) -> list[TokenWeights]:
+    """ComfyUI's word loop of ``SDTokenizer.tokenize_with_weights``, for any tokenizer: the
+    prompt's groups of (token or embedding vector, weight), one group per piece between
+    ``embedding:`` markers of one weight segment (the unit ComfyUI counts word ids by and keeps
+    whole in a chunk). `encode(piece)` gives a piece's ids without start/end tokens.
+    ``weights=False`` is ComfyUI's ``disable_weights``: the whole prompt is one segment of
+    weight 1.0 (parentheses stay text; ``\\(`` still unescapes to ``(``)."""
+    warn = warn or logger.warning
+    segments = parse_weights(text) if weights else [(text.replace("\\)", ")").replace("\\(", "("), 1.0)]
+    groups: list[TokenWeights] = []
+    for segment, weight in segments:
+        for word in _split_embeddings(segment):
+            if word.startswith(_EMBEDDING_PREFIX) and embedding_lookup is not None:
+                name = word[len(_EMBEDDING_PREFIX) :].strip("\n")
+                embed, leftover = _find_embedding(name, embedding_lookup, embedding_key)
+                if embed is None:
+                    warn(f"embedding:{name} does not exist, ignoring")
+                else:
+                    vectors = embed.reshape(-1, embed.shape[-1])  # [n, D]
+                    groups.append([(vectors[i], weight) for i in range(vectors.shape[0])])
+                if leftover == "":
+                    continue
+                word = leftover
+            groups.append([(t, weight) for t in encode(word)])
+    return groups
 
 
 def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int) -> list[list[tuple]]:

@@ -40,6 +40,7 @@ from mixgraph.nodes.weights.layouts import reader_for_source
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
 from mixgraph.nodes.encoders.encoder_set import EncoderEntry, get_join
+from mixgraph.nodes.encoders import llm_sets  # noqa: F401  registers the z_image / lumina2 joins, LLM tokenizers
 from mixgraph.nodes.encoders.text_encode import TextEncoder, check_set, encode_prompt, encode_tokens, tokenize
 from mixgraph.nodes.families.sd.unet import UNetConfig
 from mixgraph.nodes.vae.vae import (AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image,
