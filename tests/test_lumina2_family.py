@@ -93,6 +93,20 @@ def test_lumina2_is_detected_with_comfyui_settings(models):
     assert LUMINA2.clip_types == {"lumina2": "lumina2"}
 
 
+def test_lumina2_loads_a_diffusers_layout_file(tmp_path):
+    """diffusers' ``transformer/diffusion_pytorch_model.safetensors`` through UNETLoader (separate
+    q / k / v, RMSNormZero, LayerNormContinuous names): converted on read."""
+    ref = reference_lumina2(seed=2)
+    path = tmp_path / "diffusion_pytorch_model.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
+    model = loader.load_unet(path)
+    assert model.family == "lumina2" and model.config.dim == LUMINA2_TINY.dim
+    x, context, sigma = _rand(1, 16, 4, 6, seed=7), _rand(1, 5, CAP_WIDTH, seed=8), torch.tensor([0.4])
+    with torch.no_grad():
+        expected = -ref(x, 1 - sigma, context, torch.ones(1, 5, dtype=torch.long), return_dict=False)[0]
+        _close(model.runner(F32).model(x, sigma, context), expected)
+
+
 def test_lumina2_files_are_no_longer_refused():
     info = {"model.diffusion_model." + k: tuple(v.shape) for k, v in nextdit_state_dict(LUMINA2_TINY).items()}
     assert refused.detect_family(info) is None

@@ -26,11 +26,13 @@ from torch import nn
 
 from mixgraph.nodes.encoders.encoder_set import OutputRule
 from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.lumina import diffusers_keys
 from mixgraph.nodes.families.lumina.detect import is_nextdit, is_z_image, nextdit_config
 from mixgraph.nodes.families.lumina.nextdit import NextDiT, NextDiTConfig
 from mixgraph.nodes.families.lumina.runner import NextDiTRunner
 from mixgraph.nodes.vae.flow_latent_formats import FLUX_LATENT, shifted_format
 from mixgraph.nodes.vae.latent_format import LatentFormat
+from mixgraph.nodes.weights.layouts import KeyLayout, register_layout
 
 __all__ = ["NextDiTFamily", "LUMINA2", "Z_IMAGE", "TRACE_TOKENS"]
 
@@ -54,6 +56,8 @@ class NextDiTFamily:
         self.clip_types = {"lumina2": name}  # ComfyUI's CLIPLoader type -> the variant it fills
 
     def detect(self, info: Mapping[str, Any], read=None, source=None) -> Detection | None:
+        if diffusers_keys.diffusers_layout(info):  # a diffusers file the loader has not converted (refused.py)
+            info = diffusers_keys.to_comfy_shapes(info)
         if not is_nextdit(info) or is_z_image(info) != self.z_image:
             return None
         cfg = nextdit_config(info)
@@ -82,6 +86,10 @@ class NextDiTFamily:
         return (torch.empty(batch, config.in_channels, h, w), torch.empty(batch),
                 torch.empty(batch, TRACE_TOKENS, config.cap_feat_dim)), {}
 
+
+# diffusers' transformer files of both (UNETLoader on transformer/diffusion_pytorch_model.safetensors)
+DIFFUSERS_LAYOUT = register_layout(KeyLayout("diffusers_nextdit", diffusers_keys.diffusers_layout,
+                                             diffusers_keys.to_comfy, diffusers_keys.to_comfy_shapes))
 
 LUMINA2 = NextDiTFamily(
     "lumina2", "Lumina Image 2.0", z_image=False, shift=6.0,
