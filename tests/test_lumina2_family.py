@@ -184,3 +184,21 @@ def test_clip_text_encode_lumina2_spec_and_prompt(models):
     executor = Executor(api.default_registry(), Env.from_args(models=models), cache=OutputCache(max_bytes=1 << 30))
     res = api.run(prompt, executor=executor, models=models, output=models / "out")
     assert torch.equal(res.outputs["3"][0][0].cross_attn, res.outputs["7"][0][0].cross_attn)
+
+
+def test_lumina2_checkpoint_with_its_gemma_encoder_is_refused_by_name(tmp_path):
+    """ComfyUI's all-in-one lumina_2.safetensors keeps Gemma 2 2B under
+    ``text_encoders.gemma2_2b.transformer.``: named, until the Gemma encoder is registered."""
+    sd = {"model.diffusion_model." + k: v for k, v in nextdit_state_dict(LUMINA2_TINY).items()}
+    sd["text_encoders.gemma2_2b.transformer.model.embed_tokens.weight"] = torch.zeros(10, 8)
+    save_file(sd, str(tmp_path / "lumina_2.safetensors"))
+    with pytest.raises(NotImplementedError, match=r"gemma2 text encoder \(gemma2_2b\): not supported yet"):
+        loader.load_checkpoint(tmp_path / "lumina_2.safetensors")
+
+
+def test_lumina2_memory_estimate_uses_the_family(models):
+    from mixgraph.ui.estimate import estimate
+
+    wf = api.load(_prompt("euler"), api.default_registry())
+    est = estimate(wf, api.default_registry(), Env.from_args(models=str(models)), "f32")
+    assert est["nodes"]["6"]["activation_bytes"] > 0 and est["nodes"]["6"]["weights_bytes"] > 0

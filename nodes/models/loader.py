@@ -228,6 +228,8 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
     sources, configs = {}, {}
     for slot in slots:
         if slot.prefix and any(k.startswith(slot.prefix) for k in info):
+            if slot.arch != "clip":  # LLM / T5 encoders: the encoder-architecture registry (issue 22)
+                raise NotImplementedError(f"{p.name}: its {slot.arch} text encoder ({slot.name}): not supported yet")
             sources[slot.name] = WeightSource.from_file(p, slot.prefix, slot.layout)
             configs[slot.name] = _clip_config(info, sources[slot.name], slot.name)
     clip = None
