@@ -146,6 +146,8 @@ def test_z_image_turbo_workflow_samples(models, sampler):
     assert turbo.shape == (2, 16, 6, 10) and torch.isfinite(turbo).all() and turbo.abs().max() > 0
     assert torch.isfinite(guided).all() and not torch.allclose(turbo, guided)
     assert not torch.equal(turbo[0], turbo[1])  # two noise draws
+    half = api.run(_prompt(sampler), executor=executor, models=models, output=models / "out", precision="fp16")
+    assert torch.isfinite(half.outputs["6"][0].samples).all()
 
 
 def test_z_image_denoiser_uses_the_flow_prediction(models):

@@ -101,6 +101,14 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.flatten(-2).to(x.dtype)
 
 
+def clamp_fp16(x: Tensor) -> Tensor:
+    """fp16 overflow (inf / nan) pulled back into range, where ComfyUI's NextDiT does it: after
+    each attention and feed-forward branch (Z-Image runs in fp16 only so)."""
+    if x.dtype == torch.float16:
+        return torch.nan_to_num(x, nan=0.0, posinf=65504.0, neginf=-65504.0)
+    return x
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) · weight, statistics in float32 (the weight is used in the input's dtype)."""
 
@@ -115,7 +123,9 @@ class RMSNorm(nn.Module):
 
 
 class JointAttention(nn.Module):
-    """Self-attention with grouped key/value heads, RMS-normed queries and keys, and RoPE."""
+    """Self-attention with grouped key/value heads, RMS-normed queries and keys, and RoPE. The
+    q / k norms use ``norm_eps`` (1e-5) as the reference implementations and diffusers do;
+    ComfyUI's use the dtype's epsilon, a difference of about 1e-5 relative."""
 
     upcast_attention = False  # apply_precision sets it for fp16 policies that ask
 
@@ -150,7 +160,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(dim, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(clamp_fp16(F.silu(self.w1(x)) * self.w3(x)))
 
 
 class JointTransformerBlock(nn.Module):
@@ -172,12 +182,12 @@ class JointTransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, t_emb: Tensor | None = None) -> Tensor:
         if not self.modulated:
-            x = x + self.attention_norm2(self.attention(self.attention_norm1(x), cos, sin))
+            x = x + self.attention_norm2(clamp_fp16(self.attention(self.attention_norm1(x), cos, sin)))
             return x + self.ffn_norm2(self.feed_forward(self.ffn_norm1(x)))
         scale_msa, gate_msa, scale_mlp, gate_mlp = self.adaLN_modulation(t_emb)[:, None].chunk(4, dim=-1)  # [B, 1, D]
-        h = self.attention(self.attention_norm1(x) * (1 + scale_msa), cos, sin)
+        h = clamp_fp16(self.attention(self.attention_norm1(x) * (1 + scale_msa), cos, sin))
         x = x + gate_msa.tanh() * self.attention_norm2(h)
-        h = self.feed_forward(self.ffn_norm1(x) * (1 + scale_mlp))
+        h = clamp_fp16(self.feed_forward(self.ffn_norm1(x) * (1 + scale_mlp)))
         return x + gate_mlp.tanh() * self.ffn_norm2(h)
 
 
