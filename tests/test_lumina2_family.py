@@ -50,7 +50,8 @@ def models(tmp_path_factory):
     (root / "text_encoders").mkdir()
     sd = nextdit_state_dict(LUMINA2_TINY, seed=3)
     save_file({k: v.to(torch.bfloat16) for k, v in sd.items()}, str(root / "diffusion_models" / MODEL_FILE))
-    save_file({"model.diffusion_model." + k: v for k, v in sd.items()}, str(root / "checkpoints" / "lumina_2.safetensors"))
+    save_file({"model.diffusion_model." + k: v for k, v in sd.items()},
+              str(root / "checkpoints" / "lumina_2.safetensors"))
     save_file(tiny_clip_l_state_dict(4, width=CAP_WIDTH), str(root / "text_encoders" / "clip_l.safetensors"))
     return root
 

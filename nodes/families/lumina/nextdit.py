@@ -178,7 +178,8 @@ class JointTransformerBlock(nn.Module):
         self.modulated = modulated
         if modulated:  # Z-Image feeds the embedding straight in, Lumina 2 through a SiLU
             linear = nn.Linear(cfg.t_width, 4 * cfg.dim)
-            self.adaLN_modulation = nn.Sequential(linear) if cfg.z_image_modulation else nn.Sequential(nn.SiLU(), linear)
+            layers = (linear,) if cfg.z_image_modulation else (nn.SiLU(), linear)
+            self.adaLN_modulation = nn.Sequential(*layers)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, t_emb: Tensor | None = None) -> Tensor:
         if not self.modulated:
@@ -253,6 +254,8 @@ class NextDiT(nn.Module):
         if attention_mask is None or cap is None or bool(attention_mask.bool().all()):
             return -self._run(x, t_emb, cap)
         keep = attention_mask.bool()
+        if bool((keep == keep[:1]).all()) and keep[0].any():  # one caption (a batch of images): one call
+            return -self._run(x, t_emb, cap[:, keep[0]])
         outs = []
         for i in range(x.shape[0]):  # padded captions differ in length: one sample at a time
             tokens = cap[i:i + 1, keep[i]] if keep[i].any() else cap[i:i + 1, :1]  # [1, L_i, D]
