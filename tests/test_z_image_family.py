@@ -90,6 +90,9 @@ def test_z_image_is_detected_apart_from_lumina2(models):
     assert LUMINA2.detect(l_info) is not None and Z_IMAGE.detect(l_info) is None
     assert refused.detect_family({"model.diffusion_model." + k: tuple(v.shape) for k, v in z_info.items()}) is None
     assert families.detect(z_info).family == "z_image"
+    omni = {"model.diffusion_model." + k: tuple(v.shape) for k, v in z_info.items()}
+    omni["model.diffusion_model.siglip_embedder.1.weight"] = (64, 32)
+    assert refused.detect_family(omni) == "Z-Image Omni"  # a NextDiT option neither family runs
     slot, = Z_IMAGE.text_encoders("z_image")
     assert (slot.name, slot.arch, slot.tokenizer, slot.encoding) == ("qwen3_4b", "qwen3", "qwen2.5", "z_image")
     assert Z_IMAGE.clip_types == {"lumina2": "z_image"} and LUMINA2.clip_types == {"lumina2": "lumina2"}

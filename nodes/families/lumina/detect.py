@@ -31,8 +31,14 @@ def _count(info: Mapping[str, Any], prefix: str) -> int:
     return len({k[len(prefix):].split(".")[0] for k in info if k.startswith(prefix)})
 
 
+# NextDiT options neither family runs: Z-Image Omni's SigLIP image tokens, NewBie's pooled CLIP text
+OTHER_VARIANTS = ("siglip_embedder.", "clip_text_pooled_proj.")
+
+
 def is_nextdit(info: Mapping[str, Any]) -> bool:
-    return all(k in info for k in SIGNATURE)
+    """A Lumina 2 / Z-Image diffusion model (not one of the ``OTHER_VARIANTS``, which
+    ``refused.py`` names)."""
+    return all(k in info for k in SIGNATURE) and not any(k.startswith(OTHER_VARIANTS) for k in info)
 
 
 def is_z_image(info: Mapping[str, Any]) -> bool:
