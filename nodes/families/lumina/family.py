@@ -13,7 +13,9 @@ Both sample in the Flux autoencoder's 16-channel latent (``FLUX_LATENT``) and ta
 "Lumina 2" row of ``refused.py`` (Z-Image's files match its ``cap_embedder.1.weight`` too).
 ComfyUI's CLIPLoader type "lumina2" loads either text encoder; both families declare it
 (``clip_types``), each with its own variant, and the loader tells them apart by the encoder
-architecture the file holds (``TextEncoderSlot.arch``: "gemma2" or "qwen3").
+architecture the file holds (``TextEncoderSlot.arch``: "gemma2" or "qwen3"). Both read their
+diffusion model in ComfyUI's keys (bare, or under ``model.diffusion_model.``) or in diffusers'
+(``diffusers_keys.py``, registered as the "diffusers_nextdit" key layout).
 """
 
 from __future__ import annotations
