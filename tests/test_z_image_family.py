@@ -94,7 +94,7 @@ def test_z_image_is_detected_apart_from_lumina2(models):
     omni["model.diffusion_model.siglip_embedder.1.weight"] = (64, 32)
     assert refused.detect_family(omni) == "Z-Image Omni"  # a NextDiT option neither family runs
     slot, = Z_IMAGE.text_encoders("z_image")
-    assert (slot.name, slot.arch, slot.tokenizer, slot.encoding) == ("qwen3_4b", "qwen3", "qwen2.5", "z_image")
+    assert (slot.name, slot.arch, slot.tokenizer, slot.encoding) == ("qwen3_4b", "qwen3", "z_image", "z_image")
     assert Z_IMAGE.clip_types == {"lumina2": "z_image"} and LUMINA2.clip_types == {"lumina2": "lumina2"}
 
 

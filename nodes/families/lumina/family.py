@@ -11,7 +11,9 @@ family         sampling (flow)         text encoder       detection
 
 Both sample in the Flux autoencoder's 16-channel latent (``FLUX_LATENT``) and take over the
 "Lumina 2" row of ``refused.py`` (Z-Image's files match its ``cap_embedder.1.weight`` too).
-ComfyUI's CLIPLoader type "lumina2" loads either text encoder; both families declare it
+Z-Image's encoder reads the "z_image" tokenizer (the Qwen2.5 BPE in ComfyUI's ZImageTokenizer chat
+template), Lumina 2's the Gemma SentencePiece model its file carries. ComfyUI's CLIPLoader type
+"lumina2" loads either text encoder; both families declare it
 (``clip_types``), each with its own variant, and the loader tells them apart by the encoder
 architecture the file holds (``TextEncoderSlot.arch``: "gemma2" or "qwen3"). Both read their
 diffusion model in ComfyUI's keys (bare, or under ``model.diffusion_model.``) or in diffusers'
@@ -100,6 +102,6 @@ LUMINA2 = NextDiTFamily(
                             arch="gemma2"))
 Z_IMAGE = NextDiTFamily(
     "z_image", "Z-Image", z_image=True, shift=3.0,
-    encoder=TextEncoderSlot("qwen3_4b", "qwen2.5", "text", prefix=TEXT_PREFIX + "qwen3_4b.transformer.",
+    encoder=TextEncoderSlot("qwen3_4b", "z_image", "text", prefix=TEXT_PREFIX + "qwen3_4b.transformer.",
                             layout="ldm", folder="text_encoder", encoding="z_image", rule=QWEN3_RULE,
                             arch="qwen3"))
