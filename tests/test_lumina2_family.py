@@ -124,6 +124,8 @@ def test_lumina2_runner_reads_the_caption_mask_and_keeps_lengths_apart(models):
     inputs = runner.cond_inputs(Cond(text, model_inputs={"attention_mask": mask}), (1, 16, 8, 8))
     assert torch.equal(inputs["attention_mask"], mask)
     assert torch.equal(runner.cond_inputs(Cond(text), (1, 16, 8, 8))["attention_mask"], torch.ones(1, 9))
+    concat = runner.cond_inputs(Cond(text, model_inputs={"attention_mask": mask[:, :4]}), (1, 16, 8, 8))
+    assert concat["attention_mask"].tolist() == [[1.0] * 9]  # ConditioningConcat's tokens past the mask are real
     x = _rand(1, 16, 8, 8, seed=5)
     sigma = torch.tensor([0.6])
 

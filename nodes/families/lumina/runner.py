@@ -30,10 +30,11 @@ def caption_mask(cond) -> Tensor | None:
     if mask is None:
         return torch.ones(1, tokens)
     mask = torch.as_tensor(mask).float()
-    mask = mask.reshape(-1, mask.shape[-1])[:1]  # [1, T]
-    if mask.shape[-1] != tokens:
+    mask = mask.reshape(-1, mask.shape[-1])[:1]  # [1, T']
+    if mask.shape[-1] > tokens:
         raise ValueError(f"the cond's attention_mask covers {mask.shape[-1]} tokens; its text has {tokens}")
-    return mask
+    # ConditioningConcat appends another cond's tokens and keeps the first one's mask: those are real
+    return torch.cat([mask, torch.ones(1, tokens - mask.shape[-1])], dim=1)  # [1, T]
 
 
 class NextDiTRunner:
