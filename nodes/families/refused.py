@@ -44,6 +44,9 @@ _DIFFUSION = (
     ("Cosmos", ("blocks.block0.blocks.0.block.attn.to_q.0.weight",)),
     ("Cosmos", ("x_embedder.proj.1.weight",)),
     ("Wan", ("head.modulation", "patch_embedding.weight")),
+    # NextDiT variants beyond Lumina 2 / Z-Image (ComfyUI's NextDiT options siglip_feat_dim, clip_text_dim)
+    ("Z-Image Omni", ("cap_embedder.1.weight", "siglip_embedder.1.weight")),
+    ("NextDiT with pooled CLIP text (NewBie)", ("cap_embedder.1.weight", "clip_text_pooled_proj.1.weight")),
     ("Lumina 2", ("cap_embedder.1.weight",)),
     ("HiDream", ("caption_projection.0.linear.weight",)),
     ("ACE-Step (audio)", ("genre_embedder.weight",)),

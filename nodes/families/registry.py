@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mixgraph.nodes.families.base import Detection, Family
+from mixgraph.nodes.families.lumina.family import LUMINA2, Z_IMAGE
 from mixgraph.nodes.families.sd.family import SD
 
 __all__ = ["FAMILIES", "register", "unregister", "get", "detect"]
@@ -50,3 +51,5 @@ def detect(info: Mapping[str, Any], read: Any = None, source: Any = None) -> Det
 
 # -- the registry: one line per family, the more specific signature first
 register(SD)
+register(LUMINA2)
+register(Z_IMAGE)

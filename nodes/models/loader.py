@@ -49,7 +49,7 @@ from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.families.refused import UnsupportedFamilyError, detect_family, family_of_file, refusal
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle
 from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
-from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename,
+from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, layout_of,
                                             reader_for_source)
 from mixgraph.nodes.weights.merge import MergePatch
 from mixgraph.nodes.weights.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
@@ -228,6 +228,8 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
     sources, configs = {}, {}
     for slot in slots:
         if slot.prefix and any(k.startswith(slot.prefix) for k in info):
+            if slot.arch != "clip":  # LLM / T5 encoders: the encoder-architecture registry (issue 22)
+                raise NotImplementedError(f"{p.name}: its {slot.arch} text encoder ({slot.name}): not supported yet")
             sources[slot.name] = WeightSource.from_file(p, slot.prefix, slot.layout)
             configs[slot.name] = _clip_config(info, sources[slot.name], slot.name)
     clip = None
@@ -357,6 +359,7 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
         p = _find_weights(p / "unet", "diffusion_pytorch_model")
     info = inspect_file(p)
     _refuse_family(p.name, info)
+    layout = None
     if sum(k.startswith(UNET_PREFIX) for k in info) > 5:
         source, sub = WeightSource.from_file(p, UNET_PREFIX), _sub(UNET_PREFIX, info)
     elif "conv_in.weight" in info and any(k.startswith("down_blocks.0.resnets.0.") for k in info):
@@ -365,12 +368,16 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
                                       f"diffusers format): not supported yet; use the LDM-layout file")
         source = WeightSource.from_file(p, "", "diffusers_unet")
         sub = _renamed_info(info, diffusers_unet_rename(info))
+    elif (layout := layout_of(info)) is not None:  # a family's other layout (diffusers' NextDiT, ...)
+        source, sub = WeightSource.from_file(p, "", layout.name), layout.convert_shapes(info)
     else:
         source, sub = WeightSource.from_file(p), dict(info)
     view = {**sub, **_markers(info)}
-    rename = None if source.layout == "ldm" else diffusers_unet_rename(info)
+    rename = diffusers_unet_rename(info) if source.layout == "diffusers_unet" else None
 
     def read(key: str) -> torch.Tensor:
+        if layout is not None:  # converted as a whole (fused weights): read it all
+            return layout.convert(read_tensors(p, list(info)))[key]
         if rename is None:
             return read_tensors(p, [source.prefix + key])[source.prefix + key]
         stored = next(k for k in info if rename(k) == key)

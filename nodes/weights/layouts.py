@@ -5,9 +5,18 @@ A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``cont
 ``zero123_cc``); ``reader_for_source`` turns that into the renaming the
 loader applies to headers (to derive configs), the handles apply to shapes, and the weight store
 applies when it reads tensors. Its own module, so those three need not import one another for it.
+
+A model family whose files also come in another layout (diffusers' transformers, whose fused
+attention weights are stored apart) registers it here (``register_layout``, a ``KeyLayout``):
+the loader asks ``layout_of`` for a bare diffusion-model file's layout, and the store converts
+the whole state dict on read.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from mixgraph.nodes.encoders.clip import open_clip_to_hf
 from mixgraph.nodes.encoders.clip_vision import hf_vision_rename, open_clip_vision_to_hf
@@ -16,7 +25,37 @@ from mixgraph.nodes.adapters.controlnet import convert_controlnet_state_dict
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 
-__all__ = ["hf_clip_rename", "reader_for_source", "convert_diff_controlnet", "DIFF_MARKERS"]
+__all__ = ["hf_clip_rename", "reader_for_source", "convert_diff_controlnet", "DIFF_MARKERS", "KeyLayout",
+           "register_layout", "layout_of"]
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """A family's other stored layout of its diffusion model: ``name`` (the ``WeightSource``
+    layout), ``recognise(keys)`` (is a bare file's key set in it), ``convert(state_dict)`` (the
+    tensors in the model's own keys) and ``convert_shapes(header)`` (key -> shape, the same
+    conversion on a header, for detection)."""
+
+    name: str
+    recognise: Callable[[Iterable[str]], bool]
+    convert: Callable[[Mapping[str, Any]], dict[str, Any]]
+    convert_shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]]
+
+
+_LAYOUTS: dict[str, KeyLayout] = {}
+
+
+def register_layout(layout: KeyLayout) -> KeyLayout:
+    if layout.name in _LAYOUTS and _LAYOUTS[layout.name] is not layout:
+        raise ValueError(f"key layout {layout.name!r} is registered already")
+    _LAYOUTS[layout.name] = layout
+    return layout
+
+
+def layout_of(keys: Iterable[str]) -> KeyLayout | None:
+    """The registered family layout a bare file's keys are in, or None."""
+    keys = set(keys)
+    return next((layout for layout in _LAYOUTS.values() if layout.recognise(keys)), None)
 
 
 def hf_clip_rename(key: str) -> str | None:
@@ -54,6 +93,8 @@ def reader_for_source(source: WeightSource):
         return _zero123_cc_rename, None
     if layout == "controlnet_diff":
         return None, convert_diff_controlnet
+    if layout in _LAYOUTS:
+        return None, _LAYOUTS[layout].convert
     keys = _source_keys(source)
     if layout == "diffusers_unet":
         return diffusers_unet_rename(keys), None
