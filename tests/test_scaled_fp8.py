@@ -302,3 +302,36 @@ def test_plain_fp8_unet_file_loads(tmp_path, dtype):
     assert torch.equal(out, want)
     pinned, module = _unet_out(loader.load_unet(path, weight_dtype="fp8_e4m3fn"), Policy(E4M3, BF16))
     assert torch.isfinite(pinned).all()
+
+
+def test_lora_on_a_kept_fp8_model_merges_in_dequantised_units(unet_files, tmp_path):
+    """A LoRA merged into a kept fp8 weight: dequantise, add, re-quantise with the same scale; the
+    effective weight is the plain model's merged weight to fp8 precision, saturating where the merge
+    leaves the scale's range (ComfyUI's convert_weight / set_weight, round-to-nearest here)."""
+    from mixgraph.nodes.adapters.lora import load_lora_patches
+    from tests.fixtures.tiny_lora import lora_file, unet_file_names
+
+    keys = ["input_blocks.1.1.transformer_blocks.0.attn1.to_q.weight",
+            "middle_block.1.transformer_blocks.0.attn1.to_out.0.weight"]
+    plain = loader.load_unet(unet_files / "dequantised.safetensors")
+    shapes = plain.weight_shapes()
+    names = unet_file_names(dict.fromkeys(shapes), keys, "kohya_ldm")
+    path = tmp_path / "lora.safetensors"
+    save_file(lora_file({names[k]: shapes[k] for k in keys}, "lora", seed=7), str(path))
+    scaled = loader.load_unet(unet_files / "scaled.safetensors", weight_dtype="fp8_e4m3fn")
+    (plain_l, _), (scaled_l, _) = (load_lora_patches(path, h, None, 0.8, 0.0) for h in (plain, scaled))
+    store = WeightStore()
+    want = store.materialize("unet", plain_l.source, plain_l.config, F32, plain_l.patches, UNetModel)
+    got = store.materialize("unet", scaled_l.source, scaled_l.config, E4M3, scaled_l.patches, UNetModel)
+    base = store.materialize("unet", scaled.source, scaled.config, E4M3, (), UNetModel)
+    for k in keys:
+        layer = k[: -len(".weight")]
+        lin, lin0 = got.get_submodule(layer), base.get_submodule(layer)
+        assert lin.weight.dtype == E4M3 and torch.equal(lin.weight_scale, lin0.weight_scale)
+        eff = lin.weight.float() * lin.weight_scale
+        w = want.state_dict()[k]
+        assert not torch.equal(lin.weight, lin0.weight)  # the LoRA changed it
+        top = torch.finfo(E4M3).max * lin.weight_scale  # the scale's range: beyond it saturates
+        inside = w.abs() <= top
+        assert ((eff - w).abs() <= 0.07 * w.abs() + 1e-3 * top)[inside].all()  # e4m3 rounding
+        assert torch.equal(eff[~inside], torch.sign(w[~inside]) * top)
