@@ -335,3 +335,48 @@ def test_lora_on_a_kept_fp8_model_merges_in_dequantised_units(unet_files, tmp_pa
         inside = w.abs() <= top
         assert ((eff - w).abs() <= 0.07 * w.abs() + 1e-3 * top)[inside].all()  # e4m3 rounding
         assert torch.equal(eff[~inside], torch.sign(w[~inside]) * top)
+
+
+def test_scaled_diffusers_layout_unet(tmp_path):
+    """The scale keys follow their weight through a key layout's renaming (diffusers -> LDM)."""
+    from safetensors.torch import load_file
+
+    C.write_unet(tmp_path / "diffusers.safetensors", "sd15", layout="diffusers", seed=3)
+    diff = load_file(str(tmp_path / "diffusers.safetensors"))
+    q, ref = _scaled(diff, _linear_layers(diff))
+    save_file(q, str(tmp_path / "scaled.safetensors"))
+    save_file(ref, str(tmp_path / "dequantised.safetensors"))
+    got = loader.load_unet(tmp_path / "scaled.safetensors")
+    want = loader.load_unet(tmp_path / "dequantised.safetensors")
+    assert got.source.layout == "diffusers_unet" and got.config == want.config
+    a, ma = _unet_out(got, Policy())
+    b, mb = _unet_out(want, Policy())
+    sa, sb = ma.state_dict(), mb.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sb)
+    # same weights; the f32 sums may differ in the last bits (freshly allocated dequantised
+    # tensors vs memory-mapped file views: BLAS blocking follows alignment)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    _, kept = _unet_out(loader.load_unet(tmp_path / "scaled.safetensors", weight_dtype="fp8_e4m3fn"), Policy(E4M3, F32))
+    n = sum(m.weight.dtype == E4M3 and "weight_scale" in m._buffers for m in kept.modules() if hasattr(m, "weight"))
+    assert n == len([k for k in _linear_layers(diff)]) - 2  # all but time_embed's two (keep_f32)
+
+
+@pytest.mark.parametrize("storage", [F32, E4M3])
+def test_scaled_text_encoder_file(tmp_path, storage):
+    """A text encoder file in the scaled fp8 layout (as ComfyUI's t5xxl_fp8_e4m3fn_scaled): the
+    same weight layer, through CLIPLoader's source and the CLIP handle."""
+    sd = C.write_clip_l(tmp_path / "plain.safetensors", seed=2)
+    layers = [k[: -len(".weight")] for k, v in sd.items() if k.endswith(".weight") and v.ndim == 2
+              and "embedding" not in k]
+    q, ref = _scaled(sd, layers)
+    save_file(q, str(tmp_path / "scaled.safetensors"))
+    save_file({k: v.contiguous() for k, v in ref.items()}, str(tmp_path / "dequantised.safetensors"))
+    got = loader.load_clip([tmp_path / "scaled.safetensors"])
+    want = loader.load_clip([tmp_path / "dequantised.safetensors"])
+    assert got.encoder("clip_l").config == want.encoder("clip_l").config
+    (a,) = got.encode("a red cube", Policy(storage, F32))
+    (b,) = want.encode("a red cube", Policy(F32 if storage == E4M3 else storage, F32))
+    if storage == F32:
+        torch.testing.assert_close(a.cross_attn, b.cross_attn, rtol=1e-5, atol=1e-5)
+    else:  # the quantised Linears exact, the rest (embeddings, norms) through fp8 storage
+        assert (a.cross_attn - b.cross_attn).norm() <= 0.1 * b.cross_attn.norm()
