@@ -400,17 +400,20 @@ def read_source(
         raise WeightFileError(f"{path}: cannot read safetensors data: {e}") from e
 
 
-@functools.lru_cache(maxsize=64)
 def quantization(source: WeightSource) -> QuantScheme | None:
     """The ComfyUI quantisation (scaled fp8, mixed precision) of ``source``'s part of its file,
     from key names and header metadata only; None for an ordinary source."""
-    if source.path is None:
+    if source.path is None:  # not cached: a cache entry would keep an in-memory state dict alive
         assert source.tensors is not None, "in-memory WeightSource without tensors"
-        names, meta = list(source.tensors), {}
-    else:
-        names, meta = list(inspect_file(source.path)), file_metadata(source.path)
-    p = source.prefix
-    return quant_scheme((k[len(p):] for k in names if k.startswith(p)), meta, p)
+        return quant_scheme((k[len(source.prefix):] for k in source.tensors if k.startswith(source.prefix)),
+                            {}, source.prefix)
+    return _file_quantization(source.path, source.size, source.mtime_ns, source.prefix)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_quantization(path: str, size: int, mtime_ns: int, prefix: str) -> QuantScheme | None:
+    names = [k[len(prefix):] for k in inspect_file(path) if k.startswith(prefix)]
+    return quant_scheme(names, file_metadata(path), prefix)
 
 
 def source_dtypes(source: WeightSource) -> set[torch.dtype]:
