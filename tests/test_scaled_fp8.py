@@ -5,6 +5,7 @@ reference, fp8 storage keeps the file's fp8 + scale, UNETLoader's weight_dtype o
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 
 import pytest
@@ -380,3 +381,32 @@ def test_scaled_text_encoder_file(tmp_path, storage):
         torch.testing.assert_close(a.cross_attn, b.cross_attn, rtol=1e-5, atol=1e-5)
     else:  # the quantised Linears exact, the rest (embeddings, norms) through fp8 storage
         assert (a.cross_attn - b.cross_attn).norm() <= 0.1 * b.cross_attn.norm()
+
+
+def test_unetloader_node_samples_a_scaled_file(unet_files, tmp_path):
+    """UNETLoader -> KSampler through ``mixgraph.ui.api``: the scaled file samples exactly as its
+    dequantised twin under the default policy, and runs under each fp8 weight_dtype."""
+    from mixgraph.ui import api
+
+    models = tmp_path / "models"
+    (models / "diffusion_models").mkdir(parents=True)
+    for name in ("scaled.safetensors", "dequantised.safetensors"):
+        shutil.copyfile(unet_files / name, models / "diffusion_models" / name)
+    (models / "text_encoders").mkdir()
+    C.write_clip_l(models / "text_encoders" / "clip_l.safetensors", width=32)
+
+    def run(unet: str, weight_dtype: str):
+        g = api.Graph()
+        m = g.add("UNETLoader", unet_name=unet, weight_dtype=weight_dtype)[0]
+        c = g.add("CLIPLoader", clip_name="clip_l.safetensors", type="stable_diffusion")[0]
+        cond = g.add("CLIPTextEncode", text="a red cube", clip=c)
+        lat = g.add("EmptyLatentImage", width=32, height=32, batch_size=1)
+        ks = g.add("KSampler", model=m, seed=3, steps=2, cfg=2.0, sampler_name="euler", scheduler="normal",
+                   positive=cond, negative=cond, latent_image=lat, denoise=1.0)
+        g.add("SaveLatent", samples=ks, filename_prefix="scaled/out")
+        out = api.run(g, models=models, output=tmp_path / "out", precision="f32")
+        return out.outputs[ks.node_id][0].samples
+
+    assert torch.equal(run("scaled.safetensors", "default"), run("dequantised.safetensors", "default"))
+    for weight_dtype in ("fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"):
+        assert torch.isfinite(run("scaled.safetensors", weight_dtype)).all()
