@@ -244,10 +244,10 @@ class WeightStore:
                 return entry.tensors
             if patches:
                 base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename, keep_scaled)
-                others = {  # merges: the other model, materialized (and cached) in the same dtype
-                    p: dequantized(self.state_dict(
-                        p.kind or kind, p.source, p.config, storage_dtype, tuple(p.patches),
-                        rule if p.build is None else dtype_rule(_build_meta(p.build, p.config))))
+                others = {  # merges: the other model, materialized (and cached) in the same dtype,
+                    # read as materialize reads it (one cache entry per key), seen dequantised
+                    p: dequantized(self.state_dict(p.kind or kind, p.source, p.config, storage_dtype,
+                                                   tuple(p.patches), *self._rules(p, rule, keep_scaled)))
                     for p in patches if isinstance(p, MergePatch) and p.target == kind
                 }
                 scales = scales_of(base)
@@ -304,6 +304,15 @@ class WeightStore:
             total -= self._entries.pop(k).nbytes
             self.stats.evictions += 1
         self.stats.bytes = total
+
+    @staticmethod
+    def _rules(p: MergePatch, rule, keep_scaled) -> tuple:
+        """(rule, None, keep_scaled) for a merge's other model: its own class's when it names
+        one, else the patched model's."""
+        if p.build is None:
+            return rule, None, keep_scaled
+        meta = _build_meta(p.build, p.config)
+        return dtype_rule(meta), None, keep_scaled_rule(meta)
 
     def _derive(self, kind, source, config, dtype, rule):
         """Convert an exact cached copy of the same source (another dtype) without disk I/O."""
