@@ -410,3 +410,25 @@ def test_unetloader_node_samples_a_scaled_file(unet_files, tmp_path):
     assert torch.equal(run("scaled.safetensors", "default"), run("dequantised.safetensors", "default"))
     for weight_dtype in ("fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"):
         assert torch.isfinite(run("scaled.safetensors", weight_dtype)).all()
+
+
+@pytest.mark.parametrize("storage", [F32, E4M3])
+def test_model_merge_of_scaled_models(tmp_path, storage):
+    """ModelMergeSimple-style blend (0.5 / 0.5) of a scaled file into a scaled file: both seen
+    dequantised; under fp8 storage the result re-quantised with the patched model's scale."""
+    from mixgraph.nodes.weights.merge import MergePatch
+
+    a, ref_a, layers = _tiny_files(tmp_path, "scaled_fp8")
+    torch.manual_seed(1)
+    other = {k: v.detach().clone() for k, v in Tiny().state_dict().items()}
+    q, ref_b = _scaled(other, layers)
+    save_file(q, str(tmp_path / "other.safetensors"))
+    b = WeightSource.from_file(tmp_path / "other.safetensors")
+    merge = MergePatch("tiny", b, None, (), (0.5, 0.5), build=Tiny)
+    m = WeightStore().materialize("tiny", a, None, storage, (merge,), Tiny)
+    for layer in layers:
+        want = 0.5 * ref_a[f"{layer}.weight"] + 0.5 * ref_b[f"{layer}.weight"]
+        lin = m.get_submodule(layer)
+        got = lin.weight.float() * lin.weight_scale if storage == E4M3 else lin.weight
+        tol = 0.07 * want.abs().max() if storage == E4M3 else 1e-6
+        assert (got - want).abs().max() <= tol, layer
