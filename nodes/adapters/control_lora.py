@@ -36,6 +36,7 @@ from torch import Tensor
 from mixgraph.nodes.adapters import lora_bypass
 from mixgraph.nodes.weights import store
 from mixgraph.nodes.weights.cast import apply_precision
+from mixgraph.nodes.weights.quantized import plain_state_dict
 from mixgraph.nodes.adapters.controlnet import ControlNetModel, controlnet_config_from_state_dict
 from mixgraph.nodes.families.sd.unet import UNetModel
 
@@ -95,7 +96,7 @@ def _base_state_dict(model) -> dict[str, Tensor]:
     storage = policy.storage if policy is not None else torch.float32
     merged, _ = lora_bypass.split(handle.patches)  # bypass LoRAs are forward hooks, not weights
     module = store.materialize("unet", handle.source, handle.config, storage, merged, UNetModel)
-    return {k: v.detach() for k, v in module.state_dict().items()
+    return {k: v.detach() for k, v in plain_state_dict(module).items()
             if k.startswith(("input_blocks.", "middle_block.", "time_embed.", "label_emb."))}
 
 

@@ -497,6 +497,7 @@ def _describe_shape(ad: Adapter) -> str:
 def apply_patches(
     state_dict: Mapping[str, Tensor], patches: Iterable[LoraPatch], *, target: str | None = None,
     others: Mapping[MergePatch, Mapping[str, Tensor]] | None = None,
+    scales: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """A new state dict with every patch merged, in order (the input is not modified).
 
@@ -507,6 +508,9 @@ def apply_patches(
     result is cast back to W's dtype once. A patched key missing from ``state_dict`` or with the
     wrong shape raises ValueError naming the LoRA. A ``MergePatch`` (``nodes.weights.merge``) blends
     in the other model's materialized state dict, given in ``others``, in the same float32 pass.
+    ``scales``: key -> the scale of an fp8 weight kept quantised (``nodes.weights.quantized``): that
+    weight is dequantised (W · s) before the merge and re-quantised with the same scale after it
+    (W32 / s, clamped to the fp8 range, rounded to nearest; ComfyUI rounds stochastically).
     """
     work: dict[str, list[tuple[float, Adapter | None, LoraPatch | ScalePatch]]] = {}
     for p in patches:
@@ -545,7 +549,8 @@ def apply_patches(
     mismatched: dict[MergePatch, list[str]] = {}
     for key, items in work.items():
         w = state_dict[key]
-        w32 = w.to(torch.float32, copy=True)
+        scale = None if scales is None else scales.get(key)
+        w32 = w.to(torch.float32, copy=True) if scale is None else w.to(torch.float32) * scale
         for strength, ad, p in items:
             if isinstance(p, MergePatch):
                 if not merged_weight(w32, ad, *strength):
@@ -562,7 +567,11 @@ def apply_patches(
                 w32 = dora_merge(w32, ad, strength)
             else:
                 w32 += _scaled_delta(ad, w.shape, strength)
-        out[key] = w32.to(w.dtype)
+        if scale is None:
+            out[key] = w32.to(w.dtype)
+        else:
+            top = torch.finfo(w.dtype).max
+            out[key] = (w32 / scale).clamp_(-top, top).to(w.dtype)
     for p, keys in mismatched.items():
         warn_mismatches(p, keys, {k: tuple(others[p][k].shape) for k in keys})
     return out

@@ -120,9 +120,7 @@ def detect_family(info) -> str | None:
         shape = tuple(getattr(entry, "shape", entry))
         if len(shape) == 5:
             return "video model (3-D VAE)"
-        if len(shape) == 4 and shape[1] == 16:
-            return "Flux / SD3 (16-channel VAE)"
-    return None
+    return None  # a 2-D KL VAE of any latent width (Flux's / SD3's 16 channels too): vae/vae.py runs it
 
 
 _PIPELINES = {  # diffusers model_index.json _class_name prefix -> family

@@ -52,7 +52,8 @@ from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
 from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, layout_of,
                                             reader_for_source)
 from mixgraph.nodes.weights.merge import MergePatch
-from mixgraph.nodes.weights.safetensors_io import TensorInfo, WeightSource, inspect_file, read_tensors
+from mixgraph.nodes.weights.safetensors_io import (TensorInfo, WeightSource, inspect_file, quantization,
+                                                   read_tensors)
 from mixgraph.nodes.adapters.t2i_adapter import is_t2i_adapter, load_t2i_adapter
 from mixgraph.nodes.vae.vae import VAEConfig
 from mixgraph.nodes.families.sd.family import UNET_PREFIX, VAE_PREFIX  # the single-file (LDM) layout
@@ -155,6 +156,13 @@ def _model_handle(found: Detection, source: WeightSource, override: str | None, 
     return ModelHandle(source=source, config=found.config, kind=found.variant, family=found.family, **fields)
 
 
+def _without_quant_keys(view: Info, source: WeightSource) -> Info:
+    """``view`` without the scale and marker keys of a ComfyUI quantised file
+    (``quantized.py``): they are no model weights, so families detect from the weights alone."""
+    scheme = quantization(source)
+    return view if scheme is None else {k: v for k, v in view.items() if k not in scheme.aux}
+
+
 def _markers(info: Info) -> dict[str, TensorInfo]:
     return {k: v for k, v in info.items() if k in MARKERS}
 
@@ -248,7 +256,7 @@ def _checkpoint_model(p: Path, info: Info, prediction: str | None) -> tuple[Mode
         return read_tensors(p, [stored])[stored]
 
     source = WeightSource.from_file(p, UNET_PREFIX)
-    found = _detect(p.name, view, read, source)
+    found = _detect(p.name, _without_quant_keys(view, source), read, source)
     return _model_handle(found, source, prediction), found
 
 
@@ -372,7 +380,7 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
         source, sub = WeightSource.from_file(p, "", layout.name), layout.convert_shapes(info)
     else:
         source, sub = WeightSource.from_file(p), dict(info)
-    view = {**sub, **_markers(info)}
+    view = {**_without_quant_keys(sub, source), **_markers(info)}
     rename = diffusers_unet_rename(info) if source.layout == "diffusers_unet" else None
 
     def read(key: str) -> torch.Tensor:

@@ -38,6 +38,11 @@ Rules:
   leaves as cast layers (f32, since int8 computes in f32): the whole VAE, whose int8 convs cost
   most of int8's PSNR on the embedded model. The UNet's first and last convs are converted: kept
   f32 they gave no measurable gain there (and a tenth less error on the tiny test UNet).
+- Quantised fp8 weights (ComfyUI's scaled fp8 / mixed-precision files, `quantized.py`): a layer
+  the weight store gave an fp8 weight with a `weight_scale` buffer keeps that weight as it is (in
+  the file's fp8 type) and multiplies the weight it casts by the scale on every forward (ComfyUI's
+  dequantising path; fp8 matrix multiplies with `scale_input` are not used: compute dtypes are
+  f32 / f16 / bf16); an int8 layer is made from the dequantised weight.
 - Half compute on CPU: Conv2d weights are stored channels_last and activations made channels_last,
   since NCHW half convolutions on CPU are orders of magnitude slower.
 - The per-forward weight cast writes into a reused per-thread scratch buffer (one per device,
@@ -124,7 +129,11 @@ class CastLayer:
     def _params(self, dtype: torch.dtype, x: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
         w = getattr(self, "weight", None)
         b = getattr(self, "bias", None)
-        return (None if w is None else _cast_weight(w, dtype, x), None if b is None else b.to(dtype))
+        cast = None if w is None else _cast_weight(w, dtype, x)
+        scale = self._buffers.get("weight_scale")
+        if scale is not None:  # a quantised fp8 weight (quantized.py): w · s, in place on the fresh cast
+            cast = cast.mul_(scale.to(cast.device))
+        return (cast, None if b is None else b.to(dtype))
 
 
 class CastLinear(CastLayer, nn.Linear):
@@ -197,7 +206,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = compute_dtype
-        w = linear.weight.detach().float()
+        w = _float_weight(linear)
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
         self.register_buffer("weight_int8", q.t().contiguous())  # [out, in] -> [in, out]
@@ -218,6 +227,13 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features).to(self.compute_dtype)  # [N, out] -> [..., out]
+
+
+def _float_weight(layer: nn.Module) -> Tensor:
+    """The layer's weight in float32; a quantised fp8 weight times its ``weight_scale``."""
+    w = layer.weight.detach().float()
+    scale = layer._buffers.get("weight_scale")
+    return w if scale is None else w * scale
 
 
 def int8_conv_supported(conv: nn.Conv2d) -> bool:
@@ -257,7 +273,7 @@ class Int8Conv2d(nn.Module):
         self.compute_dtype = compute_dtype
         k, n = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1], conv.out_channels
         kp, np_ = int8_conv_gemm_shape(conv)
-        w = conv.weight.detach().float().reshape(n, k)  # [C_out, C_in, kh, kw] -> [C_out, K]
+        w = _float_weight(conv).reshape(n, k)  # [C_out, C_in, kh, kw] -> [C_out, K]
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [C_out]
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         q = F.pad(q, (0, kp - k, 0, np_ - n))  # [C_out, K] -> [Np, Kp], zeros
@@ -342,8 +358,9 @@ def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
             if p is None or id(p) in memo:
                 continue
             if (type(m) not in _CAST_CLASSES or plans[name] == "int8" or f32
-                    or (name in as_stored and type(m) is nn.Embedding)):
-                dtype = p.dtype  # unsupported module, int8 source, keep-f32/stored: share as is
+                    or (name in as_stored and type(m) is nn.Embedding)
+                    or (pname == "weight" and m._buffers.get("weight_scale") is not None)):
+                dtype = p.dtype  # unsupported module, int8 source, keep-f32/stored, fp8 with scale: as is
             elif isinstance(m, _NORMS) or p.ndim < 2:
                 dtype = vector_dtype
             else:

@@ -33,6 +33,8 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError, safe_open
 
+from mixgraph.nodes.weights.quantized import QuantScheme, quant_scheme, read_quantized
+
 __all__ = [
     "TensorInfo",
     "WeightSource",
@@ -43,6 +45,7 @@ __all__ = [
     "read_tensors",
     "read_source",
     "source_dtypes",
+    "quantization",
 ]
 
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -355,13 +358,22 @@ def read_source(
     source: WeightSource,
     dtype_for: Callable[[str], torch.dtype | None],
     rename: Callable[[str], str | None] | None = None,
+    keep_scaled: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """All tensors of ``source`` (prefix stripped), renamed and cast one at a time.
 
     ``rename`` maps a stored key (prefix stripped) to our module key, or None to skip it;
     ``dtype_for(module_key)`` gives the dtype to store that tensor in (None = as stored).
+    A ComfyUI quantised source (``quantization``) is read by ``quantized.read_quantized``: its
+    scale and marker keys are consumed, its fp8 layers dequantised, or kept fp8 with their scale
+    (``<key>_scale``) where ``dtype_for`` says fp8 and ``keep_scaled(module_key)`` allows it.
     """
-    def take(items, convert=_convert) -> dict[str, torch.Tensor]:
+    scheme = quantization(source)
+
+    def take(items, convert=_convert, release=lambda t: None) -> dict[str, torch.Tensor]:
+        if scheme is not None:
+            return read_quantized(scheme, dict(items), dtype_for, rename,
+                                  keep_scaled or (lambda key: False), convert, release)
         out = {}
         for key, get in items:
             new = rename(key) if rename is not None else key
@@ -383,9 +395,25 @@ def read_source(
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             return take(((k[len(p):], (lambda k=k: f.get_tensor(k))) for k in f.keys() if k.startswith(p)),
-                        _convert_released)
+                        _convert_released, _release_pages)
     except (SafetensorError, OSError) as e:
         raise WeightFileError(f"{path}: cannot read safetensors data: {e}") from e
+
+
+def quantization(source: WeightSource) -> QuantScheme | None:
+    """The ComfyUI quantisation (scaled fp8, mixed precision) of ``source``'s part of its file,
+    from key names and header metadata only; None for an ordinary source."""
+    if source.path is None:  # not cached: a cache entry would keep an in-memory state dict alive
+        assert source.tensors is not None, "in-memory WeightSource without tensors"
+        return quant_scheme((k[len(source.prefix):] for k in source.tensors if k.startswith(source.prefix)),
+                            {}, source.prefix)
+    return _file_quantization(source.path, source.size, source.mtime_ns, source.prefix)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_quantization(path: str, size: int, mtime_ns: int, prefix: str) -> QuantScheme | None:
+    names = [k[len(prefix):] for k in inspect_file(path) if k.startswith(prefix)]
+    return quant_scheme(names, file_metadata(path), prefix)
 
 
 def source_dtypes(source: WeightSource) -> set[torch.dtype]:

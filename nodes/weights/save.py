@@ -37,6 +37,7 @@ from torch import Tensor
 from mixgraph.nodes.families import registry as families
 from mixgraph.nodes.families.base import CheckpointLayout
 from mixgraph.nodes.weights import store
+from mixgraph.nodes.weights.quantized import module_state_dict
 from mixgraph.nodes.vae.vae import AutoencoderKL
 
 __all__ = ["unet_state_dict", "clip_state_dicts", "vae_state_dict", "hf_to_open_clip", "checkpoint_state_dict",
@@ -57,7 +58,7 @@ def unet_state_dict(model, dtype: torch.dtype) -> dict[str, Tensor]:
     there are inference tensors, which a module outside it may not take.)"""
     build = families.get(model.family).build
     m = store.materialize("unet", model.source, model.config, dtype, model.patches, build)
-    return _plain(m.state_dict())
+    return _plain(module_state_dict(m))
 
 
 def checkpoint_layout(model, variant: str | None = None) -> CheckpointLayout:
@@ -78,14 +79,14 @@ def clip_state_dicts(clip, dtype: torch.dtype) -> dict[str, dict[str, Tensor]]:
     for e in clip.encoders:
         patches = tuple(p for p in clip.patches if getattr(p, "target", e.name) == e.name)
         m = store.materialize(e.name, e.source, e.config, dtype, patches, e.build)
-        out[e.name] = _plain({k: v for k, v in m.state_dict().items() if not k.endswith("position_ids")})
+        out[e.name] = _plain({k: v for k, v in module_state_dict(m).items() if not k.endswith("position_ids")})
     return out
 
 
 @torch.inference_mode()
 def vae_state_dict(vae, dtype: torch.dtype) -> dict[str, Tensor]:
     m = store.materialize("vae", vae.source, vae.config, dtype, (), AutoencoderKL)
-    return _plain(m.state_dict())
+    return _plain(module_state_dict(m))
 
 
 _TOP = {

@@ -21,6 +21,12 @@ whose parameters are the cached tensors for ``(source, storage dtype, patches)``
   model it names through this same store first, in the same storage dtype.
 - Parameters of modules named in the model class's ``keep_f32`` patterns are stored in float32
   whatever the storage dtype (they are tiny and must stay exact).
+- ComfyUI's quantised files (scaled fp8, mixed precision: ``quantized.py``) are read for any model:
+  under an fp8 storage dtype a quantised Linear / Conv layer keeps the file's fp8 weight and its
+  scale (attached to the layer as ``weight_scale``, applied by the cast layers), otherwise it is
+  dequantised once at read time. Their entries are never derived to another dtype (each dtype is
+  read from the file); a LoRA merge dequantises a patched fp8 weight, adds, and re-quantises it
+  with its scale (``apply_patches(scales=)``); a model merge sees the other model dequantised.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from torch import nn
 from mixgraph.nodes.weights.layouts import reader_for_source
 from mixgraph.nodes.adapters.lora import apply_patches
 from mixgraph.nodes.weights.merge import MergePatch
-from mixgraph.nodes.weights.safetensors_io import WeightSource, read_source, source_dtypes
+from mixgraph.nodes.weights.quantized import attach_scales, dequantized, keep_scaled_rule, scales_of
+from mixgraph.nodes.weights.safetensors_io import WeightSource, quantization, read_source, source_dtypes
 
 __all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule",
            "held"]
@@ -147,7 +154,9 @@ def _build_meta(build: Callable[[Any], nn.Module], config: Any) -> nn.Module:
 
 
 def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, what: str) -> nn.Module:
-    """Load ``sd`` into a meta-built module by assignment (no copy)."""
+    """Load ``sd`` into a meta-built module by assignment (no copy); the scales of kept fp8
+    weights are attached to their layers (``quantized.attach_scales``)."""
+    sd = attach_scales(module, sd)
     expected = module.state_dict()
     missing = [k for k in expected if k not in sd]
     if missing:
@@ -155,7 +164,6 @@ def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, wh
             f"{what}: {len(missing)} weights missing from the file for this architecture, e.g. "
             f"{missing[:5]} (the file is incomplete or of another model type)"
         )
-    sd = dict(sd)
     bad = []
     for k, v in expected.items():
         got = tuple(sd[k].shape)
@@ -211,7 +219,8 @@ class WeightStore:
         if build is None:
             raise TypeError("materialize: build(config) -> nn.Module is required")
         module = _build_meta(build, config)
-        sd = self.state_dict(kind, source, config, storage_dtype, tuple(patches), dtype_rule(module), rename)
+        sd = self.state_dict(kind, source, config, storage_dtype, tuple(patches), dtype_rule(module), rename,
+                             keep_scaled_rule(module))
         return _assign(module, sd, build, config, f"{kind} weights from {source.name}")
 
     def state_dict(
@@ -223,7 +232,10 @@ class WeightStore:
         patches: tuple = (),
         rule: Callable[[str, torch.dtype], torch.dtype | None] = lambda k, dtype: dtype,
         rename: Callable[[str], str | None] | None = None,
+        keep_scaled: Callable[[str], bool] | None = None,
     ) -> dict[str, torch.Tensor]:
+        """The cached state dict (see ``materialize``); ``keep_scaled(key)``: may a quantised
+        weight stay fp8 with its scale (``<key>_scale`` beside it; default: never)."""
         key = (kind, source.identity, config, storage_dtype, patches)
         with self._lock:
             entry = self._get(key)
@@ -231,19 +243,24 @@ class WeightStore:
                 self.stats.hits += 1
                 return entry.tensors
             if patches:
-                base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename)
-                others = {  # merges: the other model, materialized (and cached) in the same dtype
-                    p: self.state_dict(p.kind or kind, p.source, p.config, storage_dtype, tuple(p.patches),
-                                       rule if p.build is None else dtype_rule(_build_meta(p.build, p.config)))
+                base = self.state_dict(kind, source, config, storage_dtype, (), rule, rename, keep_scaled)
+                others = {  # merges: the other model, materialized (and cached) in the same dtype,
+                    # read as materialize reads it (one cache entry per key), seen dequantised
+                    p: dequantized(self.state_dict(p.kind or kind, p.source, p.config, storage_dtype,
+                                                   tuple(p.patches), *self._rules(p, rule, keep_scaled)))
                     for p in patches if isinstance(p, MergePatch) and p.target == kind
                 }
-                tensors = apply_patches(base, patches, target=kind, others=others)
+                scales = scales_of(base)
+                if scales:
+                    tensors = apply_patches(base, patches, target=kind, others=others, scales=scales)
+                else:
+                    tensors = apply_patches(base, patches, target=kind, others=others)
                 self.stats.patched += 1
                 self._put(key, _Entry(tensors, nbytes(tensors), exact=False))
                 return tensors
             tensors, exact = self._derive(kind, source, config, storage_dtype, rule)
             if tensors is None:
-                tensors, exact = self._read(source, storage_dtype, rule, rename)
+                tensors, exact = self._read(source, storage_dtype, rule, rename, keep_scaled)
             self._put(key, _Entry(tensors, nbytes(tensors), exact))
             return tensors
 
@@ -288,6 +305,15 @@ class WeightStore:
             self.stats.evictions += 1
         self.stats.bytes = total
 
+    @staticmethod
+    def _rules(p: MergePatch, rule, keep_scaled) -> tuple:
+        """(rule, None, keep_scaled) for a merge's other model: its own class's when it names
+        one, else the patched model's."""
+        if p.build is None:
+            return rule, None, keep_scaled
+        meta = _build_meta(p.build, p.config)
+        return dtype_rule(meta), None, keep_scaled_rule(meta)
+
     def _derive(self, kind, source, config, dtype, rule):
         """Convert an exact cached copy of the same source (another dtype) without disk I/O."""
         stored = None
@@ -306,11 +332,13 @@ class WeightStore:
             return out, stored <= _EXACT.get(dtype, {dtype})
         return None, False
 
-    def _read(self, source, dtype, rule, rename):
+    def _read(self, source, dtype, rule, rename, keep_scaled=None):
         post = None
         if rename is None:
             rename, post = reader_for_source(source)
-        tensors = read_source(source, lambda k: rule(k, dtype), rename)
+        if post is not None:  # a conversion beyond renaming (fused q/k/v, ...) sees plain weights
+            keep_scaled = None
+        tensors = read_source(source, lambda k: rule(k, dtype), rename, keep_scaled)
         if post is not None:
             tensors = post(tensors)
         stored = source_dtypes(source)
@@ -318,7 +346,8 @@ class WeightStore:
         self.stats.bytes_read += nbytes(tensors)
         ident = source.identity
         self.stats.reads_by_source[ident] = self.stats.reads_by_source.get(ident, 0) + 1
-        return tensors, stored <= _EXACT.get(dtype, {dtype})
+        quantised = quantization(source) is not None  # dequantised values are no file values
+        return tensors, not quantised and stored <= _EXACT.get(dtype, {dtype})
 
 
 STORE = WeightStore()
