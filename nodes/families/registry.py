@@ -12,6 +12,7 @@ from typing import Any
 
 from mixgraph.nodes.families.base import Detection, Family
 from mixgraph.nodes.families.sd.family import SD
+from mixgraph.nodes.families.sd3.family import SD3
 
 __all__ = ["FAMILIES", "register", "unregister", "get", "detect"]
 
@@ -50,3 +51,4 @@ def detect(info: Mapping[str, Any], read: Any = None, source: Any = None) -> Det
 
 # -- the registry: one line per family, the more specific signature first
 register(SD)
+register(SD3)
