@@ -59,7 +59,7 @@ def test_sd_files_are_not_refused(tmp_path):
 
 def test_refusal_message_names_the_family():
     assert families.refusal("Flux", "x.safetensors") == \
-        "x.safetensors: model family Flux is not supported (mixgraph runs SD 1.x, SD 2.x and SDXL)"
+        f"x.safetensors: model family Flux is not supported (mixgraph runs {families.supported()})"
 
 
 def test_vae_and_text_encoder_families(tmp_path):
@@ -129,7 +129,7 @@ def test_loader_nodes_refuse_at_validation(family, tmp_path):
     else:
         model = ("UNETLoader", {"unet_name": "other.safetensors", "weight_dtype": "default"}, 0)
     text = _validation_error(_sampling_graph(model, CKPT + (1,), CKPT + (2,)), tmp_path)
-    assert f"model family {family} is not supported (mixgraph runs SD 1.x, SD 2.x and SDXL)" in text
+    assert f"model family {family} is not supported (mixgraph runs {families.supported()})" in text
 
 
 def test_vae_loader_refuses_at_validation(tmp_path):
