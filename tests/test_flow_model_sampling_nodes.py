@@ -72,6 +72,14 @@ def test_specs_match_comfyui():
     assert r["scale"] == ["FLOAT", {"default": 3.0, "min": 0.0, "max": 10.0, "step": 0.1}]
     assert r["start_percent"][1]["default"] == 0.01 and r["end_percent"][1]["default"] == 0.15
     assert slg["category"] == "advanced/guidance" and slg["experimental"] is True
+    dit = INFO["SkipLayerGuidanceDiT"]
+    assert dit["input_order"] == {"required": ["model", "double_layers", "single_layers", "scale", "start_percent",
+                                               "end_percent", "rescaling_scale"]}
+    d = dit["input"]["required"]
+    assert d["double_layers"] == d["single_layers"] == ["STRING", {"default": "7, 8, 9", "advanced": True}]
+    assert d["rescaling_scale"] == ["FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 0.01}]
+    assert d["end_percent"][1] == {"default": 0.15, "min": 0.0, "max": 1.0, "step": 0.001, "advanced": True}
+    assert dit["experimental"] is True and dit["category"] == "advanced/guidance"
     for name in ("ModelSamplingSD3", "ModelSamplingAuraFlow", "ModelSamplingFlux"):
         assert INFO[name]["output"] == ["MODEL"]
 
@@ -198,7 +206,8 @@ def test_skip_layer_guidance_patch():
         calls.append(patches)
         return torch.full((1, 2, 2, 2), 0.25)
 
-    patch = SkipLayerGuidance((7, 8), 2.0, sigma_start=0.9, sigma_end=0.2)
+    patch = SkipLayerGuidance((("double_block", (7, 8)), ("single_block", ())), 2.0, sigma_start=0.9,
+                              sigma_end=0.2)
     cond = torch.ones(1, 2, 2, 2)
 
     def post(sigma, model=Model()):
@@ -207,10 +216,20 @@ def test_skip_layer_guidance_patch():
         return patch.post(a, torch.full_like(cond, 0.5))
 
     assert torch.allclose(post(0.5), torch.full_like(cond, 0.5 + (1 - 0.25) * 2.0))
-    assert calls[-1][0].kind == "double_block" and calls[-1][0].indices == (7, 8)
+    assert len(calls[-1]) == 1 and calls[-1][0].kind == "double_block" and calls[-1][0].indices == (7, 8)
     assert torch.equal(post(0.9), torch.full_like(cond, 2.0))  # σ_start itself is inside
     n = len(calls)
     assert torch.equal(post(0.15), torch.full_like(cond, 0.5)) and torch.equal(post(0.95), torch.full_like(cond, 0.5))
     assert len(calls) == n  # outside the window: no extra evaluation
     with pytest.raises(NotImplementedError, match="has no double_block blocks to skip"):
         post(0.5, model=object())
+    # SkipLayerGuidanceDiT's rescaling: toward std(cond) by rescaling_scale; a kind the model lacks
+    # (single blocks) is left alone, as long as it has one of the kinds asked for
+    rescaled = SkipLayerGuidance((("double_block", (1,)), ("single_block", (2,))), 2.0, 0.9, 0.2, 0.5)
+    cond = torch.randn(1, 2, 2, 2, generator=torch.Generator().manual_seed(0))
+    a = GuidanceArgs(torch.zeros(1, 2, 2, 2), torch.tensor([0.5]), 4.0, cond, torch.zeros_like(cond), evaluate,
+                     None, {}, model=Model())
+    plain = torch.full_like(cond, 0.5) + (cond - 0.25) * 2.0
+    want = plain * (0.5 * cond.std() / plain.std() + 0.5)
+    assert torch.allclose(rescaled.post(a, torch.full_like(cond, 0.5)), want)
+    assert [(p.kind, p.indices) for p in calls[-1]] == [("double_block", (1,)), ("single_block", (2,))]

@@ -301,6 +301,12 @@ def test_skip_layer_guidance(executor, models):
     assert torch.equal(with_slg("1", scale=0.0), base)
     assert torch.equal(with_slg("", scale=3.0), base)
     assert torch.equal(with_slg("1", start=0.9, end=0.95), base)  # no step's sigma in that range
+    dit = prompt(model=("g", 0))
+    dit["g"] = {"class_type": "SkipLayerGuidanceDiT", "inputs": {
+        "model": ["m", 0], "double_layers": "1, 2", "single_layers": "7", "scale": 3.0, "start_percent": 0.0,
+        "end_percent": 1.0, "rescaling_scale": 0.0}}
+    assert torch.equal(api.run(dit, executor=executor, models=models, output=models / "out").outputs["3"][0].samples,
+                       slg)  # SD3 has no single blocks: the same guidance
     sd15 = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd15.safetensors"}},
             "m": {"class_type": "ModelSamplingDiscrete", "inputs": {"model": ["1", 0], "sampling": "eps",
                                                                      "zsnr": False}},

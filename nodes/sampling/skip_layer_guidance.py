@@ -30,14 +30,18 @@ def parse_layers(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class SkipLayerGuidance:
-    """Post-CFG: x0 + (cond − cond with ``layers`` of ``kind`` skipped)·scale while
-    sigma_end < σ ≤ sigma_start (σ of the batch's first entry, as ComfyUI reads it)."""
+    """Post-CFG: x0 + (cond − cond with the ``skips`` left out)·scale while
+    sigma_end < σ ≤ sigma_start (σ of the batch's first entry, as ComfyUI reads it); then, when
+    ``rescaling_scale`` ≠ 0, the result scaled by rescaling_scale·std(cond)/std(result) +
+    (1 − rescaling_scale) (SkipLayerGuidanceDiT's rescaling, stds over the whole batch).
+    ``skips``: (block kind, indices) pairs; kinds the model lacks are left alone (as ComfyUI
+    ignores replacements no block asks for), but a model with none of them is refused."""
 
-    layers: tuple[int, ...]
+    skips: tuple[tuple[str, tuple[int, ...]], ...]
     scale: float
     sigma_start: float
     sigma_end: float
-    kind: str = "double_block"
+    rescaling_scale: float = 0.0
     stage: str = "post_cfg"
 
     def post(self, a: GuidanceArgs, denoised: Tensor) -> Tensor:
@@ -45,10 +49,15 @@ class SkipLayerGuidance:
         if not (self.scale > 0 and self.sigma_end < sigma <= self.sigma_start):
             return denoised
         blocks = getattr(a.model, "skippable_blocks", None) or {}
-        if self.kind not in blocks:
+        kinds = [kind for kind, indices in self.skips if indices]
+        if not any(kind in blocks for kind in kinds):
             what = getattr(a.model, "kind", None) or type(a.model).__name__
             raise NotImplementedError(
-                f"skip-layer guidance: this model ({what}) has no {self.kind} blocks to skip"
+                f"skip-layer guidance: this model ({what}) has no {' or '.join(kinds)} blocks to skip"
                 + (f" (it has {', '.join(blocks)})" if blocks else "") + ": not supported yet")
-        skipped = a.evaluate((SkipBlocks(self.kind, self.layers),))
-        return denoised + (a.cond_denoised - skipped) * self.scale
+        skipped = a.evaluate(tuple(SkipBlocks(kind, indices) for kind, indices in self.skips if indices))
+        out = denoised + (a.cond_denoised - skipped) * self.scale
+        if self.rescaling_scale != 0:
+            factor = a.cond_denoised.std() / out.std()
+            out = out * (self.rescaling_scale * factor + (1 - self.rescaling_scale))
+        return out
