@@ -166,6 +166,35 @@ def test_a_checkpoint_with_its_vae_and_encoders_is_not_refused(tmp_path):
     assert refused.family_of_file(ae) == "Flux / SD3 (16-channel VAE)"
 
 
+def test_all_in_one_checkpoint_gives_model_and_vae(models, tmp_path):
+    """Stability's all-in-one layout: the MMDiT under ``model.diffusion_model.``, the text encoders
+    under ``text_encoders.*.transformer.``, the 16-channel VAE under ``first_stage_model.``;
+    CheckpointLoaderSimple gives the model and the VAE in SD3's latent format, and a workflow
+    samples and decodes with them."""
+    from mixgraph.nodes.weights.synthetic import TINY_VAE
+    from tests.fixtures.checkpoints import tiny_vae_state_dict
+
+    vae_cfg = dataclasses.replace(TINY_VAE, z_channels=16, embed_dim=16, use_quant_conv=False)
+    sd = {"model.diffusion_model." + k: v for k, v in comfy_state_dict(diffusers_sd3(KIND, seed=3)).items()}
+    sd |= {"first_stage_model." + k: v for k, v in tiny_vae_state_dict(2, vae_cfg).items()}
+    sd |= {"text_encoders.clip_l.transformer." + k: v for k, v in tiny_clip_l_state_dict(4, width=32).items()}
+    sd |= {"text_encoders.clip_g.transformer." + k: v
+           for k, v in tiny_clip_l_state_dict(5, width=64, proj=64).items()}
+    (models / "checkpoints").mkdir(exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(models / "checkpoints" / "sd3_aio.safetensors"))
+    model, _clip, vae = loader.load_checkpoint(models / "checkpoints" / "sd3_aio.safetensors")
+    assert (model.family, model.config) == ("sd3", loader.load_unet(models / "diffusion_models" /
+                                                                    "sd3.safetensors").config)
+    assert vae is not None and vae.latent_format == SD3_LATENT and vae.config.z_channels == 16
+    p = prompt()
+    p["1"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd3_aio.safetensors"}}
+    p["d"] = {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["1", 2]}}
+    p["pi"] = {"class_type": "PreviewImage", "inputs": {"images": ["d", 0]}}
+    res = api.run(p, models=models, output=models / "out")
+    image = res.outputs["d"][0]
+    assert image.shape == (2, 64, 64, 3) and torch.isfinite(image).all()
+
+
 def test_family_declarations():
     assert families.get("sd3") is SD3 and "SD3 / SD3.5" in SD3.refusals and SD3.clip_types == {"sd3": "sd3"}
     slots = SD3.text_encoders("sd3")
@@ -341,7 +370,7 @@ def test_bf16_model_keeps_its_embedders_f32(models):
     module = store.materialize("unet", model.source, model.config, torch.bfloat16, (), SD3.build)
     dtypes = {k: v.dtype for k, v in module.state_dict().items()}
     assert dtypes["t_embedder.mlp.0.weight"] == dtypes["y_embedder.mlp.2.weight"] == torch.float32
-    assert dtypes["pos_embed"] == torch.float32
+    assert dtypes["pos_embed"] == dtypes["joint_blocks.0.x_block.attn.ln_q.weight"] == torch.float32
     assert dtypes["joint_blocks.0.x_block.attn.qkv.weight"] == torch.bfloat16
 
 

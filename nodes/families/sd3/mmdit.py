@@ -261,8 +261,9 @@ class MMDiT(nn.Module):
     -> velocity [B, C, H, W]. ``skip``: indices of joint blocks to leave out (skip-layer
     guidance: a skipped block passes text and image tokens through unchanged)."""
 
-    # the conditioning embedders and the position table stay f32 (small, and feed every block)
-    keep_f32: tuple[str, ...] = ("t_embedder", "y_embedder", "pos_embed")
+    # the conditioning embedders, the position table and the q/k norm weights stay f32 (small, and
+    # feed every block; fp8 would round the per-head norm scales)
+    keep_f32: tuple[str, ...] = ("t_embedder", "y_embedder", "pos_embed", "*.ln_q", "*.ln_k")
     keep_f32_inputs: tuple[str, ...] = ("timesteps", "y")
 
     def __init__(self, cfg: MMDiTConfig):
