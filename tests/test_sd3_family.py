@@ -148,6 +148,9 @@ def test_sd3_files_load_in_every_layout(models):
     outs = [h.runner(_f32())(x, t, ctx, {"y": y}) for h in (unet, bare, diff, model)]
     for out in outs[1:]:
         assert (out - outs[0]).abs().max() <= 1e-5 * outs[0].abs().max()
+    # bf16 storage: the diffusers parts are cast then fused, the same values as fused then cast
+    bf16 = parse_spec("bf16")
+    assert torch.equal(unet.runner(bf16)(x, t, ctx, {"y": y}), diff.runner(bf16)(x, t, ctx, {"y": y}))
     sd = loader.load_checkpoint(models / "checkpoints" / "sd15.safetensors")[0]
     assert (sd.family, sd.kind) == ("sd", "sd1")
 
@@ -169,8 +172,8 @@ def test_a_checkpoint_with_its_vae_and_encoders_is_not_refused(tmp_path):
 def test_all_in_one_checkpoint_gives_model_and_vae(models, tmp_path):
     """Stability's all-in-one layout: the MMDiT under ``model.diffusion_model.``, the text encoders
     under ``text_encoders.*.transformer.``, the 16-channel VAE under ``first_stage_model.``;
-    CheckpointLoaderSimple gives the model and the VAE in SD3's latent format, and a workflow
-    samples and decodes with them."""
+    CheckpointLoaderSimple gives the model and the VAE in SD3's latent format, saving writes them
+    back in that layout, and a workflow samples and decodes with them."""
     from mixgraph.nodes.weights.synthetic import TINY_VAE
     from tests.fixtures.checkpoints import tiny_vae_state_dict
 
@@ -186,6 +189,15 @@ def test_all_in_one_checkpoint_gives_model_and_vae(models, tmp_path):
     assert (model.family, model.config) == ("sd3", loader.load_unet(models / "diffusion_models" /
                                                                     "sd3.safetensors").config)
     assert vae is not None and vae.latent_format == SD3_LATENT and vae.config.z_channels == 16
+    # saved back (CheckpointSave's layout): the same keys and values for the model and the VAE
+    from mixgraph.nodes.weights import save
+
+    written = save.checkpoint_state_dict(model, None, vae)
+    assert set(written) == {k for k in sd if not k.startswith("text_encoders.")}
+    assert all(torch.equal(written[k], sd[k]) for k in written)
+    assert save.checkpoint_metadata(model, "t") == {"modelspec.architecture": "stable-diffusion-v3-medium",
+                                                    "modelspec.sai_model_spec": "1.0.0",
+                                                    "modelspec.implementation": "sgm", "modelspec.title": "t"}
     p = prompt()
     p["1"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd3_aio.safetensors"}}
     p["d"] = {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["1", 2]}}

@@ -20,7 +20,7 @@ from torch import nn
 
 from mixgraph.nodes.encoders.encoder_set import OutputRule
 from mixgraph.nodes.encoders.tokenizer import END_TOKEN
-from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.base import CheckpointLayout, Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.sd3 import diffusers_keys
 from mixgraph.nodes.families.sd3.mmdit import SIGNATURE, MMDiT, MMDiTConfig, config_from_shapes
 from mixgraph.nodes.families.sd3.runner import SD3Runner
@@ -28,11 +28,14 @@ from mixgraph.nodes.vae.flow_latent_formats import SD3_LATENT, shifted_format
 from mixgraph.nodes.vae.latent_format import LatentFormat
 from mixgraph.nodes.weights.layouts import FamilyLayout, register_layout
 
-__all__ = ["SD3", "SD3Family", "VARIANT", "TEXT_PREFIX", "TRACE_TOKENS"]
+__all__ = ["SD3", "SD3Family", "VARIANT", "TEXT_PREFIX", "TRACE_TOKENS", "MODEL_PREFIX", "VAE_PREFIX"]
 
 VARIANT = "sd3"  # one variant: SD3 and SD3.5 differ by config only (ComfyUI's one SD3 model class)
 TEXT_PREFIX = "text_encoders."  # ComfyUI's ``text_encoder_key_prefix`` of SD3 files
 TRACE_TOKENS = 154  # 77 CLIP tokens + 77 T5 tokens: the memory estimate's context length
+MODEL_PREFIX = "model.diffusion_model."  # Stability's single-file layout
+VAE_PREFIX = "first_stage_model."
+ARCHITECTURE = "stable-diffusion-v3-medium"  # ComfyUI's modelspec.architecture for every SD3 model
 
 # ComfyUI's sd3_clip: clip_l is the penultimate layer without the final norm, its pooled output
 # not projected; clip_g as in SDXL; T5-XXL's last layer. The set's join ("sd3") puts them together.
@@ -90,6 +93,14 @@ class SD3Family:
         if variant != VARIANT:
             raise ValueError(f"SD3 variant {variant!r}: no text encoders known (variant: {VARIANT})")
         return _ENCODERS
+
+    def checkpoint_layout(self, variant: str) -> CheckpointLayout:
+        """Stability's all-in-one layout (what ComfyUI's CheckpointSave writes for SD3): the MMDiT
+        under ``model.diffusion_model.``, the VAE under ``first_stage_model.``, each text encoder
+        under ``text_encoders.<name>.transformer.`` in its Hugging Face layout."""
+        return CheckpointLayout(MODEL_PREFIX, VAE_PREFIX,
+                                tuple((s.name, s.prefix, s.layout) for s in self.text_encoders(variant)),
+                                ARCHITECTURE)
 
     def trace_inputs(self, config: MMDiTConfig, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
         h, w = latent_shape[-2:]
