@@ -88,9 +88,10 @@ def config_from_shapes(info: Mapping[str, Any]) -> MMDiTConfig | None:
     suffix = ".x_block.attn2.qkv.weight"
     self_attn = sorted(int(k[len("joint_blocks."):-len(suffix)]) for k in info
                        if k.startswith("joint_blocks.") and k.endswith(suffix))
-    return MMDiTConfig(in_channels=proj[1], out_channels=_shape(info, "final_layer.linear.weight")[0] // (patch * patch),
-                       patch_size=patch, depth=proj[0] // HEAD_WIDTH, pos_embed_max_size=grid, context_in=ctx,
-                       adm_in_channels=adm, qk_norm="joint_blocks.0.context_block.attn.ln_q.weight" in info,
+    out_channels = _shape(info, "final_layer.linear.weight")[0] // (patch * patch)
+    return MMDiTConfig(in_channels=proj[1], out_channels=out_channels, patch_size=patch,
+                       depth=proj[0] // HEAD_WIDTH, pos_embed_max_size=grid, context_in=ctx, adm_in_channels=adm,
+                       qk_norm="joint_blocks.0.context_block.attn.ln_q.weight" in info,
                        x_block_self_attn_layers=tuple(self_attn))
 
 
