@@ -292,7 +292,7 @@ def _load_diffusers_folder(root: Path, prediction: str | None):
     sched = root / "scheduler" / "scheduler_config.json"
     if sched.is_file():
         sc = json.loads(sched.read_text())
-        if "prediction_type" in sc or "rescale_betas_zero_snr" in sc:  # a flow scheduler has neither
+        if not str(sc.get("_class_name", "")).startswith("FlowMatch"):  # a flow scheduler names neither
             extra["prediction"] = {"v_prediction": "v_prediction", "epsilon": "eps", "sample": "x0"}.get(
                 sc.get("prediction_type", "epsilon"), "eps")
             extra["zsnr"] = bool(sc.get("rescale_betas_zero_snr", False))
