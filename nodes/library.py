@@ -21,9 +21,10 @@ from mixgraph.nodes.declare.loaders import (extra_loader_nodes, loading, lora_by
 from mixgraph.nodes.declare.logic import (logic_nodes, loop_nodes, preview_any_nodes,  # noqa: F401
                                           primitive_nodes)
 from mixgraph.nodes.declare.model_patches import (attention_backend_nodes, context_window_nodes,  # noqa: F401
-                                                  deep_shrink_nodes, guidance_extra_nodes, merge_nodes,
-                                                  model_patch_nodes, precision_nodes, seamless_tiling_nodes,
-                                                  speed_patch_nodes, supir_nodes, token_patch_nodes)
+                                                  deep_shrink_nodes, flow_sampling_nodes, guidance_extra_nodes,
+                                                  merge_nodes, model_patch_nodes, precision_nodes,
+                                                  seamless_tiling_nodes, skip_layer_nodes, speed_patch_nodes,
+                                                  supir_nodes, token_patch_nodes)
 from mixgraph.nodes.declare.sampling import (custom_sampling_nodes, sampler_extra_nodes,  # noqa: F401
                                              sampling_nodes)
 from mixgraph.nodes.helpers import persistable  # noqa: F401  (declares the payloads the output cache keeps)

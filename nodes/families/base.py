@@ -158,6 +158,10 @@ class FamilyRunner(Protocol):
     * ``context_free_refusal() -> str | None``: why the model cannot run a text-free cond (no
       context, DualModelGuider's unconnected negative), as a sentence for the error; None when
       it can.
+    * ``skippable_blocks: Mapping[str, int]``: the transformer blocks a call can leave out, by
+      ComfyUI's kind name ("double_block", "single_block") -> count; the runner then takes
+      ``models/block_skip.SkipBlocks`` in ``patches`` (skip-layer guidance). Without it a model
+      has none, and skip-layer guidance is refused by name.
     """
 
     sampling: Sampling

@@ -108,8 +108,10 @@ def detect_family(info) -> str | None:
     ``info``: key → TensorInfo (``safetensors_io.inspect_file``) or key → shape sequence."""
     keys = set(info)
     diffusion = _match(keys, _DIFFUSION)
-    if diffusion is not None and not _claimed(diffusion[0], info, diffusion[1]):
-        return diffusion[0]
+    if diffusion is not None:
+        # a file whose diffusion model a registered family runs is that family's, text encoders
+        # and autoencoder included (an SD3 checkpoint's T5 and 16-channel VAE)
+        return None if _claimed(diffusion[0], info, diffusion[1]) else diffusion[0]
     found = _match(keys, _TEXT_ENCODERS) or _match(keys, _VIDEO_VAE)
     if found:
         return found[0]
@@ -142,7 +144,9 @@ def _folder_family(folder: Path) -> str | None:
         return None
     for prefix, family in _PIPELINES.items():
         if name.startswith(prefix):
-            return family
+            # a registered family naming the row loads the folder (or says by name what it lacks)
+            taken = any(family in getattr(f, "refusals", ()) for f in registry.FAMILIES.values())
+            return None if taken else family
     return None
 
 

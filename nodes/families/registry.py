@@ -13,6 +13,7 @@ from typing import Any
 from mixgraph.nodes.families.base import Detection, Family
 from mixgraph.nodes.families.lumina.family import LUMINA2, Z_IMAGE
 from mixgraph.nodes.families.sd.family import SD
+from mixgraph.nodes.families.sd3.family import SD3
 
 __all__ = ["FAMILIES", "register", "unregister", "get", "detect"]
 
@@ -53,3 +54,4 @@ def detect(info: Mapping[str, Any], read: Any = None, source: Any = None) -> Det
 register(SD)
 register(LUMINA2)
 register(Z_IMAGE)
+register(SD3)

@@ -100,6 +100,9 @@ class ModelHandle:
     parts: Any = None
     # the model family (``nodes/families`` registry name) whose variant ``kind`` is
     family: str = "sd"
+    # (shift, multiplier, shift_kind) of a flow schedule pinned by ModelSamplingSD3 /
+    # ModelSamplingAuraFlow / ModelSamplingFlux (``families.base.Sampling``); None = the family's
+    flow_shift: tuple | None = None
 
     def runner(self, policy: PolicyLike):
         """The sampler seam (``families.base.FamilyRunner``): the family's model, built through
@@ -120,9 +123,13 @@ class ModelHandle:
     def sampling(self) -> Sampling:
         """The parameterisation and schedule (``families.base.Sampling``): the family's settings
         for the variant (a flow shift, ...) with this handle's prediction, zsnr and schedule."""
-        return dataclasses.replace(families.get(self.family).sampling(self.kind), prediction=self.prediction,
-                                   zsnr=bool(self.zsnr), beta_range=self.beta_range,
-                                   continuous=self.continuous_sampling)
+        sampling = dataclasses.replace(families.get(self.family).sampling(self.kind), prediction=self.prediction,
+                                       zsnr=bool(self.zsnr), beta_range=self.beta_range,
+                                       continuous=self.continuous_sampling)
+        if self.flow_shift is not None:
+            shift, multiplier, kind = self.flow_shift
+            sampling = dataclasses.replace(sampling, shift=shift, multiplier=multiplier, shift_kind=kind)
+        return sampling
 
     def with_compile(self, backend: str | None) -> "ModelHandle":
         """A handle whose UNet runs through ``torch.compile`` with ``backend`` (None: eager)."""
@@ -152,6 +159,13 @@ class ModelHandle:
 
     def with_sampling(self, prediction: str, zsnr: bool = False, continuous: tuple | None = None) -> "ModelHandle":
         return dataclasses.replace(self, prediction=prediction, zsnr=bool(zsnr), continuous_sampling=continuous)
+
+    def with_flow_sampling(self, shift: float, multiplier: float = 1000.0, kind: str = "linear") -> "ModelHandle":
+        """A flow-matching (ComfyUI's CONST) model with this schedule, whatever it was before, as
+        ComfyUI's ModelSamplingSD3 / AuraFlow / Flux object patch: ``kind`` "linear" (σ = shift·t /
+        (1 + (shift − 1)·t), timestep σ·multiplier) or "exponential" (Flux, μ = shift)."""
+        return dataclasses.replace(self, prediction="flow", zsnr=False, continuous_sampling=None,
+                                   flow_shift=(float(shift), float(multiplier), kind))
 
     def with_latent_format(self, fmt: LatentFormat) -> "ModelHandle":
         """A handle whose sampler works in ``fmt`` (ComfyUI's ``latent_format`` object patch)."""

@@ -49,8 +49,8 @@ from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.families.refused import UnsupportedFamilyError, detect_family, family_of_file, refusal
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle
 from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
-from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename, layout_of,
-                                            reader_for_source)
+from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename,
+                                            layout_of, reader_for_source)
 from mixgraph.nodes.weights.merge import MergePatch
 from mixgraph.nodes.weights.safetensors_io import (TensorInfo, WeightSource, inspect_file, quantization,
                                                    read_tensors)
@@ -196,7 +196,24 @@ def _vae_handle(source: WeightSource, info: Info, kind: str | None = None, famil
 
 
 def _is_diffusers_folder(path: Path) -> bool:
-    return path.is_dir() and (path / "unet").is_dir()
+    return path.is_dir() and ((path / "unet").is_dir() or (path / "transformer").is_dir())
+
+
+def _diffusers_model_file(root: Path) -> Path:
+    """The diffusion model's weights in a diffusers pipeline folder: ``unet/`` (SD) or
+    ``transformer/`` (DiT families)."""
+    sub = root / "unet" if (root / "unet").is_dir() else root / "transformer"
+    return _find_weights(sub, "diffusion_pytorch_model")
+
+
+def _diffusers_model(path: Path, info: Info) -> tuple[WeightSource, dict[str, TensorInfo]]:
+    """(source, keys in the family's own layout) of a diffusers-layout diffusion model: a
+    family's registered layout (``layouts.register_layout``) when the keys are in one, else the
+    diffusers UNet renamed to the LDM layout."""
+    family_layout = layout_of(info)
+    if family_layout is not None:
+        return WeightSource.from_file(path, "", family_layout.name), family_layout.header(info)
+    return WeightSource.from_file(path, "", "diffusers_unet"), _renamed_info(info, diffusers_unet_rename(info))
 
 
 def _find_weights(folder: Path, stem: str) -> Path:
@@ -274,10 +291,9 @@ def _load_diffusers_folder(root: Path, prediction: str | None):
     if index.is_file() and "StableDiffusionUpscale" in index.read_text(errors="replace"):
         raise NotImplementedError(f"{root.name}: the x4 upscaler as a diffusers folder is not supported yet "
                                   f"(use the single-file x4-upscaler-ema.safetensors)")
-    unet_file = _find_weights(root / "unet", "diffusion_pytorch_model")
+    unet_file = _diffusers_model_file(root)
     info = inspect_file(unet_file)
-    source = WeightSource.from_file(unet_file, "", "diffusers_unet")
-    view = _renamed_info(info, diffusers_unet_rename(info))
+    source, view = _diffusers_model(unet_file, info)
     for folder in ("text_encoder", "text_encoder_2"):
         if (root / folder).is_dir():
             view.update({f"{folder}.{k}": v for k, v in inspect_file(_find_weights(root / folder, "model")).items()})
@@ -286,9 +302,10 @@ def _load_diffusers_folder(root: Path, prediction: str | None):
     sched = root / "scheduler" / "scheduler_config.json"
     if sched.is_file():
         sc = json.loads(sched.read_text())
-        extra["prediction"] = {"v_prediction": "v_prediction", "epsilon": "eps", "sample": "x0"}.get(
-            sc.get("prediction_type", "epsilon"), "eps")
-        extra["zsnr"] = bool(sc.get("rescale_betas_zero_snr", False))
+        if not str(sc.get("_class_name", "")).startswith("FlowMatch"):  # a flow scheduler names neither
+            extra["prediction"] = {"v_prediction": "v_prediction", "epsilon": "eps", "sample": "x0"}.get(
+                sc.get("prediction_type", "epsilon"), "eps")
+            extra["zsnr"] = bool(sc.get("rescale_betas_zero_snr", False))
     model = _model_handle(found, source, prediction, **extra)
     slots = families.get(found.family).text_encoders(found.variant)
     sources, configs = {}, {}
@@ -364,28 +381,24 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     p = Path(path)
     _refuse_folder(p)
     if _is_diffusers_folder(p):
-        p = _find_weights(p / "unet", "diffusion_pytorch_model")
+        p = _diffusers_model_file(p)
     info = inspect_file(p)
     _refuse_family(p.name, info)
-    layout = None
     if sum(k.startswith(UNET_PREFIX) for k in info) > 5:
         source, sub = WeightSource.from_file(p, UNET_PREFIX), _sub(UNET_PREFIX, info)
     elif "conv_in.weight" in info and any(k.startswith("down_blocks.0.resnets.0.") for k in info):
         if "class_embedding.linear_1.weight" in info:  # diffusers' Lotus keeps its task input there
             raise NotImplementedError(f"{p.name}: a diffusers-layout UNet with a class embedding (Lotus in "
                                       f"diffusers format): not supported yet; use the LDM-layout file")
-        source = WeightSource.from_file(p, "", "diffusers_unet")
-        sub = _renamed_info(info, diffusers_unet_rename(info))
-    elif (layout := layout_of(info)) is not None:  # a family's other layout (diffusers' NextDiT, ...)
-        source, sub = WeightSource.from_file(p, "", layout.name), layout.convert_shapes(info)
+        source, sub = _diffusers_model(p, info)
+    elif layout_of(info) is not None:  # a family's own diffusers layout (SD3's, NextDiT's transformer)
+        source, sub = _diffusers_model(p, info)
     else:
         source, sub = WeightSource.from_file(p), dict(info)
     view = {**_without_quant_keys(sub, source), **_markers(info)}
-    rename = diffusers_unet_rename(info) if source.layout == "diffusers_unet" else None
+    rename, _ = reader_for_source(source)
 
     def read(key: str) -> torch.Tensor:
-        if layout is not None:  # converted as a whole (fused weights): read it all
-            return layout.convert(read_tensors(p, list(info)))[key]
         if rename is None:
             return read_tensors(p, [source.prefix + key])[source.prefix + key]
         stored = next(k for k in info if rename(k) == key)

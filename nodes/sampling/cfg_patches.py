@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +70,9 @@ class GuidanceArgs:
     # uncond) for CFG; 3 for PerpNegGuider ([positive, negative, empty]; the empty one is never
     # rewritten by a pre-CFG patch here, as by ComfyUI's, but a patch may branch on the length)
     n_outputs: int = 2
+    # the runner being sampled (``families.base.FamilyRunner``), for patches that ask what the
+    # model offers (skip-layer guidance: its ``skippable_blocks``)
+    model: Any = None
 
 
 def needs_uncond(patches: Sequence) -> bool:

@@ -80,7 +80,7 @@ def _guidance_args(den: CondDenoiser, x, sigma, scale: float, lists, preds, has_
         return den.calc_cond_batch([den.extra_list(conds)], x, sigma)[0]
 
     return GuidanceArgs(x, sigma, scale, preds[0], preds[1], evaluate, evaluate_negative,
-                        den.patch_state, has_uncond, evaluate_conds)
+                        den.patch_state, has_uncond, evaluate_conds, model=den.model)
 
 
 class DualCFGDenoiser(CondDenoiser):

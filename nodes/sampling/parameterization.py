@@ -761,5 +761,5 @@ class CFGDenoiser(CondDenoiser):
             return self.calc_cond_batch([self.extra_list(conds)], x, sigma)[0]
 
         args = GuidanceArgs(x, sigma, cfg, cond, uncond, evaluate, evaluate_negative,
-                            self.patch_state, has_uncond, evaluate_conds)
+                            self.patch_state, has_uncond, evaluate_conds, model=self.model)
         return guide(self.sampler_patches, args, pre=self.pre_cfg)

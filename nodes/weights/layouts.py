@@ -5,57 +5,58 @@ A ``WeightSource`` names its layout (``ldm``, ``hf_clip``, ``open_clip``, ``cont
 ``zero123_cc``); ``reader_for_source`` turns that into the renaming the
 loader applies to headers (to derive configs), the handles apply to shapes, and the weight store
 applies when it reads tensors. Its own module, so those three need not import one another for it.
-
-A model family whose files also come in another layout (diffusers' transformers, whose fused
-attention weights are stored apart) registers it here (``register_layout``, a ``KeyLayout``):
-the loader asks ``layout_of`` for a bare diffusion-model file's layout, and the store converts
-the whole state dict on read.
+A model family with a layout of its own (diffusers' SD3 / NextDiT transformers) registers it here
+(``register_layout``), so the loaders find it by the file's keys (``layout_of``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mixgraph.nodes.encoders.clip import open_clip_to_hf
 from mixgraph.nodes.encoders.clip_vision import hf_vision_rename, open_clip_vision_to_hf
-from mixgraph.nodes.encoders.siglip_vision import siglip_vision_rename
 from mixgraph.nodes.adapters.controlnet import convert_controlnet_state_dict
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 
-__all__ = ["hf_clip_rename", "reader_for_source", "convert_diff_controlnet", "DIFF_MARKERS", "KeyLayout",
+__all__ = ["hf_clip_rename", "reader_for_source", "convert_diff_controlnet", "DIFF_MARKERS", "FamilyLayout",
            "register_layout", "layout_of"]
 
 
 @dataclass(frozen=True)
-class KeyLayout:
-    """A family's other stored layout of its diffusion model: ``name`` (the ``WeightSource``
-    layout), ``recognise(keys)`` (is a bare file's key set in it), ``convert(state_dict)`` (the
-    tensors in the model's own keys) and ``convert_shapes(header)`` (key -> shape, the same
-    conversion on a header, for detection)."""
+class FamilyLayout:
+    """A model family's foreign key layout of its diffusion model (e.g. diffusers' layout of a
+    DiT), registered by the family (``register_layout``) so the loaders and the weight store
+    read such files without naming the family.
+
+    name: the ``WeightSource.layout``. matches(keys): whether a file's keys are in this layout.
+    header(info): the file's keys and shapes in the family's own layout (what ``detect`` sees).
+    rename(stored keys) -> (key -> module key or None); post(renamed state dict) -> the module's
+    state dict (None: the renaming is all), for layouts that are not a renaming (fused q/k/v)."""
 
     name: str
-    recognise: Callable[[Iterable[str]], bool]
-    convert: Callable[[Mapping[str, Any]], dict[str, Any]]
-    convert_shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]]
+    matches: Callable[[Collection[str]], bool]
+    header: Callable[[Mapping[str, Any]], dict]
+    rename: Callable[[Iterable[str]], Callable[[str], str | None]]
+    post: Callable[[dict], dict] | None = None
 
 
-_LAYOUTS: dict[str, KeyLayout] = {}
+_FAMILY_LAYOUTS: dict[str, FamilyLayout] = {}
 
 
-def register_layout(layout: KeyLayout) -> KeyLayout:
-    if layout.name in _LAYOUTS and _LAYOUTS[layout.name] is not layout:
-        raise ValueError(f"key layout {layout.name!r} is registered already")
-    _LAYOUTS[layout.name] = layout
+def register_layout(layout: FamilyLayout) -> FamilyLayout:
+    known = _FAMILY_LAYOUTS.get(layout.name)
+    if known is not None and known != layout:
+        raise ValueError(f"weight layout {layout.name!r} is registered already")
+    _FAMILY_LAYOUTS[layout.name] = layout
     return layout
 
 
-def layout_of(keys: Iterable[str]) -> KeyLayout | None:
-    """The registered family layout a bare file's keys are in, or None."""
-    keys = set(keys)
-    return next((layout for layout in _LAYOUTS.values() if layout.recognise(keys)), None)
+def layout_of(keys: Collection[str]) -> FamilyLayout | None:
+    """The registered family layout a file's keys are in, or None."""
+    return next((fl for fl in _FAMILY_LAYOUTS.values() if fl.matches(keys)), None)
 
 
 def hf_clip_rename(key: str) -> str | None:
@@ -85,17 +86,16 @@ def reader_for_source(source: WeightSource):
         return hf_vision_rename, None
     if layout == "open_clip_vision":
         return None, open_clip_vision_to_hf
-    if layout == "hf_siglip_vision":
-        return siglip_vision_rename, None
     if layout == "controlnet":
         return None, convert_controlnet_state_dict
     if layout == "zero123_cc":  # Stable Zero123's top-level cc_projection.* only (families/sd/zero123.py)
         return _zero123_cc_rename, None
     if layout == "controlnet_diff":
         return None, convert_diff_controlnet
-    if layout in _LAYOUTS:
-        return None, _LAYOUTS[layout].convert
     keys = _source_keys(source)
+    family_layout = _FAMILY_LAYOUTS.get(layout)
+    if family_layout is not None:
+        return family_layout.rename(keys), family_layout.post
     if layout == "diffusers_unet":
         return diffusers_unet_rename(keys), None
     if layout == "diffusers_vae":

@@ -36,7 +36,7 @@ from mixgraph.nodes.families.lumina.nextdit import NextDiT, NextDiTConfig
 from mixgraph.nodes.families.lumina.runner import NextDiTRunner
 from mixgraph.nodes.vae.flow_latent_formats import FLUX_LATENT, shifted_format
 from mixgraph.nodes.vae.latent_format import LatentFormat
-from mixgraph.nodes.weights.layouts import KeyLayout, register_layout
+from mixgraph.nodes.weights.layouts import FamilyLayout, register_layout
 
 __all__ = ["NextDiTFamily", "LUMINA2", "Z_IMAGE", "TRACE_TOKENS"]
 
@@ -92,8 +92,10 @@ class NextDiTFamily:
 
 
 # diffusers' transformer files of both (UNETLoader on transformer/diffusion_pytorch_model.safetensors)
-DIFFUSERS_LAYOUT = register_layout(KeyLayout("diffusers_nextdit", diffusers_keys.diffusers_layout,
-                                             diffusers_keys.to_comfy, diffusers_keys.to_comfy_shapes))
+# (fused q/k/v: every stored key is read under its own name, then converted as a whole)
+DIFFUSERS_LAYOUT = register_layout(FamilyLayout("diffusers_nextdit", diffusers_keys.diffusers_layout,
+                                                diffusers_keys.to_comfy_shapes, lambda keys: lambda k: k,
+                                                diffusers_keys.to_comfy))
 
 LUMINA2 = NextDiTFamily(
     "lumina2", "Lumina Image 2.0", z_image=False, shift=6.0,
