@@ -55,6 +55,8 @@ class OutputRule:
     project_pooled: the pooled output goes through ``text_projection``.
     pooled: this encoder's pooled output is the cond's pooled vector (SDXL: clip_g's); None of
         them: the cond has no pooled vector.
+    min_length: the tokenizer pads a prompt to at least this many tokens (ComfyUI's per-set
+        ``min_length``: T5 256 for Flux, 77 for SD3, 1 for Chroma); None: the tokenizer's own.
     """
 
     pad_token: int
@@ -62,6 +64,7 @@ class OutputRule:
     norm_hidden: bool
     project_pooled: bool
     pooled: bool = False
+    min_length: int | None = None
 
 
 @dataclass(frozen=True)

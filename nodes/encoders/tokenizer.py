@@ -41,6 +41,8 @@ __all__ = [
     "EmbeddingLookup",
     "parse_weights",
     "load_clip_vocab",
+    "weighted_groups",
+    "chunk_groups",
 ]
 
 logger = logging.getLogger(__name__)
@@ -150,30 +152,57 @@ class CLIPTokenizer:
         one piece between ``embedding:`` markers within one weight segment (ids from 1, counted
         over the whole prompt; an embedding is a word of its own); start/end/pad tokens have id 0.
         """
-        warn = warn or logger.warning
-        groups: list[TokenWeights] = []
-        for segment, weight in parse_weights(text):
-            for word in _split_embeddings(segment):
-                if word.startswith(_EMBEDDING_PREFIX) and embedding_lookup is not None:
-                    name = word[len(_EMBEDDING_PREFIX) :].strip("\n")
-                    embed, leftover = _find_embedding(name, embedding_lookup, embedding_key)
-                    if embed is None:
-                        warn(f"embedding:{name} does not exist, ignoring")
-                    else:
-                        vectors = embed.reshape(-1, embed.shape[-1])  # [n, D]
-                        groups.append([(vectors[i], weight) for i in range(vectors.shape[0])])
-                    if leftover == "":
-                        continue
-                    word = leftover
-                groups.append([(t, weight) for t in self.encode(word)])
-        chunks = _chunk(groups, pad_token=pad_token, max_length=max_length)
+        groups = weighted_groups(text, self.encode, embedding_lookup=embedding_lookup,
+                                 embedding_key=embedding_key, warn=warn)
+        chunks = chunk_groups(groups, start=START_TOKEN, end=END_TOKEN, pad=pad_token, max_length=max_length)
         return chunks if word_ids else [[(t, w) for t, w, _ in c] for c in chunks]
 
 
-def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int) -> list[list[tuple]]:
-    """Pack token groups into start/end-delimited chunks as ComfyUI does: (token, weight, word id)."""
+def weighted_groups(text: str, encode: Callable[[str], list[int]], *,
+                    embedding_lookup: EmbeddingLookup | None = None, embedding_key: str = "clip_l",
+                    warn: Callable[[str], None] | None = None) -> list[TokenWeights]:
+    """ComfyUI's prompt layer before chunking, shared by every tokenizer that reads its syntax
+    (CLIP, T5, ...): ``(text:w)`` weights, ``embedding:name`` vectors (one slot each, the
+    encoder's own by `embedding_key`), each remaining piece through `encode` (ids without
+    special tokens). One group per piece; a group's tokens stay together when chunked."""
+    warn = warn or logger.warning
+    groups: list[TokenWeights] = []
+    for segment, weight in parse_weights(text):
+        for word in _split_embeddings(segment):
+            if word.startswith(_EMBEDDING_PREFIX) and embedding_lookup is not None:
+                name = word[len(_EMBEDDING_PREFIX) :].strip("\n")
+                embed, leftover = _find_embedding(name, embedding_lookup, embedding_key)
+                if embed is None:
+                    warn(f"embedding:{name} does not exist, ignoring")
+                else:
+                    vectors = embed.reshape(-1, embed.shape[-1])  # [n, D]
+                    groups.append([(vectors[i], weight) for i in range(vectors.shape[0])])
+                if leftover == "":
+                    continue
+                word = leftover
+            groups.append([(t, weight) for t in encode(word)])
+    return groups
+
+
+def chunk_groups(groups: list[TokenWeights], *, start: int | None, end: int, pad: int, max_length: int,
+                 pad_to_max_length: bool = True, min_length: int | None = None) -> list[list[tuple]]:
+    """ComfyUI's ``SDTokenizer`` chunking: token groups -> chunks of (token, weight, word id),
+    each ``[start?, tokens..., end]``, at most `max_length` long, padded with `pad` to
+    `max_length` (`pad_to_max_length`, CLIP) and the last one to at least `min_length` (T5)."""
+    chunks = _chunk(groups, pad_token=pad, max_length=max_length, start=start, end=end,
+                    pad_to_max_length=pad_to_max_length)
+    last = chunks[-1]
+    if min_length is not None and len(last) < min_length:
+        last.extend([(pad, 1.0, 0)] * (min_length - len(last)))
+    return chunks
+
+
+def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int, start: int | None = START_TOKEN,
+           end: int = END_TOKEN, pad_to_max_length: bool = True) -> list[list[tuple]]:
+    """Pack token groups into end-delimited chunks as ComfyUI does: (token, weight, word id)."""
+    head = [] if start is None else [(start, 1.0, 0)]
     chunks: list[list[tuple]] = []
-    batch: list[tuple] = [(START_TOKEN, 1.0, 0)]
+    batch: list[tuple] = list(head)
     chunks.append(batch)
     for word, pairs in enumerate(groups, start=1):
         group = [(t, w, word) for t, w in pairs]
@@ -183,18 +212,20 @@ def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int) -> li
                 remaining = max_length - len(batch) - 1
                 if is_large:  # split the segment across the chunk boundary
                     batch.extend(group[:remaining])
-                    batch.append((END_TOKEN, 1.0, 0))
+                    batch.append((end, 1.0, 0))
                     group = group[remaining:]
                 else:  # close this chunk; the segment moves whole to the next one
-                    batch.append((END_TOKEN, 1.0, 0))
-                    batch.extend([(pad_token, 1.0, 0)] * remaining)
-                batch = [(START_TOKEN, 1.0, 0)]
+                    batch.append((end, 1.0, 0))
+                    if pad_to_max_length:
+                        batch.extend([(pad_token, 1.0, 0)] * remaining)
+                batch = list(head)
                 chunks.append(batch)
             else:
                 batch.extend(group)
                 group = []
-    batch.append((END_TOKEN, 1.0, 0))
-    batch.extend([(pad_token, 1.0, 0)] * (max_length - len(batch)))
+    batch.append((end, 1.0, 0))
+    if pad_to_max_length:
+        batch.extend([(pad_token, 1.0, 0)] * (max_length - len(batch)))
     return chunks
 
 
