@@ -10,8 +10,18 @@ ComfyUI facts (``comfy/text_encoders/flux.py``, ``sd3_clip.py``, ``pixart_t5.py`
   CLIP-G projected pooled). A missing CLIP is zeros of its width (CLIP-L 768, CLIP-G 1280, which
   ComfyUI fixes) in the pooled vector, and CLIP-G alone is padded in front by 768; without T5 the
   CLIP tokens are padded to 4096; with no encoder output at all the tokens are zeros
-  [1, 77, 4096].
+  [1, 77, 4096]. CLIPs given no tokens at all (CLIPTextEncodeSD3's "none" with empty prompts,
+  ``EncodedText.empty``) count as missing; a T5 given none still adds its one-token encoding of
+  the end token, as in ComfyUI.
 * "chroma" (t5xxl): T5's hidden states alone, no pooled vector.
+
+The encoders' output rules of each set (``FLUX_RULES``, ``SD3_RULES``, ``CHROMA_RULES``: encoder
+name -> rule, for the families' ``TextEncoderSlot``s): Flux's CLIP-L gives its last layer, normed,
+and its unprojected pooled vector, its T5 pads prompts to 256 tokens; SD3's CLIP-L its penultimate
+layer raw with the unprojected pooled vector, CLIP-G (pad 0) its penultimate layer raw with the
+projected pooled vector, T5 pads to 77; Chroma's T5 (ComfyUI's PixArt encoder) pads to 1 token,
+i.e. not at all, and weights interpolate against an all-pad empty prompt. None of them masks T5's
+attention (ComfyUI's default for these sets).
 
 Where the T5 ran with an attention mask (its rule's ``attention_mask``), the mask travels as
 ``model_inputs["attention_mask"]`` [1, T] (ComfyUI's ``extra["attention_mask"]``). The padding
@@ -26,12 +36,26 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mixgraph.nodes.encoders.encoder_set import EncodedText, register_join
+from mixgraph.nodes.encoders.encoder_set import EncodedText, OutputRule, register_join
+from mixgraph.nodes.encoders.t5 import T5Rule
+from mixgraph.nodes.encoders.tokenizer import END_TOKEN
 from mixgraph.nodes.payloads.conditioning import Cond
 
-__all__ = ["flux_join", "sd3_join", "chroma_join", "CLIP_L_WIDTH", "CLIP_G_WIDTH", "T5_WIDTH"]
+__all__ = ["flux_join", "sd3_join", "chroma_join", "CLIP_L_WIDTH", "CLIP_G_WIDTH", "T5_WIDTH",
+           "FLUX_RULES", "SD3_RULES", "CHROMA_RULES"]
 
 CLIP_L_WIDTH, CLIP_G_WIDTH, T5_WIDTH = 768, 1280, 4096  # ComfyUI's widths for missing encoders
+
+FLUX_RULES: dict[str, OutputRule] = {
+    "clip_l": OutputRule(END_TOKEN, None, True, False, pooled=True),
+    "t5xxl": T5Rule(min_length=256),
+}
+SD3_RULES: dict[str, OutputRule] = {
+    "clip_l": OutputRule(END_TOKEN, -2, False, False, pooled=True),
+    "clip_g": OutputRule(0, -2, False, True, pooled=True),
+    "t5xxl": T5Rule(min_length=77),
+}
+CHROMA_RULES: dict[str, OutputRule] = {"t5xxl": T5Rule(min_length=1, empty_end=False)}
 
 
 def _needs(outputs: Mapping[str, EncodedText], set_name: str, *names: str) -> None:
@@ -57,7 +81,7 @@ def sd3_join(outputs: Mapping[str, EncodedText]) -> Cond:
     clip_l, clip_g, t5 = outputs.get("clip_l"), outputs.get("clip_g"), outputs.get("t5xxl")
     width = T5_WIDTH if t5 is None else t5.hidden.shape[-1]
     lg = pooled = None
-    if clip_l is not None or clip_g is not None:
+    if any(o is not None and not o.empty for o in (clip_l, clip_g)):  # ComfyUI: CLIP tokens given
         l_pooled = clip_l.pooled if clip_l is not None else torch.zeros(1, CLIP_L_WIDTH)
         if clip_g is not None:
             g_pooled = clip_g.pooled

@@ -92,11 +92,14 @@ class EncoderEntry:
 class EncodedText:
     """One encoder's output for one prompt: ``hidden`` [1, T, D] (the chunks along tokens, weights
     applied), ``pooled`` [1, P] or None, ``mask`` [1, T] (1 = a real token, 0 = padding) or None
-    when every token counts. Float32."""
+    when every token counts. Float32. ``empty``: the encoder was given no chunks (ComfyUI's empty
+    token list, CLIPTextEncodeSD3's "none" padding); its output is then that of ComfyUI's
+    zero-length empty prompt, and a join may leave it out as ComfyUI does."""
 
     hidden: Tensor
     pooled: Tensor | None = None
     mask: Tensor | None = None
+    empty: bool = False
 
 
 #: A set's join: encoder name -> its output, in set order -> the cond's tensors.

@@ -244,6 +244,10 @@ class T5EncoderModel(nn.Module):
             chosen = self.encoder.final_layer_norm(chosen)
         return last, chosen
 
+    def empty_chunk(self) -> list[tuple[int, float]]:
+        """ComfyUI's zero-length empty prompt for T5 (no start token): the end token alone."""
+        return [(T5_END, 1.0)]
+
     def encode_chunks(self, chunks: list[list[tuple]], rule: OutputRule, layer_idx: int | None,
                       warn: Callable[[str], None]) -> EncodedText:
         """ComfyUI's ``encode_token_weights`` for T5 (module docstring): chunks of

@@ -28,6 +28,7 @@ the policy storage=f16, compute=f32.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -142,8 +143,9 @@ def encode_tokens(
     A CLIP encoder runs here (``_encode_chunks``); any other module runs its own
     ``encode_chunks(chunks, rule, layer_idx, warn) -> encoder_set.EncodedText``. `join` makes
     the cond from the outputs by encoder name (``encoder_set.register_join``): each encoder
-    encodes its own chunks (no padding to a common count) and one given no chunks is left out
-    of the outputs; None: shorter chunk lists are padded with the empty prompt, the hidden
+    encodes its own chunks (no padding to a common count), one given no chunks ComfyUI's
+    zero-length empty prompt (``[start, end]`` for CLIP, the module's ``empty_chunk()``
+    otherwise), flagged ``EncodedText.empty``; None: shorter chunk lists are padded with the empty prompt, the hidden
     states join along features, cut to the shortest, and the pooled vector is that of the
     encoder whose rule says ``pooled``."""
     warn = warn or logger.warning
@@ -161,13 +163,15 @@ def encode_tokens(
                     chunks.extend(empty)
     outputs: dict[str, EncodedText] = {}
     for e, chunks in zip(encoders, chunked):
-        if not chunks:  # a set with a join: this encoder was given no tokens (CLIPTextEncodeSD3's "none")
-            continue
         encode_chunks = getattr(e.model, "encode_chunks", None)
+        empty = not chunks  # (a set with a join) no tokens: ComfyUI encodes its zero-length empty prompt
+        if empty:
+            chunks = [e.model.empty_chunk() if encode_chunks is not None else [(START_TOKEN, 1.0), (END_TOKEN, 1.0)]]
         if encode_chunks is not None:
-            outputs[e.name] = encode_chunks(chunks, e.rule, layer_idx, warn)
+            out = encode_chunks(chunks, e.rule, layer_idx, warn)
         else:
-            outputs[e.name] = EncodedText(*_encode_chunks(e.model, chunks, e.rule, layer_idx, warn))
+            out = EncodedText(*_encode_chunks(e.model, chunks, e.rule, layer_idx, warn))
+        outputs[e.name] = dataclasses.replace(out, empty=True) if empty else out
     if join is not None:
         return (join(outputs),)
     outs = [outputs[e.name].hidden for e in encoders]

@@ -93,6 +93,12 @@ def set_size(conds: Conditioning, size) -> Conditioning:
     return tuple(dataclasses.replace(c, size=size) for c in conds)
 
 
+def set_model_input(conds: Conditioning, key: str, value) -> Conditioning:
+    """Every cond with ``model_inputs[key] = value`` (a ComfyUI cond key a family reads, e.g.
+    Flux's "guidance" from CLIPTextEncodeFlux)."""
+    return tuple(dataclasses.replace(c, model_inputs={**c.model_inputs, key: value}) for c in conds)
+
+
 def set_concat(conds: Conditioning, latent: torch.Tensor, mask: torch.Tensor) -> Conditioning:
     return tuple(dataclasses.replace(c, concat_latent=latent, concat_mask=mask) for c in conds)
 

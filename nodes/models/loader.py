@@ -34,6 +34,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,6 +42,7 @@ from mixgraph.nodes.families import registry as families
 from mixgraph.nodes.families.base import Detection, TextEncoderSlot
 from mixgraph.nodes.encoders.clip import CLIPTextConfig, is_open_clip
 from mixgraph.nodes.encoders.clip_vision_handle import clip_vision_handle
+from mixgraph.nodes.encoders.encoder_arch import Found, get_arch, recognise
 from mixgraph.nodes.encoders.encoder_set import EncoderEntry
 from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_lora
 from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
@@ -66,6 +68,7 @@ __all__ = [
     "load_unet",
     "load_vae",
     "load_clip",
+    "clip_type_family",
     "load_controlnet",
     "load_diff_controlnet",
 ]
@@ -160,14 +163,38 @@ def _markers(info: Info) -> dict[str, TensorInfo]:
 
 
 def _clip_handle(slots: Sequence[TextEncoderSlot], sources: Mapping[str, WeightSource],
-                 configs: Mapping[str, CLIPTextConfig]) -> ClipHandle:
+                 configs: Mapping[str, Any]) -> ClipHandle:
     """The CLIP of a family variant's text-encoder ``slots`` (``Family.text_encoders``), in set
-    order, from each encoder's weights and config."""
-    missing = [s.name for s in slots if sources.get(s.name) is None or configs.get(s.name) is None]
+    order, from each encoder's weights and config; an optional slot without weights is left
+    out. Each entry's module is its slot architecture's (``encoder_arch``)."""
+    missing = [s.name for s in slots if not s.optional and (sources.get(s.name) is None or configs.get(s.name) is None)]
     if missing:
         raise ValueError(f"{slots[0].encoding} text encoding needs {', '.join(missing)}, which is not loaded")
     return ClipHandle(kind=slots[0].encoding, encoders=tuple(
-        EncoderEntry(s.name, sources[s.name], configs[s.name], s.rule, s.tokenizer, s.role) for s in slots))
+        EncoderEntry(s.name, sources[s.name], configs[s.name], s.rule, s.tokenizer, s.role, get_arch(s.arch).build)
+        for s in slots if s.name in sources and s.name in configs))
+
+
+def _complete(slots: Sequence[TextEncoderSlot], sources: Mapping[str, WeightSource]) -> bool:
+    """Whether ``sources`` fill every slot a set needs (all but the optional ones, at least one)."""
+    return bool(sources) and all(s.optional or s.name in sources for s in slots)
+
+
+def _checkpoint_encoder(p: Path, info: Info, slot: TextEncoderSlot) -> tuple[WeightSource, Any] | None:
+    """(source, config) of the text encoder ``slot`` stored in the single-file checkpoint ``p``
+    under its ``prefix``, or None when the file has none there. CLIP slots keep the SD layouts
+    (``slot.layout``); any other architecture is found by the encoder registry."""
+    if not slot.prefix or not any(k.startswith(slot.prefix) for k in info):
+        return None
+    if slot.arch == "clip":
+        source = WeightSource.from_file(p, slot.prefix, slot.layout)
+        return source, _clip_config(info, source, slot.name)
+    arch = get_arch(slot.arch)
+    found = arch.find(info, slot.prefix)
+    if found is None:
+        raise ValueError(f"{p.name}: the keys under {slot.prefix!r} are not a {slot.arch} text encoder "
+                         f"({slot.name})")
+    return WeightSource.from_file(p, slot.prefix, found.layout), arch.config(info, found, slot.name)
 
 
 def _clip_config(info: Info, source: WeightSource, role: str) -> CLIPTextConfig:
@@ -227,11 +254,11 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
     slots = family.text_encoders(found.variant)
     sources, configs = {}, {}
     for slot in slots:
-        if slot.prefix and any(k.startswith(slot.prefix) for k in info):
-            sources[slot.name] = WeightSource.from_file(p, slot.prefix, slot.layout)
-            configs[slot.name] = _clip_config(info, sources[slot.name], slot.name)
+        stored = _checkpoint_encoder(p, info, slot)
+        if stored is not None:
+            sources[slot.name], configs[slot.name] = stored
     clip = None
-    if slots and len(sources) == len(slots):
+    if slots and _complete(slots, sources):
         clip = _clip_handle(slots, sources, configs)
     return model, clip, _checkpoint_vae(p, info, found)
 
@@ -481,8 +508,59 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
         la, lb = _standalone_clip_source(Path(a[0].path), "clip_l"), _standalone_clip_source(Path(b[0].path), "clip_g")
         return _clip_handle(families.get("sd").text_encoders("sdxl"), {"clip_l": la[0], "clip_g": lb[0]},
                             {"clip_l": la[1], "clip_g": lb[1]})
-    raise NotImplementedError(f"CLIP type {type!r}: not supported yet (mixgraph runs SD 1.x, SD 2.x and SDXL: "
-                              f"types stable_diffusion, sdxl)")
+    family = clip_type_family(type)
+    if family is None:
+        raise NotImplementedError(f"CLIP type {type!r}: not supported yet (mixgraph runs SD 1.x, SD 2.x and SDXL: "
+                                  f"types stable_diffusion, sdxl)")
+    return _dit_clip(paths, type, family.text_encoders(family.clip_types[type]))
+
+
+def clip_type_family(type: str) -> Any:
+    """The registered family whose ``clip_types`` names the CLIP loaders' ``type``, or None."""
+    return next((f for f in families.FAMILIES.values() if type in (getattr(f, "clip_types", None) or {})), None)
+
+
+def _expects(type: str, slots: Sequence[TextEncoderSlot]) -> str:
+    names = [f"{s.name} ({s.arch}{', optional' if s.optional else ''})" for s in slots]
+    return f"CLIP type {type!r} takes {', '.join(names)}"
+
+
+def _dit_clip(paths: Sequence[Path], type: str, slots: Sequence[TextEncoderSlot]) -> ClipHandle:
+    """The CLIP of a family's ``slots`` from text-encoder files: each file's architecture (from
+    its keys, ``encoder_arch.recognise``) picks the slots it may fill; files of one architecture
+    fill its slots narrowest first in slot order (clip_l 768 before clip_g 1280), and a single
+    file among several slots of its architecture takes the widest slot only when it is 1280 or
+    wider (CLIP-G), else the first."""
+    by_arch: dict[str, list[tuple[Path, Info, Found]]] = {}
+    for path in paths:
+        info = inspect_file(path)
+        _refuse_family(path.name, info)
+        found = recognise(info)
+        if found is None:
+            raise ValueError(f"{path.name}: not a text encoder of a known architecture ({_describe(info)}); "
+                             f"{_expects(type, slots)}")
+        by_arch.setdefault(found.arch, []).append((path, info, found))
+    sources: dict[str, WeightSource] = {}
+    configs: dict[str, Any] = {}
+    for arch_name, files in by_arch.items():
+        fitting = [s for s in slots if s.arch == arch_name]
+        if len(files) > len(fitting):
+            extra = files[len(fitting):] if fitting else files
+            raise ValueError(f"{', '.join(f[0].name for f in extra)}: a {arch_name} text encoder that fits no "
+                             f"slot; {_expects(type, slots)}")
+        files = sorted(files, key=lambda f: f[2].width)
+        if len(files) < len(fitting):
+            fitting = [fitting[-1]] if files[0][2].width >= 1280 else fitting[: len(files)]
+        for slot, (path, info, found) in zip(fitting, files):
+            arch = get_arch(arch_name)
+            sources[slot.name] = WeightSource.from_file(path, found.prefix, found.layout)
+            configs[slot.name] = arch.config(info, found, slot.name)
+    missing = [s for s in slots if not s.optional and s.name not in sources]
+    if missing:
+        raise ValueError(f"CLIP type {type!r} needs {', '.join(f'{s.name} ({s.arch})' for s in missing)}, "
+                         f"which the files given ({', '.join(p.name for p in paths)}) do not hold; "
+                         f"{_expects(type, slots)}")
+    return _clip_handle(slots, sources, configs)
 
 
 def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
