@@ -168,7 +168,9 @@ class ModelHandle:
 @dataclass(frozen=True)
 class ClipHandle:
     """CLIP: a set of named text encoders (``encoder_set.EncoderEntry``, in the order their
-    features join), made for the family variant ``kind`` ("sd1", "sd2", "sdxl", "sdxl_refiner").
+    features join), made for the text-encoder set ``kind`` ("sd1", "sd2", "sdxl", "sdxl_refiner";
+    the DiT sets "flux", "sd3", "chroma", ..., whose outputs make a cond by the set's join,
+    ``encoder_set.register_join``).
 
     layer_idx: CLIPSetLastLayer's stop_at_clip_layer (None = each encoder's default).
     patches: LoRA patches, each applied to the encoder named by its ``target``.

@@ -6,7 +6,7 @@ How the encoders' outputs join into one cond is the CLIP set's join
 from __future__ import annotations
 
 from mixgraph.graph.node import Combo, Float, Socket, String, node
-from mixgraph.nodes.helpers import cond_ops, dit_text
+from mixgraph.nodes.helpers import cond_ops
 from mixgraph.nodes.helpers.embeddings import embedding_lookup, embeddings_fingerprint
 from mixgraph.nodes.helpers.precision import effective, encoder_policies
 
@@ -25,7 +25,7 @@ def CLIPTextEncodeFlux(ctx, clip=Socket("CLIP"), clip_l=String(multiline=True, d
                        guidance=Float(3.5, min=0.0, max=100.0, step=0.1)):
     """Flux.1: CLIP-L reads clip_l, T5-XXL reads t5xxl; the cond carries the guidance value
     (ComfyUI's ``guidance`` key)."""
-    dit_text.require_encoders(clip, "CLIPTextEncodeFlux", "clip_l", "t5xxl")
+    cond_ops.require_encoders(clip, "CLIPTextEncodeFlux", "clip_l", "t5xxl")
     conds = clip.encode(clip_l, effective(ctx, clip, "CLIP"), policies=encoder_policies(ctx, clip),
                         embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn), warn=ctx.warn,
                         texts={"t5xxl": t5xxl})
@@ -41,7 +41,7 @@ def CLIPTextEncodeSD3(ctx, clip=Socket("CLIP"), clip_l=String(multiline=True, dy
     encoder out (ComfyUI)."""
     if clip is None:
         raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
-    tokens = dit_text.sd3_tokens(clip, {"clip_l": clip_l, "clip_g": clip_g, "t5xxl": t5xxl}, empty_padding,
+    tokens = cond_ops.sd3_tokens(clip, {"clip_l": clip_l, "clip_g": clip_g, "t5xxl": t5xxl}, empty_padding,
                                  embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn), warn=ctx.warn)
     return (clip.encode_tokens(tokens, effective(ctx, clip, "CLIP"), warn=ctx.warn,
                                policies=encoder_policies(ctx, clip)),)
