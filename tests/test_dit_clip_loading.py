@@ -27,20 +27,21 @@ transformers = pytest.importorskip("transformers")
 
 T5_PREFIX = "text_encoders.t5xxl.transformer."
 CLIP_L_PREFIX = "text_encoders.clip_l.transformer."
+CLIP_G_PREFIX = "text_encoders.clip_g.transformer."
 L_WIDTH, G_WIDTH, T5_WIDTH = 32, 48, 96
 CFG = ToyConfig(context_dim=T5_WIDTH, pooled_dim=L_WIDTH)
 
 
 def _slot(name, rule, encoding, optional=False):
     arch, tokenizer = ("t5", "t5") if name == "t5xxl" else ("clip", "clip")
-    prefix = {"t5xxl": T5_PREFIX, "clip_l": CLIP_L_PREFIX}.get(name, "")
+    prefix = {"t5xxl": T5_PREFIX, "clip_l": CLIP_L_PREFIX, "clip_g": CLIP_G_PREFIX}[name]
     return TextEncoderSlot(name, tokenizer, "text", prefix=prefix, layout="hf_clip" if arch == "clip" else "",
                            encoding=encoding, rule=rule, arch=arch, optional=optional)
 
 
 class DiTToy(ToyFamily):
     """The toy flow transformer with the DiT text-encoder sets: its checkpoints are "flux"
-    (CLIP-L + T5 bundled under ComfyUI's prefixes)."""
+    (CLIP-L + T5 bundled under ComfyUI's prefixes), or "sd3" when they hold a CLIP-G."""
 
     name = "dit_toy"
     display = "DiT toy (tests)"
@@ -48,7 +49,8 @@ class DiTToy(ToyFamily):
 
     def detect(self, info, read=None, source=None):
         found = super().detect(info, read, source)
-        return None if found is None else Detection(self.name, "flux", found.config, found.fields)
+        variant = "sd3" if any(k.startswith(CLIP_G_PREFIX) for k in info) else "flux"
+        return None if found is None else Detection(self.name, variant, found.config, found.fields)
 
     def text_encoders(self, variant):
         if variant == "flux":
@@ -90,6 +92,9 @@ def models(tmp_path_factory):
     ckpt |= {CLIP_L_PREFIX + k: v for k, v in sds["clip_l"].items()}
     ckpt |= {T5_PREFIX + k: v for k, v in sds["t5"].items()}
     _save(root / "checkpoints" / "dit_toy.safetensors", ckpt)
+    sd3 = {k: v for k, v in ckpt.items() if not k.startswith(T5_PREFIX)}  # SD3 "incl. clips", no T5
+    sd3 |= {CLIP_G_PREFIX + k: v for k, v in sds["clip_g"].items()}
+    _save(root / "checkpoints" / "sd3_no_t5.safetensors", sd3)
     return root, sds
 
 
@@ -192,6 +197,10 @@ def test_checkpoint_bundled_t5(models):
     assert model.family == "dit_toy" and vae is None
     assert clip.kind == "flux" and clip.names == ("clip_l", "t5xxl")
     assert clip.encoder("t5xxl").source.prefix == T5_PREFIX and clip.encoder("t5xxl").config.width == T5_WIDTH
+    # SD3's encoders are optional: a checkpoint without T5 gives a CLIP of the two CLIPs
+    _, sd3, _ = loader.load_checkpoint(root / "checkpoints" / "sd3_no_t5.safetensors")
+    assert sd3.kind == "sd3" and sd3.names == ("clip_l", "clip_g")
+    assert sd3.encoder("clip_g").source.prefix == CLIP_G_PREFIX and sd3.encoder("clip_g").config.width == G_WIDTH
 
 
 # ---------------------------------------------------------------------------------------------
