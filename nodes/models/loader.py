@@ -485,8 +485,11 @@ def _guess_clip_role(cfg: CLIPTextConfig, layout: str) -> str:
 
 
 def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion") -> ClipHandle:
-    """CLIPLoader (one path, type "stable_diffusion": SD1 clip_l or SD2 clip_h) and
-    DualCLIPLoader (two paths, type "sdxl": clip_l + clip_g, matched by width, else by order)."""
+    """CLIPLoader (one path, type "stable_diffusion": SD1 clip_l or SD2 clip_h),
+    DualCLIPLoader (two paths, type "sdxl": clip_l + clip_g, matched by width, else by order) and,
+    for any other type a registered family lists in its ``clip_types`` ("flux", "sd3", "chroma",
+    ...; TripleCLIPLoader is "sd3"), that family variant's text-encoder slots filled from the
+    files by architecture (``_dit_clip``). Other types: not supported yet."""
     paths = [Path(x) for x in paths]
     if type == "stable_diffusion":
         if len(paths) != 1:
