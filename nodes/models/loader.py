@@ -14,6 +14,10 @@ Layouts understood (comfy-conventions §8):
   ``diffusion_pytorch_model[.fp16].safetensors`` / ``model[.fp16].safetensors``.
 - standalone VAE (LDM keys with or without ``first_stage_model.``; diffusers keys), UNet (LDM
   with or without ``model.diffusion_model.``; diffusers keys), text encoders (HF or OpenCLIP).
+- the DiT families' text encoders (CLIP, T5 v1.1, ...): standalone or in a checkpoint under
+  ComfyUI's ``text_encoders.<name>.transformer.``; which architecture a file holds, its config and
+  module are ``nodes/encoders/encoder_arch.py``'s, which slot it fills the family's
+  (``TextEncoderSlot.arch``).
 
 The diffusers → LDM key renaming (``diffusers_unet_rename``, ``diffusers_vae_rename``) lives in
 ``nodes.weights.diffusers_names``, shared with the LoRA and ControlNet loaders; diffusers' VAE
