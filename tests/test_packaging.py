@@ -73,6 +73,8 @@ def test_packaging_wheel_holds_only_mixgraph(wheel):
     assert "mixgraph/nodes/encoders/data/bpe_simple_vocab_16e6.txt.gz" in names
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "NOTICE.md"):  # Z-Image's Qwen3
         assert f"mixgraph/nodes/encoders/data/qwen2.5/{name}" in names
+    assert "mixgraph/nodes/encoders/data/t5_v1_1/tokenizer.json" in names  # the T5 tokenizer
+    assert "mixgraph/nodes/encoders/data/t5_v1_1/NOTICE.md" in names
     assert "mixgraph/nodes/families/sd/data/lotus_null_prompt.safetensors" in names  # LotusConditioning
     assert "mixgraph/ui/server/web/mixgraph.js" in names
     assert "mixgraph/ui/comfy/comfy_host/comfy_api/latest/_io.py" in names   # package data, not a package

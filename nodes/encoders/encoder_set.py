@@ -55,6 +55,8 @@ class OutputRule:
     project_pooled: the pooled output goes through ``text_projection``.
     pooled: this encoder's pooled output is the cond's pooled vector (SDXL: clip_g's); None of
         them: the cond has no pooled vector.
+    min_length: the tokenizer pads a prompt to at least this many tokens (ComfyUI's per-set
+        ``min_length``: T5 256 for Flux, 77 for SD3, 1 for Chroma); None: the tokenizer's own.
     """
 
     pad_token: int
@@ -62,6 +64,7 @@ class OutputRule:
     norm_hidden: bool
     project_pooled: bool
     pooled: bool = False
+    min_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,14 @@ class EncoderEntry:
 class EncodedText:
     """One encoder's output for one prompt: ``hidden`` [1, T, D] (the chunks along tokens, weights
     applied), ``pooled`` [1, P] or None, ``mask`` [1, T] (1 = a real token, 0 = padding) or None
-    when every token counts. Float32."""
+    when every token counts. Float32. ``empty``: the encoder was given no chunks (ComfyUI's empty
+    token list, CLIPTextEncodeSD3's "none" padding); its output is then that of ComfyUI's
+    zero-length empty prompt, and a join may leave it out as ComfyUI does."""
 
     hidden: Tensor
     pooled: Tensor | None = None
     mask: Tensor | None = None
+    empty: bool = False
 
 
 #: A set's join: encoder name -> its output, in set order -> the cond's tensors.

@@ -110,12 +110,6 @@ LLM_ARCHS = {
 }
 
 
-def register_llm_archs(register: Callable[[LlmArch], None]) -> None:
-    """Hand "qwen3" and "gemma2" to an architecture registry (``register(arch)``)."""
-    for arch in LLM_ARCHS.values():
-        register(arch)
-
-
 def entry_tokenizer(arch: str, source: WeightSource, slot_tokenizer: str) -> str:
     """The tokenizer name an entry of architecture `arch` in `source` reads: the file's own for
     Gemma 2 (registered on the way), else the slot's (Z-Image: "z_image")."""

@@ -28,6 +28,7 @@ the policy storage=f16, compute=f32.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -91,10 +92,15 @@ def tokenize(encoders: Sequence[TextEncoder | EncoderEntry], text: str, *,
     return {
         e.name: get_tokenizer(e.tokenizer).tokenize_with_weights(
             (texts or {}).get(e.name, text), pad_token=e.rule.pad_token, embedding_lookup=embedding_lookup,
-            embedding_key=e.name, warn=warn, word_ids=word_ids,
+            embedding_key=e.name, warn=warn, word_ids=word_ids, **_length_option(e.rule),
         )
         for e in encoders
     }
+
+
+def _length_option(rule: OutputRule) -> dict[str, int]:
+    """The rule's ``min_length`` for its tokenizer, given only where set (CLIP's has none)."""
+    return {} if rule.min_length is None else {"min_length": rule.min_length}
 
 
 def encode_prompt(
@@ -136,28 +142,36 @@ def encode_tokens(
 
     A CLIP encoder runs here (``_encode_chunks``); any other module runs its own
     ``encode_chunks(chunks, rule, layer_idx, warn) -> encoder_set.EncodedText``. `join` makes
-    the cond from the outputs by encoder name (``encoder_set.register_join``); None: the
-    hidden states join along features, cut to the shortest, and the pooled vector is that of
-    the encoder whose rule says ``pooled``."""
+    the cond from the outputs by encoder name (``encoder_set.register_join``): each encoder
+    encodes its own chunks (no padding to a common count), one given no chunks ComfyUI's
+    zero-length empty prompt (``[start, end]`` for CLIP, the module's ``empty_chunk()``
+    otherwise), flagged ``EncodedText.empty``; None: shorter chunk lists are padded with the empty prompt, the hidden
+    states join along features, cut to the shortest, and the pooled vector is that of the
+    encoder whose rule says ``pooled``."""
     warn = warn or logger.warning
     _check_set(encoders, join)
     missing = [e.name for e in encoders if e.name not in tokenized]
     if missing:
         raise ValueError(f"text encoding: no tokens for {', '.join(missing)}")
     chunked = [[[(t[0], t[1]) for t in chunk] for chunk in tokenized[e.name]] for e in encoders]
-    n_chunks = max(len(c) for c in chunked)
-    for e, chunks in zip(encoders, chunked):
-        if len(chunks) < n_chunks:
-            empty = get_tokenizer(e.tokenizer).tokenize_with_weights("", pad_token=e.rule.pad_token)
-            while len(chunks) < n_chunks:
-                chunks.extend(empty)
+    if join is None:
+        n_chunks = max(len(c) for c in chunked)
+        for e, chunks in zip(encoders, chunked):
+            if len(chunks) < n_chunks:
+                empty = get_tokenizer(e.tokenizer).tokenize_with_weights("", pad_token=e.rule.pad_token)
+                while len(chunks) < n_chunks:
+                    chunks.extend(empty)
     outputs: dict[str, EncodedText] = {}
     for e, chunks in zip(encoders, chunked):
         encode_chunks = getattr(e.model, "encode_chunks", None)
+        empty = not chunks  # (a set with a join) no tokens: ComfyUI encodes its zero-length empty prompt
+        if empty:
+            chunks = [e.model.empty_chunk() if encode_chunks is not None else [(START_TOKEN, 1.0), (END_TOKEN, 1.0)]]
         if encode_chunks is not None:
-            outputs[e.name] = encode_chunks(chunks, e.rule, layer_idx, warn)
+            out = encode_chunks(chunks, e.rule, layer_idx, warn)
         else:
-            outputs[e.name] = EncodedText(*_encode_chunks(e.model, chunks, e.rule, layer_idx, warn))
+            out = EncodedText(*_encode_chunks(e.model, chunks, e.rule, layer_idx, warn))
+        outputs[e.name] = dataclasses.replace(out, empty=True) if empty else out
     if join is not None:
         return (join(outputs),)
     outs = [outputs[e.name].hidden for e in encoders]

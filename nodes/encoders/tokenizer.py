@@ -40,8 +40,9 @@ __all__ = [
     "TokenWeights",
     "EmbeddingLookup",
     "parse_weights",
-    "weighted_groups",
     "load_clip_vocab",
+    "weighted_groups",
+    "chunk_groups",
 ]
 
 logger = logging.getLogger(__name__)
@@ -152,26 +153,20 @@ class CLIPTokenizer:
         over the whole prompt; an embedding is a word of its own); start/end/pad tokens have id 0.
         """
         groups = weighted_groups(text, self.encode, embedding_lookup=embedding_lookup,
-                                 embedding_key=embedding_key, warn=warn or logger.warning)
-        chunks = _chunk(groups, pad_token=pad_token, max_length=max_length)
+                                 embedding_key=embedding_key, warn=warn)
+        chunks = chunk_groups(groups, start=START_TOKEN, end=END_TOKEN, pad=pad_token, max_length=max_length)
         return chunks if word_ids else [[(t, w) for t, w, _ in c] for c in chunks]
 
 
-def weighted_groups(
-    text: str,
-    encode: Callable[[str], list[int]],
-    *,
-    embedding_lookup: EmbeddingLookup | None = None,
-    embedding_key: str = "clip_l",
-    warn: Callable[[str], None] | None = None,
-    weights: bool = True,
-) -> list[TokenWeights]:
-    """ComfyUI's word loop of ``SDTokenizer.tokenize_with_weights``, for any tokenizer: the
-    prompt's groups of (token or embedding vector, weight), one group per piece between
-    ``embedding:`` markers of one weight segment (the unit ComfyUI counts word ids by and keeps
-    whole in a chunk). `encode(piece)` gives a piece's ids without start/end tokens.
-    ``weights=False`` is ComfyUI's ``disable_weights``: the whole prompt is one segment of
-    weight 1.0 (parentheses stay text; ``\\(`` still unescapes to ``(``)."""
+def weighted_groups(text: str, encode: Callable[[str], list[int]], *,
+                    embedding_lookup: EmbeddingLookup | None = None, embedding_key: str = "clip_l",
+                    warn: Callable[[str], None] | None = None, weights: bool = True) -> list[TokenWeights]:
+    """ComfyUI's prompt layer before chunking, shared by every tokenizer that reads its syntax
+    (CLIP, T5, ...): ``(text:w)`` weights, ``embedding:name`` vectors (one slot each, the
+    encoder's own by `embedding_key`), each remaining piece through `encode` (ids without
+    special tokens). One group per piece; a group's tokens stay together when chunked.
+    ``weights=False`` is ComfyUI's ``disable_weights``: the whole prompt is one segment of weight
+    1.0 (parentheses stay text; ``\\(`` still unescapes to ``(``)."""
     warn = warn or logger.warning
     segments = parse_weights(text) if weights else [(text.replace("\\)", ")").replace("\\(", "("), 1.0)]
     groups: list[TokenWeights] = []
@@ -192,10 +187,25 @@ def weighted_groups(
     return groups
 
 
-def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int) -> list[list[tuple]]:
-    """Pack token groups into start/end-delimited chunks as ComfyUI does: (token, weight, word id)."""
+def chunk_groups(groups: list[TokenWeights], *, start: int | None, end: int, pad: int, max_length: int,
+                 pad_to_max_length: bool = True, min_length: int | None = None) -> list[list[tuple]]:
+    """ComfyUI's ``SDTokenizer`` chunking: token groups -> chunks of (token, weight, word id),
+    each ``[start?, tokens..., end]``, at most `max_length` long, padded with `pad` to
+    `max_length` (`pad_to_max_length`, CLIP) and the last one to at least `min_length` (T5)."""
+    chunks = _chunk(groups, pad_token=pad, max_length=max_length, start=start, end=end,
+                    pad_to_max_length=pad_to_max_length)
+    last = chunks[-1]
+    if min_length is not None and len(last) < min_length:
+        last.extend([(pad, 1.0, 0)] * (min_length - len(last)))
+    return chunks
+
+
+def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int, start: int | None = START_TOKEN,
+           end: int = END_TOKEN, pad_to_max_length: bool = True) -> list[list[tuple]]:
+    """Pack token groups into end-delimited chunks as ComfyUI does: (token, weight, word id)."""
+    head = [] if start is None else [(start, 1.0, 0)]
     chunks: list[list[tuple]] = []
-    batch: list[tuple] = [(START_TOKEN, 1.0, 0)]
+    batch: list[tuple] = list(head)
     chunks.append(batch)
     for word, pairs in enumerate(groups, start=1):
         group = [(t, w, word) for t, w in pairs]
@@ -205,18 +215,20 @@ def _chunk(groups: list[TokenWeights], *, pad_token: int, max_length: int) -> li
                 remaining = max_length - len(batch) - 1
                 if is_large:  # split the segment across the chunk boundary
                     batch.extend(group[:remaining])
-                    batch.append((END_TOKEN, 1.0, 0))
+                    batch.append((end, 1.0, 0))
                     group = group[remaining:]
                 else:  # close this chunk; the segment moves whole to the next one
-                    batch.append((END_TOKEN, 1.0, 0))
-                    batch.extend([(pad_token, 1.0, 0)] * remaining)
-                batch = [(START_TOKEN, 1.0, 0)]
+                    batch.append((end, 1.0, 0))
+                    if pad_to_max_length:
+                        batch.extend([(pad_token, 1.0, 0)] * remaining)
+                batch = list(head)
                 chunks.append(batch)
             else:
                 batch.extend(group)
                 group = []
-    batch.append((END_TOKEN, 1.0, 0))
-    batch.extend([(pad_token, 1.0, 0)] * (max_length - len(batch)))
+    batch.append((end, 1.0, 0))
+    if pad_to_max_length:
+        batch.extend([(pad_token, 1.0, 0)] * (max_length - len(batch)))
     return chunks
 
 

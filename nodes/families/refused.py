@@ -5,7 +5,10 @@ another family (Flux, SD3, video or audio models, ...) refuses with "model famil
 supported (mixgraph runs SD 1.x, SD 2.x and SDXL)", at validation when the file's header can be read
 cheaply (safetensors, diffusers folders) and again at load time. A registered family that names
 a row of ``_DIFFUSION`` in its ``refusals`` (``base.Family``) takes those files over when its
-``detect`` recognises them, so a new family needs no edit of these tables.
+``detect`` recognises them, so a new family needs no edit of these tables. A text-encoder file
+(``_TEXT_ENCODERS``) stops being refused when its architecture is registered with the text
+encoders (``encoders/encoder_arch.py``) and a registered family's ``clip_types`` variant has a slot
+of that architecture.
 
 The characteristic keys are the ones ComfyUI's ``comfy/model_detection.py`` tests to tell its
 model classes apart (diffusion models), plus the text-encoder and VAE layouts of those families.
@@ -19,6 +22,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from mixgraph.nodes.encoders.encoder_arch import recognise
 from mixgraph.nodes.families import registry
 from mixgraph.nodes.weights.safetensors_io import WeightFileError, inspect_file
 
@@ -103,6 +107,20 @@ def _claimed(family: str, info, prefix: str) -> bool:
     return any(f.detect(sub) is not None for f in takers)
 
 
+def _encoder_claimed(info) -> bool:
+    """Whether a registered family runs this text-encoder file: its architecture (from its keys,
+    ``encoder_arch.recognise``) is that of a slot of a variant the family's ``clip_types`` name
+    (a T5 file loads once a Flux / SD3 / Chroma family is registered)."""
+    found = recognise(info)
+    if found is None:
+        return False
+    for family in registry.FAMILIES.values():
+        for variant in set((getattr(family, "clip_types", None) or {}).values()):
+            if any(slot.arch == found.arch for slot in family.text_encoders(variant)):
+                return True
+    return False
+
+
 def detect_family(info) -> str | None:
     """The unsupported family a file's tensors belong to, or None (an SD file, or unknown).
     ``info``: key → TensorInfo (``safetensors_io.inspect_file``) or key → shape sequence."""
@@ -112,7 +130,10 @@ def detect_family(info) -> str | None:
         # a file whose diffusion model a registered family runs is that family's, text encoders
         # and autoencoder included (an SD3 checkpoint's T5 and 16-channel VAE)
         return None if _claimed(diffusion[0], info, diffusion[1]) else diffusion[0]
-    found = _match(keys, _TEXT_ENCODERS) or _match(keys, _VIDEO_VAE)
+    encoder = _match(keys, _TEXT_ENCODERS)
+    if encoder is not None and not _encoder_claimed(info):
+        return encoder[0]
+    found = _match(keys, _VIDEO_VAE)
     if found:
         return found[0]
     for prefix in ("first_stage_model.", "vae.", ""):

@@ -1,5 +1,6 @@
 """Plain functions on CONDITIONING payloads for the conditioning nodes (ComfyUI ``nodes.py``):
-averaging, concatenation, percentage areas, masks, timestep ranges and the inpaint-model concat.
+averaging, concatenation, percentage areas, masks, timestep ranges, the inpaint-model concat, model
+inputs (Flux's guidance) and the token handling of the DiT text-encode nodes.
 
 Every function returns new ``Cond``s (``dataclasses.replace``); inputs are never modified.
 What these fields mean at sampling time is applied in ``nodes/sampling/parameterization.py``.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +96,12 @@ def set_size(conds: Conditioning, size) -> Conditioning:
     return tuple(dataclasses.replace(c, size=size) for c in conds)
 
 
+def set_model_input(conds: Conditioning, key: str, value) -> Conditioning:
+    """Every cond with ``model_inputs[key] = value`` (a ComfyUI cond key a family reads, e.g.
+    Flux's "guidance" from CLIPTextEncodeFlux)."""
+    return tuple(dataclasses.replace(c, model_inputs={**c.model_inputs, key: value}) for c in conds)
+
+
 def set_concat(conds: Conditioning, latent: torch.Tensor, mask: torch.Tensor) -> Conditioning:
     return tuple(dataclasses.replace(c, concat_latent=latent, concat_mask=mask) for c in conds)
 
@@ -119,3 +128,43 @@ def inpaint_pixels(pixels: torch.Tensor, mask: torch.Tensor, multiple: int = 8
     keep = (1.0 - m.round()).squeeze(1).unsqueeze(-1)  # [Bm, H, W, 1]
     rgb = (pixels[..., :3] - 0.5) * keep + 0.5
     return torch.cat([rgb, pixels[..., 3:]], dim=-1), m
+
+
+# --------------------------------------------------------------------------------------------
+# the DiT text-encode nodes (ComfyUI comfy_extras/nodes_flux.py CLIPTextEncodeFlux,
+# nodes_sd3.py CLIPTextEncodeSD3): one prompt per encoder, SD3's "none" padding (an empty prompt
+# gives its encoder no tokens), CLIP-L / CLIP-G chunk counts made equal with empty-prompt chunks
+
+
+def require_encoders(clip: Any, node: str, *names: str) -> None:
+    """A clear error when ``clip`` lacks an encoder the node writes a prompt for."""
+    if clip is None:
+        raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
+    missing = [n for n in names if n not in clip.names]
+    if missing:
+        raise ValueError(f"{node} needs a CLIP with {', '.join(names)}; this {clip.kind} CLIP has "
+                         f"{', '.join(clip.names) or 'no encoder'} (no {', '.join(missing)})")
+
+
+def sd3_tokens(clip: Any, texts: Mapping[str, str], empty_padding: str, *, embedding_lookup: Any = None,
+               warn: Callable[[str], None] | None = None) -> dict[str, list]:
+    """encoder name -> chunks for CLIPTextEncodeSD3: each encoder of ``clip`` reads its own text
+    (``texts``: clip_l, clip_g, t5xxl); with ``empty_padding`` "none" an empty text gives no
+    chunks; CLIP-L and CLIP-G are padded to the same chunk count with the empty prompt."""
+    if empty_padding not in ("none", "empty_prompt"):
+        raise ValueError(f"empty_padding must be 'none' or 'empty_prompt', got {empty_padding!r}")
+    no_padding = empty_padding == "none"
+    tokens: dict[str, list] = {}
+    for name in clip.names:
+        text = texts.get(name, "")
+        if len(text) == 0 and no_padding:
+            tokens[name] = []
+        else:
+            tokens[name] = clip.tokenize(text, embedding_lookup=embedding_lookup, warn=warn)[name]
+    if "clip_l" in tokens and "clip_g" in tokens and len(tokens["clip_l"]) != len(tokens["clip_g"]):
+        empty = clip.tokenize("", warn=warn)
+        while len(tokens["clip_l"]) < len(tokens["clip_g"]):
+            tokens["clip_l"] = tokens["clip_l"] + empty["clip_l"]
+        while len(tokens["clip_l"]) > len(tokens["clip_g"]):
+            tokens["clip_g"] = tokens["clip_g"] + empty["clip_g"]
+    return tokens

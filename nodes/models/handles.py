@@ -40,7 +40,6 @@ from mixgraph.nodes.weights.layouts import reader_for_source
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
 from mixgraph.nodes.encoders.encoder_set import EncoderEntry, get_join
-from mixgraph.nodes.encoders import llm_sets  # noqa: F401  registers the z_image / lumina2 joins, LLM tokenizers
 from mixgraph.nodes.encoders.text_encode import TextEncoder, check_set, encode_prompt, encode_tokens, tokenize
 from mixgraph.nodes.families.sd.unet import UNetConfig
 from mixgraph.nodes.vae.vae import (AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image,
@@ -183,7 +182,9 @@ class ModelHandle:
 @dataclass(frozen=True)
 class ClipHandle:
     """CLIP: a set of named text encoders (``encoder_set.EncoderEntry``, in the order their
-    features join), made for the family variant ``kind`` ("sd1", "sd2", "sdxl", "sdxl_refiner").
+    features join), made for the text-encoder set ``kind`` ("sd1", "sd2", "sdxl", "sdxl_refiner";
+    the DiT sets "flux", "sd3", "chroma", ..., whose outputs make a cond by the set's join,
+    ``encoder_set.register_join``).
 
     layer_idx: CLIPSetLastLayer's stop_at_clip_layer (None = each encoder's default).
     patches: LoRA patches, each applied to the encoder named by its ``target``.

@@ -14,6 +14,10 @@ Layouts understood (comfy-conventions §8):
   ``diffusion_pytorch_model[.fp16].safetensors`` / ``model[.fp16].safetensors``.
 - standalone VAE (LDM keys with or without ``first_stage_model.``; diffusers keys), UNet (LDM
   with or without ``model.diffusion_model.``; diffusers keys), text encoders (HF or OpenCLIP).
+- the DiT families' text encoders (CLIP, T5 v1.1, ...): standalone or in a checkpoint under
+  ComfyUI's ``text_encoders.<name>.transformer.``; which architecture a file holds, its config and
+  module are ``nodes/encoders/encoder_arch.py``'s, which slot it fills the family's
+  (``TextEncoderSlot.arch``).
 
 The diffusers → LDM key renaming (``diffusers_unet_rename``, ``diffusers_vae_rename``) lives in
 ``nodes.weights.diffusers_names``, shared with the LoRA and ControlNet loaders; diffusers' VAE
@@ -34,6 +38,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,12 +46,14 @@ from mixgraph.nodes.families import registry as families
 from mixgraph.nodes.families.base import Detection, TextEncoderSlot
 from mixgraph.nodes.encoders.clip import CLIPTextConfig, is_open_clip
 from mixgraph.nodes.encoders.clip_vision_handle import clip_vision_handle
+from mixgraph.nodes.encoders.encoder_arch import Found, get_arch, recognise
 from mixgraph.nodes.encoders.encoder_set import EncoderEntry
 from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_lora
 from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
                                                 convert_controlnet_state_dict)
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename
-from mixgraph.nodes.families.refused import UnsupportedFamilyError, detect_family, family_of_file, refusal
+from mixgraph.nodes.families.refused import (UnsupportedFamilyError, detect_family, family_of_file, refusal,
+                                             supported)
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle
 from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
 from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename,
@@ -67,6 +74,8 @@ __all__ = [
     "load_unet",
     "load_vae",
     "load_clip",
+    "clip_type_family",
+    "clip_type_families",
     "load_controlnet",
     "load_diff_controlnet",
 ]
@@ -168,14 +177,39 @@ def _markers(info: Info) -> dict[str, TensorInfo]:
 
 
 def _clip_handle(slots: Sequence[TextEncoderSlot], sources: Mapping[str, WeightSource],
-                 configs: Mapping[str, CLIPTextConfig]) -> ClipHandle:
+                 configs: Mapping[str, Any]) -> ClipHandle:
     """The CLIP of a family variant's text-encoder ``slots`` (``Family.text_encoders``), in set
-    order, from each encoder's weights and config."""
-    missing = [s.name for s in slots if sources.get(s.name) is None or configs.get(s.name) is None]
+    order, from each encoder's weights and config; an optional slot without weights is left
+    out. Each entry's module is its slot architecture's (``encoder_arch``)."""
+    missing = [s.name for s in slots if not s.optional and (sources.get(s.name) is None or configs.get(s.name) is None)]
     if missing:
         raise ValueError(f"{slots[0].encoding} text encoding needs {', '.join(missing)}, which is not loaded")
     return ClipHandle(kind=slots[0].encoding, encoders=tuple(
-        EncoderEntry(s.name, sources[s.name], configs[s.name], s.rule, s.tokenizer, s.role) for s in slots))
+        EncoderEntry(s.name, sources[s.name], configs[s.name], s.rule,
+                     get_arch(s.arch).entry_tokenizer(sources[s.name], s.tokenizer), s.role, get_arch(s.arch).build)
+        for s in slots if s.name in sources and s.name in configs))
+
+
+def _complete(slots: Sequence[TextEncoderSlot], sources: Mapping[str, WeightSource]) -> bool:
+    """Whether ``sources`` fill every slot a set needs (all but the optional ones, at least one)."""
+    return bool(sources) and all(s.optional or s.name in sources for s in slots)
+
+
+def _checkpoint_encoder(p: Path, info: Info, slot: TextEncoderSlot) -> tuple[WeightSource, Any] | None:
+    """(source, config) of the text encoder ``slot`` stored in the single-file checkpoint ``p``
+    under its ``prefix``, or None when the file has none there. CLIP slots keep the SD layouts
+    (``slot.layout``); any other architecture is found by the encoder registry."""
+    if not slot.prefix or not any(k.startswith(slot.prefix) for k in info):
+        return None
+    if slot.arch == "clip":
+        source = WeightSource.from_file(p, slot.prefix, slot.layout)
+        return source, _clip_config(info, source, slot.name)
+    arch = get_arch(slot.arch)
+    found = arch.find(info, slot.prefix)
+    if found is None:
+        raise ValueError(f"{p.name}: the keys under {slot.prefix!r} are not a {slot.arch} text encoder "
+                         f"({slot.name})")
+    return WeightSource.from_file(p, slot.prefix, found.layout), arch.config(info, found, slot.name)
 
 
 def _clip_config(info: Info, source: WeightSource, role: str) -> CLIPTextConfig:
@@ -252,13 +286,11 @@ def load_checkpoint(path: str | os.PathLike, prediction: str | None = None) -> t
     slots = family.text_encoders(found.variant)
     sources, configs = {}, {}
     for slot in slots:
-        if slot.prefix and any(k.startswith(slot.prefix) for k in info):
-            if slot.arch != "clip":  # LLM / T5 encoders: the encoder-architecture registry (issue 22)
-                raise NotImplementedError(f"{p.name}: its {slot.arch} text encoder ({slot.name}): not supported yet")
-            sources[slot.name] = WeightSource.from_file(p, slot.prefix, slot.layout)
-            configs[slot.name] = _clip_config(info, sources[slot.name], slot.name)
+        stored = _checkpoint_encoder(p, info, slot)
+        if stored is not None:
+            sources[slot.name], configs[slot.name] = stored
     clip = None
-    if slots and len(sources) == len(slots):
+    if slots and _complete(slots, sources):
         clip = _clip_handle(slots, sources, configs)
     return model, clip, _checkpoint_vae(p, info, found)
 
@@ -486,8 +518,11 @@ def _guess_clip_role(cfg: CLIPTextConfig, layout: str) -> str:
 
 
 def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion") -> ClipHandle:
-    """CLIPLoader (one path, type "stable_diffusion": SD1 clip_l or SD2 clip_h) and
-    DualCLIPLoader (two paths, type "sdxl": clip_l + clip_g, matched by width, else by order)."""
+    """CLIPLoader (one path, type "stable_diffusion": SD1 clip_l or SD2 clip_h),
+    DualCLIPLoader (two paths, type "sdxl": clip_l + clip_g, matched by width, else by order) and,
+    for any other type a registered family lists in its ``clip_types`` ("flux", "sd3", "chroma",
+    ...; TripleCLIPLoader is "sd3"), that family variant's text-encoder slots filled from the
+    files by architecture (``_dit_clip``). Other types: not supported yet."""
     paths = [Path(x) for x in paths]
     if type == "stable_diffusion":
         if len(paths) != 1:
@@ -509,8 +544,82 @@ def load_clip(paths: Sequence[str | os.PathLike], type: str = "stable_diffusion"
         la, lb = _standalone_clip_source(Path(a[0].path), "clip_l"), _standalone_clip_source(Path(b[0].path), "clip_g")
         return _clip_handle(families.get("sd").text_encoders("sdxl"), {"clip_l": la[0], "clip_g": lb[0]},
                             {"clip_l": la[1], "clip_g": lb[1]})
-    raise NotImplementedError(f"CLIP type {type!r}: not supported yet (mixgraph runs SD 1.x, SD 2.x and SDXL: "
-                              f"types stable_diffusion, sdxl)")
+    candidates = clip_type_families(type)
+    if not candidates:
+        raise NotImplementedError(f"CLIP type {type!r}: not supported yet (mixgraph runs {supported()})")
+    family = candidates[0] if len(candidates) == 1 else _family_by_files(type, candidates, paths)
+    return _dit_clip(paths, type, family.text_encoders(family.clip_types[type]))
+
+
+def clip_type_families(type: str) -> list[Any]:
+    """The registered families whose ``clip_types`` name the CLIP loaders' ``type`` (ComfyUI's
+    "lumina2" loads Gemma 2 for Lumina 2 and Qwen3 for Z-Image)."""
+    return [f for f in families.FAMILIES.values() if type in (getattr(f, "clip_types", None) or {})]
+
+
+def clip_type_family(type: str) -> Any:
+    """The first registered family whose ``clip_types`` names ``type``, or None."""
+    return next(iter(clip_type_families(type)), None)
+
+
+def _family_by_files(type: str, candidates: Sequence[Any], paths: Sequence[Path]) -> Any:
+    """Of several families that take CLIP ``type``, the one whose slots' architectures hold
+    every file's (the files' architectures from their keys)."""
+    archs = set()
+    for path in paths:
+        found = recognise(inspect_file(path))
+        if found is not None:
+            archs.add(found.arch)
+    fitting = [f for f in candidates if archs <= {s.arch for s in f.text_encoders(f.clip_types[type])}]
+    if len(fitting) != 1:
+        takes = "; ".join(f"{f.display}: {', '.join(sorted({s.arch for s in f.text_encoders(f.clip_types[type])}))}"
+                          for f in candidates)
+        raise ValueError(f"CLIP type {type!r}: {', '.join(p.name for p in paths)} hold "
+                         f"{', '.join(sorted(archs)) or 'no known text encoder'}; the type takes ({takes})")
+    return fitting[0]
+
+
+def _expects(type: str, slots: Sequence[TextEncoderSlot]) -> str:
+    names = [f"{s.name} ({s.arch}{', optional' if s.optional else ''})" for s in slots]
+    return f"CLIP type {type!r} takes {', '.join(names)}"
+
+
+def _dit_clip(paths: Sequence[Path], type: str, slots: Sequence[TextEncoderSlot]) -> ClipHandle:
+    """The CLIP of a family's ``slots`` from text-encoder files: each file's architecture (from
+    its keys, ``encoder_arch.recognise``) picks the slots it may fill; files of one architecture
+    fill its slots narrowest first in slot order (clip_l 768 before clip_g 1280), and a single
+    file among several slots of its architecture takes the widest slot only when it is 1280 or
+    wider (CLIP-G), else the first."""
+    by_arch: dict[str, list[tuple[Path, Info, Found]]] = {}
+    for path in paths:
+        info = inspect_file(path)
+        _refuse_family(path.name, info)
+        found = recognise(info)
+        if found is None:
+            raise ValueError(f"{path.name}: not a text encoder of a known architecture ({_describe(info)}); "
+                             f"{_expects(type, slots)}")
+        by_arch.setdefault(found.arch, []).append((path, info, found))
+    sources: dict[str, WeightSource] = {}
+    configs: dict[str, Any] = {}
+    for arch_name, files in by_arch.items():
+        fitting = [s for s in slots if s.arch == arch_name]
+        if len(files) > len(fitting):
+            extra = files[len(fitting):] if fitting else files
+            raise ValueError(f"{', '.join(f[0].name for f in extra)}: a {arch_name} text encoder that fits no "
+                             f"slot; {_expects(type, slots)}")
+        files = sorted(files, key=lambda f: f[2].width)
+        if len(files) < len(fitting):
+            fitting = [fitting[-1]] if files[0][2].width >= 1280 else fitting[: len(files)]
+        for slot, (path, info, found) in zip(fitting, files):
+            arch = get_arch(arch_name)
+            sources[slot.name] = WeightSource.from_file(path, found.prefix, found.layout)
+            configs[slot.name] = arch.config(info, found, slot.name)
+    missing = [s for s in slots if not s.optional and s.name not in sources]
+    if missing:
+        raise ValueError(f"CLIP type {type!r} needs {', '.join(f'{s.name} ({s.arch})' for s in missing)}, "
+                         f"which the files given ({', '.join(p.name for p in paths)}) do not hold; "
+                         f"{_expects(type, slots)}")
+    return _clip_handle(slots, sources, configs)
 
 
 def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:

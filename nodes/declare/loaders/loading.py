@@ -60,8 +60,9 @@ CLIP_TYPE_FAMILIES = {
 
 
 def _clip_type_supported(env: Any, type: str | None = None) -> list[str]:
-    """The CLIP type's family (the files' own families are their inputs' checks)."""
-    if type is not None and type not in ("stable_diffusion", "sdxl"):
+    """The CLIP type's family: SD's types, or a registered family whose ``clip_types`` names it
+    (the files' own families are their inputs' checks)."""
+    if type is not None and type not in ("stable_diffusion", "sdxl") and loader.clip_type_family(type) is None:
         family = CLIP_TYPE_FAMILIES.get(type, type)
         return [f"CLIP type {type!r}: " + families.refusal(family)]
     return []
@@ -80,6 +81,20 @@ def DualCLIPLoader(ctx, clip_name1=TEXT_ENCODER.input(), clip_name2=TEXT_ENCODER
                    type=Combo(DUAL_CLIP_TYPES), device=Combo(("default", "cpu"), optional=True)):
     paths = [TEXT_ENCODER.path(ctx.env, n) for n in (clip_name1, clip_name2)]
     return (loader.load_clip(paths, type),)
+
+
+def _sd3_supported(env: Any) -> list[str]:
+    return _clip_type_supported(env, "sd3")
+
+
+@node(category="advanced/loaders", outputs=("CLIP",), display_name="TripleCLIPLoader",
+      validate=_sd3_supported, description="[Recipes]\n\nsd3: clip-l, clip-g, t5")
+def TripleCLIPLoader(ctx, clip_name1=TEXT_ENCODER.input(), clip_name2=TEXT_ENCODER.input(),
+                     clip_name3=TEXT_ENCODER.input()):
+    """SD3 / SD3.5's three text encoders (CLIP-L, CLIP-G, T5-XXL, in any order: each file's
+    architecture and width say which it is)."""
+    paths = [TEXT_ENCODER.path(ctx.env, n) for n in (clip_name1, clip_name2, clip_name3)]
+    return (loader.load_clip(paths, "sd3"),)
 
 
 TAESD_VAE_NAMES = ("taesd", "taesdxl")
