@@ -189,14 +189,24 @@ def test_clip_text_encode_lumina2_spec_and_prompt(models):
     assert torch.equal(res.outputs["3"][0][0].cross_attn, res.outputs["7"][0][0].cross_attn)
 
 
-def test_lumina2_checkpoint_with_its_gemma_encoder_is_refused_by_name(tmp_path):
+def test_lumina2_checkpoint_with_its_gemma_encoder_loads_it(tmp_path):
     """ComfyUI's all-in-one lumina_2.safetensors keeps Gemma 2 2B under
-    ``text_encoders.gemma2_2b.transformer.``: named, until the Gemma encoder is registered."""
+    ``text_encoders.gemma2_2b.transformer.``: CheckpointLoaderSimple gives it as the CLIP (its
+    tokenizer the SentencePiece model stored beside it); a stub there is named, not loaded."""
+    from tests.fixtures.tiny_llm import gemma2_state_dict
+
     sd = {"model.diffusion_model." + k: v for k, v in nextdit_state_dict(LUMINA2_TINY).items()}
-    sd["text_encoders.gemma2_2b.transformer.model.embed_tokens.weight"] = torch.zeros(10, 8)
+    sd.update({"text_encoders.gemma2_2b.transformer." + k: v for k, v in gemma2_state_dict().items()})
     save_file(sd, str(tmp_path / "lumina_2.safetensors"))
-    with pytest.raises(NotImplementedError, match=r"gemma2 text encoder \(gemma2_2b\): not supported yet"):
-        loader.load_checkpoint(tmp_path / "lumina_2.safetensors")
+    model, clip, _ = loader.load_checkpoint(tmp_path / "lumina_2.safetensors")
+    assert model.family == "lumina2" and clip.kind == "lumina2" and clip.names == ("gemma2_2b",)
+    assert clip.encoders[0].tokenizer.startswith("gemma:")
+
+    stub = {"model.diffusion_model." + k: v for k, v in nextdit_state_dict(LUMINA2_TINY).items()}
+    stub["text_encoders.gemma2_2b.transformer.model.embed_tokens.weight"] = torch.zeros(10, 8)
+    save_file(stub, str(tmp_path / "lumina_2_stub.safetensors"))
+    with pytest.raises(ValueError, match="not a gemma2 text encoder"):
+        loader.load_checkpoint(tmp_path / "lumina_2_stub.safetensors")
 
 
 def test_lumina2_memory_estimate_uses_the_family(models):

@@ -563,15 +563,15 @@ def clip_type_family(type: str) -> Any:
 
 
 def _family_by_files(type: str, candidates: Sequence[Any], paths: Sequence[Path]) -> Any:
-    """Of several families that take CLIP ``type``, the one whose slots' architectures hold
-    every file's (the files' architectures from their keys)."""
+    """Of several families that take CLIP ``type``, the first registered whose slots'
+    architectures hold every file's (the files' architectures from their keys)."""
     archs = set()
     for path in paths:
         found = recognise(inspect_file(path))
         if found is not None:
             archs.add(found.arch)
     fitting = [f for f in candidates if archs <= {s.arch for s in f.text_encoders(f.clip_types[type])}]
-    if len(fitting) != 1:
+    if not fitting:
         takes = "; ".join(f"{f.display}: {', '.join(sorted({s.arch for s in f.text_encoders(f.clip_types[type])}))}"
                           for f in candidates)
         raise ValueError(f"CLIP type {type!r}: {', '.join(p.name for p in paths)} hold "
