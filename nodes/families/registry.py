@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mixgraph.nodes.families.base import Detection, Family
+from mixgraph.nodes.families.flux.family import FLUX
 from mixgraph.nodes.families.sd.family import SD
 
 __all__ = ["FAMILIES", "register", "unregister", "get", "detect"]
@@ -49,4 +50,5 @@ def detect(info: Mapping[str, Any], read: Any = None, source: Any = None) -> Det
 
 
 # -- the registry: one line per family, the more specific signature first
+register(FLUX)
 register(SD)

@@ -30,6 +30,7 @@ detected prediction type.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -148,6 +149,9 @@ def _model_handle(found: Detection, source: WeightSource, override: str | None, 
     sampling = family.sampling(found.variant)
     fields = {"prediction": sampling.prediction, "zsnr": sampling.zsnr, "beta_range": sampling.beta_range,
               "continuous_sampling": sampling.continuous, **found.fields, **extra}
+    layout = fields.pop("source_layout", None)  # a family's own stored layout (``layouts.register_layout``)
+    if layout is not None:
+        source = dataclasses.replace(source, layout=layout)
     if "latent_format" not in fields:
         fields["latent_format"] = family.latent_format(found.variant, getattr(found.config, "out_channels", 4))
     if override:
@@ -355,6 +359,10 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     _refuse_folder(p)
     if _is_diffusers_folder(p):
         p = _find_weights(p / "unet", "diffusion_pytorch_model")
+    elif p.is_dir() and (p / "transformer").is_dir():  # a DiT pipeline folder (Flux, SD3, ...)
+        p = _find_weights(p / "transformer", "diffusion_pytorch_model")
+    elif p.is_dir():  # a diffusers model folder itself (transformer/)
+        p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
     _refuse_family(p.name, info)
     if sum(k.startswith(UNET_PREFIX) for k in info) > 5:

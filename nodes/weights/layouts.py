@@ -15,7 +15,20 @@ from mixgraph.nodes.adapters.controlnet import convert_controlnet_state_dict
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 
-__all__ = ["hf_clip_rename", "reader_for_source", "convert_diff_controlnet", "DIFF_MARKERS"]
+__all__ = ["hf_clip_rename", "reader_for_source", "convert_diff_controlnet", "DIFF_MARKERS", "register_layout"]
+
+#: layouts a model family adds (``register_layout``): name -> reader(stored keys) -> (rename, post)
+_FAMILY_LAYOUTS: dict = {}
+
+
+def register_layout(name: str, reader) -> None:
+    """Add a key layout a model family stores its weights in (Flux's diffusers layout, ...):
+    ``reader(stored_keys)`` returns (rename, post) as ``reader_for_source`` does. A family
+    registers its layouts when its module is imported (the family registry imports it before any
+    weights are read); the built-in layouts cannot be replaced."""
+    if name in _BUILTIN or _FAMILY_LAYOUTS.get(name, reader) is not reader:
+        raise ValueError(f"weight layout {name!r} is registered already")
+    _FAMILY_LAYOUTS[name] = reader
 
 
 def hf_clip_rename(key: str) -> str | None:
@@ -56,7 +69,13 @@ def reader_for_source(source: WeightSource):
         return diffusers_unet_rename(keys), None
     if layout == "diffusers_vae":
         return diffusers_vae_rename(keys), None
+    if layout in _FAMILY_LAYOUTS:
+        return _FAMILY_LAYOUTS[layout](keys)
     raise ValueError(f"unknown weight layout {layout!r}")
+
+
+_BUILTIN = ("ldm", "hf_clip", "open_clip", "hf_clip_vision", "open_clip_vision", "controlnet", "zero123_cc",
+            "controlnet_diff", "diffusers_unet", "diffusers_vae")
 
 
 def _zero123_cc_rename(key: str) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["is_diffusers_flux", "key_plan", "to_bfl", "to_diffusers", "shapes_to_bfl", "SIGNATURE"]
+__all__ = ["is_diffusers_flux", "is_diffusers_chroma", "chroma_plan", "key_plan", "to_bfl", "to_diffusers", "shapes_to_bfl", "SIGNATURE"]
 
 #: keys only a diffusers Flux / Chroma transformer has (ComfyUI's test: ``x_embedder.weight``)
 SIGNATURE = ("x_embedder.weight", "single_transformer_blocks.0.attn.to_q.weight")
@@ -59,6 +59,25 @@ class Part:
 
 def is_diffusers_flux(keys) -> bool:
     return all(k in keys for k in SIGNATURE)
+
+
+def is_diffusers_chroma(keys) -> bool:
+    return "distilled_guidance_layer.in_proj.weight" in keys
+
+
+def chroma_plan(diffusers_keys) -> dict[str, Part]:
+    """Chroma's approximator rows: its MLP layers are ``linear_1`` / ``linear_2`` in diffusers,
+    ``in_layer`` / ``out_layer`` in BFL, its RMS norms ``.weight`` / ``.scale``."""
+    keys = set(diffusers_keys)
+    plan = {}
+    for k in keys:
+        if not k.startswith("distilled_guidance_layer."):
+            continue
+        bfl = k.replace(".linear_1.", ".in_layer.").replace(".linear_2.", ".out_layer.")
+        if re.match(r"distilled_guidance_layer\.norms\.\d+\.weight$", k):
+            bfl = k[:-len("weight")] + "scale"
+        plan[bfl] = Part((k,))
+    return plan
 
 
 def _blocks(keys, prefix: str) -> list[int]:

@@ -347,34 +347,56 @@ class Flux(nn.Module):
         return vec + self.vector_in(y[:, :self.config.vec_in_dim])
 
     def forward(self, x: Tensor, timestep: Tensor, context: Tensor, y: Tensor | None = None,
-                guidance: Tensor | None = None, ref_latents: Sequence[Tensor] = (),
-                attention_mask: Tensor | None = None) -> Tensor:
-        img, ids = embed_image_tokens(self.img_in, x, ref_latents)
+                guidance: Tensor | None = None, ref_latents: Sequence[Tensor] = (), ref_method: str = "offset",
+                txt_mask: Tensor | None = None) -> Tensor:
+        img, ids = embed_image_tokens(self.img_in, x, ref_latents, ref_method)
         vec = self.conditioning_vector(timestep, y, guidance, img.dtype)
         return run_blocks(self, x, img, ids, self.txt_in(context), context.shape[1],
-                          lambda block: dict(vec=vec), dict(vec=vec), attention_mask)
+                          lambda block: dict(vec=vec), dict(vec=vec), key_mask(txt_mask, img.shape[1]))
 
 
-def embed_image_tokens(img_in: nn.Module, x: Tensor, ref_latents: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+def embed_image_tokens(img_in: nn.Module, x: Tensor, ref_latents: Sequence[Tensor],
+                       method: str = "offset") -> tuple[Tensor, Tensor]:
     """Patch tokens of x then of each Kontext reference latent, embedded, with their positions
-    (ComfyUI's "offset" placement: references at index 1, each placed right of or below the
-    previous ones, whichever keeps the canvas squarer)."""
+    [B, N, 3]. Where references sit (ComfyUI's ``reference_latents_method``): "offset" (index 1,
+    each placed right of or below the previous ones, whichever keeps the canvas squarer),
+    "index" (index 1, 2, ..., no offset), "uxo" (index 0, placed diagonally past the image)."""
     b, _, h, w = x.shape
-    tokens = [patchify(x)]
-    ids = [image_ids(-(-h // PATCH), -(-w // PATCH), b, device=x.device)]
+    h_len, w_len = -(-h // PATCH), -(-w // PATCH)
+    tokens, ids = [patchify(x)], [image_ids(h_len, w_len, b, device=x.device)]
     placed_h = placed_w = 0
+    index = 0
     for ref in ref_latents:
         rh, rw = ref.shape[-2:]
         h_off = w_off = 0
-        if rh + placed_h > rw + placed_w:
-            w_off = placed_w
+        if method == "index":
+            index += 1
+        elif method == "uxo":
+            index, h_off, w_off = 0, h_len * PATCH + placed_h, w_len * PATCH + placed_w
+            placed_h, placed_w = placed_h + rh, placed_w + rw
         else:
-            h_off = placed_h
-        placed_h, placed_w = max(placed_h, rh + h_off), max(placed_w, rw + w_off)
-        tokens.append(patchify(ref.to(x.dtype).expand(b, -1, -1, -1) if ref.shape[0] == 1 else ref.to(x.dtype)))
-        ids.append(image_ids(-(-rh // PATCH), -(-rw // PATCH), b, index=1.0, h_offset=(h_off + 1) // PATCH,
-                             w_offset=(w_off + 1) // PATCH, device=x.device))
+            index = 1
+            if rh + placed_h > rw + placed_w:
+                w_off = placed_w
+            else:
+                h_off = placed_h
+            placed_h, placed_w = max(placed_h, rh + h_off), max(placed_w, rw + w_off)
+        ref = ref.to(x.dtype)
+        tokens.append(patchify(ref.expand(b, -1, -1, -1) if ref.shape[0] == 1 else ref))
+        # offsets are in latent pixels; positions count patches (rounded as ComfyUI's process_img)
+        ids.append(image_ids(-(-rh // PATCH), -(-rw // PATCH), b, index=float(index),
+                             h_offset=(h_off + PATCH // 2) // PATCH, w_offset=(w_off + PATCH // 2) // PATCH,
+                             device=x.device))
     return img_in(torch.cat(tokens, 1)), torch.cat(ids, 1)
+
+
+def key_mask(txt_mask: Tensor | None, n_img: int) -> Tensor | None:
+    """A text-token mask [B, T] (1 = attend) -> a boolean key mask [B, 1, 1, T + N] over
+    [text; image] tokens (every image token attended), or None."""
+    if txt_mask is None:
+        return None
+    keep = torch.cat([txt_mask > 0.5, txt_mask.new_ones(txt_mask.shape[0], n_img, dtype=torch.bool)], 1)
+    return keep[:, None, None, :]
 
 
 def run_blocks(model: nn.Module, x: Tensor, img: Tensor, img_ids: Tensor, txt: Tensor, n_txt: int,
