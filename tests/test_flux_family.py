@@ -59,3 +59,134 @@ def test_axes_dim_and_odd_sizes():
     tokens = patchify(x)
     assert tokens.shape == (1, 3 * 4, 64)
     assert torch.equal(unpatchify(tokens, 5, 7), x)
+
+
+# ---------------------------------------------------------------------------------------------
+# detection, sampling settings, conditioning
+
+from mixgraph.graph.cache import OutputCache  # noqa: E402
+from mixgraph.graph.env import Env  # noqa: E402
+from mixgraph.graph.executor import Executor  # noqa: E402
+from mixgraph.graph.precision import parse_spec  # noqa: E402
+from mixgraph.nodes.families import refused  # noqa: E402
+from mixgraph.nodes.families.flux.family import FLUX  # noqa: E402
+from mixgraph.nodes.models import loader  # noqa: E402
+from mixgraph.nodes.payloads.conditioning import Cond  # noqa: E402
+from mixgraph.nodes.sampling.parameterization import ModelSampling  # noqa: E402
+from mixgraph.nodes.vae.flow_latent_formats import FLUX_LATENT  # noqa: E402
+from mixgraph.ui import api  # noqa: E402
+from tests.flux_fixtures import write_flux_models  # noqa: E402
+
+SEED, STEPS = 11, 3
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flux_family")
+    write_flux_models(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def executor(models):
+    return Executor(api.default_registry(), Env.from_args(models=models), cache=OutputCache(max_bytes=1 << 30))
+
+
+def _f32():
+    return parse_spec("f32")
+
+
+def test_flux_files_are_detected_in_both_layouts(models):
+    dm = models / "diffusion_models"
+    bfl = loader.load_unet(dm / "flux_tiny.safetensors")
+    assert (bfl.family, bfl.kind, bfl.config, bfl.source.layout) == ("flux", "dev", TINY, "ldm")
+    assert bfl.latent_format == FLUX_LATENT and bfl.prediction == "flow"
+    for path in (dm / "flux_tiny_diffusers.safetensors", dm / "flux_tiny_diffusers"):
+        diff = loader.load_unet(path)
+        assert (diff.family, diff.kind, diff.config, diff.source.layout) == ("flux", "dev", TINY, "diffusers_flux")
+    assert refused.detect_family({"model.diffusion_model.double_blocks.0.img_attn.qkv.weight": (3, 1)}) == "Flux"
+    # both layouts give the same model
+    g = torch.Generator().manual_seed(5)
+    x, ctx = torch.randn(1, 16, 8, 6, generator=g), torch.randn(1, 9, 32, generator=g)
+    inputs = {"y": torch.randn(1, 32, generator=g), "guidance": torch.tensor([2.0])}
+    a = bfl.runner(_f32())(x, torch.tensor([0.4]), ctx, inputs)
+    b = loader.load_unet(dm / "flux_tiny_diffusers.safetensors").runner(_f32())(x, torch.tensor([0.4]), ctx, inputs)
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_variants_and_sampling(tmp_path):
+    from safetensors.torch import save_file
+
+    schnell_cfg = FluxConfig(**{**TINY.__dict__, "guidance_embed": False})
+    fill_cfg = FluxConfig(**{**TINY.__dict__, "in_channels": 96})
+    for name, cfg, kind in (("schnell", schnell_cfg, "schnell"), ("fill", fill_cfg, "dev")):
+        save_file(flux_state_dict(cfg), str(tmp_path / f"{name}.safetensors"))
+        handle = loader.load_unet(tmp_path / f"{name}.safetensors")
+        assert (handle.kind, handle.config) == (kind, cfg)
+    dev = ModelSampling.for_model(loader.load_unet(tmp_path / "fill.safetensors"))
+    schnell = ModelSampling.for_model(loader.load_unet(tmp_path / "schnell.safetensors"))
+    # ModelSamplingFlux (shift 1.15, the model sees σ) vs ModelSamplingDiscreteFlow(shift 1, multiplier 1)
+    assert FLUX.sampling("dev").shift_kind == "exponential" and FLUX.sampling("dev").shift == 1.15
+    assert float(dev.timestep(torch.tensor(0.5))) == pytest.approx(0.5)
+    assert float(schnell.timestep(torch.tensor(0.5))) == pytest.approx(0.5)
+    t = 0.5
+    assert float(dev.schedule.sigmas[-1]) == pytest.approx(1.0, abs=1e-3)
+    mid = dev.schedule.sigmas[len(dev.schedule.sigmas) // 2]
+    assert float(mid) > t  # the exponential shift pushes sigmas up
+    assert FLUX.text_encoders("dev")[0].name == "clip_l" and FLUX.text_encoders("chroma")[0].encoding == "chroma"
+    assert FLUX.clip_types == {"flux": "dev", "chroma": "chroma"}
+
+
+def test_cond_inputs(models):
+    runner = loader.load_unet(models / "diffusion_models" / "flux_tiny.safetensors").runner(_f32())
+    text = torch.zeros(1, 5, 32)
+    plain = runner.cond_inputs(Cond(text), (1, 16, 8, 8))
+    assert float(plain["guidance"]) == 3.5 and torch.equal(plain["y"], torch.zeros(1, 32))
+    assert "guidance" not in runner.cond_inputs(Cond(text, model_inputs={"guidance": None}), (1, 16, 8, 8))
+    ref = torch.randn(1, 16, 4, 6)
+    inputs = runner.cond_inputs(Cond(text, pooled=torch.ones(1, 32), model_inputs={
+        "guidance": 5.0, "reference_latents": [ref, ref * 2]}), (1, 16, 8, 8))
+    assert float(inputs["guidance"]) == 5.0 and torch.equal(inputs["y"], torch.ones(1, 32))
+    assert torch.equal(inputs["ref_latent_1"], FLUX_LATENT.process_in(ref * 2)) and float(inputs["ref_method"]) == 0
+    with pytest.raises(ValueError, match="16-wide pooled"):
+        runner.cond_inputs(Cond(text, pooled=torch.ones(1, 16)), (1, 16, 8, 8))
+
+
+def test_kontext_references_are_extra_tokens_with_their_own_positions(models):
+    handle = loader.load_unet(models / "diffusion_models" / "flux_tiny.safetensors")
+    runner = handle.runner(_f32())
+    g = torch.Generator().manual_seed(9)
+    x, ctx, ref = torch.randn(1, 16, 8, 8, generator=g), torch.randn(1, 5, 32, generator=g), torch.randn(1, 16, 6, 4)
+    base = {"y": torch.zeros(1, 32), "guidance": torch.tensor([3.5])}
+    plain = runner(x, torch.tensor([0.6]), ctx, base)
+    outs = {m: runner(x, torch.tensor([0.6]), ctx, {**base, "ref_latent_0": ref, "ref_method": torch.tensor([i])})
+            for i, m in enumerate(("offset", "index", "uxo"))}
+    assert all(o.shape == x.shape for o in outs.values())
+    assert not torch.allclose(plain, outs["offset"])
+    assert not torch.allclose(outs["offset"], outs["uxo"])
+    # "offset" and "index" place a single reference the same way (index 1, no offset)
+    assert torch.allclose(outs["offset"], outs["index"])
+    from mixgraph.nodes.families.flux.model import embed_image_tokens
+
+    _, ids = embed_image_tokens(torch.nn.Identity(), x, [ref, ref], "offset")
+    # the first reference at index 1 from (0, 0); the second beside it (wider than tall: to the right)
+    assert ids.shape == (1, 16 + 6 + 6, 3)
+    assert ids[0, 16].tolist() == [1, 0, 0] and ids[0, 22].tolist() == [1, 0, 2]
+
+
+def test_fill_and_control_concat():
+    from mixgraph.nodes.families.flux.runner import control_concat, fill_concat
+
+    latent = torch.randn(2, 16, 4, 6)
+    image = torch.randn(1, 16, 4, 6)
+    mask = torch.zeros(1, 1, 32, 48)
+    mask[..., :8, :8] = 1.0
+    fill = fill_concat(latent, None, image, mask, FLUX_LATENT)
+    assert fill.shape == (2, 16 + 64, 4, 6)
+    assert torch.equal(fill[:, :16], FLUX_LATENT.process_in(image).expand(2, -1, -1, -1))
+    assert torch.equal(fill[0, 16:, 0, 0], torch.ones(64)) and fill[0, 16:, 1:, :].abs().sum() == 0
+    # no image: ComfyUI's zeros, taken into the model's space; no mask: ones
+    blank = fill_concat(latent, None, None, None, FLUX_LATENT)
+    assert torch.allclose(blank[:, :16], FLUX_LATENT.process_in(torch.zeros_like(latent)))
+    assert torch.equal(blank[:, 16:], torch.ones(2, 64, 4, 6))
+    assert control_concat(latent, image, FLUX_LATENT).shape == (2, 16, 4, 6)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["is_diffusers_flux", "is_diffusers_chroma", "chroma_plan", "key_plan", "to_bfl", "to_diffusers", "shapes_to_bfl", "SIGNATURE"]
+__all__ = ["is_diffusers_flux", "is_diffusers_chroma", "chroma_plan", "key_plan", "to_bfl", "to_diffusers",
+           "shapes_to_bfl", "SIGNATURE"]
 
 #: keys only a diffusers Flux / Chroma transformer has (ComfyUI's test: ``x_embedder.weight``)
 SIGNATURE = ("x_embedder.weight", "single_transformer_blocks.0.attn.to_q.weight")
