@@ -190,3 +190,125 @@ def test_fill_and_control_concat():
     assert torch.allclose(blank[:, :16], FLUX_LATENT.process_in(torch.zeros_like(latent)))
     assert torch.equal(blank[:, 16:], torch.ones(2, 64, 4, 6))
     assert control_concat(latent, image, FLUX_LATENT).shape == (2, 16, 4, 6)
+
+
+# ---------------------------------------------------------------------------------------------
+# workflows end to end (UNETLoader; the tiny SD CLIP-L stands in for CLIP-L + T5 until the T5
+# encoder lands: the tiny Flux's context and pooled widths are its 32)
+
+
+def flux_prompt(unet: str = "flux_tiny.safetensors", guidance: float = 4.0) -> dict:
+    return {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": unet, "weight_dtype": "default"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "clip_l_tiny.safetensors", "type": "stable_diffusion"}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red cube", "clip": ["2", 0]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["2", 0]}},
+        "5": {"class_type": "FluxGuidance", "inputs": {"conditioning": ["3", 0], "guidance": guidance}},
+        "6": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 48, "batch_size": 1}},
+        "7": {"class_type": "KSampler", "inputs": {
+            "model": ["1", 0], "seed": SEED, "steps": STEPS, "cfg": 1.0, "sampler_name": "euler",
+            "scheduler": "simple", "positive": ["5", 0], "negative": ["4", 0], "latent_image": ["6", 0],
+            "denoise": 1.0}},
+        "8": {"class_type": "VAELoader", "inputs": {"vae_name": "vae16.safetensors"}},
+        "9": {"class_type": "VAEDecode", "inputs": {"samples": ["7", 0], "vae": ["8", 0]}},
+        "10": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}},
+        "11": {"class_type": "BasicScheduler", "inputs": {
+            "model": ["1", 0], "scheduler": "simple", "steps": STEPS, "denoise": 1.0}},
+        "12": {"class_type": "RandomNoise", "inputs": {"noise_seed": SEED}},
+        "13": {"class_type": "BasicGuider", "inputs": {"model": ["1", 0], "conditioning": ["5", 0]}},
+        "14": {"class_type": "SamplerCustomAdvanced", "inputs": {
+            "noise": ["12", 0], "guider": ["13", 0], "sampler": ["10", 0], "sigmas": ["11", 0],
+            "latent_image": ["6", 0]}},
+        "s7": {"class_type": "SaveLatent", "inputs": {"samples": ["7", 0], "filename_prefix": "flux/ks"}},
+        "s14": {"class_type": "SaveLatent", "inputs": {"samples": ["14", 0], "filename_prefix": "flux/adv"}},
+        "s9": {"class_type": "PreviewImage", "inputs": {"images": ["9", 0]}},
+    }
+
+
+def test_flux_samples_through_ksampler_and_sampler_custom_advanced(executor, models):
+    res = api.run(flux_prompt(), executor=executor, models=models, output=models / "out")
+    ks, adv = res.outputs["7"][0].samples, res.outputs["14"][0].samples
+    assert ks.shape == (1, 16, 6, 8) and torch.isfinite(ks).all() and ks.abs().max() > 0
+    assert torch.allclose(ks, adv, atol=1e-5)
+    image = res.outputs["9"][0]
+    assert image.shape == (1, 48, 64, 3) and torch.isfinite(image).all()
+    # the guidance reaches the model; the diffusers-layout file samples the same
+    other = api.run(flux_prompt(guidance=1.0), executor=executor, models=models, output=models / "out")
+    assert not torch.allclose(other.outputs["7"][0].samples, ks)
+    diff = api.run(flux_prompt("flux_tiny_diffusers.safetensors"), executor=executor, models=models,
+                   output=models / "out")
+    assert torch.allclose(diff.outputs["7"][0].samples, ks, atol=1e-5)
+
+
+def test_flux_nodes(executor, models):
+    from mixgraph.nodes.declare.conditioning import flux_nodes
+    from mixgraph.nodes.helpers.image_ops import KONTEXT_RESOLUTIONS
+    from mixgraph.nodes.payloads.latent import Latent
+
+    conds = (Cond(torch.zeros(1, 3, 32)),)
+    (g,) = flux_nodes.FluxGuidance(conds, 2.5)
+    assert g[0].model_inputs["guidance"] == 2.5
+    assert flux_nodes.FluxDisableGuidance(g)[0][0].model_inputs["guidance"] is None
+    a, b = torch.zeros(1, 16, 2, 2), torch.ones(1, 16, 3, 3)
+    (r,) = flux_nodes.ReferenceLatent(flux_nodes.ReferenceLatent(conds, Latent(a))[0], Latent(b))
+    assert [t.shape for t in r[0].model_inputs["reference_latents"]] == [a.shape, b.shape]
+    assert flux_nodes.ReferenceLatent(conds, None)[0] is conds
+    (m,) = flux_nodes.FluxKontextMultiReferenceLatentMethod(r, "uxo/uno")
+    assert m[0].model_inputs["reference_latents_method"] == "uxo"
+    (scaled,) = flux_nodes.FluxKontextImageScale(torch.rand(1, 100, 150, 3))
+    assert scaled.shape == (1, 832, 1248, 3) and len(KONTEXT_RESOLUTIONS) == 17
+    (latent,) = flux_nodes.EmptySD3LatentImage(1024, 768, 2)
+    assert latent.samples.shape == (2, 16, 96, 128) and not latent.samples.any()
+    # the specs ComfyUI clients read
+    info = executor.registry.object_info()
+    assert info["FluxGuidance"]["input"]["required"]["guidance"][1]["default"] == 3.5
+    assert info["FluxGuidance"]["category"] == "advanced/conditioning/flux"
+    assert info["EmptySD3LatentImage"]["input"]["required"]["width"][1]["default"] == 1024
+    assert info["EmptySD3LatentImage"]["input"]["required"]["width"][1]["step"] == 16
+    assert "latent" in info["ReferenceLatent"]["input"]["optional"]
+
+
+def test_kontext_workflow_with_reference_latent(executor, models):
+    prompt = flux_prompt()
+    prompt["21"] = {"class_type": "EmptySD3LatentImage", "inputs": {"width": 32, "height": 32, "batch_size": 1}}
+    prompt["22"] = {"class_type": "ReferenceLatent", "inputs": {"conditioning": ["5", 0], "latent": ["21", 0]}}
+    prompt["7"]["inputs"]["positive"] = ["22", 0]
+    prompt["13"]["inputs"]["conditioning"] = ["22", 0]
+    res = api.run(prompt, executor=executor, models=models, output=models / "out")
+    plain = api.run(flux_prompt(), executor=executor, models=models, output=models / "out")
+    ks = res.outputs["7"][0].samples
+    assert ks.shape == (1, 16, 6, 8) and torch.isfinite(ks).all()
+    assert not torch.allclose(ks, plain.outputs["7"][0].samples)
+    assert torch.allclose(ks, res.outputs["14"][0].samples, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["fill", "canny_depth"])
+def test_fill_and_canny_depth_workflows(executor, models, kind):
+    """Flux Fill through InpaintModelConditioning (masked image latent + folded mask: 96 input
+    channels), Canny / Depth through InstructPixToPixConditioning (the control image latent: 32)."""
+    from safetensors.torch import save_file
+
+    channels = {"fill": 96, "canny_depth": 32}[kind]
+    cfg = FluxConfig(**{**TINY.__dict__, "in_channels": channels})
+    name = f"flux_{kind}.safetensors"
+    if not (models / "diffusion_models" / name).exists():
+        save_file(flux_state_dict(cfg, seed=8), str(models / "diffusion_models" / name))
+    prompt = flux_prompt(name)
+    prompt["30"] = {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 48, "batch_size": 1,
+                                                            "color": 0x8040C0}}
+    prompt["31"] = {"class_type": "SolidMask", "inputs": {"value": 1.0, "width": 64, "height": 48}}
+    if kind == "fill":
+        prompt["32"] = {"class_type": "InpaintModelConditioning", "inputs": {
+            "positive": ["5", 0], "negative": ["4", 0], "vae": ["8", 0], "pixels": ["30", 0], "mask": ["31", 0],
+            "noise_mask": True}}
+    else:
+        prompt["32"] = {"class_type": "InstructPixToPixConditioning", "inputs": {
+            "positive": ["5", 0], "negative": ["4", 0], "vae": ["8", 0], "pixels": ["30", 0]}}
+    prompt["7"]["inputs"].update(positive=["32", 0], negative=["32", 1], latent_image=["32", 2])
+    prompt["13"]["inputs"]["conditioning"] = ["32", 0]
+    prompt["14"]["inputs"]["latent_image"] = ["32", 2]
+    res = api.run(prompt, executor=executor, models=models, output=models / "out")
+    ks = res.outputs["7"][0].samples
+    assert ks.shape == (1, 16, 6, 8) and torch.isfinite(ks).all()
+    assert torch.allclose(ks, res.outputs["14"][0].samples, atol=1e-5)
+    assert res.outputs["9"][0].shape == (1, 48, 64, 3)

@@ -117,9 +117,19 @@ def detect_family(info) -> str | None:
         shape = tuple(getattr(entry, "shape", entry))
         if len(shape) == 5:
             return "video model (3-D VAE)"
-        if len(shape) == 4 and shape[1] == 16:
-            return "Flux / SD3 (16-channel VAE)"
+        if len(shape) == 4 and shape[1] == 16 and not _named(VAE_16):
+            return VAE_16
     return None
+
+
+VAE_16 = "Flux / SD3 (16-channel VAE)"
+
+
+def _named(row: str) -> bool:
+    """Whether a registered family runs the files of the refused ``row`` (names it in its
+    ``refusals``), for rows recognised without a diffusion model to detect (a VAE, a pipeline
+    folder: the loader then checks the model itself)."""
+    return any(row in getattr(f, "refusals", ()) for f in registry.FAMILIES.values())
 
 
 _PIPELINES = {  # diffusers model_index.json _class_name prefix -> family
@@ -141,7 +151,7 @@ def _folder_family(folder: Path) -> str | None:
         return None
     for prefix, family in _PIPELINES.items():
         if name.startswith(prefix):
-            return family
+            return None if _named(family) else family
     return None
 
 

@@ -50,7 +50,9 @@ class FluxFamily:
     name = "flux"
     display = "Flux.1 and Chroma"
     variants = VARIANTS
-    refusals = ("Flux", "Chroma")
+    # the refusal-table rows it runs: Flux.1 and Chroma models, and the 16-channel autoencoder
+    # they decode with
+    refusals = ("Flux", "Chroma", "Flux / SD3 (16-channel VAE)")
     precision_roles: Mapping[str, str] = {"diffusion": "unet", "text": "text", "vae": "vae"}
     clip_types: Mapping[str, str] = {"flux": "dev", "chroma": "chroma"}
 
