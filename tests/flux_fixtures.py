@@ -70,3 +70,34 @@ def diffusers_flux_keys(cfg: FluxConfig) -> list[str]:
                                      joint_attention_dim=cfg.context_in_dim, pooled_projection_dim=cfg.vec_in_dim,
                                      guidance_embeds=cfg.guidance_embed, axes_dims_rope=cfg.axes_dim)
     return list(ref.state_dict().keys())
+
+
+def chroma_tiny_config():
+    from mixgraph.nodes.families.flux.chroma import ChromaConfig
+
+    return ChromaConfig(in_channels=16, out_channels=16, context_in_dim=32, hidden_size=64, num_heads=2, depth=2,
+                        depth_single_blocks=2, axes_dim=default_axes_dim(32), approximator_hidden=48,
+                        approximator_layers=2)
+
+
+def chroma_state_dict(cfg=None, seed: int = 0) -> dict[str, Tensor]:
+    from mixgraph.nodes.families.flux.chroma import Chroma
+
+    torch.manual_seed(seed)
+    model = Chroma(cfg or chroma_tiny_config())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".scale"):
+                p.uniform_(0.5, 1.5)
+    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+
+
+def diffusers_chroma(cfg, device=None):
+    from diffusers import ChromaTransformer2DModel
+
+    return ChromaTransformer2DModel(patch_size=1, in_channels=cfg.in_channels * 4, out_channels=cfg.out_channels * 4,
+                                    num_layers=cfg.depth, num_single_layers=cfg.depth_single_blocks,
+                                    attention_head_dim=cfg.head_dim, num_attention_heads=cfg.num_heads,
+                                    joint_attention_dim=cfg.context_in_dim, axes_dims_rope=cfg.axes_dim,
+                                    approximator_num_channels=64, approximator_hidden_dim=cfg.approximator_hidden,
+                                    approximator_layers=cfg.approximator_layers)
