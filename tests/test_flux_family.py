@@ -312,3 +312,22 @@ def test_fill_and_canny_depth_workflows(executor, models, kind):
     assert ks.shape == (1, 16, 6, 8) and torch.isfinite(ks).all()
     assert torch.allclose(ks, res.outputs["14"][0].samples, atol=1e-5)
     assert res.outputs["9"][0].shape == (1, 48, 64, 3)
+
+
+def test_all_in_one_checkpoint(tmp_path):
+    """ComfyUI's all-in-one Flux checkpoint layout: the model under ``model.diffusion_model.``, the
+    VAE under ``vae.``, CLIP-L under ``text_encoders.clip_l.transformer.`` (no T5 here: the CLIP
+    needs both, so none is made)."""
+    from safetensors.torch import save_file
+
+    from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
+    from tests.flux_fixtures import tiny_vae16_state_dict
+
+    sd = {"model.diffusion_model." + k: v for k, v in flux_state_dict(TINY, seed=2).items()}
+    sd |= {"vae." + k: v for k, v in tiny_vae16_state_dict(1).items()}
+    sd |= {"text_encoders.clip_l.transformer." + k: v for k, v in tiny_clip_l_state_dict(4, width=32).items()}
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "flux_aio.safetensors"))
+    model, clip, vae = loader.load_checkpoint(tmp_path / "flux_aio.safetensors")
+    assert (model.family, model.kind, model.config) == ("flux", "dev", TINY)
+    assert vae is not None and vae.source.prefix == "vae." and vae.config.latent_channels == 16
+    assert clip is None

@@ -255,9 +255,19 @@ def _checkpoint_model(p: Path, info: Info, prediction: str | None) -> tuple[Mode
 
 
 def _checkpoint_vae(p: Path, info: Info, found: Detection) -> VaeHandle | None:
-    if f"{VAE_PREFIX}decoder.conv_in.weight" not in info:
-        return None
-    return _vae_handle(WeightSource.from_file(p, VAE_PREFIX), info, found.variant, found.family)
+    """The VAE where the family's checkpoints keep it (``checkpoint_layout(variant).vae``: Flux's
+    ``vae.``), else under SD's ``first_stage_model.``."""
+    prefixes = [VAE_PREFIX]
+    layout = getattr(families.get(found.family), "checkpoint_layout", None)
+    if layout is not None:
+        try:
+            prefixes.insert(0, layout(found.variant).vae)
+        except ValueError:  # a variant it does not save (SD's x4 upscaler)
+            pass
+    for prefix in prefixes:
+        if f"{prefix}decoder.conv_in.weight" in info:
+            return _vae_handle(WeightSource.from_file(p, prefix), info, found.variant, found.family)
+    return None
 
 
 def _load_diffusers_folder(root: Path, prediction: str | None):
