@@ -331,3 +331,31 @@ def test_all_in_one_checkpoint(tmp_path):
     assert (model.family, model.kind, model.config) == ("flux", "dev", TINY)
     assert vae is not None and vae.source.prefix == "vae." and vae.config.latent_channels == 16
     assert clip is None
+
+
+def test_half_precision_keeps_the_conditioning_vector_f32_in_both_layouts(models):
+    """Under bf16 the embedders of the conditioning vector and the last layer stay f32
+    (``Flux.keep_f32``), whichever layout the file stores; both layouts give the same bf16 model."""
+    dm = models / "diffusion_models"
+    bf16 = parse_spec("bf16")
+    runners = [loader.load_unet(dm / name).runner(bf16)
+               for name in ("flux_tiny.safetensors", "flux_tiny_diffusers.safetensors")]
+    for r in runners:
+        assert r.model.time_in.in_layer.weight.dtype == torch.float32
+        assert r.model.final_layer.adaLN_modulation[1].weight.dtype == torch.float32
+        assert r.model.double_blocks[0].img_attn.qkv.weight.dtype == torch.bfloat16
+    g = torch.Generator().manual_seed(3)
+    x, ctx = torch.randn(1, 16, 4, 4, generator=g), torch.randn(1, 5, 32, generator=g)
+    inputs = {"y": torch.randn(1, 32, generator=g), "guidance": torch.tensor([3.5])}
+    a, b = (r(x, torch.tensor([0.3]), ctx, inputs) for r in runners)
+    assert a.dtype == torch.float32 and torch.isfinite(a).all() and torch.allclose(a, b, atol=1e-6)
+    f32 = loader.load_unet(dm / "flux_tiny.safetensors").runner(_f32())(x, torch.tensor([0.3]), ctx, inputs)
+    assert (a - f32).abs().max() < 0.05 * f32.abs().max()
+
+
+def test_memory_estimate_uses_the_family(models):
+    from mixgraph.ui.estimate import estimate
+
+    wf = api.load(flux_prompt(), api.default_registry())
+    est = estimate(wf, api.default_registry(), Env.from_args(models=str(models)), "f32")
+    assert est["nodes"]["7"]["activation_bytes"] > 0 and est["nodes"]["7"]["weights_bytes"] > 0

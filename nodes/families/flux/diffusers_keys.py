@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["is_diffusers_flux", "is_diffusers_chroma", "chroma_plan", "key_plan", "to_bfl", "to_diffusers",
-           "shapes_to_bfl", "SIGNATURE"]
+           "shapes_to_bfl", "stored_rename", "fuse", "SIGNATURE"]
 
 #: keys only a diffusers Flux / Chroma transformer has (ComfyUI's test: ``x_embedder.weight``)
 SIGNATURE = ("x_embedder.weight", "single_transformer_blocks.0.attn.to_q.weight")
@@ -173,3 +173,40 @@ def to_diffusers(sd: Mapping[str, Tensor], diffusers_keys, extra=None) -> dict[s
             out[name] = piece
     return out
 
+
+
+PART = "#"  # a stored tensor that is one piece of a fused BFL tensor: "<bfl key>#<piece index>"
+
+
+def stored_rename(diffusers_keys, extra=None):
+    """A per-key renaming of a diffusers-layout file for the weight store: one-to-one keys get
+    their BFL name, each piece of a fused tensor "<BFL key>#<i>" and a swapped one "<BFL key>#swap",
+    so the store's per-key dtype rule (``keep_f32``) sees BFL names; ``fuse`` then joins them."""
+    names = {}
+    for bfl, part in (key_plan(diffusers_keys) | (extra(diffusers_keys) if extra else {})).items():
+        if part.op == "swap":
+            names[part.sources[0]] = f"{bfl}{PART}swap"
+        elif len(part.sources) == 1:
+            names[part.sources[0]] = bfl
+        else:
+            for i, src in enumerate(part.sources):
+                names[src] = f"{bfl}{PART}{i}"
+    return names.get
+
+
+def fuse(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Join the pieces ``stored_rename`` named: concatenated in piece order, swapped halves put back."""
+    out: dict[str, Tensor] = {}
+    pieces: dict[str, dict[int, Tensor]] = {}
+    for key, t in sd.items():
+        if PART not in key:
+            out[key] = t
+            continue
+        bfl, piece = key.split(PART)
+        if piece == "swap":
+            out[bfl] = _swap(t)
+        else:
+            pieces.setdefault(bfl, {})[int(piece)] = t
+    for bfl, parts in pieces.items():
+        out[bfl] = torch.cat([parts[i] for i in sorted(parts)], 0)
+    return out

@@ -22,7 +22,7 @@ from mixgraph.nodes.encoders.tokenizer import END_TOKEN
 from mixgraph.nodes.families.base import CheckpointLayout, Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.flux.chroma import Chroma, ChromaConfig, chroma_config
 from mixgraph.nodes.families.flux.detect import CHROMA_KEY, DIFFUSERS_LAYOUT, detect_keys, flux_config
-from mixgraph.nodes.families.flux.diffusers_keys import chroma_plan, is_diffusers_chroma, to_bfl
+from mixgraph.nodes.families.flux.diffusers_keys import chroma_plan, fuse, is_diffusers_chroma, stored_rename
 from mixgraph.nodes.families.flux.model import Flux, FluxConfig
 from mixgraph.nodes.families.flux.runner import FluxRunner
 from mixgraph.nodes.vae.flow_latent_formats import FLUX_LATENT, shifted_format
@@ -120,10 +120,10 @@ FLUX = FluxFamily()
 
 
 def _diffusers_reader(stored_keys):
-    """(rename, post) of a diffusers-layout Flux / Chroma file: the whole dict converted to BFL
-    keys after reading (q, k, v fused; ``diffusers_keys.to_bfl``)."""
+    """(rename, post) of a diffusers-layout Flux / Chroma file: each key renamed to BFL's (the
+    pieces of a fused q, k, v named as pieces), then the pieces fused (``diffusers_keys``)."""
     extra = chroma_plan if is_diffusers_chroma(stored_keys) else None
-    return None, lambda sd: to_bfl(sd, extra)
+    return stored_rename(stored_keys, extra), fuse
 
 
 register_layout(DIFFUSERS_LAYOUT, _diffusers_reader)
