@@ -359,3 +359,29 @@ def test_memory_estimate_uses_the_family(models):
     wf = api.load(flux_prompt(), api.default_registry())
     est = estimate(wf, api.default_registry(), Env.from_args(models=str(models)), "f32")
     assert est["nodes"]["7"]["activation_bytes"] > 0 and est["nodes"]["7"]["weights_bytes"] > 0
+
+
+def test_loras_in_bfl_names_patch_the_model(models, tmp_path):
+    """kohya (``lora_unet_double_blocks_0_img_attn_qkv``) and ComfyUI (``diffusion_model.<key>``)
+    LoRA names reach the BFL-named weights; diffusers-named Flux LoRAs (split q / k / v) are not
+    mapped yet."""
+    from safetensors.torch import save_file
+
+    from mixgraph.nodes.adapters.lora import load_lora_patches
+
+    g = torch.Generator().manual_seed(1)
+    sd = {"lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight": torch.randn(192, 4, generator=g),
+          "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": torch.randn(4, 64, generator=g),
+          "diffusion_model.single_blocks.1.linear1.lora_A.weight": torch.randn(4, 64, generator=g),
+          "diffusion_model.single_blocks.1.linear1.lora_B.weight": torch.randn(448, 4, generator=g)}
+    save_file(sd, str(tmp_path / "lora.safetensors"))
+    base = loader.load_unet(models / "diffusion_models" / "flux_tiny.safetensors")
+    patched, _ = load_lora_patches(tmp_path / "lora.safetensors", base, None, 0.5, 0.0)
+    a = dict(base.runner(_f32()).model.named_parameters())
+    b = dict(patched.runner(_f32()).model.named_parameters())
+    want = 0.5 * sd["lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"] @ sd[
+        "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"]
+    assert torch.allclose(b["double_blocks.0.img_attn.qkv.weight"] - a["double_blocks.0.img_attn.qkv.weight"], want,
+                          atol=1e-5)
+    assert not torch.equal(a["single_blocks.1.linear1.weight"], b["single_blocks.1.linear1.weight"])
+    assert torch.equal(a["single_blocks.0.linear1.weight"], b["single_blocks.0.linear1.weight"])
