@@ -385,3 +385,13 @@ def test_loras_in_bfl_names_patch_the_model(models, tmp_path):
                           atol=1e-5)
     assert not torch.equal(a["single_blocks.1.linear1.weight"], b["single_blocks.1.linear1.weight"])
     assert torch.equal(a["single_blocks.0.linear1.weight"], b["single_blocks.0.linear1.weight"])
+
+
+def test_look_alikes_are_not_flux_1():
+    """Files sharing Flux.1's block names but another model stay refused: Hunyuan Video, Flux.2
+    (shared modulation), a file missing the detection keys."""
+    sd = {k: tuple(v.shape) for k, v in flux_state_dict(TINY).items()}
+    assert FLUX.detect(sd) is not None
+    for extra in ("txt_in.individual_token_refiner.blocks.0.norm1.weight", "double_stream_modulation_img.lin.weight"):
+        assert FLUX.detect({**sd, extra: (4,)}) is None
+    assert FLUX.detect({k: v for k, v in sd.items() if k != "img_in.weight"}) is None

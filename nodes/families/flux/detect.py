@@ -24,6 +24,8 @@ __all__ = ["flux_config", "detect_keys", "SIGNATURE", "CHROMA_KEY", "DIFFUSERS_L
 SIGNATURE = ("double_blocks.0.img_attn.qkv.weight", "double_blocks.0.img_attn.norm.key_norm.scale", "img_in.weight")
 CHROMA_KEY = "distilled_guidance_layer.in_proj.weight"
 HUNYUAN_KEY = "txt_in.individual_token_refiner.blocks.0.norm1.weight"  # Hunyuan Video shares the layout
+FLUX2_KEY = "double_stream_modulation_img.lin.weight"  # Flux.2: shared modulation, another model
+RADIANCE_KEY = "nerf_blocks.0.norm.scale"  # Chroma Radiance: pixel space, not run yet
 #: the WeightSource layout of a diffusers-layout file (``weights/layouts.py`` registers it)
 DIFFUSERS_LAYOUT = "diffusers_flux"
 
@@ -35,7 +37,9 @@ def _count(keys, prefix: str) -> int:
 def detect_keys(info: Mapping[str, Any]) -> tuple[dict[str, tuple[int, ...]], str] | None:
     """(BFL key -> shape, stored layout "ldm" | ``DIFFUSERS_LAYOUT``) of a Flux / Chroma
     diffusion model, or None for other files."""
-    if all(k in info for k in SIGNATURE) and HUNYUAN_KEY not in info:
+    if any(k in info for k in (HUNYUAN_KEY, FLUX2_KEY, RADIANCE_KEY)):
+        return None
+    if all(k in info for k in SIGNATURE):
         return {k: tuple(getattr(v, "shape", v)) for k, v in info.items()}, "ldm"
     if diffusers_keys.is_diffusers_flux(info):
         from_chroma = diffusers_keys.chroma_plan if diffusers_keys.is_diffusers_chroma(info) else None
