@@ -395,3 +395,21 @@ def test_look_alikes_are_not_flux_1():
     for extra in ("txt_in.individual_token_refiner.blocks.0.norm1.weight", "double_stream_modulation_img.lin.weight"):
         assert FLUX.detect({**sd, extra: (4,)}) is None
     assert FLUX.detect({k: v for k, v in sd.items() if k != "img_in.weight"}) is None
+
+
+def test_checkpoint_save_round_trip(models, tmp_path):
+    """CheckpointSave writes ComfyUI's all-in-one layout (``FLUX.checkpoint_layout``); the file
+    loads back as the same model (a diffusers-layout source is written in BFL's keys)."""
+    from safetensors.torch import save_file
+
+    from mixgraph.nodes.weights import save
+
+    model = loader.load_unet(models / "diffusion_models" / "flux_tiny_diffusers.safetensors")
+    vae = loader.load_vae(models / "vae" / "vae16.safetensors")
+    sd = save.checkpoint_state_dict(model, None, vae)
+    assert "model.diffusion_model.double_blocks.0.img_attn.qkv.weight" in sd and "vae.decoder.conv_in.weight" in sd
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "saved.safetensors"))
+    back, clip, back_vae = loader.load_checkpoint(tmp_path / "saved.safetensors")
+    assert (back.family, back.kind, back.config) == ("flux", "dev", TINY) and back_vae is not None and clip is None
+    ref = flux_state_dict(TINY, seed=3)  # write_flux_models' weights
+    assert all(torch.equal(sd["model.diffusion_model." + k], v) for k, v in ref.items())
