@@ -351,6 +351,12 @@ def test_half_precision_keeps_the_conditioning_vector_f32_in_both_layouts(models
     assert a.dtype == torch.float32 and torch.isfinite(a).all() and torch.allclose(a, b, atol=1e-6)
     f32 = loader.load_unet(dm / "flux_tiny.safetensors").runner(_f32())(x, torch.tensor([0.3]), ctx, inputs)
     assert (a - f32).abs().max() < 0.05 * f32.abs().max()
+    # fp8 storage: the QK norms' scales stay f32 (``keep_f32`` "*.norm"), the Linears are fp8
+    fp8 = loader.load_unet(dm / "flux_tiny_diffusers.safetensors").runner(parse_spec("fp8_e4m3fn:bf16"))
+    assert fp8.model.double_blocks[0].img_attn.norm.query_norm.scale.dtype == torch.float32
+    assert fp8.model.single_blocks[0].norm.key_norm.scale.dtype == torch.float32
+    assert fp8.model.single_blocks[0].linear1.weight.dtype == torch.float8_e4m3fn
+    assert torch.isfinite(fp8(x, torch.tensor([0.3]), ctx, inputs)).all()
 
 
 def test_memory_estimate_uses_the_family(models):

@@ -95,8 +95,9 @@ class Approximator(nn.Module):
 class Chroma(nn.Module):
     """x [B, C, H, W], timestep [B], context [B, T, D], guidance [B] or None (0) -> velocity."""
 
-    # the approximator runs once per step on (slots x 64) inputs; f32 keeps the timestep signal exact
-    keep_f32: tuple[str, ...] = ("distilled_guidance_layer",)
+    # the approximator runs once per step on (slots x 64) inputs; f32 keeps the timestep signal
+    # exact. The QK norms' scales stay f32 as in ``Flux``.
+    keep_f32: tuple[str, ...] = ("distilled_guidance_layer", "*.norm")
     keep_f32_inputs: tuple[str, ...] = ("timestep", "guidance")
 
     def __init__(self, config: ChromaConfig):

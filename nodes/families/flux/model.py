@@ -315,9 +315,11 @@ class Flux(nn.Module):
     # the conditioning vector's embedders and the output layer run once per step on one vector
     # per sample: f32 costs nothing and keeps the timestep signal exact under half storage. The
     # per-block modulation Linears are ~27% of the weights (f32 would double the model) and stay
-    # in the policy's dtypes, as in ComfyUI. Timestep, guidance and pooled vector enter f32
-    # (bf16 cannot hold σ·1000 exactly) and meet only f32 layers.
-    keep_f32: tuple[str, ...] = ("time_in", "vector_in", "guidance_in", "final_layer")
+    # in the policy's dtypes, as in ComfyUI. The QK norms' scales (one head-width vector each)
+    # stay f32 too: under fp8 storage 3 mantissa bits would distort every attention logit.
+    # Timestep, guidance and pooled vector enter f32 (bf16 cannot hold σ·1000 exactly) and meet
+    # only f32 layers.
+    keep_f32: tuple[str, ...] = ("time_in", "vector_in", "guidance_in", "final_layer", "*.norm")
     keep_f32_inputs: tuple[str, ...] = ("timestep", "guidance", "y")
 
     def __init__(self, config: FluxConfig):
