@@ -381,16 +381,18 @@ def test_loras_in_bfl_names_patch_the_model(models, tmp_path):
           "diffusion_model.single_blocks.1.linear1.lora_A.weight": torch.randn(4, 64, generator=g),
           "diffusion_model.single_blocks.1.linear1.lora_B.weight": torch.randn(448, 4, generator=g)}
     save_file(sd, str(tmp_path / "lora.safetensors"))
-    base = loader.load_unet(models / "diffusion_models" / "flux_tiny.safetensors")
-    patched, _ = load_lora_patches(tmp_path / "lora.safetensors", base, None, 0.5, 0.0)
-    a = dict(base.runner(_f32()).model.named_parameters())
-    b = dict(patched.runner(_f32()).model.named_parameters())
     want = 0.5 * sd["lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"] @ sd[
         "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"]
-    assert torch.allclose(b["double_blocks.0.img_attn.qkv.weight"] - a["double_blocks.0.img_attn.qkv.weight"], want,
-                          atol=1e-5)
-    assert not torch.equal(a["single_blocks.1.linear1.weight"], b["single_blocks.1.linear1.weight"])
-    assert torch.equal(a["single_blocks.0.linear1.weight"], b["single_blocks.0.linear1.weight"])
+    for name in ("flux_tiny.safetensors", "flux_tiny_diffusers.safetensors"):  # either layout as the base
+        base = loader.load_unet(models / "diffusion_models" / name)
+        assert base.weight_shapes()["double_blocks.0.img_attn.qkv.weight"] == (192, 64)
+        patched, _ = load_lora_patches(tmp_path / "lora.safetensors", base, None, 0.5, 0.0)
+        a = dict(base.runner(_f32()).model.named_parameters())
+        b = dict(patched.runner(_f32()).model.named_parameters())
+        assert torch.allclose(b["double_blocks.0.img_attn.qkv.weight"] - a["double_blocks.0.img_attn.qkv.weight"],
+                              want, atol=1e-5)
+        assert not torch.equal(a["single_blocks.1.linear1.weight"], b["single_blocks.1.linear1.weight"])
+        assert torch.equal(a["single_blocks.0.linear1.weight"], b["single_blocks.0.linear1.weight"])
 
 
 def test_look_alikes_are_not_flux_1():
