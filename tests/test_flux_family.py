@@ -266,6 +266,9 @@ def test_flux_nodes(executor, models):
     assert info["EmptySD3LatentImage"]["input"]["required"]["width"][1]["default"] == 1024
     assert info["EmptySD3LatentImage"]["input"]["required"]["width"][1]["step"] == 16
     assert "latent" in info["ReferenceLatent"]["input"]["optional"]
+    assert info["FluxKontextMultiReferenceLatentMethod"]["experimental"] is True
+    assert info["FluxKontextMultiReferenceLatentMethod"]["input"]["required"]["reference_latents_method"][0] == [
+        "offset", "index", "uxo/uno"]
 
 
 def test_kontext_workflow_with_reference_latent(executor, models):
