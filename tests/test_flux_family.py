@@ -406,6 +406,8 @@ def test_look_alikes_are_not_flux_1():
     for extra in ("txt_in.individual_token_refiner.blocks.0.norm1.weight", "double_stream_modulation_img.lin.weight"):
         assert FLUX.detect({**sd, extra: (4,)}) is None
     assert FLUX.detect({k: v for k, v in sd.items() if k != "img_in.weight"}) is None
+    flux2 = {**sd, "double_stream_modulation_img.lin.weight": (4,)}
+    assert refused.detect_family(flux2) == "Flux.2" and refused.detect_family(sd) is None
 
 
 def test_checkpoint_save_round_trip(models, tmp_path):

@@ -30,6 +30,8 @@ _PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.model.", "mode
 # signature of two families sharing a layout (Hunyuan Video / Chroma vs Flux) comes first.
 _DIFFUSION = (
     ("Hunyuan Video", ("double_blocks.0.img_attn.qkv.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight")),
+    ("Chroma Radiance", ("double_blocks.0.img_attn.qkv.weight", "nerf_blocks.0.norm.scale")),
+    ("Flux.2", ("double_blocks.0.img_attn.qkv.weight", "double_stream_modulation_img.lin.weight")),
     ("Chroma", ("double_blocks.0.img_attn.qkv.weight", "distilled_guidance_layer.in_proj.weight")),
     ("Flux", ("double_blocks.0.img_attn.qkv.weight",)),
     ("SD3 / SD3.5", ("joint_blocks.0.context_block.attn.qkv.weight",)),
