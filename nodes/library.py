@@ -7,7 +7,7 @@ has imported already): the declarations below read them.
 from mixgraph.nodes import socket_types  # noqa: F401  (first: the declarations read it)
 from mixgraph.nodes.declare.conditioning import (camera_angle_nodes, clip_vision_nodes,  # noqa: F401
                                                  cond_nodes, conditioning, conditioning_extra_nodes,
-                                                 controlnet_extra_nodes, dit_text_nodes, gligen_nodes,
+                                                 controlnet_extra_nodes, dit_text_nodes, flux_nodes, gligen_nodes,
                                                  hook_nodes, ip2p_nodes, lotus_nodes, lumina2_nodes,
                                                  photomaker_nodes, stable3d_nodes, upscale_diffusion_nodes)
 from mixgraph.nodes.declare.image import (batch_nodes, bg_removal_nodes, color_transfer_nodes,  # noqa: F401

@@ -38,7 +38,7 @@ from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
 
 __all__ = ["Z_IMAGE", "LUMINA2", "QWEN3_4B", "GEMMA2_2B", "QWEN3_RULE", "GEMMA2_RULE", "LUMINA2_SYSTEM_PROMPTS",
-           "lumina2_prompt", "LlmArch", "LLM_ARCHS", "register_llm_archs", "source_shapes", "llm_entry",
+           "lumina2_prompt", "LlmArch", "LLM_ARCHS", "source_shapes", "llm_entry",
            "decoder_join", "entry_tokenizer", "LLM_PREFIXES", "LlmFound", "find_qwen3", "find_gemma2",
            "qwen3_arch_config", "gemma2_arch_config"]
 

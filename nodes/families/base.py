@@ -109,7 +109,10 @@ class Detection:
     (a frozen dataclass derived from shapes) and the ``ModelHandle`` fields the family sets from
     the keys (``fields``): ``latent_format``, ``prediction`` (a marker key may tell), schedule
     fields, and ``parts``, a frozen dataclass of the family's own for what the variant carries
-    beside the model (SD: ``sd.parts.SDParts``). The loader starts from ``sampling(variant)``."""
+    beside the model (SD: ``sd.parts.SDParts``). The loader starts from ``sampling(variant)``.
+    One field is the loader's, not the handle's: ``source_layout``, the key layout the weights
+    are stored in when the family recognised a layout other than its own (Flux's diffusers
+    files: a layout it registered with ``weights/layouts.register_layout``)."""
 
     family: str
     variant: str

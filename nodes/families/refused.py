@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 from mixgraph.nodes.encoders.encoder_arch import recognise
@@ -34,6 +33,8 @@ _PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.model.", "mode
 # signature of two families sharing a layout (Hunyuan Video / Chroma vs Flux) comes first.
 _DIFFUSION = (
     ("Hunyuan Video", ("double_blocks.0.img_attn.qkv.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight")),
+    ("Chroma Radiance", ("double_blocks.0.img_attn.qkv.weight", "nerf_blocks.0.norm.scale")),
+    ("Flux.2", ("double_blocks.0.img_attn.qkv.weight", "double_stream_modulation_img.lin.weight")),
     ("Chroma", ("double_blocks.0.img_attn.qkv.weight", "distilled_guidance_layer.in_proj.weight")),
     ("Flux", ("double_blocks.0.img_attn.qkv.weight",)),
     ("SD3 / SD3.5", ("joint_blocks.0.context_block.attn.qkv.weight",)),
@@ -146,6 +147,13 @@ def detect_family(info) -> str | None:
     return None  # a 2-D KL VAE of any latent width (Flux's / SD3's 16 channels too): vae/vae.py runs it
 
 
+def _named(row: str) -> bool:
+    """Whether a registered family runs the files of the refused ``row`` (names it in its
+    ``refusals``), for rows recognised without a diffusion model to detect (a VAE, a pipeline
+    folder: the loader then checks the model itself)."""
+    return any(row in getattr(f, "refusals", ()) for f in registry.FAMILIES.values())
+
+
 _PIPELINES = {  # diffusers model_index.json _class_name prefix -> family
     "Flux": "Flux", "StableDiffusion3": "SD3 / SD3.5", "AuraFlow": "AuraFlow", "HunyuanDiT": "HunyuanDiT",
     "HunyuanVideo": "Hunyuan Video", "LTX": "LTX-Video", "Mochi": "Mochi", "Cosmos": "Cosmos", "Wan": "Wan",
@@ -166,8 +174,7 @@ def _folder_family(folder: Path) -> str | None:
     for prefix, family in _PIPELINES.items():
         if name.startswith(prefix):
             # a registered family naming the row loads the folder (or says by name what it lacks)
-            taken = any(family in getattr(f, "refusals", ()) for f in registry.FAMILIES.values())
-            return None if taken else family
+            return None if _named(family) else family
     return None
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from mixgraph.nodes.families.base import Detection, Family
 from mixgraph.nodes.families.lumina.family import LUMINA2, Z_IMAGE
+from mixgraph.nodes.families.flux.family import FLUX
 from mixgraph.nodes.families.sd.family import SD
 from mixgraph.nodes.families.sd3.family import SD3
 
@@ -51,6 +52,7 @@ def detect(info: Mapping[str, Any], read: Any = None, source: Any = None) -> Det
 
 
 # -- the registry: one line per family, the more specific signature first
+register(FLUX)
 register(SD)
 register(LUMINA2)
 register(Z_IMAGE)

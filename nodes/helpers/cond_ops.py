@@ -106,6 +106,22 @@ def set_concat(conds: Conditioning, latent: torch.Tensor, mask: torch.Tensor) ->
     return tuple(dataclasses.replace(c, concat_latent=latent, concat_mask=mask) for c in conds)
 
 
+def set_model_inputs(conds: Conditioning, values: dict, append: bool = False) -> Conditioning:
+    """ComfyUI's ``node_helpers.conditioning_set_values``: every cond gets ``values`` in its
+    ``model_inputs`` (ComfyUI's cond keys: "guidance", "reference_latents", ...); with ``append``
+    a list value extends the cond's list under that key instead of replacing it (ReferenceLatent
+    chains)."""
+    out = []
+    for c in conds:
+        inputs = dict(c.model_inputs)
+        for key, value in values.items():
+            if append and isinstance(value, list) and inputs.get(key) is not None:
+                value = list(inputs[key]) + value
+            inputs[key] = value
+        out.append(dataclasses.replace(c, model_inputs=inputs))
+    return tuple(out)
+
+
 def set_concat_image(conds: Conditioning, image: torch.Tensor, noise_augmentation: float) -> Conditioning:
     """Every cond carries the x4 upscaler's low-resolution image and its noise augmentation."""
     return tuple(dataclasses.replace(c, concat_image=image, noise_augmentation=float(noise_augmentation))

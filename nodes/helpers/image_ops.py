@@ -254,3 +254,18 @@ def join_alpha(image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = F.interpolate(m, size=(image.shape[1], image.shape[2]), mode="bilinear").squeeze(1)  # [Bm,H,W]
     n = min(image.shape[0], m.shape[0])
     return torch.cat([image[:n, ..., :3], (1.0 - m[:n]).unsqueeze(-1)], dim=-1)  # [n,H,W,4]
+
+
+#: ComfyUI's ``PREFERED_KONTEXT_RESOLUTIONS`` (comfy_extras/nodes_flux.py): (width, height) pairs
+#: of about one megapixel that Flux.1 Kontext was trained on
+KONTEXT_RESOLUTIONS = ((672, 1568), (688, 1504), (720, 1456), (752, 1392), (800, 1328), (832, 1248), (880, 1184),
+                       (944, 1104), (1024, 1024), (1104, 944), (1184, 880), (1248, 832), (1328, 800), (1392, 752),
+                       (1456, 720), (1504, 688), (1568, 672))
+
+
+def kontext_scale(image: torch.Tensor) -> torch.Tensor:
+    """FluxKontextImageScale: [B,H,W,C] resized (lanczos, centre crop) to the Kontext resolution
+    whose aspect ratio is nearest the image's (ties: the first of the list, as ComfyUI's min)."""
+    aspect = image.shape[2] / image.shape[1]
+    _, width, height = min((abs(aspect - w / h), w, h) for w, h in KONTEXT_RESOLUTIONS)
+    return upscale(image.movedim(-1, 1), width, height, "lanczos", "center").movedim(1, -1)

@@ -26,13 +26,14 @@ def _available_bytes() -> int | None:
     return None
 
 
-def empty_latent(width: int, height: int, batch_size: int) -> Latent:
-    """Zeros [B,4,H/8,W/8]: the sampler leaves an all-zero latent unscaled (ComfyUI).
+def empty_latent(width: int, height: int, batch_size: int, channels: int = LATENT_CHANNELS) -> Latent:
+    """Zeros [B,C,H/8,W/8] (C = 4; EmptySD3LatentImage: 16): the sampler leaves an all-zero
+    latent unscaled (ComfyUI).
 
     A latent bigger than the free memory is refused up front with a clear error (sampling needs
     several copies of it, so even one copy that does not fit can never run)."""
-    shape = (batch_size, LATENT_CHANNELS, height // 8, width // 8)
-    needed = 4 * batch_size * LATENT_CHANNELS * (height // 8) * (width // 8)
+    shape = (batch_size, channels, height // 8, width // 8)
+    needed = 4 * batch_size * channels * (height // 8) * (width // 8)
     available = _available_bytes()
     if available is not None and needed > available:
         raise MemoryError(f"a {width}x{height} latent batch of {batch_size} needs {needed / 2**30:.1f} "

@@ -458,7 +458,7 @@ def _module_shapes(source: WeightSource) -> dict[str, tuple[int, ...]]:
         items = {k: tuple(v.shape) for k, v in (source.tensors or {}).items()}
     else:
         items = {k: i.shape for k, i in inspect_file(source.path).items()}
-    rename, _ = reader_for_source(source)
+    rename, post = reader_for_source(source)
     out = {}
     for k, shape in items.items():
         if not k.startswith(source.prefix):
@@ -467,4 +467,7 @@ def _module_shapes(source: WeightSource) -> dict[str, tuple[int, ...]]:
         new = rename(k) if rename is not None else k
         if new is not None:
             out[new] = shape
+    if post is not None:  # a layout that is not a renaming (Flux's diffusers files: fused q, k, v)
+        meta = post({k: torch.empty(shape, device="meta") for k, shape in out.items()})
+        out = {k: tuple(t.shape) for k, t in meta.items()}
     return out

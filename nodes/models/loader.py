@@ -34,6 +34,7 @@ detected prediction type.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -158,6 +159,9 @@ def _model_handle(found: Detection, source: WeightSource, override: str | None, 
     sampling = family.sampling(found.variant)
     fields = {"prediction": sampling.prediction, "zsnr": sampling.zsnr, "beta_range": sampling.beta_range,
               "continuous_sampling": sampling.continuous, **found.fields, **extra}
+    layout = fields.pop("source_layout", None)  # a family's own stored layout (``layouts.register_layout``)
+    if layout is not None:
+        source = dataclasses.replace(source, layout=layout)
     if "latent_format" not in fields:
         fields["latent_format"] = family.latent_format(found.variant, getattr(found.config, "out_channels", 4))
     if override:
@@ -310,9 +314,19 @@ def _checkpoint_model(p: Path, info: Info, prediction: str | None) -> tuple[Mode
 
 
 def _checkpoint_vae(p: Path, info: Info, found: Detection) -> VaeHandle | None:
-    if f"{VAE_PREFIX}decoder.conv_in.weight" not in info:
-        return None
-    return _vae_handle(WeightSource.from_file(p, VAE_PREFIX), info, found.variant, found.family)
+    """The VAE where the family's checkpoints keep it (``checkpoint_layout(variant).vae``: Flux's
+    ``vae.``), else under SD's ``first_stage_model.``."""
+    prefixes = [VAE_PREFIX]
+    layout = getattr(families.get(found.family), "checkpoint_layout", None)
+    if layout is not None:
+        try:
+            prefixes.insert(0, layout(found.variant).vae)
+        except ValueError:  # a variant it does not save (SD's x4 upscaler)
+            pass
+    for prefix in prefixes:
+        if f"{prefix}decoder.conv_in.weight" in info:
+            return _vae_handle(WeightSource.from_file(p, prefix), info, found.variant, found.family)
+    return None
 
 
 def _load_diffusers_folder(root: Path, prediction: str | None):
@@ -414,6 +428,8 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
     _refuse_folder(p)
     if _is_diffusers_folder(p):
         p = _diffusers_model_file(p)
+    elif p.is_dir() and any(p.glob("diffusion_pytorch_model*")):  # a diffusers model folder itself
+        p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
     _refuse_family(p.name, info)
     if sum(k.startswith(UNET_PREFIX) for k in info) > 5:

@@ -100,7 +100,13 @@ def reader_for_source(source: WeightSource):
         return diffusers_unet_rename(keys), None
     if layout == "diffusers_vae":
         return diffusers_vae_rename(keys), None
+    if layout in _FAMILY_LAYOUTS:
+        return _FAMILY_LAYOUTS[layout](keys)
     raise ValueError(f"unknown weight layout {layout!r}")
+
+
+_BUILTIN = ("ldm", "hf_clip", "open_clip", "hf_clip_vision", "open_clip_vision", "controlnet", "zero123_cc",
+            "controlnet_diff", "diffusers_unet", "diffusers_vae")
 
 
 def _zero123_cc_rename(key: str) -> str | None:

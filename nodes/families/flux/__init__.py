@@ -1,0 +1,1 @@
+"""The Flux.1 family (dev, schnell, Kontext, Fill, Canny / Depth) and Chroma: models, detection, runner."""
