@@ -144,17 +144,17 @@ def test_vae_loader_refuses_at_validation(tmp_path):
 
 
 def test_clip_loaders_refuse_other_family_types_and_files(tmp_path):
-    _write(tmp_path / "text_encoders" / "t5.safetensors", ["encoder.block.0.layer.0.SelfAttention.q.weight"])
+    _write(tmp_path / "text_encoders" / "umt5.safetensors", ["encoder.blocks.0.attn.q.weight"])
     _write(tmp_path / "text_encoders" / "l.safetensors", ["text_model.embeddings.token_embedding.weight"])
     for cls, inputs, needle in (
-        ("CLIPLoader", {"clip_name": "l.safetensors", "type": "sd3"},
-         "CLIP type 'sd3': model family SD3 / SD3.5 is not supported"),
-        ("DualCLIPLoader", {"clip_name1": "l.safetensors", "clip_name2": "t5.safetensors", "type": "flux"},
-         "CLIP type 'flux': model family Flux is not supported"),
-        ("CLIPLoader", {"clip_name": "t5.safetensors", "type": "stable_diffusion"},
+        ("CLIPLoader", {"clip_name": "l.safetensors", "type": "wan"},
+         "CLIP type 'wan': model family Wan is not supported"),
+        ("DualCLIPLoader", {"clip_name1": "l.safetensors", "clip_name2": "umt5.safetensors", "type": "hunyuan_video"},
+         "CLIP type 'hunyuan_video': model family Hunyuan Video is not supported"),
+        ("CLIPLoader", {"clip_name": "umt5.safetensors", "type": "stable_diffusion"},
          "model family T5 text encoder"),
-        ("DualCLIPLoader", {"clip_name1": "l.safetensors", "clip_name2": "t5.safetensors", "type": "sdxl"},
-         "clip_name2 't5.safetensors': model family T5 text encoder"),
+        ("DualCLIPLoader", {"clip_name1": "l.safetensors", "clip_name2": "umt5.safetensors", "type": "sdxl"},
+         "clip_name2 'umt5.safetensors': model family T5 text encoder"),
     ):
         text = _validation_error(_sampling_graph(CKPT + (0,), (cls, inputs, 0), CKPT + (2,)), tmp_path)
         assert needle in text, text

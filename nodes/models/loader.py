@@ -580,19 +580,16 @@ def clip_type_family(type: str) -> Any:
 
 def _family_by_files(type: str, candidates: Sequence[Any], paths: Sequence[Path]) -> Any:
     """Of several families that take CLIP ``type``, the first registered whose slots'
-    architectures hold every file's (the files' architectures from their keys)."""
+    architectures hold every file's (the files' architectures from their keys); when none
+    does, the first (whose loading then names the file that fits no slot)."""
     archs = set()
     for path in paths:
         found = recognise(inspect_file(path))
         if found is not None:
             archs.add(found.arch)
     fitting = [f for f in candidates if archs <= {s.arch for s in f.text_encoders(f.clip_types[type])}]
-    if not fitting:
-        takes = "; ".join(f"{f.display}: {', '.join(sorted({s.arch for s in f.text_encoders(f.clip_types[type])}))}"
-                          for f in candidates)
-        raise ValueError(f"CLIP type {type!r}: {', '.join(p.name for p in paths)} hold "
-                         f"{', '.join(sorted(archs)) or 'no known text encoder'}; the type takes ({takes})")
-    return fitting[0]
+    # none fits: the first names what it takes and which file fits no slot (``_dit_clip``)
+    return fitting[0] if fitting else candidates[0]
 
 
 def _expects(type: str, slots: Sequence[TextEncoderSlot]) -> str:

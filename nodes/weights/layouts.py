@@ -17,6 +17,7 @@ from typing import Any
 
 from mixgraph.nodes.encoders.clip import open_clip_to_hf
 from mixgraph.nodes.encoders.clip_vision import hf_vision_rename, open_clip_vision_to_hf
+from mixgraph.nodes.encoders.siglip_vision import siglip_vision_rename
 from mixgraph.nodes.adapters.controlnet import convert_controlnet_state_dict
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename, diffusers_vae_rename
 from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file
@@ -86,6 +87,8 @@ def reader_for_source(source: WeightSource):
         return hf_vision_rename, None
     if layout == "open_clip_vision":
         return None, open_clip_vision_to_hf
+    if layout == "hf_siglip_vision":
+        return siglip_vision_rename, None
     if layout == "controlnet":
         return None, convert_controlnet_state_dict
     if layout == "zero123_cc":  # Stable Zero123's top-level cc_projection.* only (families/sd/zero123.py)

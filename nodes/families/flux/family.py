@@ -17,8 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixgraph.nodes.encoders.encoder_set import OutputRule
-from mixgraph.nodes.encoders.tokenizer import END_TOKEN
+from mixgraph.nodes.encoders.dit_joins import CHROMA_RULES, FLUX_RULES
 from mixgraph.nodes.families.base import CheckpointLayout, Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.flux.chroma import Chroma, ChromaConfig, chroma_config
 from mixgraph.nodes.families.flux.detect import CHROMA_KEY, DIFFUSERS_LAYOUT, detect_keys, flux_config
@@ -37,12 +36,10 @@ DIFFUSION_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "vae."  # ComfyUI's all-in-one Flux checkpoints (supported_models.Flux.vae_key_prefix)
 #: where ComfyUI's all-in-one checkpoints keep each text encoder, and its key layout
 TEXT_PREFIXES = {"clip_l": ("text_encoders.clip_l.transformer.", "hf_clip"),
-                 "t5xxl": ("text_encoders.t5xxl.transformer.", "hf_t5")}
+                 "t5xxl": ("text_encoders.t5xxl.transformer.", "ldm")}
 TRACE_TOKENS = 256  # the memory estimate's text length (ComfyUI's T5 minimum for Flux: 256)
-# clip_l: the last layer's normed hidden states, its pooled output unprojected (ComfyUI's
-# FluxClipModel: SDClipModel(return_projected_pooled=False)); t5xxl: the last layer, pad id 0
-CLIP_L_RULE = OutputRule(END_TOKEN, None, True, False, pooled=True)
-T5_RULE = OutputRule(0, None, True, False)
+# the encoders' output rules are ComfyUI's flux / pixart-T5 sets' (encoders/dit_joins.py): clip_l's
+# normed last layer and unprojected pooled output, T5's last layer padded to 256 tokens (Chroma: 1)
 
 
 class FluxFamily:
@@ -92,12 +89,12 @@ class FluxFamily:
         t5_prefix, t5_layout = TEXT_PREFIXES["t5xxl"]
         if variant == "chroma":
             return (TextEncoderSlot("t5xxl", "t5", "text", prefix=t5_prefix, layout=t5_layout, folder="text_encoder",
-                                    encoding="chroma", rule=T5_RULE, arch="t5"),)
+                                    encoding="chroma", rule=CHROMA_RULES["t5xxl"], arch="t5"),)
         clip_prefix, clip_layout = TEXT_PREFIXES["clip_l"]
         return (TextEncoderSlot("clip_l", "clip", "text", prefix=clip_prefix, layout=clip_layout,
-                                folder="text_encoder", encoding="flux", rule=CLIP_L_RULE, arch="clip"),
+                                folder="text_encoder", encoding="flux", rule=FLUX_RULES["clip_l"], arch="clip"),
                 TextEncoderSlot("t5xxl", "t5", "text", prefix=t5_prefix, layout=t5_layout, folder="text_encoder_2",
-                                encoding="flux", rule=T5_RULE, arch="t5"))
+                                encoding="flux", rule=FLUX_RULES["t5xxl"], arch="t5"))
 
     def checkpoint_layout(self, variant: str) -> CheckpointLayout:
         """ComfyUI's all-in-one layout: the model under ``model.diffusion_model.``, the VAE under

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixgraph.nodes.encoders.encoder_set import OutputRule
-from mixgraph.nodes.encoders.tokenizer import END_TOKEN
+from mixgraph.nodes.encoders.dit_joins import SD3_RULES
 from mixgraph.nodes.families.base import CheckpointLayout, Detection, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.sd3 import diffusers_keys
 from mixgraph.nodes.families.sd3.mmdit import SIGNATURE, MMDiT, MMDiTConfig, config_from_shapes
@@ -41,13 +40,13 @@ ARCHITECTURE = "stable-diffusion-v3-medium"  # ComfyUI's modelspec.architecture 
 # not projected; clip_g as in SDXL; T5-XXL's last layer. The set's join ("sd3") puts them together.
 _ENCODERS = (
     TextEncoderSlot("clip_l", "clip", "text", prefix=TEXT_PREFIX + "clip_l.transformer.", layout="hf_clip",
-                    folder="text_encoder", encoding="sd3", rule=OutputRule(END_TOKEN, -2, False, False, pooled=True),
+                    folder="text_encoder", encoding="sd3", rule=SD3_RULES["clip_l"],
                     arch="clip", optional=True),
     TextEncoderSlot("clip_g", "clip", "text", prefix=TEXT_PREFIX + "clip_g.transformer.", layout="hf_clip",
-                    folder="text_encoder_2", encoding="sd3", rule=OutputRule(0, -2, False, True, pooled=True),
+                    folder="text_encoder_2", encoding="sd3", rule=SD3_RULES["clip_g"],
                     arch="clip", optional=True),
-    TextEncoderSlot("t5xxl", "t5", "text", prefix=TEXT_PREFIX + "t5xxl.transformer.", layout="hf_t5",
-                    folder="text_encoder_3", encoding="sd3", rule=OutputRule(0, None, False, False),
+    TextEncoderSlot("t5xxl", "t5", "text", prefix=TEXT_PREFIX + "t5xxl.transformer.", layout="ldm",
+                    folder="text_encoder_3", encoding="sd3", rule=SD3_RULES["t5xxl"],
                     arch="t5", optional=True),
 )
 
