@@ -26,6 +26,7 @@ query group (Ainslie et al. 2023, arXiv:2305.13245).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -195,15 +196,22 @@ def padding_mask(tokens: list[int], pad: int) -> list[int]:
 
 class DecoderTextEncoder(nn.Module):
     """Base of the decoder text encoders: ``encode_chunks`` over a subclass's ``forward(embeds,
-    mask, layer) -> hidden`` and ``embed(tokens)``. ``empty_start``: the token the empty prompt
-    starts with (Gemma's BOS; None for Qwen3, whose empty prompt is all padding)."""
+    mask, layer) -> hidden``; the subclass builds its layers as ``self.model`` (``inner(config)``,
+    holding ``embed_tokens``) so that attribute names are the files' ``model.*`` keys.
+    ``empty_start``: the token the empty prompt starts with (Gemma's BOS; None for Qwen3, whose
+    empty prompt is all padding)."""
 
     empty_start: int | None = None
-    n_layers: int
-    width: int
+
+    def __init__(self, config: Any, inner: Callable[[Any], nn.Module]) -> None:
+        super().__init__()
+        self.config = config
+        self.n_layers = config.shape.layers
+        self.width = config.shape.hidden
+        self.model = inner(config)
 
     def embed(self, tokens: Tensor) -> Tensor:
-        raise NotImplementedError
+        return self.model.embed_tokens(tokens)
 
     def encode_chunks(self, chunks: list, rule: OutputRule, layer_idx: int | None,
                       warn: Callable[[str], None]) -> EncodedText:

@@ -94,14 +94,7 @@ class Gemma2TextModel(DecoderTextEncoder):
     keep_stored: tuple[str, ...] = ("model.embed_tokens",)
 
     def __init__(self, config: Gemma2Config) -> None:
-        super().__init__()
-        self.config = config
-        self.n_layers = config.shape.layers
-        self.width = config.shape.hidden
-        self.model = Gemma2Inner(config)
-
-    def embed(self, tokens: Tensor) -> Tensor:
-        return self.model.embed_tokens(tokens)
+        super().__init__(config, Gemma2Inner)
 
     def forward(self, embeds: Tensor, mask: Tensor, layer: int | None = None) -> Tensor:
         x = embeds * torch.tensor(self.config.shape.hidden ** 0.5, dtype=embeds.dtype)

@@ -84,14 +84,7 @@ class Qwen3TextModel(DecoderTextEncoder):
     keep_stored: tuple[str, ...] = ("model.embed_tokens",)
 
     def __init__(self, config: Qwen3Config) -> None:
-        super().__init__()
-        self.config = config
-        self.n_layers = config.shape.layers
-        self.width = config.shape.hidden
-        self.model = Qwen3Inner(config)
-
-    def embed(self, tokens: Tensor) -> Tensor:
-        return self.model.embed_tokens(tokens)
+        super().__init__(config, Qwen3Inner)
 
     def forward(self, embeds: Tensor, mask: Tensor, layer: int | None = None) -> Tensor:
         x = embeds
