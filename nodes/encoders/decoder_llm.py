@@ -26,8 +26,8 @@ query group (Ainslie et al. 2023, arXiv:2305.13245).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
