@@ -173,3 +173,23 @@ def test_resolution_selector_matches_comfyui_rounding():
         g.add("PreviewAny", node_id="3", source=sel[1])
         res = api.run(g)
         assert tuple(res.outputs["1"]) == expected, (ratio, mp)
+
+
+def test_number_convert_matches_comfyui():
+    """ComfyUI's ComfyNumberConvert: INT / FLOAT / STRING / BOOLEAN -> (FLOAT, INT), bad strings refused."""
+    import pytest
+    from mixgraph.nodes.helpers.expression import number_convert
+    from mixgraph.ui import api
+
+    assert number_convert(True) == (1.0, 1) and number_convert(7) == (7.0, 7)
+    assert number_convert(-2.7) == (-2.7, -2) and number_convert(" 3 ") == (3.0, 3)
+    assert number_convert("2.5e1") == (25.0, 25) and number_convert("-0.5") == (-0.5, 0)
+    for bad in ("", "abc", "inf", float("nan")):
+        with pytest.raises(ValueError):
+            number_convert(bad)
+    g = api.Graph()
+    prim = g.add("PrimitiveString", node_id="1", value="41.9")
+    conv = g.add("ComfyNumberConvert", node_id="2", value=prim[0])
+    g.add("PreviewAny", node_id="3", source=conv[1])
+    res = api.run(g)
+    assert tuple(res.outputs["2"]) == (41.9, 41)

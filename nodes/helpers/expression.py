@@ -201,3 +201,33 @@ def math_expression(expression: str, values: dict[str, Any]) -> tuple[float, int
         raise ExpressionError(f"Math Expression '{expression}' produced a non-finite result: "
                               f"{result}")
     return as_float, int(result), bool(result)
+
+
+def number_convert(value) -> tuple[float, int]:
+    """ComfyUI's ComfyNumberConvert (comfy_extras/nodes_number_convert.py): an INT, FLOAT,
+    STRING or BOOLEAN as (float, int). Booleans are 1 / 0; a float's int truncates toward zero; a
+    string is parsed as a number (its int: parsed as an int when it is one, else the float
+    truncated). Empty or non-numeric strings and non-finite values are refused."""
+    if isinstance(value, bool):
+        return (1.0, 1) if value else (0.0, 0)
+    if isinstance(value, int):
+        return float(value), value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"Cannot convert non-finite value to number: {value}")
+        return value, int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ValueError("Cannot convert empty string to number.")
+        try:
+            as_float = float(text)
+        except ValueError:
+            raise ValueError(f"Cannot convert string to number: {value!r}") from None
+        if not math.isfinite(as_float):
+            raise ValueError(f"Cannot convert non-finite value to number: {as_float}")
+        try:
+            return as_float, int(text)
+        except ValueError:
+            return as_float, int(as_float)
+    raise TypeError(f"Unsupported input type: {type(value).__name__}")

@@ -12,7 +12,7 @@ from mixgraph.graph.dynamic import MatchTemplate, autogrow, match_input, match_o
 from mixgraph.graph.node import Boolean, Combo, Int, Output, Socket, String, node
 from mixgraph.graph.spec import Input
 from mixgraph.nodes.helpers import text_ops
-from mixgraph.nodes.helpers.expression import math_expression
+from mixgraph.nodes.helpers.expression import math_expression, number_convert
 
 SWITCH = MatchTemplate("switch")
 PASS = MatchTemplate("value")
@@ -85,6 +85,12 @@ def ComfyMathExpression(expression=String("a + b", multiline=True),
                                         names=LETTERS, min=1)):
     """Evaluates a math expression over the inputs a..z (and `values`, their list)."""
     return math_expression(expression, values)
+
+
+@node(category="math", outputs=(("FLOAT", "FLOAT"), ("INT", "INT")), display_name="Number Convert")
+def ComfyNumberConvert(value=Socket("INT,FLOAT,STRING,BOOLEAN")):
+    """An INT, FLOAT, STRING or BOOLEAN as a FLOAT and an INT (comfy_extras/nodes_number_convert.py)."""
+    return number_convert(value)
 
 
 @node(category="text", outputs=("STRING",), display_name="Format Text")
