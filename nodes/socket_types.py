@@ -7,10 +7,10 @@ widgets, and how the presets treat each kind of model (`graph.roles`). It runs w
 `mixgraph.nodes` is first imported (`nodes/__init__.py`), because a declaration reads the
 registry as it is decorated: `Socket("MODEL")` must already be a model type then.
 
-A family adding a model part with needs of its own (a large text encoder, say) declares a role
-for it beside these, e.g. `register_preset_role("text_large", RolePresets(...))` plus
-`register_role("CLIP", "text_large")`; its encoder then asks `ctx.policy_for("CLIP",
-role="text_large")`.
+A family adding a model part with needs of its own declares a role for it beside these (as
+`text_large` below: a `RolePresets` line in ``ROLE_PRESETS`` and a ``(socket, role)`` pair in
+``FURTHER_ROLES``); its encoder entries name the role (``TextEncoderSlot.role``) and run under
+``ctx.policy_for("CLIP", role="text_large")`` (``helpers/precision.encoder_policies``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM")
 #:   `memory` it computes in it too, else it stores bf16 and computes f32.
 #: - text, a text encoder: it runs once per prompt, so `balanced` keeps it f32 off accelerators
 #:   (nothing to win); `fast` gives it native half.
+#: - text_large, a text encoder of billions of weights (T5-XXL 4.7 B, Qwen3-4B, Gemma 2 2B: the
+#:   DiT families' slots name it): f32 storage would take 19 / 16 / 10 GB (ComfyUI keeps them as
+#:   the files store them: fp16 / bf16 / fp8). `balanced` stores bf16 and computes f32 off
+#:   accelerators (half the memory, the arithmetic of `quality`), `memory` stores fp8 and
+#:   computes f32, `fast` computes in native half.
 #: - vae, an image model (decoder/encoder): its rounding shows as banding, so f32 off
 #:   accelerators; `fast` prefers f16 where native (wider mantissa; the NaN guard is its
 #:   fallback). Socket types with no role (CLIP vision, upscalers, style models) get the same
@@ -44,12 +49,16 @@ ROLE_PRESETS = {
                         memory=("native_half", "bf16:f32"), fast=("native_half", "f32")),
     "text": RolePresets(quality=("f32",), balanced=("accelerator_half", "f32"),
                         memory=("bf16:f32",), fast=("native_half", "f32")),
+    "text_large": RolePresets(quality=("f32",), balanced=("accelerator_half", "bf16:f32"),
+                              memory=("fp8_e4m3fn:f32",), fast=("native_half", "bf16:f32")),
     "vae": RolePresets(quality=("f32",), balanced=("accelerator_half", "f32"),
                        memory=("bf16:f32",), fast=("native_f16", "native_bf16", "f32")),
 }
 #: Each model socket type's own role, in the order reports list them. MODEL is primary: a preset
 #: summarised as one SPEC (a workflow default in `Resolver.describe`) is the denoiser's.
 SOCKET_ROLES = (("MODEL", "unet"), ("CONTROL_NET", "unet"), ("CLIP", "text"), ("VAE", "vae"))
+#: Roles a socket type's values may hold beside its own (a CLIP's large encoders).
+FURTHER_ROLES = (("CLIP", "text_large"),)
 PRIMARY_SOCKET = "MODEL"
 
 
@@ -65,6 +74,8 @@ def register() -> None:
         register_preset_role(role, presets)
     for socket, role in SOCKET_ROLES:
         register_role(socket, role, primary=socket == PRIMARY_SOCKET)
+    for socket, role in FURTHER_ROLES:
+        register_role(socket, role)
 
 
 register()

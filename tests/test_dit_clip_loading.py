@@ -122,10 +122,11 @@ def _t5_ids(text, min_length):
 
 
 def _run(graph, models, *shown):
-    """Run ``graph``, each node of ``shown`` kept by a PreviewAny (an output node)."""
+    """Run ``graph`` in f32 (the references are f32; T5's own `balanced` default stores bf16),
+    each node of ``shown`` kept by a PreviewAny (an output node)."""
     for ref in shown:
         graph.add("PreviewAny", source=ref)
-    return api.run(graph, models=models[0], output=models[0] / "out").outputs
+    return api.run(graph, models=models[0], output=models[0] / "out", precision="f32").outputs
 
 
 # ---------------------------------------------------------------------------------------------

@@ -198,3 +198,21 @@ def test_library_every_declared_role_gives_a_valid_spec_on_every_device():
         for caps in devices:
             for preset in PRESETS:
                 assert parse_spec(preset_spec(preset, None, caps, role=role)).spec
+
+
+def test_roles_large_text_encoders_store_half_under_balanced():
+    """T5-XXL / Qwen3-4B / Gemma 2 (role ``text_large``, the DiT families' slots) store bf16 under
+    `balanced` and fp8 under `memory`, computing f32 off accelerators; CLIP-L/G (``text``) stay
+    f32. An explicit SPEC (a region, a type default) applies to both roles."""
+    from mixgraph.nodes.families import registry
+
+    assert preset_spec("balanced", "CLIP", ZEN4, role="text_large") == "bf16:f32"
+    assert preset_spec("memory", "CLIP", ZEN4, role="text_large") == "fp8_e4m3fn:f32"
+    assert preset_spec("quality", "CLIP", ZEN4, role="text_large") == "f32"
+    assert preset_spec("balanced", "CLIP", ZEN4) == "f32"
+    assert preset_spec("balanced", "CLIP", AMPERE, role="text_large") == "bf16"
+    large = {(f.name, s.name) for f in registry.FAMILIES.values() for v in (getattr(f, "clip_types", None) or {}).values()
+             for s in f.text_encoders(v) if s.role == "text_large"}
+    assert {("flux", "t5xxl"), ("sd3", "t5xxl"), ("lumina2", "gemma2_2b"), ("z_image", "qwen3_4b")} <= large
+    resolver = Resolver(PrecisionConfig("f32", ()), device="cpu")
+    assert resolver.policy("1", "CLIP", role="text_large").spec == "f32"

@@ -88,12 +88,12 @@ class FluxFamily:
             raise ValueError(f"Flux variant {variant!r}: no text encoders known (variants: {', '.join(VARIANTS)})")
         t5_prefix, t5_layout = TEXT_PREFIXES["t5xxl"]
         if variant == "chroma":
-            return (TextEncoderSlot("t5xxl", "t5", "text", prefix=t5_prefix, layout=t5_layout, folder="text_encoder",
+            return (TextEncoderSlot("t5xxl", "t5", "text_large", prefix=t5_prefix, layout=t5_layout, folder="text_encoder",
                                     encoding="chroma", rule=CHROMA_RULES["t5xxl"], arch="t5"),)
         clip_prefix, clip_layout = TEXT_PREFIXES["clip_l"]
         return (TextEncoderSlot("clip_l", "clip", "text", prefix=clip_prefix, layout=clip_layout,
                                 folder="text_encoder", encoding="flux", rule=FLUX_RULES["clip_l"], arch="clip"),
-                TextEncoderSlot("t5xxl", "t5", "text", prefix=t5_prefix, layout=t5_layout, folder="text_encoder_2",
+                TextEncoderSlot("t5xxl", "t5", "text_large", prefix=t5_prefix, layout=t5_layout, folder="text_encoder_2",
                                 encoding="flux", rule=FLUX_RULES["t5xxl"], arch="t5"))
 
     def checkpoint_layout(self, variant: str) -> CheckpointLayout:

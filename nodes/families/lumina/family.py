@@ -99,11 +99,11 @@ DIFFUSERS_LAYOUT = register_layout(FamilyLayout("diffusers_nextdit", diffusers_k
 
 LUMINA2 = NextDiTFamily(
     "lumina2", "Lumina Image 2.0", z_image=False, shift=6.0,
-    encoder=TextEncoderSlot("gemma2_2b", "gemma", "text", prefix=TEXT_PREFIX + "gemma2_2b.transformer.",
+    encoder=TextEncoderSlot("gemma2_2b", "gemma", "text_large", prefix=TEXT_PREFIX + "gemma2_2b.transformer.",
                             layout="ldm", folder="text_encoder", encoding="lumina2", rule=GEMMA2_RULE,
                             arch="gemma2"))
 Z_IMAGE = NextDiTFamily(
     "z_image", "Z-Image", z_image=True, shift=3.0,
-    encoder=TextEncoderSlot("qwen3_4b", "z_image", "text", prefix=TEXT_PREFIX + "qwen3_4b.transformer.",
+    encoder=TextEncoderSlot("qwen3_4b", "z_image", "text_large", prefix=TEXT_PREFIX + "qwen3_4b.transformer.",
                             layout="ldm", folder="text_encoder", encoding="z_image", rule=QWEN3_RULE,
                             arch="qwen3"))

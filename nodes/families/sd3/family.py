@@ -45,7 +45,7 @@ _ENCODERS = (
     TextEncoderSlot("clip_g", "clip", "text", prefix=TEXT_PREFIX + "clip_g.transformer.", layout="hf_clip",
                     folder="text_encoder_2", encoding="sd3", rule=SD3_RULES["clip_g"],
                     arch="clip", optional=True),
-    TextEncoderSlot("t5xxl", "t5", "text", prefix=TEXT_PREFIX + "t5xxl.transformer.", layout="ldm",
+    TextEncoderSlot("t5xxl", "t5", "text_large", prefix=TEXT_PREFIX + "t5xxl.transformer.", layout="ldm",
                     folder="text_encoder_3", encoding="sd3", rule=SD3_RULES["t5xxl"],
                     arch="t5", optional=True),
 )
