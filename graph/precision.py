@@ -530,10 +530,13 @@ def auto_spec(device: str, socket: str | None = None, caps: DeviceCaps | None = 
 def preset_table(device: str = "cpu", caps: DeviceCaps | None = None,
                  sockets: tuple[str, ...] | None = None) -> dict[str, dict[str, str]]:
     """{preset: {socket type: SPEC}} on a device, for `sockets` (default: every socket type the
-    node library gave a role): what `nodes --json`, `/system_stats` and the benchmarks print."""
+    node library gave a role), each further role of a socket type as `TYPE.role` (a CLIP's large
+    encoders: `CLIP.text_large`): what `nodes --json`, `/system_stats` and the benchmarks print."""
     caps = caps or device_caps(device)
     sockets = ROLES.sockets() if sockets is None else sockets
-    return {p: {s: preset_spec(p, s, caps) for s in sockets} for p in PRESETS}
+    keys = [(s, None) for s in sockets] + [(s, r) for s in sockets for r in ROLES.roles_of(s)[1:]]
+    return {p: {(s if r is None else f"{s}.{r}"): preset_spec(p, s, caps, role=r) for s, r in keys}
+            for p in PRESETS}
 
 
 def emulation_warning(policy: Policy, device: str, caps: DeviceCaps | None = None) -> str | None:

@@ -63,12 +63,16 @@ def test_hardware_section_names_native_arithmetic_and_presets():
 
 def test_auto_on_native_bf16_cpu_is_bf16_unet_f32_vae_and_text():
     table = preset_table(caps=ZEN4)["balanced"]
-    assert table == {"MODEL": "bf16", "CONTROL_NET": "bf16", "CLIP": "f32", "VAE": "f32"}
+    assert table == {"MODEL": "bf16", "CONTROL_NET": "bf16", "CLIP": "f32", "VAE": "f32",
+                     "CLIP.text_large": "bf16:f32"}  # T5-XXL & co: bf16 storage, f32 arithmetic
 
 
 def test_auto_without_native_half_is_f32_everywhere():
-    assert set(preset_table(caps=ZEN3)["balanced"].values()) == {"f32"}
-    assert set(preset_table(caps=ZEN3)["fast"].values()) == {"f32"}
+    """f32 arithmetic everywhere; the large text encoders still store bf16 (memory, not speed)."""
+    for preset in ("balanced", "fast"):
+        table = preset_table(caps=ZEN3)[preset]
+        assert {v for k, v in table.items() if "." not in k} == {"f32"}
+        assert table["CLIP.text_large"] == "bf16:f32"
 
 
 def test_auto_on_cuda_is_as_before():
@@ -80,10 +84,13 @@ def test_presets_quality_memory_fast():
     for caps in (ZEN3, ZEN4, AMPERE, TURING, GRANITE):
         assert set(preset_table(caps=caps)["quality"].values()) == {"f32"}
         mem = preset_table(caps=caps)["memory"]
+        large = parse_spec(mem.pop("CLIP.text_large"))  # billions of weights: fp8 storage
+        assert large.storage == torch.float8_e4m3fn and large.compute == torch.float32
         assert all(parse_spec(s).storage in (torch.bfloat16, torch.float16) for s in mem.values())
     assert preset_table(caps=ZEN3)["memory"]["MODEL"] == "bf16:f32"
     assert preset_table(caps=ZEN4)["memory"] == {"MODEL": "bf16", "CONTROL_NET": "bf16",
-                                                 "CLIP": "bf16:f32", "VAE": "bf16:f32"}
+                                                 "CLIP": "bf16:f32", "VAE": "bf16:f32",
+                                                 "CLIP.text_large": "fp8_e4m3fn:f32"}
     assert preset_spec("fast", "VAE", AMPERE) == "f16"        # the NaN guard is its fallback
     assert preset_spec("fast", "VAE", ZEN4) == "bf16"
     assert preset_spec("fast", "VAE", GRANITE) == "f16"
