@@ -136,11 +136,11 @@ def write_random_file(path: Path, shapes: dict[str, tuple[int, ...]], dtype_of: 
     return path
 
 
-def _bf16(key: str, shape: tuple) -> torch.dtype:
+def bf16_all(key: str, shape: tuple) -> torch.dtype:
     return torch.bfloat16
 
 
-def _fp8_matrices(key: str, shape: tuple) -> torch.dtype:
+def fp8_matrices(key: str, shape: tuple) -> torch.dtype:
     """fp8 e4m3fn matrices, bf16 vectors (as fp8 Flux files store them)."""
     return torch.float8_e4m3fn if len(shape) >= 2 else torch.bfloat16
 
@@ -238,11 +238,11 @@ class Family:
 
 
 FAMILIES = {
-    "flux": Family("flux", "Flux.1-dev (fp8)", "bench_flux1_dev_fp8.safetensors", _flux, _fp8_matrices,
+    "flux": Family("flux", "Flux.1-dev (fp8)", "bench_flux1_dev_fp8.safetensors", _flux, fp8_matrices,
                    "fp8_e4m3fn", (CLIP_L, T5), "flux", 1.0),
-    "sd35m": Family("sd35m", "SD3.5-medium", "bench_sd35_medium_bf16.safetensors", _sd35m, _bf16,
+    "sd35m": Family("sd35m", "SD3.5-medium", "bench_sd35_medium_bf16.safetensors", _sd35m, bf16_all,
                     "default", (CLIP_L, T5), "sd3", 4.5),
-    "zimage": Family("zimage", "Z-Image", "bench_z_image_bf16.safetensors", _zimage, _bf16,
+    "zimage": Family("zimage", "Z-Image", "bench_z_image_bf16.safetensors", _zimage, bf16_all,
                      "default", (QWEN3,), "lumina2", 1.0),
 }
 
@@ -256,7 +256,7 @@ def ensure_files(fam: Family, models: Path, tiny: bool) -> dict:
     returns {file: (bytes, seconds to write or None when reused)}."""
     out = {}
     todo = [(models / "diffusion_models" / _file_name(fam.unet_file, tiny), lambda: fam.shapes(tiny), fam.dtype_of)]
-    todo += [(models / "text_encoders" / _file_name(e.name, tiny), (lambda e=e: e.shapes(tiny)), _bf16)
+    todo += [(models / "text_encoders" / _file_name(e.name, tiny), (lambda e=e: e.shapes(tiny)), bf16_all)
              for e in fam.encoders]
     for i, (path, shapes, dtype_of) in enumerate(todo):
         took = None

@@ -49,14 +49,14 @@ def test_full_size_configs_are_the_real_architectures(key):
 def test_streamed_file_matches_its_header_and_dtypes(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_dit, "CHUNK_ELEMENTS", 16)   # several chunks per tensor
     shapes = {"a.weight": (10, 7), "a.bias": (10,), "norm.weight": (5,), "scalar": ()}
-    path = bench_dit.write_random_file(tmp_path / "x.safetensors", shapes, bench_dit._fp8_matrices, seed=3)
+    path = bench_dit.write_random_file(tmp_path / "x.safetensors", shapes, bench_dit.fp8_matrices, seed=3)
     with safe_open(str(path), "pt") as f:
         got = {k: f.get_tensor(k) for k in f.keys()}
     assert {k: tuple(v.shape) for k, v in got.items()} == shapes
     assert got["a.weight"].dtype == torch.float8_e4m3fn and got["a.bias"].dtype == torch.bfloat16
     assert torch.isfinite(got["a.weight"].float()).all() and got["a.weight"].float().std() > 0
     assert (got["norm.weight"].float() - 1).abs().max() < 1   # norm scales near 1
-    again = bench_dit.write_random_file(tmp_path / "y.safetensors", shapes, bench_dit._fp8_matrices, seed=3)
+    again = bench_dit.write_random_file(tmp_path / "y.safetensors", shapes, bench_dit.fp8_matrices, seed=3)
     assert path.read_bytes() == again.read_bytes()   # seeded
     assert not list(tmp_path.glob("*.partial"))
 
