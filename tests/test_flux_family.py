@@ -368,6 +368,14 @@ def test_memory_estimate_uses_the_family(models):
     wf = api.load(flux_prompt(), api.default_registry())
     est = estimate(wf, api.default_registry(), Env.from_args(models=str(models)), "f32")
     assert est["nodes"]["7"]["activation_bytes"] > 0 and est["nodes"]["7"]["weights_bytes"] > 0
+    # the sampled latent's size is followed through EmptySD3LatentImage (nothing assumed)
+    big = api.load(flux_prompt(), api.default_registry())
+    for call in big.prompt.values():
+        if call.class_type == "EmptySD3LatentImage":
+            call.inputs.update(width=256, height=256)
+    est_big = estimate(big, api.default_registry(), Env.from_args(models=str(models)), "f32")
+    assert not est_big.get("assumed") and \
+        est_big["nodes"]["7"]["activation_bytes"] > est["nodes"]["7"]["activation_bytes"]
 
 
 def test_loras_in_bfl_names_patch_the_model(models, tmp_path):

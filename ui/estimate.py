@@ -28,7 +28,7 @@ Nodes the model knows: the loaders (CheckpointLoaderSimple, CheckpointLoader, UN
 VAELoader, CLIPLoader, DualCLIPLoader, ControlNetLoader), pass-through model nodes (LoRA,
 precision pins, anything whose output is the model type of an input), the samplers (KSampler,
 KSamplerAdvanced; batch doubled for CFG, plus every ControlNet applied in the workflow), VAE
-decode/encode (whole and tiled) and text encoding. Sizes come from EmptyLatentImage,
+decode/encode (whole and tiled) and text encoding. Sizes come from EmptyLatentImage / EmptySD3LatentImage,
 LatentUpscale(By), ImageScale(By) and LoadImage (the image header); a node whose size cannot be
 followed is estimated at 512x512 and says so in `assumed`.
 """
@@ -403,7 +403,7 @@ class _Graph:
                     return self.size(value, depth + 1)
             return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
 
-        if ct == "EmptyLatentImage":
+        if ct in ("EmptyLatentImage", "EmptySD3LatentImage"):  # the 16-channel one: the same sizes
             return int(num("batch_size", 1)), int(num("height", 512)), int(num("width", 512)), False
         if ct in ("LatentUpscale", "ImageScale"):
             b, h, w, a = upstream()
