@@ -400,6 +400,16 @@ def _identity_of(sd: Mapping[str, Tensor]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+#: module-name pieces that tell which DiT a LoRA was trained for (first match wins)
+_DIT_MARKERS = (
+    ("single_transformer_blocks", "a Flux-style DiT, diffusers names"),
+    ("double_blocks", "a Flux-style DiT, BFL names"),
+    ("joint_blocks", "an SD3 MMDiT"),
+    ("context_refiner", "a Lumina 2 / Z-Image NextDiT"),
+    ("attn.add_q_proj", "an SD3 / Flux-style DiT, diffusers names"),
+)
+
+
 def describe_lora(sd_keys: Iterable[str], adapters: Mapping[str, Adapter]) -> str:
     """A short guess of what a LoRA was trained for, for error messages."""
     keys = list(sd_keys)
@@ -414,7 +424,8 @@ def describe_lora(sd_keys: Iterable[str], adapters: Mapping[str, Adapter]) -> st
     elif any(k.startswith(("lora_te_", "text_encoder.")) for k in keys):
         te.append("one text encoder")
     family = {768: "SD1.x", 1024: "SD2.x", 2048: "SDXL", 1280: "SDXL refiner"}.get(context or 0)
-    parts = []
+    parts = [f"{name} (names such as {marker})" for marker, name in _DIT_MARKERS
+             if any(marker in k for k in keys)][:1]
     if family:
         parts.append(f"{family} (cross-attention context {context})")
     elif context:
