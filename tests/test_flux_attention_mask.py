@@ -174,7 +174,7 @@ def test_kontext_references_with_a_joint_mask_are_refused(models):
     with pytest.raises(NotImplementedError, match="Kontext reference latents"):
         runner.cond_inputs(kontext, (1, 16, 4, 4))
     bad = Cond(cond.cross_attn, model_inputs={"attention_mask": cond.model_inputs["attention_mask"]})
-    with pytest.raises(ValueError, match="attention_mask_img_shape"):
+    with pytest.raises(NotImplementedError, match="without attention_mask_img_shape"):
         runner.cond_inputs(bad, (1, 16, 4, 4))
 
 

@@ -77,15 +77,15 @@ def joint_mask(mask: Tensor, img_shape, n_txt: int | None, latent_shape: tuple[i
     """A cond's joint attention bias [B, T + h·w, T + h·w] (text first, an h × w image grid:
     ``img_shape``) -> [1, T + N, T + N] float32 over the model's sequence, the image part
     stretched to the latent's token grid (ceil(H / 2), ceil(W / 2)), as ComfyUI's
-    ``model_base.Flux.extra_conds``. Raises ValueError naming the sizes when they do not fit."""
-    if img_shape is None:
-        raise ValueError(f"Flux: an attention_mask {list(mask.shape)} without attention_mask_img_shape, the image grid "
-                         f"its image rows cover")
+    ``model_base.Flux.extra_conds``. Raises NotImplementedError naming the sizes when they do not fit."""
+    hi, wi = (int(v) for v in img_shape) if img_shape is not None else (0, 0)
+    if img_shape is None or n_txt is None or mask.shape[-1] != n_txt + hi * wi or mask.shape[-2] != mask.shape[-1]:
+        raise NotImplementedError(
+            f"Flux / Chroma: an attention_mask {list(mask.shape)} for {n_txt} text tokens"
+            + (f" and an image grid {hi} x {wi}" if img_shape is not None else " without attention_mask_img_shape")
+            + ": a text-token mask [1, T] or a joint bias [B, T + h*w, T + h*w] (text first) with its "
+              "attention_mask_img_shape (h, w) is supported, not this one")
     h_tok, w_tok = -(-latent_shape[-2] // PATCH), -(-latent_shape[-1] // PATCH)
-    hi, wi = (int(v) for v in img_shape)
-    if n_txt is None or mask.shape[-1] != n_txt + hi * wi or mask.shape[-2] != mask.shape[-1]:
-        raise ValueError(f"Flux: an attention_mask {list(mask.shape)} for {n_txt} text tokens and an image grid "
-                         f"{hi} x {wi}: it must be [B, T + h*w, T + h*w], text tokens first")
     out = upscale_dit_mask(mask[:1].float(), (hi, wi), (h_tok, w_tok))  # [1, T + N, T + N]
     return out
 
