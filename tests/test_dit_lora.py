@@ -248,3 +248,41 @@ def test_t5_lora_names_by_place_in_the_set():
     qwen = {"model.layers.0.self_attn.q_proj.weight": (8, 8)}
     lookup, _ = model_lookup(None, {"qwen3_4b": qwen})
     assert lookup["text_encoders.qwen3_4b.transformer.model.layers.0.self_attn.q_proj"][0] == "qwen3_4b"
+
+
+def test_flux_text_encoder_lora_through_lora_loader(flux_root):
+    """LoraLoader on a Flux CLIP (DualCLIPLoader type flux: clip_l + T5-XXL): kohya ``lora_te1_``
+    reaches CLIP-L, OneTrainer's ``lora_te2_`` T5-XXL; the patches merge W + strength · B @ A into
+    the T5 weight and change the encoding."""
+    from mixgraph.nodes.adapters.lora import apply_patches
+    from tests.fixtures.tiny_t5 import tiny_t5_state_dict
+
+    t5 = tiny_t5_state_dict(6, d_model=32)
+    save_file({k: v.contiguous() for k, v in t5.items()}, str(flux_root / "text_encoders" / "t5_tiny.safetensors"))
+    g = torch.Generator().manual_seed(11)
+    q = "encoder.block.1.layer.0.SelfAttention.q"
+    a, b = torch.randn(RANK, 32, generator=g), torch.randn(32, RANK, generator=g)
+    ca, cb = torch.randn(RANK, 32, generator=g), torch.randn(32, RANK, generator=g)
+    lora = {f"lora_te2_{q.replace('.', '_')}.lora_down.weight": a, f"lora_te2_{q.replace('.', '_')}.lora_up.weight": b,
+            "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight": ca,
+            "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight": cb}
+    (flux_root / "loras").mkdir(exist_ok=True)
+    save_file(lora, str(flux_root / "loras" / "te_lora.safetensors"))
+    gr = api.Graph()
+    unet = gr.add("UNETLoader", unet_name="flux_tiny.safetensors", weight_dtype="default")
+    clip = gr.add("DualCLIPLoader", clip_name1="t5_tiny.safetensors", clip_name2="clip_l_tiny.safetensors",
+                  type="flux")
+    lo = gr.add("LoraLoader", model=unet.out, clip=clip.out, lora_name="te_lora.safetensors", strength_model=1.0,
+                strength_clip=0.8)
+    enc = gr.add("CLIPTextEncode", clip=lo[1], text="a red cube")
+    plain = gr.add("CLIPTextEncode", clip=clip.out, text="a red cube")
+    gr.add("PreviewAny", source=enc.out)
+    gr.add("PreviewAny", source=plain.out)
+    res = api.run(gr, models=flux_root, output=flux_root / "out")
+    patched = res[lo.node_id][1]
+    assert patched.names == ("clip_l", "t5xxl") and {p.target for p in patched.patches} == {"clip_l", "t5xxl"}
+    t5_patch = next(p for p in patched.patches if p.target == "t5xxl")
+    merged = apply_patches({f"{q}.weight": t5[f"{q}.weight"]}, [t5_patch])
+    assert torch.allclose(merged[f"{q}.weight"], t5[f"{q}.weight"] + 0.8 * b @ a, atol=1e-6)
+    got, base = res[enc.node_id][0][0].cross_attn, res[plain.node_id][0][0].cross_attn
+    assert got.shape == base.shape and not torch.allclose(got, base, atol=1e-4)
