@@ -286,3 +286,21 @@ def test_flux_text_encoder_lora_through_lora_loader(flux_root):
     assert torch.allclose(merged[f"{q}.weight"], t5[f"{q}.weight"] + 0.8 * b @ a, atol=1e-6)
     got, base = res[enc.node_id][0][0].cross_attn, res[plain.node_id][0][0].cross_attn
     assert got.shape == base.shape and not torch.allclose(got, base, atol=1e-4)
+
+
+def test_a_dora_piece_decomposes_its_rows_only():
+    """DoRA on one piece of a fused weight: ComfyUI narrows the weight to the slice and applies
+    ``weight_decompose`` there, so the norms are the slice's (in the LoRA's row order)."""
+    from mixgraph.nodes.adapters.lora import LoraAdapter, apply_patches, dora_merge, load_lora
+    from mixgraph.nodes.families.base import LoraTarget
+
+    g = torch.Generator().manual_seed(12)
+    w = torch.randn(6, 4, generator=g)
+    a, b, m = torch.randn(RANK, 4, generator=g), torch.randn(2, RANK, generator=g), torch.rand(2, 1, generator=g) + 0.5
+    lf = load_lora({"transformer.blk.to_k.lora_A.weight": a, "transformer.blk.to_k.lora_B.weight": b,
+                    "transformer.blk.to_k.dora_scale": m}, {"blk.qkv.weight": (6, 4)},
+                   unet_names={"blk.to_k": LoraTarget("blk.qkv.weight", (2, 2))})
+    out = apply_patches({"blk.qkv.weight": w}, [lf.patch("unet", 0.6)])["blk.qkv.weight"]
+    want = w.clone()
+    want[2:4] = dora_merge(w[2:4].clone(), LoraAdapter(b, a, dora_scale=m), 0.6)
+    assert torch.allclose(out, want, atol=1e-6) and torch.equal(out[:2], w[:2]) and torch.equal(out[4:], w[4:])

@@ -194,3 +194,11 @@ def test_a_text_token_mask_still_masks_the_keys(models):
     a = runner(x, torch.tensor([0.5]), ctx, inputs)
     b = runner(x, torch.tensor([0.5]), other, inputs)
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_mask_over_other_tokens_is_refused_in_the_model():
+    """An area-restricted cond sees fewer image tokens than the runner stretched the mask to."""
+    model = Flux(TINY).eval()
+    x, ctx = torch.zeros(1, 16, 4, 4), torch.zeros(1, 3, 32)
+    with pytest.raises(NotImplementedError, match="3 text \\+ 4 image tokens"):
+        model(x, torch.tensor([0.5]), ctx, torch.zeros(1, 32), torch.tensor([1.0]), attn_mask=torch.zeros(1, 9, 9))

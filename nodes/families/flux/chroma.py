@@ -144,4 +144,4 @@ class Chroma(nn.Module):
 
         last = {"mods": slot(mods.shape[1] - 2, 2)}
         return run_blocks(self, x, img, ids, self.txt_in(context), context.shape[1], block_args, last,
-                          joint_mask(txt_mask, attn_mask, img.shape[1]))
+                          joint_mask(txt_mask, attn_mask, context.shape[1], img.shape[1]))

@@ -356,7 +356,8 @@ class Flux(nn.Module):
         img, ids = embed_image_tokens(self.img_in, x, ref_latents, ref_method)
         vec = self.conditioning_vector(timestep, y, guidance, img.dtype)
         return run_blocks(self, x, img, ids, self.txt_in(context), context.shape[1],
-                          lambda block: dict(vec=vec), dict(vec=vec), joint_mask(txt_mask, attn_mask, img.shape[1]))
+                          lambda block: dict(vec=vec), dict(vec=vec),
+                          joint_mask(txt_mask, attn_mask, context.shape[1], img.shape[1]))
 
 
 def embed_image_tokens(img_in: nn.Module, x: Tensor, ref_latents: Sequence[Tensor],
@@ -394,17 +395,21 @@ def embed_image_tokens(img_in: nn.Module, x: Tensor, ref_latents: Sequence[Tenso
     return img_in(torch.cat(tokens, 1)), torch.cat(ids, 1)
 
 
-def joint_mask(txt_mask: Tensor | None, attn_mask: Tensor | None, n_img: int) -> Tensor | None:
+def joint_mask(txt_mask: Tensor | None, attn_mask: Tensor | None, n_txt: int, n_img: int) -> Tensor | None:
     """The mask every block's attention gets: ``attn_mask``, an additive bias [B, T + N, T + N]
     over [text; image] (queries x keys; StyleModelApply's attn_bias, stretched by the runner), or
     else the key mask of a text-token mask (``key_mask``), or None. Both at once are refused (a
-    cond holds one ``attention_mask``)."""
+    cond holds one ``attention_mask``), and so is a bias over another number of tokens than the
+    T + N the model attends over (a cond restricted to an area, reference latents)."""
     if attn_mask is None:
         return key_mask(txt_mask, n_img)
     if txt_mask is not None:
         raise ValueError("Flux / Chroma: a text-token mask and a joint attention mask at once; a cond holds one")
-    if attn_mask.shape[-1] != attn_mask.shape[-2] or attn_mask.shape[-1] < n_img:
-        raise ValueError(f"Flux / Chroma: a joint attention mask {list(attn_mask.shape)} for {n_img} image tokens")
+    if tuple(attn_mask.shape[-2:]) != (n_txt + n_img, n_txt + n_img):
+        raise NotImplementedError(
+            f"Flux / Chroma: a joint attention mask {list(attn_mask.shape)} over a sequence of {n_txt} text + {n_img} "
+            f"image tokens: only a mask over the whole latent's tokens is supported yet (not an area-restricted cond "
+            f"or reference latents)")
     return attn_mask
 
 
