@@ -380,8 +380,8 @@ def test_memory_estimate_uses_the_family(models):
 
 def test_loras_in_bfl_names_patch_the_model(models, tmp_path):
     """kohya (``lora_unet_double_blocks_0_img_attn_qkv``) and ComfyUI (``diffusion_model.<key>``)
-    LoRA names reach the BFL-named weights; diffusers-named Flux LoRAs (split q / k / v) are not
-    mapped yet."""
+    LoRA names reach the BFL-named weights (diffusers-named Flux LoRAs, split q / k / v:
+    tests/test_dit_lora.py)."""
     from safetensors.torch import save_file
 
     from mixgraph.nodes.adapters.lora import load_lora_patches

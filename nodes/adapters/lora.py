@@ -31,6 +31,13 @@ Weight formats (per module, the suffix after the module name):
     W ← W + strength · (W_c − W) (W_c itself at strength 1). Bypass mode refuses DoRA.
 Not supported (raise NotImplementedError): GLoRA, OFT/BOFT, DoRA on a full-difference module.
 
+Pieces of fused weights: a family whose model fuses what other layouts keep apart (BFL's
+``img_attn.qkv`` = diffusers' ``to_q``, ``to_k``, ``to_v``) maps those LoRA modules onto row slices
+(``families.base.LoraTarget``); the weight then holds a ``SlicedAdapter`` whose pieces are merged
+into their rows only (ComfyUI narrows the weight to the slice and adds the update there), each with
+its own alpha / rank, and a piece whose halves the model stores the other way round gets its
+update's halves swapped (ComfyUI's ``swap_scale_shift`` function on the update).
+
 Merging follows ComfyUI: weights to float32, each patch in stack order adds
 ``(strength · scale) · Δ``, then one cast back to the storage dtype. fp8 storage is rounded to
 nearest here (ComfyUI rounds fp8 stochastically with a per-key seed); f32/f16/bf16 are identical.
@@ -50,6 +57,7 @@ import torch
 from torch import Tensor
 
 from mixgraph.nodes.adapters.lora_keys import CLIP_TARGETS, group_modules, is_text_encoder_name, model_lookup
+from mixgraph.nodes.families.base import LoraTarget
 from mixgraph.nodes.weights.merge import MergePatch, merged_weight, warn_mismatches
 
 __all__ = [
@@ -59,6 +67,9 @@ __all__ = [
     "LohaAdapter",
     "LokrAdapter",
     "DiffAdapter",
+    "Piece",
+    "SlicedAdapter",
+    "is_diff",
     "LoraFile",
     "LoraPatch",
     "load_lora",
@@ -230,6 +241,48 @@ class DiffAdapter:
 Adapter = LoraAdapter | LohaAdapter | LokrAdapter | DiffAdapter
 
 
+@dataclass(frozen=True, eq=False)
+class Piece:
+    """One LoRA module's adapter on a row slice of a fused weight (``rows`` (start, size), None:
+    all rows), its update's two halves swapped when ``swap_halves``."""
+
+    adapter: Adapter
+    rows: tuple[int, int] | None = None
+    swap_halves: bool = False
+
+    def shape_in(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of this piece's part of a weight of ``shape``."""
+        return tuple(shape) if self.rows is None else (self.rows[1],) + tuple(shape[1:])
+
+    def fits(self, shape: tuple[int, ...]) -> bool:
+        if len(shape) == 0:
+            return False
+        if self.rows is not None and (self.rows[0] < 0 or sum(self.rows) > shape[0]):
+            return False
+        if self.swap_halves and self.shape_in(shape)[0] % 2:
+            return False
+        return _fits(self.adapter, self.shape_in(shape))
+
+
+@dataclass(frozen=True, eq=False)
+class SlicedAdapter:
+    """The pieces of one fused weight that several LoRA modules adapt (q, k, v of one qkv), in
+    the order the file named them; each merges into its own rows."""
+
+    pieces: tuple[Piece, ...]
+
+    def with_piece(self, piece: Piece) -> "SlicedAdapter":
+        return SlicedAdapter(self.pieces + (piece,))
+
+
+def is_diff(ad) -> bool:
+    """A stored full difference (a ``DiffAdapter``, or a sliced weight whose every piece is one):
+    what bypass mode merges rather than hooks."""
+    if isinstance(ad, SlicedAdapter):
+        return all(isinstance(p.adapter, DiffAdapter) for p in ad.pieces)
+    return isinstance(ad, DiffAdapter)
+
+
 # --------------------------------------------------------------------------------------------
 # the file and the patch
 
@@ -347,6 +400,16 @@ def _identity_of(sd: Mapping[str, Tensor]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+#: module-name pieces that tell which DiT a LoRA was trained for (first match wins)
+_DIT_MARKERS = (
+    ("single_transformer_blocks", "a Flux-style DiT, diffusers names"),
+    ("double_blocks", "a Flux-style DiT, BFL names"),
+    ("joint_blocks", "an SD3 MMDiT"),
+    ("context_refiner", "a Lumina 2 / Z-Image NextDiT"),
+    ("attn.add_q_proj", "an SD3 / Flux-style DiT, diffusers names"),
+)
+
+
 def describe_lora(sd_keys: Iterable[str], adapters: Mapping[str, Adapter]) -> str:
     """A short guess of what a LoRA was trained for, for error messages."""
     keys = list(sd_keys)
@@ -361,7 +424,8 @@ def describe_lora(sd_keys: Iterable[str], adapters: Mapping[str, Adapter]) -> st
     elif any(k.startswith(("lora_te_", "text_encoder.")) for k in keys):
         te.append("one text encoder")
     family = {768: "SD1.x", 1024: "SD2.x", 2048: "SDXL", 1280: "SDXL refiner"}.get(context or 0)
-    parts = []
+    parts = [f"{name} (names such as {marker})" for marker, name in _DIT_MARKERS
+             if any(marker in k for k in keys)][:1]
     if family:
         parts.append(f"{family} (cross-attention context {context})")
     elif context:
@@ -379,12 +443,15 @@ def load_lora(
     *,
     name: str | None = None,
     identity: str | None = None,
+    unet_names: Mapping[str, LoraTarget] | None = None,
 ) -> LoraFile:
     """Read a LoRA file (or state dict) and map it onto a model's weights.
 
     unet_keys: the UNet's weight keys (LDM names, any prefix ending in ``diffusion_model.``
                allowed), as keys or as a key -> tensor/shape mapping (shapes enable the
                wrong-architecture check here rather than at merge time); None = no UNet.
+    unet_names: the model family's other LoRA module names (``Family.lora_key_map``, what
+               ``ModelHandle.lora_names()`` gives), some onto row slices of fused weights.
     clip_keys: {encoder name ("clip_l", ...): keys or key -> shape} in HF CLIP layout; None = no
                text encoder (text-encoder keys of the file are then skipped, not reported).
     Returns a ``LoraFile``. Warns once (``LoraKeyWarning``) with the count and examples of file
@@ -404,7 +471,7 @@ def load_lora(
         identity = identity or repr(WeightSource.from_file(path).file_identity)
 
     grouped, stray = group_modules(sd)
-    lookup, shapes = model_lookup(unet_keys, clip_keys)
+    lookup, shapes = model_lookup(unet_keys, clip_keys, unet_names)
 
     adapters: dict[str, dict[str, Adapter]] = {}
     by_module: dict[str, Adapter] = {}
@@ -424,13 +491,22 @@ def load_lora(
             else:
                 unmatched.append(module)
             continue
-        target, model_module = hit
+        target, model_module, part = hit
         per = adapters.setdefault(target, {})
         for suffix, ad in ((".weight", w_ad), (".bias", b_ad)):
             if ad is None:
                 continue
             key = model_module + suffix
             shape = shapes.get(key)
+            if part is not None and (part.rows is not None or part.swap_halves):
+                piece = Piece(ad, part.rows, part.swap_halves)
+                if shape is not None and not piece.fits(shape):
+                    where = f"rows {part.rows[0]}:{sum(part.rows)} of " if part.rows else ""
+                    mismatched.append(f"{module} (gives {_describe_shape(ad)} for {where}{key} {list(shape)})")
+                    continue
+                held = per.get(key)
+                per[key] = held.with_piece(piece) if isinstance(held, SlicedAdapter) else SlicedAdapter((piece,))
+                continue
             if shape is not None and not _fits(ad, shape):
                 mismatched.append(f"{module} (gives {_describe_shape(ad)} for {key} {list(shape)})")
                 continue
@@ -559,6 +635,9 @@ def apply_patches(
             if ad is None:  # ScalePatch
                 w32 *= strength
                 continue
+            if isinstance(ad, SlicedAdapter):
+                _merge_pieces(w32, ad, strength, p, key)
+                continue
             if not _fits(ad, tuple(w.shape)):
                 raise ValueError(
                     f"LoRA {p.lora.name!r}: {key} has shape {list(w.shape)}, the LoRA gives {_describe_shape(ad)}"
@@ -575,6 +654,30 @@ def apply_patches(
     for p, keys in mismatched.items():
         warn_mismatches(p, keys, {k: tuple(others[p][k].shape) for k in keys})
     return out
+
+
+def _swap_halves(t: Tensor) -> Tensor:
+    first, second = t.chunk(2, dim=0)
+    return torch.cat([second, first], dim=0)
+
+
+def _merge_pieces(w32: Tensor, ad: SlicedAdapter, strength: float, p: LoraPatch, key: str) -> None:
+    """Each piece's update into its rows of the float32 weight ``w32`` (in place), as ComfyUI
+    merges a ``(key, (0, offset, size))`` patch into ``weight.narrow(0, offset, size)``."""
+    for piece in ad.pieces:
+        if not piece.fits(tuple(w32.shape)):
+            raise ValueError(f"LoRA {p.lora.name!r}: {key} has shape {list(w32.shape)}, the LoRA gives "
+                             f"{_describe_shape(piece.adapter)} for rows {piece.rows}")
+        view = w32 if piece.rows is None else w32.narrow(0, piece.rows[0], piece.rows[1])
+        a = piece.adapter
+        if getattr(a, "dora_scale", None) is not None:
+            # DoRA's norms are those of the piece in the LoRA's own row order
+            base = _swap_halves(view) if piece.swap_halves else view
+            merged = dora_merge(base, a, strength)
+            view.copy_(_swap_halves(merged) if piece.swap_halves else merged)
+            continue
+        delta = _scaled_delta(a, view.shape, strength)
+        view += _swap_halves(delta) if piece.swap_halves else delta
 
 
 def _scaled_delta(ad: Adapter, shape: torch.Size, strength: float) -> Tensor:
@@ -612,7 +715,8 @@ def load_lora_patches(path: str | os.PathLike, model, clip, strength_model: floa
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LoraKeyWarning)
         lora = load_lora(path, model.weight_shapes() if model is not None else None,
-                         clip.weight_shapes() if clip is not None and strength_clip else None)
+                         clip.weight_shapes() if clip is not None and strength_clip else None,
+                         unet_names=model.lora_names() if model is not None else None)
     for w in caught:
         if warn is not None:
             warn(str(w.message))

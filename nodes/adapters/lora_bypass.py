@@ -16,7 +16,9 @@ h per adapter kind:
 DoRA modules (``dora_scale``) are refused (NotImplementedError naming the module): their
 magnitude rescaling needs the merged weight's norms; use LoraLoader, which merges them.
 Full differences (``diff`` / ``diff_b``) are merged as weight patches, as ComfyUI applies its
-non-adapter patches by regular patching. h runs in the layer output's dtype with the adapter
+non-adapter patches by regular patching. A sliced weight (``lora.SlicedAdapter``: diffusers' q, k,
+v onto a fused qkv) adds each piece's h into its output columns (halves swapped where the piece
+says so); only Linear layers have such pieces. h runs in the layer output's dtype with the adapter
 weights cast to it (ComfyUI casts them to the layer weight's dtype).
 """
 
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mixgraph.nodes.weights.cast import Int8Linear
-from mixgraph.nodes.adapters.lora import DiffAdapter, LoraAdapter, LoraFile, LoraPatch
+from mixgraph.nodes.adapters.lora import LoraAdapter, LoraFile, LoraPatch, SlicedAdapter, is_diff
 
 __all__ = ["BypassPatch", "bypass_patches", "split", "install"]
 
@@ -46,7 +48,7 @@ class BypassPatch:
 
 
 def _only(lora: LoraFile, diff: bool, tag: str) -> LoraFile:
-    adapters = {t: {k: a for k, a in per.items() if isinstance(a, DiffAdapter) == diff}
+    adapters = {t: {k: a for k, a in per.items() if is_diff(a) == diff}
                 for t, per in lora.adapters.items()}
     return dataclasses.replace(lora, identity=f"{lora.identity}#{tag}", adapters=adapters)
 
@@ -57,7 +59,8 @@ def bypass_patches(lora: LoraFile, strength_model: float, strength_clip: float,
     full differences as merged ``LoraPatch``es; a zero strength or absent part gives ()."""
     for per in lora.adapters.values():
         for key, ad in per.items():
-            if getattr(ad, "dora_scale", None) is not None:
+            parts = [p.adapter for p in ad.pieces] if isinstance(ad, SlicedAdapter) else [ad]
+            if any(getattr(a, "dora_scale", None) is not None for a in parts):
                 raise NotImplementedError(
                     f"LoRA {lora.name!r}: {key} is a DoRA module (dora_scale); DoRA in bypass mode "
                     f"(LoraLoaderBypass) is not supported yet; load it with LoraLoader")
@@ -115,10 +118,32 @@ def _delta_path(ad, m: nn.Module, x: Tensor, dtype: torch.dtype) -> Tensor:
     return F.linear(x, delta)
 
 
+def _piece_path(ad: SlicedAdapter, m: nn.Module, x: Tensor, dtype: torch.dtype, strength: float) -> Tensor:
+    """Each piece's h placed in its output columns of a Linear (zeros elsewhere)."""
+    if not isinstance(m, (nn.Linear, Int8Linear)):
+        raise ValueError(f"LoRA pieces of a fused weight (bypass) adapt Linear layers only, not {type(m).__name__}")
+    width = m.out_features
+    total = None
+    for piece in ad.pieces:
+        a = piece.adapter
+        path = _lora_path if isinstance(a, LoraAdapter) else _delta_path
+        h = (strength * a.scale) * path(a, m, x, dtype)  # [..., size]
+        if piece.swap_halves:
+            first, second = h.chunk(2, dim=-1)
+            h = torch.cat([second, first], dim=-1)
+        start = 0 if piece.rows is None else piece.rows[0]
+        h = F.pad(h, (start, width - start - h.shape[-1]))  # [..., out]
+        total = h if total is None else total + h
+    return total
+
+
 def _hook(items: list[tuple[LoraAdapter, float]]):
     def forward_hook(m: nn.Module, args, out: Tensor) -> Tensor:
         x = args[0].to(out.dtype)
         for ad, strength in items:
+            if isinstance(ad, SlicedAdapter):
+                out = out + _piece_path(ad, m, x, out.dtype, strength)
+                continue
             path = _lora_path if isinstance(ad, LoraAdapter) else _delta_path
             out = out + (strength * ad.scale) * path(ad, m, x, out.dtype)
         return out

@@ -9,6 +9,14 @@ Naming schemes understood (``<m>`` a module name with dots):
                           (``attn1.processor.to_q_lora.up.weight``), ``base_model.model.`` prefix
   generic (ComfyUI)       ``diffusion_model.<ldm m>``, ``text_encoders.<clip>.transformer.<m>``
   SimpleTuner / LyCORIS   ``lycoris_<diffusers m, . → _>``
+  a family's own map      a DiT family's other layout (``Family.lora_key_map``: diffusers / PEFT /
+                          ai-toolkit names of Flux, SD3, Z-Image, ...), each name bare and with the
+                          prefixes trainers write (``FAMILY_PREFIXES``); an entry may adapt a row
+                          slice of a fused weight (``families.base.LoraTarget``)
+  text encoders after the CLIPs (T5-XXL, Qwen3, ...): generic ``text_encoders.<name>.transformer.<m>``,
+                          kohya ``lora_te<n>_`` and diffusers ``text_encoder_<n>.`` with n their place
+                          after the set's CLIPs (ComfyUI's rule for T5: Flux ``lora_te2_`` / ``lora_te3_``,
+                          SD3 ``lora_te3_``, Chroma ``lora_te1_``)
 
 Because ``_`` is ambiguous once dots are replaced, names are never parsed: every candidate name of
 every model weight is generated and looked up (the only sound way). The diffusers↔LDM UNet module
@@ -23,6 +31,7 @@ from collections.abc import Iterable, Mapping
 
 from torch import Tensor
 
+from mixgraph.nodes.families.base import LoraTarget
 from mixgraph.nodes.weights.diffusers_names import unet_diffusers_module_map
 
 __all__ = [
@@ -35,6 +44,8 @@ __all__ = [
     "clip_candidates",
     "model_lookup",
     "is_text_encoder_name",
+    "family_candidates",
+    "FAMILY_PREFIXES",
 ]
 
 #: The SD text encoders' names, in the order a LoRA's patches list them. Any other text encoder
@@ -147,21 +158,66 @@ def unet_candidates(weight_keys: Iterable[str]) -> dict[str, str]:
     return out
 
 
+#: prefixes of a family's other-layout LoRA names (``family_candidates``): diffusers / ai-toolkit
+#: ``transformer.``, ComfyUI-converted ``diffusion_model.``, OneTrainer ``lora_transformer_`` and
+#: SimpleTuner / LyCORIS ``lycoris_`` (these two with dots as underscores); PEFT's
+#: ``base_model.model.`` is stripped by ``normalize_module``
+FAMILY_PREFIXES = ("", "transformer.", "diffusion_model.")
+FAMILY_FLAT_PREFIXES = ("lora_transformer_", "lycoris_")
+
+
+def family_candidates(names: Mapping[str, LoraTarget], weight_keys: Iterable[str] | None) -> dict[str, LoraTarget]:
+    """LoRA module name -> ``LoraTarget`` for a family's ``lora_key_map``: each name with every
+    prefix of ``FAMILY_PREFIXES`` / ``FAMILY_FLAT_PREFIXES``; entries whose weight is not among
+    ``weight_keys`` (a variant without that layer) are left out (None: keep all)."""
+    keys = None if weight_keys is None else set(weight_keys)
+    out: dict[str, LoraTarget] = {}
+    for name, tgt in names.items():
+        if keys is not None and tgt.key not in keys:
+            continue
+        for p in FAMILY_PREFIXES:
+            out.setdefault(p + name, tgt)
+        flat = name.replace(".", "_")
+        for p in FAMILY_FLAT_PREFIXES:
+            out.setdefault(p + flat, tgt)
+    return out
+
+
 _KOHYA_TE = {"clip_l": ("lora_te_", "lora_te1_"), "clip_h": ("lora_te_",), "clip_g": ("lora_te2_",)}
 _DIFFUSERS_TE = {"clip_l": "text_encoder.", "clip_h": "text_encoder.", "clip_g": "text_encoder_2."}
 
 
-def clip_candidates(target: str, weight_keys: Iterable[str]) -> dict[str, str]:
+def _later_encoder_prefixes(targets: Iterable[str]) -> dict[str, tuple[tuple[str, ...], str]]:
+    """(kohya prefixes, diffusers prefix) of each text encoder that is not a CLIP, by its place
+    after the set's CLIPs (ComfyUI ``model_lora_keys_clip``'s T5 rule: with clip_l alone both
+    ``lora_te2_`` (OneTrainer) and ``lora_te3_``; diffusers pipelines number their encoders
+    ``text_encoder``, ``text_encoder_2``, ...)."""
+    targets = list(targets)
+    clips = [t for t in targets if t in CLIP_TARGETS]
+    out = {}
+    for j, t in enumerate(t for t in targets if t not in CLIP_TARGETS):
+        n = len(clips) + 1 + j
+        kohya = (f"lora_te{n}_",) + (("lora_te3_",) if j == 0 and clips == ["clip_l"] else ())
+        out[t] = (kohya, "text_encoder." if n == 1 else f"text_encoder_{n}.")
+    return out
+
+
+def clip_candidates(target: str, weight_keys: Iterable[str],
+                    later: tuple[tuple[str, ...], str] | None = None) -> dict[str, str]:
+    """LoRA module name -> model module key of one text encoder; ``later``: the (kohya prefixes,
+    diffusers prefix) of an encoder that is not a CLIP (``_later_encoder_prefixes``)."""
     out: dict[str, str] = {}
+    kohya = _KOHYA_TE.get(target, ()) if later is None else later[0]
+    diffusers = _DIFFUSERS_TE.get(target) if later is None else later[1]
     for k in weight_keys:
         if not k.endswith(".weight"):
             continue
         module = k[: -len(".weight")]
         name = _clip_name(module)
-        for p in _KOHYA_TE.get(target, ()):
+        for p in kohya:
             out[p + name.replace(".", "_")] = module
-        if target in _DIFFUSERS_TE:
-            out[_DIFFUSERS_TE[target] + name] = module
+        if diffusers is not None:
+            out[diffusers + name] = module
         out[f"text_encoders.{target}.transformer.{name}"] = module
         out[f"text_encoders.{target}.{name}"] = module
     return out
@@ -177,23 +233,29 @@ def is_text_encoder_name(module: str) -> bool:
 def model_lookup(
     unet_keys: Mapping | Iterable[str] | None,
     clip_keys: Mapping[str, Mapping | Iterable[str]] | None,
-) -> tuple[dict[str, tuple[str, str]], dict[str, tuple[int, ...] | None]]:
-    """(LoRA module name -> (target, model module) over every naming scheme, model key -> shape).
+    unet_names: Mapping[str, LoraTarget] | None = None,
+) -> tuple[dict[str, tuple[str, str, LoraTarget | None]], dict[str, tuple[int, ...] | None]]:
+    """(LoRA module name -> (target, model module, slice) over every naming scheme, model key ->
+    shape). The slice is a ``LoraTarget`` for a family-map name (``unet_names``, the family's
+    ``lora_key_map``), None for a name of the whole weight ``<module>.weight``.
 
-    UNet candidates win over CLIP ones on a clash; see ``nodes.adapters.lora.load_lora`` for the
-    accepted forms of ``unet_keys`` / ``clip_keys``."""
+    The model's own names win over a family's map, UNet candidates over CLIP ones on a clash;
+    see ``nodes.adapters.lora.load_lora`` for the accepted forms of ``unet_keys`` / ``clip_keys``."""
     unet_shapes = key_shapes(unet_keys)
     shapes: dict[str, tuple[int, ...] | None] = {}
-    lookup: dict[str, tuple[str, str]] = {}  # lora module -> (target, model module)
+    lookup: dict[str, tuple[str, str, LoraTarget | None]] = {}  # lora module -> (target, module, slice)
     if unet_keys is not None:
         for cand, module in unet_candidates(unet_shapes).items():
-            lookup[cand] = ("unet", module)
+            lookup[cand] = ("unet", module, None)
+        for cand, tgt in family_candidates(unet_names or {}, unet_shapes).items():
+            lookup.setdefault(cand, ("unet", tgt.key[: -len(".weight")], tgt))
         shapes.update(unet_shapes)
+    later = _later_encoder_prefixes(clip_keys or {})
     for target, keys in (clip_keys or {}).items():
         if not target or target == "unet":
             raise ValueError(f"clip_keys are keyed by text encoder name (e.g. {CLIP_TARGETS}), got {target!r}")
         ks = key_shapes(keys)
-        for cand, module in clip_candidates(target, ks).items():
-            lookup.setdefault(cand, (target, module))
+        for cand, module in clip_candidates(target, ks, later.get(target)).items():
+            lookup.setdefault(cand, (target, module, None))
         shapes.update(ks)
     return lookup, shapes

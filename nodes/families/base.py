@@ -37,6 +37,15 @@ What a family says, and who asks:
   ``CheckpointLayout`` (where each part's keys go), and ``checkpoint_extras(handle, dtype)``, the
   tensors a variant keeps beside the model at the file's top level (SD: Stable Zero123's
   ``cc_projection.*``).
+* optional, for LoRA files named in another layout than the model's own (``adapters/lora_keys.py``
+  already matches the model's own names: kohya ``lora_unet_<key, . -> _>``, ComfyUI
+  ``diffusion_model.<key>``): ``lora_key_map(config) -> {LoRA module name: LoraTarget}``, the
+  family's other module names (diffusers / PEFT / ai-toolkit names, without a prefix) and the
+  weight each adapts, possibly a row slice of a fused weight (diffusers' ``attn.to_q`` onto BFL's
+  fused ``img_attn.qkv``). The LoRA mapper adds the prefixes trainers write (``transformer.``,
+  ``diffusion_model.``, ``base_model.model.``, OneTrainer's ``lora_transformer_``, LyCORIS'
+  ``lycoris_``), ignores entries whose weight the model does not have, and merges a sliced
+  LoRA's update into its rows only (ComfyUI's ``(key, (dim, offset, size))`` key-map entries).
 """
 
 from __future__ import annotations
@@ -47,7 +56,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-__all__ = ["Sampling", "TextEncoderSlot", "Detection", "CheckpointLayout", "FamilyRunner", "Family", "PREDICTIONS"]
+__all__ = ["Sampling", "TextEncoderSlot", "Detection", "CheckpointLayout", "LoraTarget", "FamilyRunner", "Family",
+           "PREDICTIONS"]
 
 #: Parameterisations a family may name (``sampling/parameterization.py`` implements each).
 #: "flow" is rectified flow / flow matching (ComfyUI's CONST): x_σ = (1 − σ)·x0 + σ·ε, the model
@@ -141,6 +151,20 @@ class CheckpointLayout:
         return None
 
 
+@dataclass(frozen=True)
+class LoraTarget:
+    """Where one LoRA module (named in a layout other than the model's) lands in the model:
+    ``key`` the model's weight key (``....weight``; its bias is the same module's ``.bias``);
+    ``rows`` (start, size) along the output dim when the module is one piece of a fused weight
+    (q of a fused qkv: (0, hidden)), None for the whole weight; ``swap_halves``: the module's
+    output halves are the model's in the other order (diffusers' ``AdaLayerNormContinuous``
+    emits (scale, shift) where BFL / MMDiT emit (shift, scale)), so its update is swapped too."""
+
+    key: str
+    rows: tuple[int, int] | None = None
+    swap_halves: bool = False
+
+
 @runtime_checkable
 class FamilyRunner(Protocol):
     """The sampler seam: one precision-applied diffusion model with its family's conditioning.
@@ -202,7 +226,8 @@ class Family(Protocol):
     # for CheckpointSave (without them saving the family's models is refused by name);
     # ``clip_types``: CLIPLoader / DualCLIPLoader / TripleCLIPLoader ``type`` -> the variant whose
     # ``text_encoders`` the loaded files fill ({"flux": "dev"}); the loaders match each file to a
-    # slot by the encoder architecture its keys show
+    # slot by the encoder architecture its keys show; ``lora_key_map(config)`` -> {LoRA module
+    # name: ``LoraTarget``}, the names LoRA files use in the family's other layouts (see above)
 
     def detect(self, info: Mapping[str, Any], read: Any = None, source: Any = None) -> Detection | None: ...
 

@@ -174,6 +174,13 @@ class ModelHandle:
         """Our module's weight keys → shapes (header only), e.g. for mapping a LoRA."""
         return _module_shapes(self.source)
 
+    def lora_names(self) -> dict:
+        """The LoRA module names of the family's other layouts (``Family.lora_key_map``: LoRA
+        module name -> ``families.base.LoraTarget``), {} for a family without any; what
+        ``adapters.lora.load_lora`` takes as ``unet_names``."""
+        key_map = getattr(families.get(self.family), "lora_key_map", None)
+        return dict(key_map(self.config)) if key_map is not None else {}
+
 
 # --------------------------------------------------------------------------------------------
 # CLIP

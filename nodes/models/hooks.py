@@ -67,7 +67,7 @@ def _mapped(weights: LoraWeights, part: str, handle) -> LoraFile:
         warnings.simplefilter("ignore", LoraKeyWarning)  # ComfyUI maps hooks with log_missing=False
         if part == "unet":
             lf = load_lora(weights.tensors, handle.weight_shapes(), None, name=weights.name,
-                           identity=weights.identity)
+                           identity=weights.identity, unet_names=handle.lora_names())
         else:
             lf = load_lora(weights.tensors, None, handle.weight_shapes(), name=weights.name,
                            identity=weights.identity)

@@ -24,7 +24,8 @@ def _apply(ctx, model, clip, lora_name, strength_model, strength_clip):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LoraKeyWarning)
         lora = load_lora(path, model.weight_shapes(),
-                         clip.weight_shapes() if clip is not None and strength_clip else None)
+                         clip.weight_shapes() if clip is not None and strength_clip else None,
+                         unet_names=model.lora_names())
     for w in caught:
         ctx.warn(str(w.message))
     unet, clip_p = bypass_patches(lora, strength_model, strength_clip, clip is not None)

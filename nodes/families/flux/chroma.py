@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from mixgraph.nodes.families.flux.model import (PATCH, DoubleStreamBlock, LastLayer, MLPEmbedder, RMSNorm,
                                                 SingleStreamBlock, default_axes_dim, embed_image_tokens,
-                                                key_mask, run_blocks, timestep_embedding)
+                                                joint_mask, run_blocks, timestep_embedding)
 
 __all__ = ["ChromaConfig", "Chroma", "Approximator", "chroma_config", "APPROXIMATOR_IN"]
 
@@ -127,7 +127,7 @@ class Chroma(nn.Module):
 
     def forward(self, x: Tensor, timestep: Tensor, context: Tensor, y: Tensor | None = None,
                 guidance: Tensor | None = None, ref_latents: Sequence[Tensor] = (), ref_method: str = "offset",
-                txt_mask: Tensor | None = None) -> Tensor:
+                txt_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
         img, ids = embed_image_tokens(self.img_in, x, ref_latents, ref_method)
         mods = self.modulations(timestep, guidance, img.dtype)  # [B, slots, D]
         c = self.config
@@ -144,4 +144,4 @@ class Chroma(nn.Module):
 
         last = {"mods": slot(mods.shape[1] - 2, 2)}
         return run_blocks(self, x, img, ids, self.txt_in(context), context.shape[1], block_args, last,
-                          key_mask(txt_mask, img.shape[1]))
+                          joint_mask(txt_mask, attn_mask, context.shape[1], img.shape[1]))

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mixgraph.nodes.families.base import LoraTarget
+
 __all__ = ["is_diffusers_flux", "is_diffusers_chroma", "chroma_plan", "key_plan", "to_bfl", "to_diffusers",
-           "shapes_to_bfl", "stored_rename", "fuse", "SIGNATURE"]
+           "shapes_to_bfl", "stored_rename", "fuse", "lora_targets", "SIGNATURE"]
 
 #: keys only a diffusers Flux / Chroma transformer has (ComfyUI's test: ``x_embedder.weight``)
 SIGNATURE = ("x_embedder.weight", "single_transformer_blocks.0.attn.to_q.weight")
@@ -209,4 +211,42 @@ def fuse(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
             pieces.setdefault(bfl, {})[int(piece)] = t
     for bfl, parts in pieces.items():
         out[bfl] = torch.cat([parts[i] for i in sorted(parts)], 0)
+    return out
+
+
+def lora_targets(config) -> dict[str, LoraTarget]:
+    """diffusers / PEFT / ai-toolkit LoRA module names of a Flux.1 / Chroma model of ``config``
+    (a ``FluxConfig`` or ``ChromaConfig``) -> the BFL weight each adapts (ComfyUI
+    ``utils.flux_to_diffusers`` + ``lora.model_lora_keys_unet``): q, k, v onto their third of a
+    double block's fused ``qkv``, and in a single block q, k, v and ``proj_mlp`` onto their rows of
+    ``linear1`` (hidden, hidden, hidden, MLP width); ``norm_out.linear`` with its halves swapped.
+    Also XLabs' / USO's ``single_blocks.N.linear1_qkv`` (the q, k, v rows of ``linear1``). Names
+    of layers a variant lacks (Chroma's modulations) are left for the mapper to drop."""
+    h, mlp = config.hidden_size, config.mlp_hidden
+    out: dict[str, LoraTarget] = {}
+
+    def whole(diff: str, bfl: str) -> None:
+        out[diff] = LoraTarget(f"{bfl}.weight")
+
+    for bfl, diff in _TOP.items():
+        whole(diff, bfl)
+    out["norm_out.linear"] = LoraTarget("final_layer.adaLN_modulation.1.weight", swap_halves=True)
+    for i in range(config.depth):
+        b, d = f"double_blocks.{i}.", f"transformer_blocks.{i}."
+        for bfl, diff in _DOUBLE.items():
+            whole(d + diff, b + bfl)
+        for j, x in enumerate("qkv"):
+            out[f"{d}attn.to_{x}"] = LoraTarget(f"{b}img_attn.qkv.weight", (j * h, h))
+            out[f"{d}attn.add_{x}_proj"] = LoraTarget(f"{b}txt_attn.qkv.weight", (j * h, h))
+    for i in range(config.depth_single_blocks):
+        b, d = f"single_blocks.{i}.", f"single_transformer_blocks.{i}."
+        for bfl, diff in _SINGLE.items():
+            whole(d + diff, b + bfl)
+        for j, x in enumerate("qkv"):
+            out[f"{d}attn.to_{x}"] = LoraTarget(f"{b}linear1.weight", (j * h, h))
+        out[f"{d}proj_mlp"] = LoraTarget(f"{b}linear1.weight", (3 * h, mlp))
+        out[f"{b}linear1_qkv"] = LoraTarget(f"{b}linear1.weight", (0, 3 * h))
+    for i in range(getattr(config, "approximator_layers", 0)):  # Chroma's approximator
+        for diff, bfl in (("linear_1", "in_layer"), ("linear_2", "out_layer")):
+            whole(f"distilled_guidance_layer.layers.{i}.{diff}", f"distilled_guidance_layer.layers.{i}.{bfl}")
     return out

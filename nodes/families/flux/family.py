@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from mixgraph.nodes.encoders.dit_joins import CHROMA_RULES, FLUX_RULES
-from mixgraph.nodes.families.base import CheckpointLayout, Detection, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.base import CheckpointLayout, Detection, LoraTarget, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.flux.chroma import Chroma, ChromaConfig, chroma_config
 from mixgraph.nodes.families.flux.detect import CHROMA_KEY, DIFFUSERS_LAYOUT, detect_keys, flux_config
 from mixgraph.nodes.families.flux.diffusers_keys import (chroma_plan, fuse, is_diffusers_chroma, is_diffusers_flux,
-                                                     shapes_to_bfl, stored_rename)
+                                                     lora_targets, shapes_to_bfl, stored_rename)
 from mixgraph.nodes.families.flux.model import Flux, FluxConfig
 from mixgraph.nodes.families.flux.runner import FluxRunner
 from mixgraph.nodes.vae.flow_latent_formats import FLUX_LATENT, shifted_format
@@ -95,6 +95,11 @@ class FluxFamily:
                                 folder="text_encoder", encoding="flux", rule=FLUX_RULES["clip_l"], arch="clip"),
                 TextEncoderSlot("t5xxl", "t5", "text_large", prefix=t5_prefix, layout=t5_layout, folder="text_encoder_2",
                                 encoding="flux", rule=FLUX_RULES["t5xxl"], arch="t5"))
+
+    def lora_key_map(self, config) -> dict[str, LoraTarget]:
+        """``base.Family.lora_key_map``: diffusers / ai-toolkit Flux LoRA names onto BFL weights,
+        q / k / v / MLP-in onto their rows of the fused ones (``diffusers_keys.lora_targets``)."""
+        return lora_targets(config)
 
     def checkpoint_layout(self, variant: str) -> CheckpointLayout:
         """ComfyUI's all-in-one layout: the model under ``model.diffusion_model.``, the VAE under

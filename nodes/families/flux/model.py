@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from mixgraph.nodes.models.attention import attention as sdpa
 
 __all__ = ["FluxConfig", "Flux", "DoubleStreamBlock", "SingleStreamBlock", "LastLayer", "MLPEmbedder",
-           "timestep_embedding", "rope", "image_ids", "patchify", "unpatchify", "default_axes_dim", "PATCH"]
+           "timestep_embedding", "rope", "image_ids", "patchify", "unpatchify", "default_axes_dim", "PATCH",
+           "joint_mask", "key_mask", "run_blocks"]
 
 PATCH = 2
 TIME_DIM = 256  # width of the sinusoidal timestep / guidance embedding
@@ -351,11 +352,12 @@ class Flux(nn.Module):
 
     def forward(self, x: Tensor, timestep: Tensor, context: Tensor, y: Tensor | None = None,
                 guidance: Tensor | None = None, ref_latents: Sequence[Tensor] = (), ref_method: str = "offset",
-                txt_mask: Tensor | None = None) -> Tensor:
+                txt_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
         img, ids = embed_image_tokens(self.img_in, x, ref_latents, ref_method)
         vec = self.conditioning_vector(timestep, y, guidance, img.dtype)
         return run_blocks(self, x, img, ids, self.txt_in(context), context.shape[1],
-                          lambda block: dict(vec=vec), dict(vec=vec), key_mask(txt_mask, img.shape[1]))
+                          lambda block: dict(vec=vec), dict(vec=vec),
+                          joint_mask(txt_mask, attn_mask, context.shape[1], img.shape[1]))
 
 
 def embed_image_tokens(img_in: nn.Module, x: Tensor, ref_latents: Sequence[Tensor],
@@ -391,6 +393,24 @@ def embed_image_tokens(img_in: nn.Module, x: Tensor, ref_latents: Sequence[Tenso
                              h_offset=(h_off + PATCH // 2) // PATCH, w_offset=(w_off + PATCH // 2) // PATCH,
                              device=x.device))
     return img_in(torch.cat(tokens, 1)), torch.cat(ids, 1)
+
+
+def joint_mask(txt_mask: Tensor | None, attn_mask: Tensor | None, n_txt: int, n_img: int) -> Tensor | None:
+    """The mask every block's attention gets: ``attn_mask``, an additive bias [B, T + N, T + N]
+    over [text; image] (queries x keys; StyleModelApply's attn_bias, stretched by the runner), or
+    else the key mask of a text-token mask (``key_mask``), or None. Both at once are refused (a
+    cond holds one ``attention_mask``), and so is a bias over another number of tokens than the
+    T + N the model attends over (a cond restricted to an area, reference latents)."""
+    if attn_mask is None:
+        return key_mask(txt_mask, n_img)
+    if txt_mask is not None:
+        raise ValueError("Flux / Chroma: a text-token mask and a joint attention mask at once; a cond holds one")
+    if tuple(attn_mask.shape[-2:]) != (n_txt + n_img, n_txt + n_img):
+        raise NotImplementedError(
+            f"Flux / Chroma: a joint attention mask {list(attn_mask.shape)} over a sequence of {n_txt} text + {n_img} "
+            f"image tokens: only a mask over the whole latent's tokens is supported yet (not an area-restricted cond "
+            f"or reference latents)")
+    return attn_mask
 
 
 def key_mask(txt_mask: Tensor | None, n_img: int) -> Tensor | None:

@@ -9,8 +9,15 @@ model beside its text tokens, and the model call.
   embedding;
 * ``ref_latent_<i>``: Kontext reference latents (ReferenceLatent's ``reference_latents``), in
   the model's latent space, and ``ref_method`` (ComfyUI's ``reference_latents_method``);
-* ``txt_mask``: a text-token attention mask [1, T] (``model_inputs["attention_mask"]``: T5
-  padding, Chroma).
+* ``txt_mask``: a text-token attention mask [1, T] (``model_inputs["attention_mask"]`` of two
+  dims: T5 padding, Chroma);
+* ``attn_mask``: an additive bias [1, T + N, T + N] over the joint [text; image] sequence
+  (``model_inputs["attention_mask"]`` of three dims with its ``attention_mask_img_shape``:
+  StyleModelApply's "attn_bias"), its image rows and columns stretched from the mask's image grid
+  to the model's N = ceil(H/2)·ceil(W/2) image tokens (ComfyUI ``model_base.Flux.extra_conds`` →
+  ``utils.upscale_dit_mask``); the model adds it to the attention scores of every double and
+  single block. With Kontext reference latents the sequence holds their tokens too, which such
+  a mask does not cover: refused by name.
 
 ``concat`` (ComfyUI ``model_base.Flux.concat_cond``): Canny / Depth take the control image latent
 (the cond's InstructPixToPixConditioning latent; 16 more channels), Fill the masked image latent
@@ -25,10 +32,12 @@ import torch
 from torch import Tensor
 
 from mixgraph.nodes.families.base import Sampling
+from mixgraph.nodes.families.flux.model import PATCH
 from mixgraph.nodes.models.concat_cond import repeat_to_batch
+from mixgraph.nodes.models.dit_mask import upscale_dit_mask
 from mixgraph.nodes.models.resize import upscale
 
-__all__ = ["FluxRunner", "REF_METHODS", "DEFAULT_GUIDANCE", "fill_concat", "control_concat"]
+__all__ = ["FluxRunner", "REF_METHODS", "DEFAULT_GUIDANCE", "fill_concat", "control_concat", "joint_mask"]
 
 DEFAULT_GUIDANCE = {"chroma": 0.0}  # others: 3.5 (ComfyUI's extra_conds defaults)
 FLUX_GUIDANCE = 3.5
@@ -62,6 +71,23 @@ def fill_concat(latent_image: Tensor, denoise_mask: Tensor | None, concat_latent
     b = mask.shape[0]
     mask = mask.view(b, H, FOLD, W, FOLD).permute(0, 2, 4, 1, 3).reshape(b, FOLD * FOLD, H, W)  # [Bm, 64, H, W]
     return torch.cat([image, repeat_to_batch(mask, B)], dim=1)
+
+
+def joint_mask(mask: Tensor, img_shape, n_txt: int | None, latent_shape: tuple[int, ...]) -> Tensor:
+    """A cond's joint attention bias [B, T + h·w, T + h·w] (text first, an h × w image grid:
+    ``img_shape``) -> [1, T + N, T + N] float32 over the model's sequence, the image part
+    stretched to the latent's token grid (ceil(H / 2), ceil(W / 2)), as ComfyUI's
+    ``model_base.Flux.extra_conds``. Raises NotImplementedError naming the sizes when they do not fit."""
+    hi, wi = (int(v) for v in img_shape) if img_shape is not None else (0, 0)
+    if img_shape is None or n_txt is None or mask.shape[-1] != n_txt + hi * wi or mask.shape[-2] != mask.shape[-1]:
+        raise NotImplementedError(
+            f"Flux / Chroma: an attention_mask {list(mask.shape)} for {n_txt} text tokens"
+            + (f" and an image grid {hi} x {wi}" if img_shape is not None else " without attention_mask_img_shape")
+            + ": a text-token mask [1, T] or a joint bias [B, T + h*w, T + h*w] (text first) with its "
+              "attention_mask_img_shape (h, w) is supported, not this one")
+    h_tok, w_tok = -(-latent_shape[-2] // PATCH), -(-latent_shape[-1] // PATCH)
+    out = upscale_dit_mask(mask[:1].float(), (hi, wi), (h_tok, w_tok))  # [1, T + N, T + N]
+    return out
 
 
 class FluxRunner:
@@ -105,11 +131,21 @@ class FluxRunner:
         mask = extra.get("attention_mask")
         if mask is not None:
             mask = torch.as_tensor(mask)
-            if mask.ndim != 2 or cond.cross_attn is None or mask.shape[-1] != cond.cross_attn.shape[1]:
+            n_txt = None if cond.cross_attn is None else cond.cross_attn.shape[1]
+            if mask.ndim == 3:
+                if refs:
+                    raise NotImplementedError(
+                        "Flux: a joint attention mask (StyleModelApply with strength_type attn_bias, e.g. Redux) "
+                        "together with Kontext reference latents: the mask does not cover the reference tokens "
+                        "(ComfyUI fails here too); not supported yet. Use strength_type multiply")
+                inputs["attn_mask"] = joint_mask(mask, extra.get("attention_mask_img_shape"), n_txt, latent_shape)
+            elif mask.ndim == 2 and n_txt is not None and mask.shape[-1] == n_txt:
+                inputs["txt_mask"] = mask[:1].float()
+            else:
                 raise NotImplementedError(
-                    f"Flux / Chroma: an attention_mask of shape {tuple(mask.shape)}: only a text-token mask "
-                    f"[1, T] over the cond's tokens is supported yet")
-            inputs["txt_mask"] = mask[:1].float()
+                    f"Flux / Chroma: an attention_mask of shape {tuple(mask.shape)}: a text-token mask [1, T] "
+                    f"over the cond's tokens or a joint [B, T + N, T + N] bias with its attention_mask_img_shape "
+                    f"are supported, not this one")
         return inputs
 
     def concat(self, cond, latent_image: Tensor, denoise_mask: Tensor | None, seed: int) -> Tensor | None:
@@ -138,4 +174,5 @@ class FluxRunner:
         refs = [inputs[f"ref_latent_{i}"] for i in range(len(inputs)) if f"ref_latent_{i}" in inputs]
         method = REF_METHODS[int(inputs["ref_method"][0])] if refs else "offset"
         return self.model(x, timestep, context, y=inputs.get("y"), guidance=inputs.get("guidance"),
-                          ref_latents=refs, ref_method=method, txt_mask=inputs.get("txt_mask"))
+                          ref_latents=refs, ref_method=method, txt_mask=inputs.get("txt_mask"),
+                          attn_mask=inputs.get("attn_mask"))

@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["LUMINA2_DIFFUSERS_KEY", "Z_IMAGE_DIFFUSERS_KEY", "diffusers_layout", "to_comfy", "to_comfy_shapes"]
+from mixgraph.nodes.families.base import LoraTarget
+
+__all__ = ["LUMINA2_DIFFUSERS_KEY", "Z_IMAGE_DIFFUSERS_KEY", "diffusers_layout", "to_comfy", "to_comfy_shapes",
+           "lora_targets"]
 
 LUMINA2_DIFFUSERS_KEY = "time_caption_embed.caption_embedder.1.weight"
 Z_IMAGE_DIFFUSERS_KEY = "all_x_embedder.2-1.weight"
@@ -105,3 +108,45 @@ def to_comfy_shapes(info: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """The same conversion on a header: key -> shape (a fused qkv's rows add up)."""
     shapes = {k: tuple(getattr(v, "shape", v)) for k, v in info.items()}
     return _convert(shapes, lambda qkv: (sum(s[0] for s in qkv), *qkv[0][1:]))
+
+
+# the model's own Linear names, which diffusers' Z-Image layout shares (LoRAs name them bare or
+# with ``transformer.``, which the model's own ``diffusion_model.`` naming does not cover)
+_OWN_BLOCK = ("attention.out", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3",
+              "adaLN_modulation.0", "adaLN_modulation.1")
+_OWN_TOP = ("x_embedder", "t_embedder.mlp.0", "t_embedder.mlp.2", "cap_embedder.1", "final_layer.linear",
+            "final_layer.adaLN_modulation.1")
+
+
+def lora_targets(config) -> dict[str, LoraTarget]:
+    """diffusers / PEFT / ai-toolkit LoRA module names of a Lumina 2 / Z-Image NextDiT of
+    ``config`` (``nextdit.NextDiTConfig``) -> the weight each adapts (ComfyUI
+    ``utils.z_image_to_diffusers`` + ``lora.model_lora_keys_unet``): ``attention.to_q`` /
+    ``to_k`` / ``to_v`` (Lumina 2: ``attn.``) onto their rows of the fused ``attention.qkv``
+    (the query heads, then the key heads, then the value heads: with fewer key / value heads, as
+    Lumina 2 has, their slices are narrower; ComfyUI assumes three equal thirds), the renamed
+    layers onto theirs, the shared names onto themselves. Names of layers a model lacks are left
+    for the mapper to drop."""
+    q, kv = config.heads * config.head_dim, config.kv_heads * config.head_dim
+    rows = ((0, q), (q, kv), (q + kv, kv))
+    out: dict[str, LoraTarget] = {}
+    for stem in _OWN_TOP:
+        out[stem] = LoraTarget(f"{stem}.weight")
+    for key, ours in _TOP_NAMES.items():
+        if key.endswith(".weight"):
+            out[key[: -len(".weight")]] = LoraTarget(ours)
+    for stem in ("linear", "adaLN_modulation.1"):
+        out[f"all_final_layer.2-1.{stem}"] = LoraTarget(f"final_layer.{stem}.weight")
+    for block, n in (("layers", config.depth), ("noise_refiner", config.refiner_depth),
+                     ("context_refiner", config.refiner_depth)):
+        for i in range(n):
+            p = f"{block}.{i}."
+            for stem in _OWN_BLOCK:
+                out[p + stem] = LoraTarget(f"{p}{stem}.weight")
+            for name, ours in _BLOCK_NAMES.items():
+                if name.endswith(".weight"):
+                    out[p + name[: -len(".weight")]] = LoraTarget(p + ours)
+            for att in ("attn", "attention"):
+                for part, span in zip(_QKV, rows):
+                    out[f"{p}{att}.{part}"] = LoraTarget(f"{p}attention.qkv.weight", span)
+    return out

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from mixgraph.nodes.encoders.encoder_set import OutputRule
-from mixgraph.nodes.families.base import Detection, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.base import Detection, LoraTarget, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.lumina import diffusers_keys
 from mixgraph.nodes.families.lumina.detect import is_nextdit, is_z_image, nextdit_config
 from mixgraph.nodes.families.lumina.nextdit import NextDiT, NextDiTConfig
@@ -84,6 +84,11 @@ class NextDiTFamily:
 
     def text_encoders(self, variant: str) -> tuple[TextEncoderSlot, ...]:
         return (self.encoder,)
+
+    def lora_key_map(self, config: NextDiTConfig) -> dict[str, LoraTarget]:
+        """``base.Family.lora_key_map``: diffusers / ai-toolkit LoRA names onto the NextDiT's
+        weights, q / k / v onto their rows of ``attention.qkv`` (``diffusers_keys.lora_targets``)."""
+        return diffusers_keys.lora_targets(config)
 
     def trace_inputs(self, config: NextDiTConfig, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
         h, w = latent_shape[-2:]

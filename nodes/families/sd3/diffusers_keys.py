@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["is_diffusers_sd3", "diffusers_rename", "fuse", "converted_shapes", "LAYOUT"]
+from mixgraph.nodes.families.base import LoraTarget
+
+__all__ = ["is_diffusers_sd3", "diffusers_rename", "fuse", "converted_shapes", "lora_targets", "LAYOUT"]
 
 LAYOUT = "diffusers_sd3"  # the WeightSource layout name of these files
 MARKER = "transformer_blocks.0.attn.add_q_proj.weight"
@@ -133,4 +135,30 @@ def converted_shapes(info: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             out[base] = (out[base][0] + shape[0],) + shape[1:]
         else:
             out[base] = shape
+    return out
+
+
+def lora_targets(config) -> dict[str, LoraTarget]:
+    """diffusers / PEFT LoRA module names of an MMDiT of ``config`` (``mmdit.MMDiTConfig``) ->
+    the MMDiT weight each adapts (ComfyUI ``utils.mmdit_to_diffusers`` + ``lora.model_lora_keys_unet``):
+    q, k, v onto their third of a fused ``qkv`` (the hidden width each), ``norm_out.linear`` and
+    the last block's ``norm1_context.linear`` with their halves swapped. Names of layers a
+    model lacks (the last block's context projections, SD3.5's ``attn2`` elsewhere) are left for
+    the mapper to drop."""
+    hidden, last = config.hidden, config.depth - 1
+    out: dict[str, LoraTarget] = {}
+    for stem, ours in _BASIC.items():
+        out[stem] = LoraTarget(f"{ours}.weight")
+    out["norm_out.linear"] = LoraTarget("final_layer.adaLN_modulation.1.weight", swap_halves=True)
+    for i in range(config.depth):
+        for name, ours in _BLOCK.items():
+            if ".norm_" in name:  # RMS norm scales, no Linear
+                continue
+            base, _, part = ours.partition("@")
+            key = f"joint_blocks.{i}.{base}.weight"
+            if part in _PARTS:
+                out[f"transformer_blocks.{i}.{name}"] = LoraTarget(key, (_PARTS.index(part) * hidden, hidden))
+            else:
+                swap = name == "norm1_context.linear" and i == last
+                out[f"transformer_blocks.{i}.{name}"] = LoraTarget(key, swap_halves=swap)
     return out

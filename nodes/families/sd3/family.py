@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from mixgraph.nodes.encoders.dit_joins import SD3_RULES
-from mixgraph.nodes.families.base import CheckpointLayout, Detection, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.base import CheckpointLayout, Detection, LoraTarget, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.sd3 import diffusers_keys
 from mixgraph.nodes.families.sd3.mmdit import SIGNATURE, MMDiT, MMDiTConfig, config_from_shapes
 from mixgraph.nodes.families.sd3.runner import SD3Runner
@@ -92,6 +92,11 @@ class SD3Family:
         if variant != VARIANT:
             raise ValueError(f"SD3 variant {variant!r}: no text encoders known (variant: {VARIANT})")
         return _ENCODERS
+
+    def lora_key_map(self, config: MMDiTConfig) -> dict[str, LoraTarget]:
+        """``base.Family.lora_key_map``: diffusers SD3 LoRA names onto the MMDiT's weights
+        (``diffusers_keys.lora_targets``)."""
+        return diffusers_keys.lora_targets(config)
 
     def checkpoint_layout(self, variant: str) -> CheckpointLayout:
         """Stability's all-in-one layout (what ComfyUI's CheckpointSave writes for SD3): the MMDiT
