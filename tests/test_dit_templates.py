@@ -1,0 +1,266 @@
+"""ComfyUI's DiT workflow templates (Flux.1, Chroma, SD3.5, Z-Image, Lumina 2) and the editor's
+built-in default graph (Z-Image Turbo) validate and run unchanged.
+
+The fixtures (tests/fixtures/comfy_templates, sources and licences in its README) are loaded as
+UI-format files the way `mixgraph run` and `POST /prompt` load them; every model file a workflow
+names is written as a tiny stand-in of the right kind under exactly that name
+(tests/fixtures/tiny_dit_templates.py: mutually consistent widths, the real key layouts and
+storage formats), then the workflow is validated and run end to end through the executor. What
+the test changes, and only here: image sizes, batch sizes and step counts (`_small`). Templates
+that need what mixgraph does not do yet must say so by name (`UNSUPPORTED`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mixgraph.graph.cache import OutputCache
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor
+from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.graph.validate import validate
+from mixgraph.ui import api
+from tests.fixtures.tiny_dit_templates import write_standin
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "comfy_templates"
+FRONTEND_FACTS = FIXTURES / "facts_frontend_1.58.1_default_graph.json"
+DEFAULT_GRAPH = "frontend_default_z_image_turbo"
+SIZE = 64  # the generated image's longest side, in pixels
+DIT_PREFIXES = ("templates_flux", "templates_sd3", "templates_image_z_image", "templates_image_chroma",
+                "templates_image_netayume")
+
+# The models the fixtures name, by folder and file name: what kind of tiny model stands in
+# (tests/fixtures/tiny_dit_templates.py KINDS; "lotus" / "sd_vae" from the SD fixtures).
+MODELS = {
+    "diffusion_models/flux1-dev.safetensors": "flux_dev",
+    "diffusion_models/flux1-dev-fp8.safetensors": "flux_dev",
+    "diffusion_models/flux1-krea-dev_fp8_scaled.safetensors": "flux_dev_fp8_scaled",
+    "diffusion_models/flux1-dev-kontext_fp8_scaled.safetensors": "flux_dev_fp8_scaled",
+    "diffusion_models/flux1-schnell.safetensors": "flux_schnell",
+    "diffusion_models/flux1-fill-dev.safetensors": "flux_fill",
+    "diffusion_models/flux1-canny-dev.safetensors": "flux_control",
+    "diffusion_models/Chroma1-HD-fp8mixed.safetensors": "chroma_fp8mixed",
+    "diffusion_models/z_image_turbo_bf16.safetensors": "z_image_bf16",
+    "diffusion_models/z_image_bf16.safetensors": "z_image_bf16",
+    "diffusion_models/z_image_int8_convrot.safetensors": "z_image_int8",
+    "diffusion_models/lotus-depth-d-v1-1.safetensors": "lotus",
+    "checkpoints/flux1-schnell-fp8.safetensors": "flux_schnell_all_in_one",
+    "checkpoints/sd3.5_large_fp8_scaled.safetensors": "sd35_large_all_in_one_fp8_scaled",
+    "checkpoints/NetaYumev35_pretrained_all_in_one.safetensors": "lumina2_all_in_one",
+    "text_encoders/clip_l.safetensors": "clip_l",
+    "text_encoders/t5xxl_fp16.safetensors": "t5xxl",
+    "text_encoders/t5xxl_fp8_e4m3fn_scaled.safetensors": "t5xxl_fp8_scaled",
+    "text_encoders/qwen_3_4b.safetensors": "qwen3_4b",
+    "vae/ae.safetensors": "vae16",
+    "vae/vae-ft-mse-840000-ema-pruned.safetensors": "sd_vae",
+    "style_models/flux1-redux-dev.safetensors": "flux_redux",
+    "clip_vision/sigclip_vision_patch14_384.safetensors": "siglip",
+    "loras/flux1-depth-dev-lora.safetensors": "flux_depth_lora",
+    "controlnet/sd3.5_large_controlnet_canny.safetensors": "sd3_controlnet",
+}
+LOADERS = {  # (class, input) -> models folder
+    ("CheckpointLoaderSimple", "ckpt_name"): "checkpoints", ("UNETLoader", "unet_name"): "diffusion_models",
+    ("VAELoader", "vae_name"): "vae", ("CLIPLoader", "clip_name"): "text_encoders",
+    ("DualCLIPLoader", "clip_name1"): "text_encoders", ("DualCLIPLoader", "clip_name2"): "text_encoders",
+    ("LoraLoaderModelOnly", "lora_name"): "loras", ("ControlNetLoader", "control_net_name"): "controlnet",
+    ("StyleModelLoader", "style_model_name"): "style_models", ("CLIPVisionLoader", "clip_name"): "clip_vision",
+}
+
+# Templates that need what mixgraph does not do yet: the words their refusal must contain.
+UNSUPPORTED = {
+}
+
+
+def _fixtures() -> dict[str, dict]:
+    out = {p.name: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("templates_*.json"))
+           if p.name.startswith(DIT_PREFIXES)}
+    return out | json.loads(FRONTEND_FACTS.read_text())
+
+
+ALL = _fixtures()
+RUNNABLE = sorted(n for n in ALL if n not in UNSUPPORTED)
+
+
+def _prompt(name: str):
+    return load_workflow(ALL[name], api.default_registry()).prompt
+
+
+def _model_files(prompt) -> set[str]:
+    return {f"{LOADERS[(c.class_type, k)]}/{v}" for c in prompt.values() for k, v in c.inputs.items()
+            if (c.class_type, k) in LOADERS and isinstance(v, str)}
+
+
+def _images(prompt) -> set[str]:
+    return {c.inputs["image"] for c in prompt.values() if c.class_type == "LoadImage"}
+
+
+def _write_model(root: Path, rel: str, kind: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "lotus":
+        from tests.fixtures.checkpoints import write_unet
+        write_unet(path, kind="lotus", seed=4)
+    elif kind == "sd_vae":
+        from tests.fixtures.checkpoints import write_vae
+        write_vae(path, seed=9)
+    elif kind == "flux_depth_lora":
+        _write_flux_depth_lora(path)
+    elif kind == "sd3_controlnet":
+        _write_sd3_controlnet(path)
+    else:
+        write_standin(path, kind)
+
+
+def _write_flux_depth_lora(path: Path) -> None:
+    """BFL's Flux Depth / Canny LoRA layout: diffusers-named LoRA pairs, the input embedder's
+    widened to the 32-channel (128 patched) control input."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(30)
+    sd = {"transformer.x_embedder.lora_A.weight": torch.randn(4, 128, generator=g) * 0.1,
+          "transformer.x_embedder.lora_B.weight": torch.randn(64, 4, generator=g) * 0.1,
+          "transformer.transformer_blocks.0.attn.to_q.lora_A.weight": torch.randn(4, 64, generator=g) * 0.1,
+          "transformer.transformer_blocks.0.attn.to_q.lora_B.weight": torch.randn(64, 4, generator=g) * 0.1}
+    save_file(sd, str(path))
+
+
+def _write_sd3_controlnet(path: Path) -> None:
+    """The keys of Stability's SD3.5 ControlNets (an MMDiT copy with a control input embedder)."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(31)
+    sd = {"pos_embed_input.proj.weight": torch.randn(128, 16, 2, 2, generator=g),
+          "pos_embed_input.proj.bias": torch.randn(128, generator=g),
+          "controlnet_blocks.0.weight": torch.randn(128, 128, generator=g),
+          "controlnet_blocks.0.bias": torch.randn(128, generator=g),
+          "transformer_blocks.0.attn.qkv.weight": torch.randn(384, 128, generator=g)}
+    save_file(sd, str(path))
+
+
+def _write_image(folder: Path, name: str, rng: np.random.Generator) -> None:
+    """RGBA with a transparent square: LoadImage's MASK output is the inpaint area."""
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rgba = rng.integers(0, 255, (SIZE, SIZE, 4), dtype=np.uint8)
+    rgba[..., 3] = 255
+    rgba[16:40, 16:40, 3] = 0
+    image = Image.fromarray(rgba, "RGBA")
+    (image.convert("RGB") if path.suffix.lower() in (".jpg", ".jpeg") else image).save(path)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dit_templates")
+    needed, pictures = set(), set()
+    for name in ALL:
+        prompt = _prompt(name)
+        needed |= _model_files(prompt)
+        pictures |= _images(prompt)
+    assert needed <= set(MODELS), f"give these files a tiny stand-in in MODELS: {sorted(needed - set(MODELS))}"
+    for rel in sorted(needed):
+        _write_model(root / "models", rel, MODELS[rel])
+    rng = np.random.default_rng(0)
+    for name in sorted(pictures):
+        _write_image(root / "input", name, rng)
+    return root
+
+
+@pytest.fixture(scope="module")
+def executor(dirs):
+    env = Env.from_args(models=dirs / "models", input=dirs / "input", output=dirs / "output")
+    return Executor(api.default_registry(), env, cache=OutputCache(max_bytes=1 << 30))
+
+
+def _small(prompt) -> dict[str, object]:
+    """`--set` overrides that shrink a workflow: the latent's longest side SIZE, batches of 1, 2
+    sampling steps, image rescales to about SIZE² pixels."""
+    sets: dict[str, object] = {}
+    for nid, c in prompt.items():
+        ins, t = c.inputs, c.class_type
+        if t in ("EmptySD3LatentImage", "EmptyLatentImage") and isinstance(ins.get("width"), int):
+            scale = SIZE / max(ins["width"], ins["height"])
+            sets |= {f"{nid}.width": max(16, round(ins["width"] * scale / 16) * 16),
+                     f"{nid}.height": max(16, round(ins["height"] * scale / 16) * 16), f"{nid}.batch_size": 1}
+        elif t in ("KSampler", "BasicScheduler") and isinstance(ins.get("steps"), int):
+            sets[f"{nid}.steps"] = 2
+        elif t == "ImageScaleToTotalPixels":
+            sets[f"{nid}.megapixels"] = SIZE * SIZE / 1e6
+        elif t == "ImagePadForOutpaint":
+            sets |= {f"{nid}.{k}": 16 * (ins[k] > 0) for k in ("left", "top", "right", "bottom")}
+        elif t == "ImageScale" and isinstance(ins.get("width"), int):
+            sets |= {f"{nid}.width": SIZE, f"{nid}.height": SIZE}
+        elif t == "ResolutionSelector":
+            sets[f"{nid}.megapixels"] = SIZE * SIZE / 1e6
+    return sets
+
+
+def test_dit_templates_every_model_file_has_a_stand_in():
+    for name in ALL:
+        files = _model_files(_prompt(name))
+        assert files <= set(MODELS), (name, sorted(files - set(MODELS)))
+
+
+def test_the_default_graph_fact_sheet_is_the_frontends_z_image_turbo_graph():
+    """The editor's built-in default graph (frontend 1.58.1): UNETLoader -> ModelSamplingAuraFlow(3)
+    -> KSampler(8 steps, cfg 1, res_multistep / simple), CLIPLoader(qwen_3_4b, lumina2) -> two
+    CLIPTextEncode, VAELoader(ae), EmptySD3LatentImage(1024²), VAEDecode, SaveImage."""
+    prompt = _prompt(DEFAULT_GRAPH)
+    calls = {c.class_type: c.inputs for c in prompt.values()}
+    assert sorted(t for t in (c.class_type for c in prompt.values())) == sorted(
+        ["SaveImage", "CLIPLoader", "VAELoader", "VAEDecode", "UNETLoader", "CLIPTextEncode", "CLIPTextEncode",
+         "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler"])
+    assert calls["UNETLoader"]["unet_name"] == "z_image_turbo_bf16.safetensors"
+    assert (calls["CLIPLoader"]["clip_name"], calls["CLIPLoader"]["type"]) == ("qwen_3_4b.safetensors", "lumina2")
+    assert calls["VAELoader"]["vae_name"] == "ae.safetensors"
+    k = calls["KSampler"]
+    assert (k["seed"], k["steps"], k["cfg"], k["sampler_name"], k["scheduler"], k["denoise"]) == (
+        42, 8, 1, "res_multistep", "simple", 1)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_dit_templates_validate(dirs, name):
+    registry = api.default_registry()
+    v = validate(_prompt(name), registry, Env.from_args(models=dirs / "models", input=dirs / "input"))
+    messages = [f"{p.node_id} {p.class_type}: {p.message} {p.details}" for p in v.errors]
+    if name in UNSUPPORTED and not v.ok:
+        assert UNSUPPORTED[name] in " ".join(messages), messages
+        return
+    assert v.ok and not v.errors, messages
+
+
+def _expected_size(name: str, prompt) -> tuple[int, int] | None:
+    """(width, height) of the saved image, where the workflow's latent is an empty one."""
+    for c in prompt.values():
+        if c.class_type in ("EmptySD3LatentImage", "EmptyLatentImage"):
+            return SIZE, SIZE
+    return None
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_dit_templates_run_end_to_end(executor, dirs, name):
+    prompt = _prompt(name)
+    out = dirs / "output" / name
+    if name in UNSUPPORTED:
+        with pytest.raises(Exception, match=UNSUPPORTED[name]):
+            api.run(ALL[name], set=_small(prompt), executor=executor, models=dirs / "models", input=dirs / "input",
+                    output=out)
+        return
+    result = api.run(ALL[name], set=_small(prompt), executor=executor, models=dirs / "models",
+                     input=dirs / "input", output=out)
+    assert result.report.to_json()["status"] == "success"
+    saved = sorted(out.rglob("*.png"))
+    assert saved, f"{name} saved no image"
+    expected = _expected_size(name, prompt)
+    for path in saved:
+        png = Image.open(path)
+        assert json.loads(png.text["workflow"])["nodes"]
+        if expected:
+            assert png.size == expected, (name, png.size)
+    for node_id, values in result.outputs.items():
+        for value in values:
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                assert torch.isfinite(value).all(), (name, node_id)
