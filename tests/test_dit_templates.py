@@ -72,8 +72,15 @@ LOADERS = {  # (class, input) -> models folder
     ("StyleModelLoader", "style_model_name"): "style_models", ("CLIPVisionLoader", "clip_name"): "clip_vision",
 }
 
-# Templates that need what mixgraph does not do yet: the words their refusal must contain.
+# Templates that need what mixgraph does not do yet: what their run's refusal must say (a regex).
 UNSUPPORTED = {
+    # Stability's SD3.5 ControlNets: no SD3 ControlNet yet
+    "templates_sd3.5_large_canny_controlnet_example.json": "ControlNet format not recognised .*not supported yet",
+    # ComfyUI's int8 "convrot" quantised weights: only scaled fp8 files are read
+    "templates_image_z_image_int8.json": "'int8_convrot' quantised layers are not supported yet",
+    # Flux control LoRAs widen img_in (reshape_weight) and replace norm scales (set_weight): not
+    # read yet; the LoRA loader says the widened layer does not fit
+    "templates_flux_depth_lora_example.json": "flux1-depth-dev-lora.safetensors' does not fit this model",
 }
 
 
@@ -118,14 +125,19 @@ def _write_model(root: Path, rel: str, kind: str) -> None:
 
 
 def _write_flux_depth_lora(path: Path) -> None:
-    """BFL's Flux Depth / Canny LoRA layout: diffusers-named LoRA pairs, the input embedder's
-    widened to the 32-channel (128 patched) control input."""
+    """A Flux Depth / Canny control LoRA as ComfyUI reads ``flux1-depth-dev-lora`` (generic
+    ``diffusion_model.*`` names): LoRA pairs, the input embedder's widened to the 32-channel
+    control input (128 after 2x2 patches, the model has 64) with its ``reshape_weight`` (the new
+    shape, ComfyUI pads the weight to it), and a QK-norm scale replaced whole (``set_weight``)."""
     from safetensors.torch import save_file
     g = torch.Generator().manual_seed(30)
-    sd = {"transformer.x_embedder.lora_A.weight": torch.randn(4, 128, generator=g) * 0.1,
-          "transformer.x_embedder.lora_B.weight": torch.randn(64, 4, generator=g) * 0.1,
-          "transformer.transformer_blocks.0.attn.to_q.lora_A.weight": torch.randn(4, 64, generator=g) * 0.1,
-          "transformer.transformer_blocks.0.attn.to_q.lora_B.weight": torch.randn(64, 4, generator=g) * 0.1}
+    p = "diffusion_model."
+    sd = {p + "img_in.lora_A.weight": torch.randn(4, 128, generator=g) * 0.1,
+          p + "img_in.lora_B.weight": torch.randn(64, 4, generator=g) * 0.1,
+          p + "img_in.reshape_weight": torch.tensor([64, 128]),
+          p + "double_blocks.0.img_attn.qkv.lora_A.weight": torch.randn(4, 64, generator=g) * 0.1,
+          p + "double_blocks.0.img_attn.qkv.lora_B.weight": torch.randn(192, 4, generator=g) * 0.1,
+          p + "double_blocks.0.img_attn.norm.key_norm.scale.set_weight": 1 + 0.1 * torch.randn(32, generator=g)}
     save_file(sd, str(path))
 
 
@@ -188,13 +200,14 @@ def _small(prompt) -> dict[str, object]:
         elif t in ("KSampler", "BasicScheduler") and isinstance(ins.get("steps"), int):
             sets[f"{nid}.steps"] = 2
         elif t == "ImageScaleToTotalPixels":
-            sets[f"{nid}.megapixels"] = SIZE * SIZE / 1e6
+            sets[f"{nid}.megapixels"] = 0.01  # its minimum
+
         elif t == "ImagePadForOutpaint":
             sets |= {f"{nid}.{k}": 16 * (ins[k] > 0) for k in ("left", "top", "right", "bottom")}
         elif t == "ImageScale" and isinstance(ins.get("width"), int):
             sets |= {f"{nid}.width": SIZE, f"{nid}.height": SIZE}
         elif t == "ResolutionSelector":
-            sets[f"{nid}.megapixels"] = SIZE * SIZE / 1e6
+            sets[f"{nid}.megapixels"] = 0.1  # its minimum
     return sets
 
 
@@ -232,34 +245,42 @@ def test_dit_templates_validate(dirs, name):
     assert v.ok and not v.errors, messages
 
 
-def _expected_size(name: str, prompt) -> tuple[int, int] | None:
-    """(width, height) of the saved image, where the workflow's latent is an empty one."""
-    for c in prompt.values():
-        if c.class_type in ("EmptySD3LatentImage", "EmptyLatentImage"):
-            return SIZE, SIZE
-    return None
+def _expected_size(prompt, outputs) -> tuple[int, int]:
+    """(width, height) of the saved image: what a ResolutionSelector chose; Kontext's preferred
+    size for a square input (FluxKontextImageScale: 1024²); the input (SIZE²) grown by the
+    outpaint pads; else SIZE² (an empty latent of that size, or the SIZE² input image)."""
+    by_type = {c.class_type: (nid, c.inputs) for nid, c in prompt.items()}
+    if "ResolutionSelector" in by_type:
+        return tuple(outputs[by_type["ResolutionSelector"][0]][:2])
+    if "FluxKontextImageScale" in by_type:
+        return 1024, 1024
+    if "ImagePadForOutpaint" in by_type:
+        _, pads = by_type["ImagePadForOutpaint"]
+        return SIZE + pads["left"] + pads["right"], SIZE + pads["top"] + pads["bottom"]
+    return SIZE, SIZE
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_dit_templates_run_end_to_end(executor, dirs, name):
     prompt = _prompt(name)
+    small = _small(prompt)
     out = dirs / "output" / name
     if name in UNSUPPORTED:
         with pytest.raises(Exception, match=UNSUPPORTED[name]):
-            api.run(ALL[name], set=_small(prompt), executor=executor, models=dirs / "models", input=dirs / "input",
+            api.run(ALL[name], set=small, executor=executor, models=dirs / "models", input=dirs / "input",
                     output=out)
         return
-    result = api.run(ALL[name], set=_small(prompt), executor=executor, models=dirs / "models",
+    result = api.run(ALL[name], set=small, executor=executor, models=dirs / "models",
                      input=dirs / "input", output=out)
     assert result.report.to_json()["status"] == "success"
     saved = sorted(out.rglob("*.png"))
     assert saved, f"{name} saved no image"
-    expected = _expected_size(name, prompt)
+    small_prompt = api.set_inputs(load_workflow(ALL[name], api.default_registry()), small).prompt
+    expected = _expected_size(small_prompt, result.outputs)
     for path in saved:
         png = Image.open(path)
         assert json.loads(png.text["workflow"])["nodes"]
-        if expected:
-            assert png.size == expected, (name, png.size)
+        assert png.size == expected, (name, png.size, expected)
     for node_id, values in result.outputs.items():
         for value in values:
             if isinstance(value, torch.Tensor) and value.is_floating_point():
