@@ -285,3 +285,34 @@ def test_dit_templates_run_end_to_end(executor, dirs, name):
         for value in values:
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 assert torch.isfinite(value).all(), (name, node_id)
+
+
+def test_every_fixture_workflow_is_tested_here_or_in_the_sd_module():
+    """Each workflow file of tests/fixtures/comfy_templates is this module's (DiT families, the
+    default graph) or tests/test_comfy_templates.py's (SD families), not both, not neither."""
+    from tests import test_comfy_templates as sd_module
+
+    files = {p.name for p in FIXTURES.glob("*.json")}
+    ours = {n for n in files if n.startswith(DIT_PREFIXES)} | {FRONTEND_FACTS.name}
+    theirs = {n for n in files if n in sd_module.ALL} | {sd_module.FACTS.name}
+    assert not ours & theirs and ours | theirs == files, (sorted(ours & theirs), sorted(files - ours - theirs))
+
+
+def test_t5_tokenizer_options_pads_the_t5_prompt_as_comfyui(tmp_path):
+    """T5TokenizerOptions (the Chroma template's): min_padding pad tokens after the end token,
+    then at least min_length tokens, replacing the set's own (Flux: 256); CLIP-L untouched."""
+    from mixgraph.nodes.helpers import cond_ops
+    from mixgraph.nodes.models import loader
+
+    for name, kind in (("clip_l.safetensors", "clip_l"), ("t5.safetensors", "t5xxl")):
+        write_standin(tmp_path / name, kind)
+    clip = loader.load_clip([tmp_path / "clip_l.safetensors", tmp_path / "t5.safetensors"], "flux")
+    plain = clip.tokenize("a red house")
+    assert len(plain["t5xxl"][0]) == 256 and len(plain["clip_l"][0]) == 77
+    bare = cond_ops.t5_tokenizer_options(clip, 0, 0).tokenize("a red house")["t5xxl"][0]
+    assert bare[-1][0] == 1 and bare == plain["t5xxl"][0][:len(bare)]  # tokens + the end token, no padding
+    padded = cond_ops.t5_tokenizer_options(clip, 3, 0).tokenize("a red house")
+    assert padded["t5xxl"][0] == bare + [(0, 1.0, 0)] * 3 and padded["clip_l"] == plain["clip_l"]
+    assert len(cond_ops.t5_tokenizer_options(clip, 3, 40).tokenize("a red house")["t5xxl"][0]) == 40
+    spec = api.default_registry().get("T5TokenizerOptions")
+    assert spec.category == "_for_testing/conditioning" and spec.outputs[0].type == "CLIP"
