@@ -316,3 +316,23 @@ def test_t5_tokenizer_options_pads_the_t5_prompt_as_comfyui(tmp_path):
     assert len(cond_ops.t5_tokenizer_options(clip, 3, 40).tokenize("a red house")["t5xxl"][0]) == 40
     spec = api.default_registry().get("T5TokenizerOptions")
     assert spec.category == "_for_testing/conditioning" and spec.outputs[0].type == "CLIP"
+
+
+def test_lumina2_all_in_one_checkpoint_keeps_its_vae_under_vae_prefix(tmp_path):
+    """NetaYume's all-in-one file (ComfyUI's Lumina 2 layout): CheckpointLoaderSimple gives the
+    VAE stored under ``vae.``; saving writes the model and VAE back in that layout and refuses the
+    Gemma CLIP by name (its tokenizer tensor is not written yet)."""
+    from safetensors.torch import load_file
+
+    from mixgraph.nodes.models import loader
+    from mixgraph.nodes.weights import save
+
+    path = tmp_path / "neta.safetensors"
+    write_standin(path, "lumina2_all_in_one")
+    model, clip, vae = loader.load_checkpoint(path)
+    assert (model.family, clip.kind, vae.source.prefix, vae.config.z_channels) == ("lumina2", "lumina2", "vae.", 16)
+    written, stored = save.checkpoint_state_dict(model, None, vae), load_file(str(path))
+    assert set(written) == {k for k in stored if not k.startswith("text_encoders.")}
+    assert all(torch.equal(written[k], stored[k]) for k in written)
+    with pytest.raises(ValueError, match="no place for a gemma2_2b text encoder"):
+        save.checkpoint_state_dict(model, clip, vae)

@@ -89,10 +89,11 @@ class NextDiTFamily:
 
     def checkpoint_layout(self, variant: str) -> CheckpointLayout:
         """ComfyUI's all-in-one layout (``lumina_2.safetensors``, NetaYume Lumina): the model under
-        ``model.diffusion_model.``, the VAE under ``vae.``, the text encoder under
-        ``text_encoders.<name>.transformer.``."""
-        return CheckpointLayout(DIFFUSION_PREFIX, VAE_PREFIX, ((self.encoder.name, self.encoder.prefix,
-                                                                self.encoder.layout),), None)
+        ``model.diffusion_model.``, the VAE under ``vae.`` (where CheckpointLoaderSimple finds it),
+        the text encoder under ``text_encoders.<name>.transformer.`` (``self.encoder.prefix``).
+        Saving writes the model and the VAE; a text encoder is given no place (saving one is
+        refused by name), as its tokenizer (Gemma's ``spiece_model`` tensor) is not written yet."""
+        return CheckpointLayout(DIFFUSION_PREFIX, VAE_PREFIX, (), None)
 
     def trace_inputs(self, config: NextDiTConfig, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
         h, w = latent_shape[-2:]
