@@ -39,7 +39,7 @@ DIT_PREFIXES = ("templates_flux", "templates_sd3", "templates_image_z_image", "t
 # (tests/fixtures/tiny_dit_templates.py KINDS; "lotus" / "sd_vae" from the SD fixtures).
 MODELS = {
     "diffusion_models/flux1-dev.safetensors": "flux_dev",
-    "diffusion_models/flux1-dev-fp8.safetensors": "flux_dev",
+    "diffusion_models/flux1-dev-fp8.safetensors": "flux_dev_fp8",
     "diffusion_models/flux1-krea-dev_fp8_scaled.safetensors": "flux_dev_fp8_scaled",
     "diffusion_models/flux1-dev-kontext_fp8_scaled.safetensors": "flux_dev_fp8_scaled",
     "diffusion_models/flux1-schnell.safetensors": "flux_schnell",
@@ -77,7 +77,7 @@ UNSUPPORTED = {
     # Stability's SD3.5 ControlNets: no SD3 ControlNet yet
     "templates_sd3.5_large_canny_controlnet_example.json": "ControlNet format not recognised .*not supported yet",
     # ComfyUI's int8 "convrot" quantised weights: only scaled fp8 files are read
-    "templates_image_z_image_int8.json": "'int8_convrot' quantised layers are not supported yet",
+    "templates_image_z_image_int8.json": "quantised layers are not supported yet",
     # Flux control LoRAs widen img_in (reshape_weight) and replace norm scales (set_weight): not
     # read yet; the LoRA loader says the widened layer does not fit
     "templates_flux_depth_lora_example.json": "flux1-depth-dev-lora.safetensors' does not fit this model",
