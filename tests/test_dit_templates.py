@@ -85,6 +85,7 @@ UNSUPPORTED = {
 
 
 def _fixtures() -> dict[str, dict]:
+    """name -> UI-format workflow: the DiT templates (verbatim) and the default graph (a fact sheet)."""
     out = {p.name: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("templates_*.json"))
            if p.name.startswith(DIT_PREFIXES)}
     return out | json.loads(FRONTEND_FACTS.read_text())
@@ -188,8 +189,10 @@ def executor(dirs):
 
 
 def _small(prompt) -> dict[str, object]:
-    """`--set` overrides that shrink a workflow: the latent's longest side SIZE, batches of 1, 2
-    sampling steps, image rescales to about SIZE² pixels."""
+    """`--set` overrides that shrink a workflow: an empty latent's longest side SIZE, batches of 1,
+    2 sampling steps, image rescales and outpaint pads to about SIZE, ResolutionSelector and
+    ImageScaleToTotalPixels to their minimum megapixels (FluxKontextImageScale has no setting: the
+    Kontext run is 1024²)."""
     sets: dict[str, object] = {}
     for nid, c in prompt.items():
         ins, t = c.inputs, c.class_type
@@ -201,7 +204,6 @@ def _small(prompt) -> dict[str, object]:
             sets[f"{nid}.steps"] = 2
         elif t == "ImageScaleToTotalPixels":
             sets[f"{nid}.megapixels"] = 0.01  # its minimum
-
         elif t == "ImagePadForOutpaint":
             sets |= {f"{nid}.{k}": 16 * (ins[k] > 0) for k in ("left", "top", "right", "bottom")}
         elif t == "ImageScale" and isinstance(ins.get("width"), int):
