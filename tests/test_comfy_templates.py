@@ -10,8 +10,8 @@ What the test changes, and only in the test: image sizes, batch sizes and step c
 so the runs take seconds on a CPU. Nothing else: samplers, schedulers, prompts, strengths,
 denoise, areas (scaled with the image), LoRA/ControlNet/GLIGEN/unCLIP settings stay as published.
 
-Workflows for other model families (Flux, SD3.5) must be refused at validation with a message
-that names the family.
+The DiT families' templates (Flux.1, Chroma, SD3.5, Z-Image, Lumina 2) and the editor's default
+graph are tests/test_dit_templates.py's (`DIT_FIXTURES` leaves them out here).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from mixgraph.graph.validate import validate
 from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15, write_sd2, write_sdxl, write_sdxl_refiner, write_unet
-from tests.fixtures.workflow_models import (write_controlnet, write_embedding_pt, write_family_marker, write_gligen,
+from tests.fixtures.workflow_models import (write_controlnet, write_embedding_pt, write_gligen,
                                             write_lora, write_revision_clip_vision, write_sd15_4level,
                                             write_stable_zero123_ckpt, write_t2i_adapter, write_unclip_ckpt,
                                             write_upscaler)
@@ -55,8 +55,6 @@ MODELS = {
     "checkpoints/sd_xl_base_1.0.safetensors": "sdxl",
     "checkpoints/sd_xl_turbo_1.0_fp16.safetensors": "sdxl",
     "checkpoints/sd_xl_refiner_1.0.safetensors": "sdxl_refiner",
-    "checkpoints/flux1-schnell-fp8.safetensors": "flux",
-    "checkpoints/sd3.5_large_fp8_scaled.safetensors": "sd3",
     "diffusion_models/lotus-depth-d-v1-1.safetensors": "lotus_unet",
     "vae/vae-ft-mse-840000-ema-pruned.safetensors": "vae",
     "loras/blindbox_v1_mix.safetensors": "lora_sd15",
@@ -78,8 +76,12 @@ LOADERS = {  # (class, input) -> models folder
     ("GLIGENLoader", "gligen_name"): "gligen", ("CLIPVisionLoader", "clip_name"): "clip_vision",
 }
 
-# Fixtures that must be refused, and the family named in the refusal.
-REFUSED = {"templates_flux_schnell.json": "Flux", "templates_sd3.5_simple_example.json": "SD3 / SD3.5"}
+# Fixtures that must be refused, and the family named in the refusal (none now: the families
+# refused before, Flux and SD3.5, run, in tests/test_dit_templates.py).
+REFUSED: dict[str, str] = {}
+# The DiT families' fixtures and the frontend's default graph: tests/test_dit_templates.py's.
+DIT_FIXTURES = ("templates_flux", "templates_sd3", "templates_image_z_image", "templates_image_chroma",
+                "templates_image_netayume", "facts_frontend_")
 # Fixtures that need a core node mixgraph does not have yet (docs/comfy-core-coverage.md).
 MISSING: dict[str, str] = {}
 
@@ -87,7 +89,8 @@ MISSING: dict[str, str] = {}
 def _fixtures() -> dict[str, dict]:
     """name -> UI-format workflow. Verbatim files, plus the fact sheets (UI graphs rebuilt from the
     recorded node types, links and widget values of templates whose licence does not allow copying)."""
-    out = {p.name: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.json")) if p != FACTS}
+    out = {p.name: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.json"))
+           if p != FACTS and not p.name.startswith(DIT_FIXTURES)}
     out |= json.loads(FACTS.read_text())
     return out
 
@@ -126,8 +129,6 @@ def _write_model(root: Path, rel: str, kind: str) -> None:
         "stable_zero123_ckpt": lambda: write_stable_zero123_ckpt(path),
         "sdxl": lambda: write_sdxl(path, seed=5),
         "sdxl_refiner": lambda: write_sdxl_refiner(path, seed=6),
-        "flux": lambda: write_family_marker(path, "model.diffusion_model.double_blocks.0.img_attn.qkv.weight"),
-        "sd3": lambda: write_family_marker(path, "model.diffusion_model.joint_blocks.0.context_block.attn.qkv.weight"),
         "vae": lambda: _write_vae(path),
         "lora_sd15": lambda: write_lora(path, sd15),
         "controlnet_sd15": lambda: write_controlnet(path),

@@ -54,6 +54,24 @@ def test_new_user_missing_model_names_the_folders_searched_and_how_to_add_one(tm
     assert error["extra_info"]["received_value"] == "sd15.safetensors"
 
 
+def test_new_user_default_graph_without_its_models_says_which_files_to_put_where(tmp_path, capsys):
+    """The editor's built-in default graph (Z-Image Turbo, tests/fixtures/comfy_templates) in an
+    empty models folder: one error per missing file, each naming the file and the folder it goes
+    in (diffusion_models/, text_encoders/, vae/)."""
+    facts = ROOT / "tests" / "fixtures" / "comfy_templates" / "facts_frontend_1.58.1_default_graph.json"
+    graph = json.loads(facts.read_text())["frontend_default_z_image_turbo"]
+    models = tmp_path / "models"
+    models.mkdir()
+    path = _write(tmp_path, graph)
+    assert main(["validate", path, "--models", str(models)]) == 2
+    text = " ".join(capsys.readouterr().err.split())
+    for node, folder, name in (("66 (UNETLoader)", "diffusion_models", "z_image_turbo_bf16.safetensors"),
+                               ("62 (CLIPLoader)", "text_encoders", "qwen_3_4b.safetensors"),
+                               ("63 (VAELoader)", "vae", "ae.safetensors")):
+        assert f"node {node}" in text, (node, text)
+        assert f"put {name} in {models.resolve() / folder}{os.sep}" in text, (name, text)
+
+
 def test_new_user_missing_input_image_says_it_is_missing_and_where(tmp_path, capsys):
     (tmp_path / "input").mkdir()
     wf = {"1": {"class_type": "LoadImage", "inputs": {"image": "photo.png"}},

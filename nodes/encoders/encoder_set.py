@@ -57,6 +57,8 @@ class OutputRule:
         them: the cond has no pooled vector.
     min_length: the tokenizer pads a prompt to at least this many tokens (ComfyUI's per-set
         ``min_length``: T5 256 for Flux, 77 for SD3, 1 for Chroma); None: the tokenizer's own.
+    min_padding: the tokenizer adds this many pad tokens after a prompt's end token (ComfyUI's
+        ``min_padding``, set on T5 by T5TokenizerOptions); None: none.
     """
 
     pad_token: int
@@ -65,6 +67,7 @@ class OutputRule:
     project_pooled: bool
     pooled: bool = False
     min_length: int | None = None
+    min_padding: int | None = None
 
 
 @dataclass(frozen=True)

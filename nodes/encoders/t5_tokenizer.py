@@ -56,13 +56,16 @@ class T5Tokenizer:
         warn: Callable[[str], None] | None = None,
         word_ids: bool = False,
         min_length: int | None = None,
+        min_padding: int | None = None,
     ) -> list[TokenWeights]:
         """One chunk ``[tokens..., end, pad...]`` of at least `min_length` (None: 77) entries
         (token, weight) or, with `word_ids`, (token, weight, word id) as ComfyUI's
-        ``return_word_ids``."""
+        ``return_word_ids``; `min_padding` pad tokens follow the end token first (ComfyUI's
+        T5TokenizerOptions)."""
         groups = weighted_groups(text, self.encode, embedding_lookup=embedding_lookup,
                                  embedding_key=embedding_key, warn=warn or logger.warning)
         chunks = chunk_groups(groups, start=None, end=T5_END, pad=pad_token, max_length=MAX_LENGTH,
                               pad_to_max_length=False,
-                              min_length=DEFAULT_MIN_LENGTH if min_length is None else min_length)
+                              min_length=DEFAULT_MIN_LENGTH if min_length is None else min_length,
+                              min_padding=min_padding)
         return chunks if word_ids else [[(t, w) for t, w, _ in c] for c in chunks]

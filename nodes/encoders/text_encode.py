@@ -99,8 +99,10 @@ def tokenize(encoders: Sequence[TextEncoder | EncoderEntry], text: str, *,
 
 
 def _length_option(rule: OutputRule) -> dict[str, int]:
-    """The rule's ``min_length`` for its tokenizer, given only where set (CLIP's has none)."""
-    return {} if rule.min_length is None else {"min_length": rule.min_length}
+    """The rule's ``min_length`` / ``min_padding`` for its tokenizer, each given only where set
+    (CLIP's has neither; only T5's tokenizer takes ``min_padding``)."""
+    return {k: v for k, v in (("min_length", rule.min_length), ("min_padding", rule.min_padding))
+            if v is not None}
 
 
 def encode_prompt(

@@ -188,13 +188,20 @@ def weighted_groups(text: str, encode: Callable[[str], list[int]], *,
 
 
 def chunk_groups(groups: list[TokenWeights], *, start: int | None, end: int, pad: int, max_length: int,
-                 pad_to_max_length: bool = True, min_length: int | None = None) -> list[list[tuple]]:
+                 pad_to_max_length: bool = True, min_length: int | None = None,
+                 min_padding: int | None = None) -> list[list[tuple]]:
     """ComfyUI's ``SDTokenizer`` chunking: token groups -> chunks of (token, weight, word id),
     each ``[start?, tokens..., end]``, at most `max_length` long, padded with `pad` to
-    `max_length` (`pad_to_max_length`, CLIP) and the last one to at least `min_length` (T5)."""
+    `max_length` (`pad_to_max_length`, CLIP), the last one then extended by `min_padding` pads
+    and padded to at least `min_length` (T5), in ComfyUI's order (`min_padding` only without
+    `pad_to_max_length`: T5's tokenizer is the one that takes it)."""
+    if min_padding and pad_to_max_length:
+        raise ValueError("min_padding applies to tokenizers that do not pad to max_length (T5), not to CLIP's")
     chunks = _chunk(groups, pad_token=pad, max_length=max_length, start=start, end=end,
                     pad_to_max_length=pad_to_max_length)
     last = chunks[-1]
+    if min_padding:
+        last.extend([(pad, 1.0, 0)] * min_padding)
     if min_length is not None and len(last) < min_length:
         last.extend([(pad, 1.0, 0)] * (min_length - len(last)))
     return chunks

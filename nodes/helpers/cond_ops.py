@@ -162,6 +162,22 @@ def require_encoders(clip: Any, node: str, *names: str) -> None:
                          f"{', '.join(clip.names) or 'no encoder'} (no {', '.join(missing)})")
 
 
+#: the T5 encoder names ComfyUI's T5TokenizerOptions sets its options for (its embedding keys)
+T5_ENCODER_NAMES = ("t5xxl", "pile_t5xl", "t5base", "mt5xl", "umt5xxl")
+
+
+def t5_tokenizer_options(clip: Any, min_padding: int, min_length: int) -> Any:
+    """ComfyUI's T5TokenizerOptions: ``clip`` with every T5 encoder's tokenizer padding a prompt by
+    ``min_padding`` pad tokens after its end token and to at least ``min_length`` tokens (these
+    replace the set's own, e.g. Flux's 256); the other encoders unchanged."""
+    if clip is None:
+        raise ValueError("clip input is None: the checkpoint loaded has no text encoder")
+    entries = tuple(dataclasses.replace(e, rule=dataclasses.replace(e.rule, min_padding=min_padding,
+                                                                    min_length=min_length))
+                    if e.name in T5_ENCODER_NAMES else e for e in clip.encoders)
+    return dataclasses.replace(clip, encoders=entries)
+
+
 def sd3_tokens(clip: Any, texts: Mapping[str, str], empty_padding: str, *, embedding_lookup: Any = None,
                warn: Callable[[str], None] | None = None) -> dict[str, list]:
     """encoder name -> chunks for CLIPTextEncodeSD3: each encoder of ``clip`` reads its own text

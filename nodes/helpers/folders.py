@@ -166,16 +166,25 @@ ADD_A_FOLDER = ("add a models folder with --models DIR or MIXGRAPH_MODELS=DIR, o
                 "ComfyUI/A1111 install in extra_model_paths.yaml next to the models folder")
 
 
-def searched(env: Any, folder: str) -> str:
+def searched(env: Any, folder: str, name: str | None = None) -> str:
     """The folders a file of `folder` is looked for in, as absolute paths (a missing one says
-    so), and how to add one: what a "file not found" tells a new user."""
+    so), where to put the file `name` (the first models folder's subfolder for `folder`, e.g.
+    models/text_encoders), and how to add a models folder: what a "file not found" tells a new
+    user."""
+    embedded = EMBEDDED_MODELS / FOLDERS[ALIASES.get(folder, folder)][0]
+    found = roots(env, folder)
     shown = []
-    for root in roots(env, folder):
-        if root == EMBEDDED_MODELS / FOLDERS[ALIASES.get(folder, folder)][0]:
+    for root in found:
+        if root == embedded:
             shown.append(f"{root} (mixgraph's embedded models)")
         else:
             shown.append(f"{root.resolve()}" + ("" if root.is_dir() else " (no such folder)"))
-    return f"looked in {', '.join(shown)}; {ADD_A_FOLDER}"
+    put = ""
+    if isinstance(name, str) and name:
+        target = next((r for r in found if r != embedded), None)
+        where = f"{target.resolve()}{os.sep}" if target is not None else f"a models folder's {embedded.name}/"
+        put = f"put {name} in {where}; "
+    return f"looked in {', '.join(shown)}; {put}{ADD_A_FOLDER}"
 
 
 def missing_image(value: str, path: Path, hint: str = "") -> str:

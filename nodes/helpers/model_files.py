@@ -65,8 +65,9 @@ class ModelFile:
         return folders.resolve(env, self.folder, name)
 
     def searched(self, env: Any, name: Any) -> str:
-        """For a name not among the options: the folders searched and how to add one."""
-        return folders.searched(env, self.folder)
+        """For a name not among the options: the folders searched, where to put the file and how
+        to add a models folder."""
+        return folders.searched(env, self.folder, name)
 
     def fingerprint(self, env: Any, name: Any) -> Any:
         """The file's fingerprint for the cache key; None when the name resolves to no file

@@ -1,11 +1,13 @@
 """Text-encode nodes of the DiT families: CLIPTextEncodeFlux (Flux.1: a CLIP-L prompt, a T5
-prompt and the distilled guidance) and CLIPTextEncodeSD3 (SD3 / SD3.5: a prompt per encoder).
+prompt and the distilled guidance), CLIPTextEncodeSD3 (SD3 / SD3.5: a prompt per encoder) and
+T5TokenizerOptions (the T5 encoders' prompt padding).
 How the encoders' outputs join into one cond is the CLIP set's join
 (``nodes/encoders/dit_joins.py``)."""
 
 from __future__ import annotations
 
-from mixgraph.graph.node import Combo, Float, Socket, String, node
+from mixgraph.graph.node import Combo, Float, Int, Socket, String, node, replace_spec
+from mixgraph.graph.registry import REGISTRY
 from mixgraph.nodes.helpers import cond_ops
 from mixgraph.nodes.helpers.embeddings import embedding_lookup, embeddings_fingerprint
 from mixgraph.nodes.helpers.precision import effective, encoder_policies
@@ -30,6 +32,18 @@ def CLIPTextEncodeFlux(ctx, clip=Socket("CLIP"), clip_l=String(multiline=True, d
                         embedding_lookup=embedding_lookup(ctx.env, warn=ctx.warn), warn=ctx.warn,
                         texts={"t5xxl": t5xxl})
     return (cond_ops.set_model_input(conds, "guidance", float(guidance)),)
+
+
+@node(category="_for_testing/conditioning", outputs=("CLIP",), register=False)
+def T5TokenizerOptions(clip=Socket("CLIP"), min_padding=Int(0, min=0, max=10000, step=1),
+                       min_length=Int(0, min=0, max=10000, step=1)):
+    """The CLIP with its T5 encoders' prompt padding set (ComfyUI comfy_extras/nodes_cond.py):
+    ``min_padding`` pad tokens after the end token, then at least ``min_length`` tokens."""
+    return (cond_ops.t5_tokenizer_options(clip, min_padding, min_length),)
+
+
+# experimental in ComfyUI (``is_experimental=True``): object_info says so
+T5TokenizerOptions.spec = REGISTRY.add(replace_spec(T5TokenizerOptions.spec, info_extra=(("experimental", True),)))
 
 
 @node(category="advanced/conditioning", outputs=("CONDITIONING",), fingerprint=_sd3_fingerprint)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from mixgraph.nodes.encoders.encoder_set import OutputRule
-from mixgraph.nodes.families.base import Detection, LoraTarget, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.base import CheckpointLayout, Detection, LoraTarget, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.lumina import diffusers_keys
 from mixgraph.nodes.families.lumina.detect import is_nextdit, is_z_image, nextdit_config
 from mixgraph.nodes.families.lumina.nextdit import NextDiT, NextDiTConfig
@@ -42,6 +42,8 @@ __all__ = ["NextDiTFamily", "LUMINA2", "Z_IMAGE", "TRACE_TOKENS"]
 
 TRACE_TOKENS = 128  # caption tokens of the memory estimate's traced call (a system prompt + a prompt)
 TEXT_PREFIX = "text_encoders."  # where ComfyUI's single-file checkpoints keep the text encoder
+DIFFUSION_PREFIX = "model.diffusion_model."
+VAE_PREFIX = "vae."  # ComfyUI's all-in-one Lumina 2 checkpoints (supported_models.Lumina2.vae_key_prefix)
 # ComfyUI's Gemma2_2BModel / Qwen3_4BModel: the penultimate hidden state, no final norm, no pooled
 GEMMA2_RULE = OutputRule(pad_token=0, default_layer=-2, norm_hidden=False, project_pooled=False)
 QWEN3_RULE = OutputRule(pad_token=151643, default_layer=-2, norm_hidden=False, project_pooled=False)
@@ -89,6 +91,14 @@ class NextDiTFamily:
         """``base.Family.lora_key_map``: diffusers / ai-toolkit LoRA names onto the NextDiT's
         weights, q / k / v onto their rows of ``attention.qkv`` (``diffusers_keys.lora_targets``)."""
         return diffusers_keys.lora_targets(config)
+
+    def checkpoint_layout(self, variant: str) -> CheckpointLayout:
+        """ComfyUI's all-in-one layout (``lumina_2.safetensors``, NetaYume Lumina): the model under
+        ``model.diffusion_model.``, the VAE under ``vae.`` (where CheckpointLoaderSimple finds it),
+        the text encoder under ``text_encoders.<name>.transformer.`` (``self.encoder.prefix``).
+        Saving writes the model and the VAE; a text encoder is given no place (saving one is
+        refused by name), as its tokenizer (Gemma's ``spiece_model`` tensor) is not written yet."""
+        return CheckpointLayout(DIFFUSION_PREFIX, VAE_PREFIX, (), None)
 
     def trace_inputs(self, config: NextDiTConfig, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
         h, w = latent_shape[-2:]
