@@ -48,6 +48,7 @@ __all__ = [
     "controlnet_config_from_state_dict",
     "convert_controlnet_state_dict",
     "resize_hint",
+    "dit_controlnet_kind",
 ]
 
 
@@ -173,6 +174,8 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
         return {k[len("control_model."):]: v for k, v in sd.items() if k.startswith("control_model.")}
     if "zero_convs.0.0.weight" in sd:
         return dict(sd)
+    if (kind := dit_controlnet_kind(sd)) is not None:
+        raise NotImplementedError(f"{kind} ControlNet: not supported yet")
     if "controlnet_cond_embedding.conv_in.weight" in sd:
         if any(k.startswith("controlnet_mode_embedding") for k in sd):
             raise NotImplementedError("ControlNet with controlnet_mode_embedding (InstantX union, an SD3/Flux "
@@ -188,6 +191,25 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
         f"ControlNet format not recognised (T2I-Adapter or another family): not supported yet; "
         f"keys such as {sorted(sd)[:4]}"
     )
+
+
+def dit_controlnet_kind(keys) -> str | None:
+    """The name of a DiT ControlNet format ComfyUI loads (``load_controlnet_state_dict``), or None.
+    Stability's SD3.5 nets are loaded by ``sd35_controlnet.py``; the others are named in refusals."""
+    if "controlnet_blocks.0.weight" in keys:
+        if "double_blocks.0.img_attn.norm.key_norm.scale" in keys:
+            return "Flux XLabs"
+        if "pos_embed_input.proj.weight" in keys:
+            if "transformer_blocks.0.adaLN_modulation.1.bias" in keys:
+                return "Stability SD3.5"
+            return "SD3 diffusers-format (InstantX / AliMama SD3)"
+        if "transformer_blocks.0.img_mlp.net.0.proj.weight" in keys:
+            return "Qwen-Image InstantX"
+        if "controlnet_x_embedder.weight" in keys:
+            return "Flux InstantX / Shakker union"
+    if "controlnet_blocks.0.linear.weight" in keys:
+        return "Flux MistoLine"
+    return None
 
 
 def _from_diffusers(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -299,16 +321,25 @@ class ControlNetChain:
 
 
 def apply_controlnet(conds, control_net, policy, image: Tensor, strength: float,
-                     start_percent: float, end_percent: float, apply_to_uncond: bool = False):
+                     start_percent: float, end_percent: float, apply_to_uncond: bool = False,
+                     vae=None, vae_policy=None):
     """ControlNetApply(Advanced): each cond gets a chain with this net on top of its previous one.
 
-    Conds sharing a previous chain share the new link (one net evaluation per UNet batch)."""
+    Conds sharing a previous chain share the new link (one net evaluation per UNet batch).
+    ``vae`` / ``vae_policy``: the apply node's VAE, used by nets that take the hint as a latent
+    (``needs_vae``: DiT ControlNets, ``dit_controlnet.py``); other nets ignore it, as ComfyUI."""
     import dataclasses
 
     chain = getattr(control_net, "chain_type", None) or ControlNetChain  # T2I-Adapters bring their own
     runner = control_net.runner(policy)
     # SetUnionControlNetType's extra argument (ControlNetHandle.control_type)
     extra = {"control_type": ct} if (ct := tuple(getattr(control_net, "control_type", ()))) else {}
+    if getattr(control_net, "needs_vae", False):
+        if vae is None:
+            raise ValueError("This ControlNet needs a VAE but none was provided: use a ControlNet apply node with "
+                             "a VAE input (Apply ControlNet's optional vae, or ControlNetApplySD3) and connect it")
+        extra = {"encode": lambda pixels: vae.encode(pixels, vae_policy), "vae_scale": vae.downscale,
+                 "latent_format": control_net.latent_format, "preprocess": control_net.preprocess}
     made: dict[int, ControlNetChain] = {}
     out = []
     for cond in conds:

@@ -52,6 +52,9 @@ from mixgraph.nodes.encoders.encoder_set import EncoderEntry
 from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_lora
 from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
                                                 convert_controlnet_state_dict)
+from mixgraph.nodes.adapters.sd35_controlnet import LAYOUT as SD35_LAYOUT
+from mixgraph.nodes.adapters.sd35_controlnet import (SD35ControlNetHandle, is_sd35_controlnet, sd35_config_from_shapes,
+                                                     sd35_rename)
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.families.refused import (UnsupportedFamilyError, detect_family, family_of_file, refusal,
                                              supported)
@@ -648,8 +651,20 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
         return load_t2i_adapter(p, info)
     if is_control_lora(info):  # built on the sampled model's UNet (control_lora.py)
         return ControlLoraHandle(path=p)
+    if is_sd35_controlnet(info):  # Stability's SD3.5 nets (sd35_controlnet.py)
+        return _load_sd35_controlnet(p, info)
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
+
+
+def _load_sd35_controlnet(p: Path, info) -> SD35ControlNetHandle:
+    """The config from the header, the ``control_type`` scalar (canny / depth preprocessing) read."""
+    control_type = -1
+    if "control_type" in info:
+        control_type = round(float(read_tensors(p, ["control_type"])["control_type"].reshape(-1)[0]))
+    cfg = sd35_config_from_shapes({k2: v for k, v in info.items() if (k2 := sd35_rename(k)) is not None},
+                                  control_type)
+    return SD35ControlNetHandle(source=WeightSource.from_file(p, "", SD35_LAYOUT), config=cfg)
 
 
 def load_diff_controlnet(path: str | os.PathLike, model: ModelHandle) -> ControlNetHandle:

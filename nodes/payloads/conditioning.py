@@ -57,6 +57,10 @@ class Control:
     input_path: added to the main path right after input block k (so also to its skip), one
             entry (or None) per input block from the first; T2I-Adapter features (ComfyUI's
             control["input"]). Empty for ControlNets; ``input`` is empty for T2I-Adapters.
+    output: DiT ControlNets (ComfyUI's control["output"]): one token tensor (or None) per block
+            of the diffusion model, [B, N, D], added to the image tokens after block i (SD3's
+            joint blocks). Empty for UNet ControlNets. Lists of different lengths add as
+            ComfyUI's ``control_merge`` does: the longer one's tail is kept.
 
     ``a + b`` sums two nets' residuals slot by slot (a chain of ControlNets); None means "nothing
     here", so None + r = r.
@@ -65,12 +69,14 @@ class Control:
     input: Sequence[torch.Tensor | None]
     middle: torch.Tensor | None = None
     input_path: Sequence[torch.Tensor | None] = ()
+    output: Sequence[torch.Tensor | None] = ()
 
     def __add__(self, other: Control) -> Control:
         return Control(
             input=_add_lists(self.input, other.input, "residuals"),
             middle=_add_opt(self.middle, other.middle),
             input_path=_add_lists(self.input_path, other.input_path, "input-path features"),
+            output=_merge_lists(self.output, other.output),
         )
 
 
@@ -80,6 +86,12 @@ def _add_lists(a, b, what: str) -> list:
     if len(a) != len(b):
         raise ValueError(f"Control: cannot add {len(a)} and {len(b)} {what}")
     return [_add_opt(x, y) for x, y in zip(a, b)]
+
+
+def _merge_lists(a, b) -> list:
+    """Slot-wise sum; where one list is longer its extra entries are kept (ComfyUI control_merge)."""
+    n = max(len(a), len(b))
+    return [_add_opt(a[i] if i < len(a) else None, b[i] if i < len(b) else None) for i in range(n)]
 
 
 def _add_opt(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:

@@ -47,5 +47,6 @@ def ControlNetInpaintingAliMamaApply(ctx, positive=Socket("CONDITIONING"), negat
     if strength == 0:
         return positive, negative
     policy = effective(ctx, control_net, "CONTROL_NET")
-    return tuple(apply_controlnet(c, control_net, policy, image, strength, start_percent, end_percent)
-                 for c in (positive, negative))
+    vae_policy = effective(ctx, vae, "VAE")
+    return tuple(apply_controlnet(c, control_net, policy, image, strength, start_percent, end_percent,
+                                  vae=vae, vae_policy=vae_policy) for c in (positive, negative))

@@ -1,0 +1,296 @@
+"""DiT ControlNets: Stability's SD3.5 ControlNets (ComfyUI ``load_controlnet_sd35`` /
+``cldm/dit_embedder.py``) against diffusers' ``SD3ControlNetModel`` on tiny configs in the file's
+layout, the residuals added after the SD3 joint blocks (checked against diffusers'
+``SD3Transformer2DModel`` with the residuals added by hooks after each block, a hand composition),
+the hint through the apply node's VAE, and workflows end to end; the other DiT formats ComfyUI
+loads are refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from mixgraph.graph.cache import OutputCache
+from mixgraph.graph.env import Env
+from mixgraph.graph.executor import Executor
+from mixgraph.graph.precision import parse_spec
+from mixgraph.nodes.adapters.controlnet import apply_controlnet, resize_hint
+from mixgraph.nodes.adapters.sd35_controlnet import SD35ControlNetHandle, sincos_2d
+from mixgraph.nodes.models import loader
+from mixgraph.nodes.payloads.conditioning import Cond, Control
+from mixgraph.nodes.sampling.parameterization import CFGDenoiser
+from mixgraph.nodes.vae.flow_latent_formats import SD3_LATENT
+from mixgraph.ui import api
+from tests.fixtures.checkpoints import write_sd15
+from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
+from tests.fixtures.tiny_sd3 import TEXT_WIDTH, comfy_state_dict, diffusers_sd3
+from tests.fixtures.tiny_sd3_controlnet import diffusers_sd35_controlnet, stability_state_dict, write_sd35_controlnet
+
+KIND = "sd35_large"  # two joint blocks, 128 wide: the nets' width
+F32 = parse_spec("f32")
+
+
+def _close(got, want, tol=1e-4):
+    assert got.shape == want.shape
+    assert (got - want).abs().max() <= tol * want.abs().max(), (got - want).abs().max()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from mixgraph.nodes.weights.synthetic import TINY_VAE
+    from tests.fixtures.checkpoints import tiny_vae_state_dict
+
+    root = tmp_path_factory.mktemp("dit_cn")
+    vae_cfg = dataclasses.replace(TINY_VAE, z_channels=16, embed_dim=16, use_quant_conv=False)
+    sd = {"model.diffusion_model." + k: v for k, v in comfy_state_dict(diffusers_sd3(KIND, seed=3)).items()}
+    sd |= {"first_stage_model." + k: v for k, v in tiny_vae_state_dict(2, vae_cfg).items()}
+    (root / "checkpoints").mkdir()
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(root / "checkpoints" / "sd35.safetensors"))
+    (root / "diffusion_models").mkdir()
+    save_file({k[len("model.diffusion_model."):]: v.contiguous() for k, v in sd.items()
+               if k.startswith("model.diffusion_model.")}, str(root / "diffusion_models" / "sd35.safetensors"))
+    (root / "text_encoders").mkdir()
+    save_file({k: v.contiguous() for k, v in tiny_clip_l_state_dict(4, width=TEXT_WIDTH).items()},
+              str(root / "text_encoders" / "clip_l.safetensors"))
+    write_sd35_controlnet(root / "controlnet" / "sd35_canny.safetensors", layers=1, double=True, control_type=1,
+                          seed=7)
+    write_sd35_controlnet(root / "controlnet" / "sd35_plain.safetensors", layers=2, double=False, control_type=0,
+                          seed=8)
+    write_sd15(root / "checkpoints" / "sd15.safetensors", seed=1)
+    return root
+
+
+def _main(models):
+    model, _clip, vae = loader.load_checkpoint(models / "checkpoints" / "sd35.safetensors")
+    return model, vae
+
+
+def _inputs(h=8, w=8, batch=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, 16, h, w, generator=g), torch.randn(batch, 16, h, w, generator=g),
+            torch.tensor([700.0, 30.0][:batch]), torch.randn(batch, TEXT_WIDTH, generator=g))
+
+
+# --------------------------------------------------------------------------------------------
+# the net against diffusers
+
+
+def test_loader_reads_the_stability_layout(models):
+    net = loader.load_controlnet(models / "controlnet" / "sd35_canny.safetensors")
+    assert isinstance(net, SD35ControlNetHandle)
+    c = net.config
+    assert (c.hidden, c.heads, c.blocks, c.double_y_emb, c.y_in, c.control_type, c.repeat) == (128, 2, 1, True, 128, 1, 2)
+    plain = loader.load_controlnet(models / "controlnet" / "sd35_plain.safetensors").config
+    assert (plain.blocks, plain.double_y_emb, plain.y_in, plain.control_type, plain.repeat) == (2, False, 32, 0, 1)
+    pre = net.preprocess
+    assert torch.equal(pre(torch.tensor([0.0, 1.0])), torch.tensor([0.5, 128.0]))  # ComfyUI's canny preprocessing
+    assert net.latent_format == SD3_LATENT
+
+
+@torch.no_grad()
+def test_large_kind_matches_diffusers(models):
+    """The Large kind (square y_embedder): the pooled vector through the main model's
+    y_embedder then the net's, the net's own x_embedder, no position table; one block's residual
+    repeated for the two joint blocks. diffusers' net takes the main y_embedder's output as its
+    pooled input (its text_embedder is the net's y_embedder)."""
+    model, _ = _main(models)
+    runner = model.runner(F32)
+    ref = diffusers_sd35_controlnet(1, True, seed=7)
+    bound = loader.load_controlnet(models / "controlnet" / "sd35_canny.safetensors").runner(F32).bind_model(runner)
+    x, hint, t, y = _inputs()
+    got = bound(x, hint, t, None, y)
+    assert isinstance(got, Control) and got.input == [] and len(got.output) == 2
+    want = ref(hidden_states=x, controlnet_cond=hint, pooled_projections=runner.model.y_embedder(y), timestep=t,
+               return_dict=False)[0]
+    assert len(want) == 1
+    _close(got.output[0], want[0])
+    assert got.output[1] is got.output[0]
+
+
+@torch.no_grad()
+def test_plain_kind_matches_diffusers(models):
+    """The other kind: the main model's x_embedder plus ComfyUI's 2-D sin-cos table (on a 16x16
+    patch grid, diffusers' table), the pooled vector straight into the net, blocks in sequence
+    (diffusers' behaviour), one residual per block."""
+    from diffusers.models.embeddings import get_2d_sincos_pos_embed
+
+    model, _ = _main(models)
+    runner = model.runner(F32)
+    ref = diffusers_sd35_controlnet(2, False, seed=8)
+    bound = loader.load_controlnet(models / "controlnet" / "sd35_plain.safetensors").runner(F32).bind_model(runner)
+    x, hint, t, y = _inputs(32, 32)
+    got = bound(x, hint, t, None, y)
+    tokens = runner.model.x_embedder(x) + get_2d_sincos_pos_embed(128, 16, base_size=16, output_type="pt").float()
+    want = ref(hidden_states=tokens, controlnet_cond=hint, pooled_projections=y, timestep=t, return_dict=False)[0]
+    assert len(got.output) == len(want) == 2
+    for a, b in zip(got.output, want):
+        _close(a, b)
+
+
+def test_sincos_table_is_comfyuis():
+    """Square grids: diffusers' 2-D table (grid positions 0..n-1); other shapes: ComfyUI's
+    centre-7.5 rule stretched along the longer side, written out here."""
+    from diffusers.models.embeddings import get_2d_sincos_pos_embed
+
+    _close(sincos_2d(64, 16, 16), get_2d_sincos_pos_embed(64, 16, base_size=16, output_type="pt").float(), 1e-6)
+    table = sincos_2d(8, 4, 2)  # w=4, h=2: rows of h positions -7.5+7.5..., w stretched by 2
+    assert table.shape == (8, 8)
+    hpos = torch.linspace(0.0, 15.0, 2).repeat_interleave(4)
+    wpos = torch.linspace(-7.5, 22.5, 4).repeat(2)
+    omega = 1.0 / 10000 ** (torch.arange(2) / 2.0)
+
+    def one(p):
+        return torch.cat([torch.sin(p[:, None] * omega), torch.cos(p[:, None] * omega)], 1)
+
+    _close(table, torch.cat([one(wpos), one(hpos)], 1), 1e-6)
+
+
+@torch.no_grad()
+def test_residuals_are_added_after_each_joint_block(models):
+    """The SD3 model with residuals r_i: diffusers' SD3 transformer with r_i added to the image
+    tokens after block i by forward hooks (ComfyUI adds after every block, the last one too;
+    diffusers' own ``block_controlnet_hidden_states`` skips the last block, so hooks compose it)."""
+    ref = diffusers_sd3(KIND, seed=3)
+    model, _ = _main(models)
+    mm = model.runner(F32).model
+    g = torch.Generator().manual_seed(4)
+    x, ctx, y = torch.randn(2, 16, 8, 8, generator=g), torch.randn(2, 5, TEXT_WIDTH, generator=g), \
+        torch.randn(2, TEXT_WIDTH, generator=g)
+    t = torch.tensor([700.0, 30.0])
+    res = [torch.randn(2, 16, 128, generator=g), torch.randn(2, 16, 128, generator=g)]
+    hooks = [blk.register_forward_hook(lambda m, a, out, r=r: (out[0], out[1] + r))
+             for blk, r in zip(ref.transformer_blocks, res)]
+    try:
+        want = ref(hidden_states=x, encoder_hidden_states=ctx, pooled_projections=y, timestep=t).sample
+    finally:
+        for h in hooks:
+            h.remove()
+    got = mm(x, t, ctx, y, control=res)
+    _close(got, want)
+    plain = mm(x, t, ctx, y)
+    assert (got - plain).abs().max() > 1e-3
+    # a shorter list leaves the later blocks alone; None adds nothing
+    assert torch.equal(mm(x, t, ctx, y, control=[None, None]), plain)
+
+
+# --------------------------------------------------------------------------------------------
+# applied: the chain, the hint through the VAE, the sampler
+
+
+@torch.no_grad()
+def test_apply_encodes_the_hint_and_the_denoiser_adds_the_scaled_residuals(models):
+    """A cond with the net applied (strength 0.6): the denoiser's x0 equals the model run with
+    0.6 x the residuals of the net on the hint resized to the latent x 8 ("nearest-exact",
+    centre), canny-preprocessed, VAE-encoded and put in SD3's latent format; outside its percent
+    range the net adds nothing."""
+    model, vae = _main(models)
+    runner = model.runner(F32)
+    net = loader.load_controlnet(models / "controlnet" / "sd35_canny.safetensors")
+    image = torch.rand(1, 48, 80, 3, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(3)
+    text, pooled = torch.randn(1, 5, TEXT_WIDTH, generator=g), torch.randn(1, TEXT_WIDTH, generator=g)
+    (cond,) = apply_controlnet((Cond(text, pooled=pooled),), net, F32, image, 0.6, 0.0, 1.0, vae=vae,
+                               vae_policy=F32)
+    x = torch.randn(1, 16, 8, 8, generator=g)
+    sigma = torch.tensor([0.6])
+    got = CFGDenoiser(runner, (cond,), (cond,), 1.0, torch.zeros_like(x))(x, sigma)
+
+    hint = SD3_LATENT.process_in(vae.encode((resize_hint(image, 64, 64) * 255 * 0.5 + 0.5).movedim(1, -1), F32))
+    bound = net.runner(F32).bind_model(runner)
+    t = torch.tensor([600.0])
+    res = [r * 0.6 for r in bound(x, hint, t, text, pooled).output]
+    v = runner.model(x, t, text, pooled, control=res)
+    _close(got, x - 0.6 * v, 1e-5)  # flow: x0 = x − σ·v
+    plain = CFGDenoiser(runner, (Cond(text, pooled=pooled),), (Cond(text, pooled=pooled),), 1.0,
+                        torch.zeros_like(x))(x, sigma)
+    assert (got - plain).abs().max() > 1e-3
+    (late,) = apply_controlnet((Cond(text, pooled=pooled),), net, F32, image, 0.6, 0.9, 1.0, vae=vae,
+                               vae_policy=F32)
+    assert torch.equal(CFGDenoiser(runner, (late,), (late,), 1.0, torch.zeros_like(x))(x, sigma), plain)
+
+
+def test_refusals(models):
+    model, vae = _main(models)
+    net = loader.load_controlnet(models / "controlnet" / "sd35_canny.safetensors")
+    image = torch.rand(1, 64, 64, 3)
+    with pytest.raises(ValueError, match="needs a VAE"):
+        apply_controlnet((Cond(torch.zeros(1, 5, TEXT_WIDTH)),), net, F32, image, 1.0, 0.0, 1.0)
+    sd15 = loader.load_checkpoint(models / "checkpoints" / "sd15.safetensors")[0]
+    with pytest.raises(ValueError, match="SD3.5 ControlNet applied to a sd model"):
+        net.runner(F32).bind_model(sd15.runner(F32))
+    runner = model.runner(F32)
+    with pytest.raises(ValueError, match="SD 1.x / SDXL ControlNet"):
+        runner(torch.zeros(1, 16, 8, 8), torch.tensor([500.0]), torch.zeros(1, 5, TEXT_WIDTH), {},
+               control=Control(input=[torch.zeros(1)]))
+
+
+@pytest.mark.parametrize("keys,name", [
+    ({"controlnet_blocks.0.weight", "double_blocks.0.img_attn.norm.key_norm.scale"}, "Flux XLabs"),
+    ({"controlnet_blocks.0.weight", "pos_embed_input.proj.weight"}, "SD3 diffusers-format"),
+    ({"controlnet_blocks.0.weight", "controlnet_x_embedder.weight"}, "Flux InstantX"),
+    ({"controlnet_blocks.0.linear.weight"}, "Flux MistoLine"),
+])
+def test_other_dit_formats_are_refused_by_name(tmp_path, keys, name):
+    path = tmp_path / "cn.safetensors"
+    save_file({k: torch.zeros(2, 2) for k in keys}, str(path))
+    with pytest.raises(NotImplementedError, match=f"{name}.*not supported yet"):
+        loader.load_controlnet(path)
+
+
+# --------------------------------------------------------------------------------------------
+# workflows
+
+
+def prompt(apply="ControlNetApplyAdvanced", strength=0.8, loader_node="CheckpointLoaderSimple"):
+    p = {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd35.safetensors"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "clip_l.safetensors", "type": "stable_diffusion"}},
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red cube", "clip": ["2", 0]}},
+        "7": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["6", 0]}},
+        "i": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 0xff8040}},
+        "c": {"class_type": "ControlNetLoader", "inputs": {"control_net_name": "sd35_canny.safetensors"}},
+        "a": {"class_type": apply, "inputs": {
+            "positive": ["6", 0], "negative": ["7", 0], "control_net": ["c", 0], "image": ["i", 0],
+            "strength": strength, "start_percent": 0.0, "end_percent": 1.0, "vae": ["1", 2]}},
+        "5": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "3": {"class_type": "KSampler", "inputs": {
+            "model": ["m", 0], "seed": 5, "steps": 3, "cfg": 4.5, "sampler_name": "euler", "scheduler": "simple",
+            "positive": ["a", 0], "negative": ["a", 1], "latent_image": ["5", 0], "denoise": 1.0}},
+        "d": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["1", 2]}},
+        "pi": {"class_type": "PreviewImage", "inputs": {"images": ["d", 0]}},
+    }
+    if loader_node == "UNETLoader":
+        p["m"] = {"class_type": "UNETLoader", "inputs": {"unet_name": "sd35.safetensors", "weight_dtype": "default"}}
+    else:
+        p["m"] = {"class_type": "ModelSamplingSD3", "inputs": {"model": ["1", 0], "shift": 3.0}}
+    return p
+
+
+@pytest.fixture(scope="module")
+def executor(models):
+    return Executor(api.default_registry(), Env.from_args(models=models), cache=OutputCache(max_bytes=1 << 30))
+
+
+def test_workflow_checkpoint_controlnet_apply_with_vae_ksampler(executor, models):
+    """CheckpointLoaderSimple + ControlNetLoader + Apply ControlNet (with the checkpoint's VAE) +
+    KSampler, as ComfyUI's SD3.5 canny template; ControlNetApplySD3 is the same node; strength 0
+    is no control; UNETLoader's model takes the net as well."""
+    def run(p):
+        return api.run(p, executor=executor, models=models, output=models / "out")
+
+    res = run(prompt())
+    got = res.outputs["3"][0].samples
+    assert got.shape == (1, 16, 8, 8) and torch.isfinite(got).all()
+    assert res.outputs["d"][0].shape == (1, 64, 64, 3)
+    assert torch.equal(run(prompt("ControlNetApplySD3")).outputs["3"][0].samples, got)
+    none = run(prompt(strength=0.0)).outputs["3"][0].samples
+    assert (got - none).abs().max() > 1e-3
+    unet = run(prompt(loader_node="UNETLoader")).outputs["3"][0].samples
+    assert unet.shape == got.shape and torch.isfinite(unet).all()
+    p = prompt()
+    del p["a"]["inputs"]["vae"]
+    with pytest.raises(Exception, match="needs a VAE"):
+        run(p)
