@@ -27,7 +27,8 @@ from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
 from tests.fixtures.tiny_sd3 import TEXT_WIDTH, comfy_state_dict, diffusers_sd3
-from tests.fixtures.tiny_sd3_controlnet import diffusers_sd35_controlnet, stability_state_dict, write_sd35_controlnet
+from tests.fixtures.tiny_sd3_controlnet import (diffusers_sd3_controlnet, diffusers_sd35_controlnet,
+                                               write_sd3_controlnet, write_sd35_controlnet)
 
 KIND = "sd35_large"  # two joint blocks, 128 wide: the nets' width
 F32 = parse_spec("f32")
@@ -59,6 +60,7 @@ def models(tmp_path_factory):
                           seed=7)
     write_sd35_controlnet(root / "controlnet" / "sd35_plain.safetensors", layers=2, double=False, control_type=0,
                           seed=8)
+    write_sd3_controlnet(root / "controlnet" / "sd3_instantx.safetensors", layers=1, seed=9)
     write_sd15(root / "checkpoints" / "sd15.safetensors", seed=1)
     return root
 
@@ -176,6 +178,32 @@ def test_residuals_are_added_after_each_joint_block(models):
     assert torch.equal(mm(x, t, ctx, y, control=[None, None]), plain)
 
 
+@torch.no_grad()
+def test_instantx_sd3_net_matches_diffusers_and_a_full_step(models):
+    """diffusers-layout SD3 nets (joint blocks): the residuals equal diffusers' net with a zero
+    pooled vector (ComfyUI zeroes it); a one-block net on a two-block model gives one residual
+    (depth // blocks − 1 for the last block), and the model with it equals diffusers'
+    ``SD3Transformer2DModel`` given the same residuals (which also skips the last block)."""
+    model, _ = _main(models)
+    runner = model.runner(F32)
+    net = loader.load_controlnet(models / "controlnet" / "sd3_instantx.safetensors")
+    assert (net.config.blocks, net.config.counts, net.config.mmdit.depth, net.config.mmdit.context_in) == (1, (1,), 2, 32)
+    assert net.latent_format.process_in(torch.ones(1, 16, 1, 1)).flatten()[0] == pytest.approx(1.5305)
+    ref = diffusers_sd3_controlnet(1, seed=9)
+    bound = net.runner(F32).bind_model(runner)
+    x, hint, t, y = _inputs()
+    ctx = torch.randn(2, 5, TEXT_WIDTH, generator=torch.Generator().manual_seed(6))
+    got = bound(x, hint, t, ctx, y)
+    want = ref(hidden_states=x, controlnet_cond=hint, encoder_hidden_states=ctx, pooled_projections=torch.zeros_like(y),
+               timestep=t, return_dict=False)[0]
+    assert len(got.output) == len(want) == 1
+    _close(got.output[0], want[0])
+    main = diffusers_sd3(KIND, seed=3)
+    full = main(hidden_states=x, encoder_hidden_states=ctx, pooled_projections=y, timestep=t,
+                block_controlnet_hidden_states=list(want)).sample
+    _close(runner.model(x, t, ctx, y, control=got.output), full)
+
+
 # --------------------------------------------------------------------------------------------
 # applied: the chain, the hint through the VAE, the sampler
 
@@ -229,7 +257,7 @@ def test_refusals(models):
 
 @pytest.mark.parametrize("keys,name", [
     ({"controlnet_blocks.0.weight", "double_blocks.0.img_attn.norm.key_norm.scale"}, "Flux XLabs"),
-    ({"controlnet_blocks.0.weight", "pos_embed_input.proj.weight"}, "SD3 diffusers-format"),
+    ({"controlnet_blocks.0.weight", "transformer_blocks.0.img_mlp.net.0.proj.weight"}, "Qwen-Image InstantX"),
     ({"controlnet_blocks.0.weight", "controlnet_x_embedder.weight"}, "Flux InstantX"),
     ({"controlnet_blocks.0.linear.weight"}, "Flux MistoLine"),
 ])

@@ -53,6 +53,9 @@ from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_l
 from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
                                                 convert_controlnet_state_dict)
 from mixgraph.nodes.adapters.sd35_controlnet import LAYOUT as SD35_LAYOUT
+from mixgraph.nodes.adapters.sd3_mmdit_controlnet import LAYOUT as MMDIT_CN_LAYOUT
+from mixgraph.nodes.adapters.sd3_mmdit_controlnet import (MMDiTControlNetHandle, is_mmdit_controlnet,
+                                                          mmdit_controlnet_config)
 from mixgraph.nodes.adapters.sd35_controlnet import (SD35ControlNetHandle, is_sd35_controlnet, sd35_config_from_shapes,
                                                      sd35_rename)
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename
@@ -653,6 +656,9 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
         return ControlLoraHandle(path=p)
     if is_sd35_controlnet(info):  # Stability's SD3.5 nets (sd35_controlnet.py)
         return _load_sd35_controlnet(p, info)
+    if is_mmdit_controlnet(info):  # diffusers-layout SD3 nets (InstantX; sd3_mmdit_controlnet.py)
+        return MMDiTControlNetHandle(source=WeightSource.from_file(p, "", MMDIT_CN_LAYOUT),
+                                     config=mmdit_controlnet_config(info))
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
 
