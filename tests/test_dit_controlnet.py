@@ -258,7 +258,6 @@ def test_refusals(models):
 @pytest.mark.parametrize("keys,name", [
     ({"controlnet_blocks.0.weight", "double_blocks.0.img_attn.norm.key_norm.scale"}, "Flux XLabs"),
     ({"controlnet_blocks.0.weight", "transformer_blocks.0.img_mlp.net.0.proj.weight"}, "Qwen-Image InstantX"),
-    ({"controlnet_blocks.0.weight", "controlnet_x_embedder.weight"}, "Flux InstantX"),
     ({"controlnet_blocks.0.linear.weight"}, "Flux MistoLine"),
 ])
 def test_other_dit_formats_are_refused_by_name(tmp_path, keys, name):
@@ -322,3 +321,142 @@ def test_workflow_checkpoint_controlnet_apply_with_vae_ksampler(executor, models
     del p["a"]["inputs"]["vae"]
     with pytest.raises(Exception, match="needs a VAE"):
         run(p)
+
+
+# --------------------------------------------------------------------------------------------
+# Flux: InstantX nets (diffusers' FluxControlNetModel layout)
+
+
+@pytest.fixture(scope="module")
+def flux_models(tmp_path_factory):
+    from tests.flux_fixtures import write_flux_models
+    from tests.fixtures.tiny_flux_controlnet import write_flux_controlnet
+
+    root = tmp_path_factory.mktemp("flux_cn")
+    write_flux_models(root)
+    write_flux_controlnet(root / "controlnet" / "flux_cn.safetensors", 1, 1, None, seed=11)
+    write_flux_controlnet(root / "controlnet" / "flux_union.safetensors", 1, 1, 4, seed=12)
+    return root
+
+
+def _diffusers_flux_main(sd):
+    from diffusers import FluxTransformer2DModel
+
+    from mixgraph.nodes.families.flux import diffusers_keys
+    from tests.flux_fixtures import TINY as c
+
+    ref = FluxTransformer2DModel(patch_size=1, in_channels=c.in_channels * 4, out_channels=c.out_channels * 4,
+                                 num_layers=c.depth, num_single_layers=c.depth_single_blocks,
+                                 attention_head_dim=c.head_dim, num_attention_heads=c.num_heads,
+                                 joint_attention_dim=c.context_in_dim, pooled_projection_dim=c.vec_in_dim,
+                                 guidance_embeds=c.guidance_embed, axes_dims_rope=c.axes_dim).eval()
+    ref.load_state_dict(diffusers_keys.to_diffusers(sd, ref.state_dict().keys()), strict=True)
+    return ref
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name,modes,control_type", [("flux_cn", None, ()), ("flux_union", 4, (2,))])
+def test_flux_instantx_net_matches_diffusers_and_a_full_step(flux_models, name, modes, control_type):
+    """The net's residuals equal diffusers' ``FluxControlNetModel`` (a union net with its mode
+    token); each block's residual is used ceil(19 / 1) / ceil(38 / 1) times (ComfyUI's Flux.1
+    sizes), and the model with them equals diffusers' ``FluxTransformer2DModel`` given the net's
+    samples (interval rule: every block of the tiny model gets the one residual)."""
+    from mixgraph.nodes.families.flux.model import image_ids, patchify, unpatchify
+    from tests.fixtures.tiny_flux_controlnet import diffusers_flux_controlnet
+
+    net = loader.load_controlnet(flux_models / "controlnet" / f"{name}.safetensors")
+    assert (net.config.flux.depth, net.config.flux.depth_single_blocks, net.config.union_modes) == (1, 1, modes or 0)
+    if control_type:
+        net = net.with_control_type(control_type)
+    model = loader.load_unet(flux_models / "diffusion_models" / "flux_tiny.safetensors")
+    runner = model.runner(F32)
+    bound = net.runner(F32).bind_model(runner)
+    g = torch.Generator().manual_seed(5)
+    x, hint = torch.randn(2, 16, 8, 8, generator=g), torch.randn(2, 16, 8, 8, generator=g)
+    ctx, y = torch.randn(2, 5, 32, generator=g), torch.randn(2, 32, generator=g)
+    t, guidance = torch.tensor([0.7, 0.3]), torch.tensor([3.5, 2.0])
+    got = bound(x, hint, t, ctx, y, {"guidance": guidance})
+    assert len(got.input) == 19 and len(got.output) == 38 and all(r is got.input[0] for r in got.input)
+    ref = diffusers_flux_controlnet(1, 1, modes, seed=11 if modes is None else 12)
+    kw = {"controlnet_mode": torch.tensor([[control_type[0]]] * 2)} if control_type else {}
+    ids, txt_ids = image_ids(4, 4, 1)[0], torch.zeros(5, 3)
+    d, s = ref(hidden_states=patchify(x), controlnet_cond=patchify(hint), encoder_hidden_states=ctx,
+               pooled_projections=y, timestep=t, img_ids=ids, txt_ids=txt_ids, guidance=guidance, return_dict=False,
+               **kw)
+    _close(got.input[0], d[0])
+    _close(got.output[0], s[0])
+    from safetensors.torch import load_file
+    main = _diffusers_flux_main(load_file(str(flux_models / "diffusion_models" / "flux_tiny.safetensors")))
+    want = main(hidden_states=patchify(x), encoder_hidden_states=ctx, pooled_projections=y, timestep=t, img_ids=ids,
+                txt_ids=txt_ids, guidance=guidance, controlnet_block_samples=list(d),
+                controlnet_single_block_samples=list(s), return_dict=False)[0]
+    mine = runner.model(x, t, ctx, y=y, guidance=guidance, control=(got.input, got.output))
+    _close(mine, unpatchify(want, 8, 8))
+    assert (mine - runner.model(x, t, ctx, y=y, guidance=guidance)).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_flux_apply_passes_guidance_and_the_encoded_hint(flux_models):
+    """Through the denoiser: the net gets the cond's guidance and pooled vector and the hint
+    VAE-encoded into Flux's latent format; x0 = x − σ·v of the model with 0.7 x the residuals."""
+    from mixgraph.nodes.vae.flow_latent_formats import FLUX_LATENT
+
+    model = loader.load_unet(flux_models / "diffusion_models" / "flux_tiny.safetensors")
+    vae = loader.load_vae(flux_models / "vae" / "vae16.safetensors")
+    runner = model.runner(F32)
+    net = loader.load_controlnet(flux_models / "controlnet" / "flux_cn.safetensors")
+    image = torch.rand(1, 64, 64, 3, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(3)
+    text, pooled = torch.randn(1, 5, 32, generator=g), torch.randn(1, 32, generator=g)
+    cond = Cond(text, pooled=pooled, model_inputs={"guidance": 2.5})
+    (cond,) = apply_controlnet((cond,), net, F32, image, 0.7, 0.0, 1.0, vae=vae, vae_policy=F32)
+    x = torch.randn(1, 16, 8, 8, generator=g)
+    sigma = torch.tensor([0.6])
+    got = CFGDenoiser(runner, (cond,), (cond,), 1.0, torch.zeros_like(x))(x, sigma)
+    hint = FLUX_LATENT.process_in(vae.encode(resize_hint(image, 64, 64).movedim(1, -1), F32))
+    bound = net.runner(F32).bind_model(runner)
+    guidance = torch.tensor([2.5])
+    res = bound(x, hint, sigma, text, pooled, {"guidance": guidance})
+    v = runner.model(x, sigma, text, y=pooled, guidance=guidance,
+                     control=([r * 0.7 for r in res.input], [r * 0.7 for r in res.output]))
+    _close(got, x - 0.6 * v, 1e-5)
+
+
+def flux_prompt(strength=0.9, control_type=None):
+    p = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux_tiny.safetensors", "weight_dtype": "default"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "clip_l_tiny.safetensors", "type": "stable_diffusion"}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red cube", "clip": ["2", 0]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["2", 0]}},
+        "5": {"class_type": "FluxGuidance", "inputs": {"conditioning": ["3", 0], "guidance": 3.5}},
+        "6": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "8": {"class_type": "VAELoader", "inputs": {"vae_name": "vae16.safetensors"}},
+        "i": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 0x3060c0}},
+        "c": {"class_type": "ControlNetLoader", "inputs": {"control_net_name": "flux_union.safetensors"}},
+        "a": {"class_type": "ControlNetApplyAdvanced", "inputs": {
+            "positive": ["5", 0], "negative": ["4", 0], "control_net": ["c", 0], "image": ["i", 0],
+            "strength": strength, "start_percent": 0.0, "end_percent": 1.0, "vae": ["8", 0]}},
+        "7": {"class_type": "KSampler", "inputs": {
+            "model": ["1", 0], "seed": 5, "steps": 3, "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple",
+            "positive": ["a", 0], "negative": ["a", 1], "latent_image": ["6", 0], "denoise": 1.0}},
+        "9": {"class_type": "VAEDecode", "inputs": {"samples": ["7", 0], "vae": ["8", 0]}},
+        "p": {"class_type": "PreviewImage", "inputs": {"images": ["9", 0]}},
+    }
+    if control_type is not None:
+        p["u"] = {"class_type": "SetUnionControlNetType", "inputs": {"control_net": ["c", 0], "type": control_type}}
+        p["a"]["inputs"]["control_net"] = ["u", 0]
+    return p
+
+
+def test_flux_workflow_unet_controlnet_union_type_ksampler(flux_models):
+    """UNETLoader + ControlNetLoader + SetUnionControlNetType + Apply ControlNet (with a VAE) +
+    KSampler on the tiny Flux: the net changes the result, its type changes it again, strength 0
+    is no control."""
+    executor = Executor(api.default_registry(), Env.from_args(models=flux_models), cache=OutputCache(max_bytes=1 << 30))
+
+    def run(p):
+        return api.run(p, executor=executor, models=flux_models, output=flux_models / "out").outputs["7"][0].samples
+
+    auto, typed, none = run(flux_prompt()), run(flux_prompt(control_type="depth")), run(flux_prompt(strength=0.0))
+    assert auto.shape == (1, 16, 8, 8) and torch.isfinite(auto).all() and torch.isfinite(typed).all()
+    assert (auto - none).abs().max() > 1e-4 and (typed - auto).abs().max() > 1e-4

@@ -339,7 +339,8 @@ def apply_controlnet(conds, control_net, policy, image: Tensor, strength: float,
             raise ValueError("This ControlNet needs a VAE but none was provided: use a ControlNet apply node with "
                              "a VAE input (Apply ControlNet's optional vae, or ControlNetApplySD3) and connect it")
         extra = {"encode": lambda pixels: vae.encode(pixels, vae_policy), "vae_scale": vae.downscale,
-                 "latent_format": control_net.latent_format, "preprocess": control_net.preprocess}
+                 "latent_format": control_net.latent_format, "preprocess": control_net.preprocess,
+                 "takes_inputs": bool(getattr(control_net, "takes_inputs", False))}
     made: dict[int, ControlNetChain] = {}
     out = []
     for cond in conds:

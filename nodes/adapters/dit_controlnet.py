@@ -13,7 +13,7 @@ every residual; start / end percent as for SD ControlNets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -61,7 +61,10 @@ class DitControlChain:
     vae_scale: int = 8
     latent_format: LatentFormat | None = None
     preprocess: Callable[[Tensor], Tensor] | None = None
+    takes_inputs: bool = False
     _hints: dict = field(default_factory=dict, repr=False, compare=False)
+
+    accepts_inputs = True  # the denoiser gives ``residuals`` the cond's model inputs (``inputs=``)
 
     def hint_latent(self, h: int, w: int) -> Tensor:
         """The hint encoded for an h x w latent, [B_hint, C, h, w] (cached per size)."""
@@ -80,15 +83,18 @@ class DitControlChain:
         return latent
 
     def residuals(self, x_in: Tensor, timesteps: Tensor, context: Tensor | None, y: Tensor | None,
-                  sigma: Tensor, percent: float) -> Control | None:
-        """The summed residuals of the chain's active nets for this batch, or None."""
+                  sigma: Tensor, percent: float, inputs: Mapping[str, Tensor] | None = None) -> Control | None:
+        """The summed residuals of the chain's active nets for this batch, or None. ``inputs``: the
+        cond's model inputs, batched (Flux nets read ``guidance``: ComfyUI's ``extra_conds``)."""
         prev = None
         if self.previous is not None:
-            prev = self.previous.residuals(x_in, timesteps, context, y, sigma, percent)
+            more = {"inputs": inputs} if getattr(self.previous, "accepts_inputs", False) else {}
+            prev = self.previous.residuals(x_in, timesteps, context, y, sigma, percent, **more)
         if not (self.start_percent <= percent <= self.end_percent) or self.strength == 0.0:
             return prev
         hint = broadcast_batch(self.hint_latent(*x_in.shape[-2:]), x_in.shape[0]).to(x_in.device)
-        out = self.runner(x_in, hint, timesteps, context, y)
+        extra = {"inputs": inputs or {}} if self.takes_inputs else {}
+        out = self.runner(x_in, hint, timesteps, context, y, **extra)
         s = self.strength
         own = Control(input=[None if o is None else o * s for o in out.input],
                       output=[None if o is None else o * s for o in out.output])

@@ -52,6 +52,9 @@ from mixgraph.nodes.encoders.encoder_set import EncoderEntry
 from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_lora
 from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
                                                 convert_controlnet_state_dict)
+from mixgraph.nodes.adapters.flux_controlnet import LAYOUT as FLUX_CN_LAYOUT
+from mixgraph.nodes.adapters.flux_controlnet import (FluxControlNetHandle, flux_controlnet_config,
+                                                     is_flux_instantx_controlnet)
 from mixgraph.nodes.adapters.sd35_controlnet import LAYOUT as SD35_LAYOUT
 from mixgraph.nodes.adapters.sd3_mmdit_controlnet import LAYOUT as MMDIT_CN_LAYOUT
 from mixgraph.nodes.adapters.sd3_mmdit_controlnet import (MMDiTControlNetHandle, is_mmdit_controlnet,
@@ -659,6 +662,9 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     if is_mmdit_controlnet(info):  # diffusers-layout SD3 nets (InstantX; sd3_mmdit_controlnet.py)
         return MMDiTControlNetHandle(source=WeightSource.from_file(p, "", MMDIT_CN_LAYOUT),
                                      config=mmdit_controlnet_config(info))
+    if is_flux_instantx_controlnet(info):  # diffusers-layout Flux nets (InstantX, union; flux_controlnet.py)
+        return FluxControlNetHandle(source=WeightSource.from_file(p, "", FLUX_CN_LAYOUT),
+                                    config=flux_controlnet_config(info))
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
 

@@ -52,14 +52,16 @@ class Control:
 
     input:  one tensor (or None) per UNet input-block output, in order; added to the skip
             connections. Each [B, C_i, H_i, W_i]. Any sequence: a tuple or a list (the
-            ControlNet chain and ``+`` build lists; the UNet only indexes and zips it).
+            ControlNet chain and ``+`` build lists; the UNet only indexes and zips it). Flux
+            ControlNets: one token tensor [B, N, D] per double-stream block, added to the first
+            N image tokens after block i (ComfyUI's control["input"] there).
     middle: added to the middle-block output, [B, C_mid, H_mid, W_mid], or None.
     input_path: added to the main path right after input block k (so also to its skip), one
             entry (or None) per input block from the first; T2I-Adapter features (ComfyUI's
             control["input"]). Empty for ControlNets; ``input`` is empty for T2I-Adapters.
     output: DiT ControlNets (ComfyUI's control["output"]): one token tensor (or None) per block
             of the diffusion model, [B, N, D], added to the image tokens after block i (SD3's
-            joint blocks). Empty for UNet ControlNets. Lists of different lengths add as
+            joint blocks, Flux's single-stream blocks). Empty for UNet ControlNets. Lists of different lengths add as
             ComfyUI's ``control_merge`` does: the longer one's tail is kept.
 
     ``a + b`` sums two nets' residuals slot by slot (a chain of ControlNets); None means "nothing
