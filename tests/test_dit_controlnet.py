@@ -256,7 +256,6 @@ def test_refusals(models):
 
 
 @pytest.mark.parametrize("keys,name", [
-    ({"controlnet_blocks.0.weight", "double_blocks.0.img_attn.norm.key_norm.scale"}, "Flux XLabs"),
     ({"controlnet_blocks.0.weight", "transformer_blocks.0.img_mlp.net.0.proj.weight"}, "Qwen-Image InstantX"),
     ({"controlnet_blocks.0.linear.weight"}, "Flux MistoLine"),
 ])
@@ -330,12 +329,13 @@ def test_workflow_checkpoint_controlnet_apply_with_vae_ksampler(executor, models
 @pytest.fixture(scope="module")
 def flux_models(tmp_path_factory):
     from tests.flux_fixtures import write_flux_models
-    from tests.fixtures.tiny_flux_controlnet import write_flux_controlnet
+    from tests.fixtures.tiny_flux_controlnet import write_flux_controlnet, write_xlabs_controlnet
 
     root = tmp_path_factory.mktemp("flux_cn")
     write_flux_models(root)
     write_flux_controlnet(root / "controlnet" / "flux_cn.safetensors", 1, 1, None, seed=11)
     write_flux_controlnet(root / "controlnet" / "flux_union.safetensors", 1, 1, 4, seed=12)
+    write_xlabs_controlnet(root / "controlnet" / "xlabs.safetensors", 2, seed=13)
     return root
 
 
@@ -422,6 +422,34 @@ def test_flux_apply_passes_guidance_and_the_encoded_hint(flux_models):
     _close(got, x - 0.6 * v, 1e-5)
 
 
+@torch.no_grad()
+def test_flux_xlabs_net(flux_models):
+    """XLabs' nets: the image (no VAE) mapped to [-1, 1] through the hint stack (diffusers'
+    ``ControlNetConditioningEmbedding`` on the same weights), then the blocks as diffusers' Flux
+    net given those features; the residual list is the block outputs cycled (d0, d1, d0, ...)."""
+    from mixgraph.nodes.families.flux.model import image_ids, patchify
+    from tests.fixtures.tiny_flux_controlnet import diffusers_flux_controlnet, diffusers_hint_embedding
+
+    net = loader.load_controlnet(flux_models / "controlnet" / "xlabs.safetensors")
+    assert net.config.pixel_hint and net.latent_format is None and net.config.flux.depth == 2
+    runner = loader.load_unet(flux_models / "diffusion_models" / "flux_tiny.safetensors").runner(F32)
+    bound = net.runner(F32).bind_model(runner)
+    g = torch.Generator().manual_seed(5)
+    x, image = torch.randn(2, 16, 8, 8, generator=g), torch.rand(2, 3, 64, 64, generator=g)
+    ctx, y = torch.randn(2, 5, 32, generator=g), torch.randn(2, 32, generator=g)
+    t, guidance = torch.tensor([0.7, 0.3]), torch.tensor([3.5, 2.0])
+    got = bound(x, image, t, ctx, y, {"guidance": guidance})
+    feats = diffusers_hint_embedding(15)(image * 2 - 1)  # [B, 16, 8, 8]
+    ref = diffusers_flux_controlnet(2, 0, None, 13)
+    d, _ = ref(hidden_states=patchify(x), controlnet_cond=patchify(feats), encoder_hidden_states=ctx,
+               pooled_projections=y, timestep=t, img_ids=image_ids(4, 4, 1)[0], txt_ids=torch.zeros(5, 3),
+               guidance=guidance, return_dict=False)
+    assert len(got.input) == 19 and got.output == []
+    _close(got.input[0], d[0])
+    _close(got.input[1], d[1])
+    assert got.input[2] is got.input[0] and got.input[18] is got.input[0]
+
+
 def flux_prompt(strength=0.9, control_type=None):
     p = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux_tiny.safetensors", "weight_dtype": "default"}},
@@ -448,6 +476,20 @@ def flux_prompt(strength=0.9, control_type=None):
     return p
 
 
+def test_flux_workflow_xlabs_takes_no_vae(flux_models):
+    """An XLabs net needs no VAE; given one it is unused (ComfyUI keeps it only for latent nets)."""
+    executor = Executor(api.default_registry(), Env.from_args(models=flux_models), cache=OutputCache(max_bytes=1 << 30))
+    p = flux_prompt()
+    p["c"]["inputs"]["control_net_name"] = "xlabs.safetensors"
+    with_vae = api.run(p, executor=executor, models=flux_models, output=flux_models / "out").outputs["7"][0].samples
+    del p["a"]["inputs"]["vae"]
+    without = api.run(p, executor=executor, models=flux_models, output=flux_models / "out").outputs["7"][0].samples
+    assert torch.isfinite(with_vae).all() and torch.equal(with_vae, without)
+    none = api.run(flux_prompt(strength=0.0), executor=executor, models=flux_models,
+                   output=flux_models / "out").outputs["7"][0].samples
+    assert (with_vae - none).abs().max() > 1e-4
+
+
 def test_flux_workflow_unet_controlnet_union_type_ksampler(flux_models):
     """UNETLoader + ControlNetLoader + SetUnionControlNetType + Apply ControlNet (with a VAE) +
     KSampler on the tiny Flux: the net changes the result, its type changes it again, strength 0
@@ -460,3 +502,15 @@ def test_flux_workflow_unet_controlnet_union_type_ksampler(flux_models):
     auto, typed, none = run(flux_prompt()), run(flux_prompt(control_type="depth")), run(flux_prompt(strength=0.0))
     assert auto.shape == (1, 16, 8, 8) and torch.isfinite(auto).all() and torch.isfinite(typed).all()
     assert (auto - none).abs().max() > 1e-4 and (typed - auto).abs().max() > 1e-4
+
+
+def test_a_flux_controlnet_is_no_flux_model(flux_models):
+    """An XLabs file carries BFL double blocks: it is not refused as a Flux model file, and
+    UNETLoader does not take it for one."""
+    from mixgraph.nodes.families import refused
+
+    path = flux_models / "controlnet" / "xlabs.safetensors"
+    assert refused.family_of_file(path) is None
+    with pytest.raises(Exception) as err:
+        loader.load_unet(path)
+    assert not isinstance(err.value, KeyError)

@@ -327,20 +327,16 @@ def apply_controlnet(conds, control_net, policy, image: Tensor, strength: float,
 
     Conds sharing a previous chain share the new link (one net evaluation per UNet batch).
     ``vae`` / ``vae_policy``: the apply node's VAE, used by nets that take the hint as a latent
-    (``needs_vae``: DiT ControlNets, ``dit_controlnet.py``); other nets ignore it, as ComfyUI."""
+    (DiT ControlNets, whose handles give their chain's arguments: ``chain_args``); other nets
+    ignore it, as ComfyUI."""
     import dataclasses
 
     chain = getattr(control_net, "chain_type", None) or ControlNetChain  # T2I-Adapters bring their own
     runner = control_net.runner(policy)
     # SetUnionControlNetType's extra argument (ControlNetHandle.control_type)
     extra = {"control_type": ct} if (ct := tuple(getattr(control_net, "control_type", ()))) else {}
-    if getattr(control_net, "needs_vae", False):
-        if vae is None:
-            raise ValueError("This ControlNet needs a VAE but none was provided: use a ControlNet apply node with "
-                             "a VAE input (Apply ControlNet's optional vae, or ControlNetApplySD3) and connect it")
-        extra = {"encode": lambda pixels: vae.encode(pixels, vae_policy), "vae_scale": vae.downscale,
-                 "latent_format": control_net.latent_format, "preprocess": control_net.preprocess,
-                 "takes_inputs": bool(getattr(control_net, "takes_inputs", False))}
+    if callable(getattr(control_net, "chain_args", None)):  # DiT nets: the hint through the VAE (dit_controlnet.py)
+        extra = control_net.chain_args(vae, vae_policy)
     made: dict[int, ControlNetChain] = {}
     out = []
     for cond in conds:

@@ -23,7 +23,7 @@ from mixgraph.nodes.adapters.controlnet import resize_hint
 from mixgraph.nodes.payloads.conditioning import Control
 from mixgraph.nodes.vae.latent_format import LatentFormat
 
-__all__ = ["DitControlChain", "NEEDS_VAE_MESSAGE", "broadcast_batch"]
+__all__ = ["DitControlChain", "NEEDS_VAE_MESSAGE", "broadcast_batch", "dit_chain_args"]
 
 # ComfyUI's message when such a net is applied without a VAE
 NEEDS_VAE_MESSAGE = ("This ControlNet needs a VAE but none was provided: use a ControlNet apply node with a VAE input "
@@ -37,6 +37,19 @@ def broadcast_batch(t: Tensor, batch: int) -> Tensor:
     if t.shape[0] == 1:
         return t.expand(batch, *t.shape[1:])
     return t[torch.arange(batch) % t.shape[0]]
+
+
+def dit_chain_args(handle, vae, vae_policy) -> dict:
+    """The ``DitControlChain`` arguments of a DiT net's handle (``latent_format``, ``preprocess``,
+    ``takes_inputs``) and the apply node's VAE: the encoder when the net takes a latent (ComfyUI's
+    message when none is connected), nothing when it takes pixels (ComfyUI ignores the VAE then)."""
+    args = {"latent_format": handle.latent_format, "preprocess": handle.preprocess,
+            "takes_inputs": bool(getattr(handle, "takes_inputs", False))}
+    if handle.latent_format is None:
+        return args
+    if vae is None:
+        raise ValueError(NEEDS_VAE_MESSAGE)
+    return args | {"encode": lambda pixels: vae.encode(pixels, vae_policy), "vae_scale": vae.downscale}
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,7 +72,7 @@ class DitControlChain:
     previous: object | None = None
     encode: Callable[[Tensor], Tensor] | None = None
     vae_scale: int = 8
-    latent_format: LatentFormat | None = None
+    latent_format: LatentFormat | None = None  # None: the net takes the resized pixels (no VAE)
     preprocess: Callable[[Tensor], Tensor] | None = None
     takes_inputs: bool = False
     _hints: dict = field(default_factory=dict, repr=False, compare=False)
@@ -71,13 +84,15 @@ class DitControlChain:
         got = self._hints.get((h, w))
         if got is not None:
             return got
-        if self.encode is None:
+        if self.encode is None and self.latent_format is not None:
             raise ValueError(NEEDS_VAE_MESSAGE)
         pixels = resize_hint(self.hint.float(), h * self.vae_scale, w * self.vae_scale)  # [B, C, H, W]
         if self.preprocess is not None:
             pixels = self.preprocess(pixels)
-        latent = self.encode(pixels.movedim(1, -1)).float()  # IMAGE [B, H, W, C] -> [B, C, h, w]
-        if self.latent_format is not None:
+        if self.encode is None:  # a net taking the pixels itself (Flux XLabs)
+            latent = pixels
+        else:
+            latent = self.encode(pixels.movedim(1, -1)).float()  # IMAGE [B, H, W, C] -> [B, C, h, w]
             latent = self.latent_format.process_in(latent)
         self._hints[(h, w)] = latent
         return latent

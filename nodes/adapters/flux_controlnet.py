@@ -15,8 +15,13 @@ adds entry i to the first image tokens after block i). A union net's control typ
 (SetUnionControlNetType) is one more text token in front of the prompt (its
 ``controlnet_mode_embedder`` row); "auto" adds none. The hint latent is in Flux's latent format.
 
+XLabs' nets (BFL key names, ComfyUI ``load_controlnet_flux_xlabs_mistoline``) take the image
+itself, no VAE: resized to the latent x 8, mapped to [-1, 1] and taken to the latent grid by
+``input_hint_block`` (3 -> 16 channels, 8x down), then patched and projected like the latent
+hint; their residual lists are the block outputs cycled (d0, d1, d0, d1, ...), as ComfyUI.
+
 Not supported yet, refused by name: inpainting nets (17 hint channels, ComfyUI's
-``concat_mask``), XLabs and MistoLine nets (pixel hints through a conv stack), Chroma models.
+``concat_mask``), MistoLine nets (another conv stack, SiLU'd heads), Chroma models.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mixgraph.nodes.adapters.dit_controlnet import DitControlChain
+from mixgraph.nodes.adapters.dit_controlnet import DitControlChain, dit_chain_args
 from mixgraph.nodes.families.flux import diffusers_keys
 from mixgraph.nodes.families.flux.detect import flux_config
 from mixgraph.nodes.families.flux.model import (PATCH, Flux, FluxConfig, image_ids, patchify,
@@ -43,10 +48,12 @@ from mixgraph.nodes.weights.layouts import FamilyLayout, register_layout
 from mixgraph.nodes.weights.safetensors_io import WeightSource
 
 __all__ = ["FluxControlNetConfig", "FluxControlNet", "FluxControlNetHandle", "is_flux_instantx_controlnet",
-           "flux_controlnet_config", "LAYOUT", "MAIN_DOUBLE", "MAIN_SINGLE"]
+           "is_flux_xlabs_controlnet", "flux_controlnet_config", "xlabs_controlnet_config", "LAYOUT", "MAIN_DOUBLE",
+           "MAIN_SINGLE"]
 
 LAYOUT = "flux_controlnet_diffusers"
 MAIN_DOUBLE, MAIN_SINGLE = 19, 38  # ComfyUI's ``main_model_double`` / ``main_model_single``
+HINT_WIDTH = 16  # XLabs' hint conv stack width (ComfyUI's)
 _OWN = ("controlnet_blocks.", "controlnet_single_blocks.", "controlnet_mode_embedder.")
 
 
@@ -76,12 +83,14 @@ register_layout(FamilyLayout(LAYOUT, lambda keys: False, _header,
 
 @dataclass(frozen=True)
 class FluxControlNetConfig:
-    """flux: the blocks' sizes (depths = the net's own); hint_channels: latent channels of the
-    hint (16); union_modes: rows of ``controlnet_mode_embedder`` (0: a plain net)."""
+    """flux: the blocks' sizes (depths = the net's own); hint_channels: channels of the hint
+    features the 2 x 2 patches are made of (16); union_modes: rows of ``controlnet_mode_embedder``
+    (0: a plain net); pixel_hint: XLabs nets (the image through ``input_hint_block``, no VAE)."""
 
     flux: FluxConfig
     hint_channels: int = 16
     union_modes: int = 0
+    pixel_hint: bool = False
 
 
 def flux_controlnet_config(info: Mapping[str, Any]) -> FluxControlNetConfig:
@@ -102,12 +111,45 @@ def flux_controlnet_config(info: Mapping[str, Any]) -> FluxControlNetConfig:
     return FluxControlNetConfig(flux=flux, hint_channels=hint, union_modes=modes)
 
 
+def is_flux_xlabs_controlnet(keys: Collection[str]) -> bool:
+    """XLabs' nets (ComfyUI's test): BFL-named double blocks beside ``controlnet_blocks``."""
+    return "controlnet_blocks.0.weight" in keys and "double_blocks.0.img_attn.norm.key_norm.scale" in keys
+
+
+def xlabs_controlnet_config(info: Mapping[str, Any]) -> FluxControlNetConfig:
+    """The config of an XLabs net from its (BFL-named) keys and shapes."""
+    shapes = {k: tuple(getattr(v, "shape", v)) for k, v in info.items()}
+    need = ("img_in.weight", "txt_in.weight", "pos_embed_input.weight", "input_hint_block.0.weight",
+            "double_blocks.0.img_mlp.0.weight")
+    if any(k not in shapes for k in need):
+        raise ValueError(f"Flux XLabs ControlNet: incomplete file, {[k for k in need if k not in shapes]} missing")
+    if shapes["input_hint_block.0.weight"][:2] != (HINT_WIDTH, 3) or shapes["pos_embed_input.weight"][1] != HINT_WIDTH * 4:
+        raise ValueError(f"Flux XLabs ControlNet: a hint stack of {shapes['input_hint_block.0.weight']} / "
+                         f"{shapes['pos_embed_input.weight']}; ComfyUI's is 3 -> {HINT_WIDTH} channels")
+    hidden = shapes["img_in.weight"][0]
+    flux = flux_config(shapes | {"final_layer.linear.weight": (shapes["img_in.weight"][1], hidden)})
+    return FluxControlNetConfig(flux=flux, hint_channels=HINT_WIDTH, pixel_hint=True)
+
+
 def _repeat_each(outs: list[Tensor], total: int) -> list[Tensor]:
     """Each entry ceil(total / n) times in a row, cut at ``total`` (ComfyUI, latent-input nets)."""
     if not outs:
         return []
     n = math.ceil(total / len(outs))
     return [o for o in outs for _ in range(n)][:total]
+
+
+def _cycle(outs: list[Tensor], total: int) -> list[Tensor]:
+    """The whole list repeated ceil(total / n) times, cut at ``total`` (ComfyUI, XLabs nets)."""
+    return (outs * math.ceil(total / len(outs)))[:total] if outs else []
+
+
+def _hint_block() -> nn.Sequential:
+    """XLabs' conv stack: 3 -> 16 channels, 8x down (stride-2 convs at 4, 8, 12); SiLU between."""
+    layers: list[nn.Module] = [nn.Conv2d(3, HINT_WIDTH, 3, padding=1)]
+    for stride in (1, 2, 1, 2, 1, 2, 1):
+        layers += [nn.SiLU(), nn.Conv2d(HINT_WIDTH, HINT_WIDTH, 3, padding=1, stride=stride)]
+    return nn.Sequential(*layers)
 
 
 class FluxControlNet(Flux):
@@ -127,10 +169,14 @@ class FluxControlNet(Flux):
         self.pos_embed_input = nn.Linear(cfg.hint_channels * PATCH * PATCH, d)
         if cfg.union_modes:
             self.controlnet_mode_embedder = nn.Embedding(cfg.union_modes, d)
+        if cfg.pixel_hint:
+            self.input_hint_block = _hint_block()
 
     def forward(self, x: Tensor, hint: Tensor, timestep: Tensor, context: Tensor, y: Tensor | None = None,
                 guidance: Tensor | None = None, control_type: tuple[int, ...] = ()) -> tuple[list, list]:
         b, _, h, w = x.shape
+        if self.cn_config.pixel_hint:  # XLabs: pixels [B, 3, 8h, 8w] -> features [B, 16, h, w]
+            hint = self.input_hint_block(hint * 2.0 - 1.0)
         img = self.img_in(patchify(x)) + self.pos_embed_input(patchify(hint))  # [B, N, D]
         vec = self.conditioning_vector(timestep, y, guidance, img.dtype)
         txt = self.txt_in(context)
@@ -150,7 +196,8 @@ class FluxControlNet(Flux):
         for block, head in zip(self.single_blocks, self.controlnet_single_blocks):
             tokens = block(tokens, pe, vec=vec)
             single.append(head(tokens[:, n_txt:]))
-        return _repeat_each(double, MAIN_DOUBLE), _repeat_each(single, MAIN_SINGLE)
+        spread = _cycle if self.cn_config.pixel_hint else _repeat_each
+        return spread(double, MAIN_DOUBLE), spread(single, MAIN_SINGLE)
 
 
 @dataclass(frozen=True)
@@ -165,14 +212,20 @@ class FluxControlNetHandle:
     control_type: tuple[int, ...] = ()
 
     chain_type = DitControlChain
-    needs_vae = True
     takes_inputs = True
     family = "flux"
-    latent_format = FLUX_LATENT
     preprocess = None
+
+    @property
+    def latent_format(self):
+        """Flux's format for the hint latent; None: an XLabs net takes the image itself."""
+        return None if self.config.pixel_hint else FLUX_LATENT
 
     def with_precision(self, policy) -> "FluxControlNetHandle":
         return dataclasses.replace(self, precision=policy)
+
+    def chain_args(self, vae, vae_policy) -> dict:
+        return dit_chain_args(self, vae, vae_policy)
 
     def with_control_type(self, control_type: tuple[int, ...]) -> "FluxControlNetHandle":
         """SetUnionControlNetType; a plain net ignores the type, as in ComfyUI."""

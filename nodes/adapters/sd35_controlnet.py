@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mixgraph.nodes.adapters.dit_controlnet import DitControlChain
+from mixgraph.nodes.adapters.dit_controlnet import DitControlChain, dit_chain_args
 from mixgraph.nodes.families.sd3.mmdit import (HEAD_WIDTH, DismantledBlock, PatchEmbed, TimestepEmbedder,
                                                VectorEmbedder)
 from mixgraph.nodes.models.attention import attention
@@ -212,7 +212,6 @@ class SD35ControlNetHandle:
     control_type: tuple[int, ...] = ()  # SetUnionControlNetType's argument: unused, as in ComfyUI
 
     chain_type = DitControlChain
-    needs_vae = True
     family = "sd3"
 
     @property
@@ -225,6 +224,9 @@ class SD35ControlNetHandle:
 
     def with_precision(self, policy) -> "SD35ControlNetHandle":
         return dataclasses.replace(self, precision=policy)
+
+    def chain_args(self, vae, vae_policy) -> dict:
+        return dit_chain_args(self, vae, vae_policy)
 
     def module(self, policy) -> nn.Module:
         m = store.materialize("controlnet", self.source, self.config, policy.storage, self.patches, SD35ControlNet)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mixgraph.nodes.adapters.dit_controlnet import DitControlChain
+from mixgraph.nodes.adapters.dit_controlnet import DitControlChain, dit_chain_args
 from mixgraph.nodes.families.sd3.diffusers_keys import diffusers_rename, fuse
 from mixgraph.nodes.families.sd3.mmdit import (HEAD_WIDTH, JointBlock, MMDiTConfig, PatchEmbed, TimestepEmbedder,
                                                VectorEmbedder)
@@ -200,13 +200,15 @@ class MMDiTControlNetHandle:
     control_type: tuple[int, ...] = ()
 
     chain_type = DitControlChain
-    needs_vae = True
     family = "sd3"
     latent_format = LATENT_FORMAT
     preprocess = None
 
     def with_precision(self, policy) -> "MMDiTControlNetHandle":
         return dataclasses.replace(self, precision=policy)
+
+    def chain_args(self, vae, vae_policy) -> dict:
+        return dit_chain_args(self, vae, vae_policy)
 
     def runner(self, policy) -> "_Unbound":
         return _Unbound(self, policy)

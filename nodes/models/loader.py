@@ -54,7 +54,8 @@ from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dic
                                                 convert_controlnet_state_dict)
 from mixgraph.nodes.adapters.flux_controlnet import LAYOUT as FLUX_CN_LAYOUT
 from mixgraph.nodes.adapters.flux_controlnet import (FluxControlNetHandle, flux_controlnet_config,
-                                                     is_flux_instantx_controlnet)
+                                                     is_flux_instantx_controlnet, is_flux_xlabs_controlnet,
+                                                     xlabs_controlnet_config)
 from mixgraph.nodes.adapters.sd35_controlnet import LAYOUT as SD35_LAYOUT
 from mixgraph.nodes.adapters.sd3_mmdit_controlnet import LAYOUT as MMDIT_CN_LAYOUT
 from mixgraph.nodes.adapters.sd3_mmdit_controlnet import (MMDiTControlNetHandle, is_mmdit_controlnet,
@@ -652,19 +653,22 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     if p.is_dir():
         p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
-    _refuse_family(p.name, info)
-    if is_t2i_adapter(info):  # ComfyUI's ControlNetLoader loads T2I-Adapters too
-        return load_t2i_adapter(p, info)
-    if is_control_lora(info):  # built on the sampled model's UNet (control_lora.py)
-        return ControlLoraHandle(path=p)
+    # DiT ControlNets first: their blocks carry model-family keys (double_blocks.*) the refusal would read
     if is_sd35_controlnet(info):  # Stability's SD3.5 nets (sd35_controlnet.py)
         return _load_sd35_controlnet(p, info)
     if is_mmdit_controlnet(info):  # diffusers-layout SD3 nets (InstantX; sd3_mmdit_controlnet.py)
         return MMDiTControlNetHandle(source=WeightSource.from_file(p, "", MMDIT_CN_LAYOUT),
                                      config=mmdit_controlnet_config(info))
+    if is_flux_xlabs_controlnet(info):  # XLabs' Flux nets: BFL names as stored (flux_controlnet.py)
+        return FluxControlNetHandle(source=WeightSource.from_file(p, "", "ldm"), config=xlabs_controlnet_config(info))
     if is_flux_instantx_controlnet(info):  # diffusers-layout Flux nets (InstantX, union; flux_controlnet.py)
         return FluxControlNetHandle(source=WeightSource.from_file(p, "", FLUX_CN_LAYOUT),
                                     config=flux_controlnet_config(info))
+    _refuse_family(p.name, info)
+    if is_t2i_adapter(info):  # ComfyUI's ControlNetLoader loads T2I-Adapters too
+        return load_t2i_adapter(p, info)
+    if is_control_lora(info):  # built on the sampled model's UNet (control_lora.py)
+        return ControlLoraHandle(path=p)
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
 
