@@ -514,3 +514,30 @@ def test_a_flux_controlnet_is_no_flux_model(flux_models):
     with pytest.raises(Exception) as err:
         loader.load_unet(path)
     assert not isinstance(err.value, KeyError)
+
+
+@torch.no_grad()
+def test_nets_run_under_bf16(models, flux_models):
+    """Under a bf16 policy the nets' conditioning embedders stay f32 and the residuals follow the
+    f32 ones closely."""
+    bf16 = parse_spec("bf16")
+    sd3 = loader.load_checkpoint(models / "checkpoints" / "sd35.safetensors")[0]
+    flux = loader.load_unet(flux_models / "diffusion_models" / "flux_tiny.safetensors")
+    g = torch.Generator().manual_seed(1)
+    x, hint = torch.randn(1, 16, 8, 8, generator=g), torch.randn(1, 16, 8, 8, generator=g)
+    ctx, y, t = torch.randn(1, 5, 32, generator=g), torch.randn(1, 32, generator=g), torch.tensor([0.5])
+    cases = [(models / "controlnet" / "sd35_canny.safetensors", sd3, t * 1000, {}),
+             (models / "controlnet" / "sd3_instantx.safetensors", sd3, t * 1000, {}),
+             (flux_models / "controlnet" / "flux_cn.safetensors", flux, t, {"guidance": torch.tensor([3.0])})]
+    for path, model, ts, inputs in cases:
+        net = loader.load_controlnet(path)
+        outs = []
+        for spec in (F32, bf16):
+            bound = net.runner(spec).bind_model(model.runner(spec))
+            args = (x, hint, ts, ctx, y) + ((inputs,) if inputs else ())
+            res = bound(*args)
+            outs.append((res.input or res.output)[0])
+            if spec is bf16:
+                emb = getattr(bound.net, "t_embedder", None) or bound.net.time_in
+                assert next(emb.parameters()).dtype == torch.float32, path.name
+        _close(outs[1], outs[0], 5e-2)
