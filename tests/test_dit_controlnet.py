@@ -61,6 +61,7 @@ def models(tmp_path_factory):
     write_sd35_controlnet(root / "controlnet" / "sd35_plain.safetensors", layers=2, double=False, control_type=0,
                           seed=8)
     write_sd3_controlnet(root / "controlnet" / "sd3_instantx.safetensors", layers=1, seed=9)
+    write_sd3_controlnet(root / "controlnet" / "sd3_inpaint.safetensors", layers=1, seed=10, extra=1)
     write_sd15(root / "checkpoints" / "sd15.safetensors", seed=1)
     return root
 
@@ -204,6 +205,45 @@ def test_instantx_sd3_net_matches_diffusers_and_a_full_step(models):
     _close(runner.model(x, t, ctx, y, control=got.output), full)
 
 
+@torch.no_grad()
+def test_inpainting_net_takes_the_kept_area_mask(models):
+    """AliMama-style nets (17 hint channels, ComfyUI's concat_mask): residuals as diffusers' net
+    with ``extra_conditioning_channels=1``; ControlNetInpaintingAliMamaApply blacks out the masked
+    area and the hint is the encoded image then the kept-area mask (1 − mask) on the latent grid;
+    through Apply ControlNet the mask is all ones."""
+    from mixgraph.nodes.adapters.dit_controlnet import inpaint_hint
+    from mixgraph.nodes.models.resize import upscale
+
+    model, vae = _main(models)
+    runner = model.runner(F32)
+    net = loader.load_controlnet(models / "controlnet" / "sd3_inpaint.safetensors")
+    assert net.concat_mask and net.config.hint_channels == 17
+    x, _, t, y = _inputs()
+    hint = torch.randn(2, 17, 8, 8, generator=torch.Generator().manual_seed(8))
+    ctx = torch.randn(2, 5, TEXT_WIDTH, generator=torch.Generator().manual_seed(6))
+    got = net.runner(F32).bind_model(runner)(x, hint, t, ctx, y)
+    ref = diffusers_sd3_controlnet(1, seed=10, extra=1)
+    want = ref(hidden_states=x, controlnet_cond=hint, encoder_hidden_states=ctx, pooled_projections=torch.zeros_like(y),
+               timestep=t, return_dict=False)[0]
+    _close(got.output[0], want[0])
+
+    image = torch.rand(1, 64, 64, 3, generator=torch.Generator().manual_seed(2))
+    mask = torch.zeros(1, 64, 64)
+    mask[:, 16:40, 8:56] = 1.0
+    masked, keep = inpaint_hint(image, mask)
+    assert torch.equal(masked[0, 20, 20], torch.zeros(3)) and torch.equal(masked[0, 0, 0], image[0, 0, 0])
+    (cond,) = apply_controlnet((Cond(ctx[:1], pooled=y[:1]),), net, F32, masked, 1.0, 0.0, 1.0, vae=vae,
+                               vae_policy=F32, extra_concat=(keep,))
+    latent = cond.control.hint_latent(8, 8)
+    want_latent = net.latent_format.process_in(vae.encode(resize_hint(masked, 64, 64).movedim(1, -1), F32))
+    assert latent.shape == (1, 17, 8, 8)
+    _close(latent[:, :16], want_latent, 1e-6)
+    assert torch.equal(latent[:, 16:], upscale(keep, 8, 8, "nearest-exact", "center"))
+    (plain,) = apply_controlnet((Cond(ctx[:1], pooled=y[:1]),), net, F32, image, 1.0, 0.0, 1.0, vae=vae,
+                                vae_policy=F32)
+    assert torch.equal(plain.control.hint_latent(8, 8)[:, 16:], torch.ones(1, 1, 8, 8))
+
+
 # --------------------------------------------------------------------------------------------
 # applied: the chain, the hint through the VAE, the sampler
 
@@ -298,6 +338,21 @@ def prompt(apply="ControlNetApplyAdvanced", strength=0.8, loader_node="Checkpoin
 @pytest.fixture(scope="module")
 def executor(models):
     return Executor(api.default_registry(), Env.from_args(models=models), cache=OutputCache(max_bytes=1 << 30))
+
+
+def test_workflow_alimama_inpainting(executor, models):
+    """ControlNetInpaintingAliMamaApply with an inpainting net samples; the mask matters."""
+    def run(mask_value):
+        p = prompt()
+        p["c"]["inputs"]["control_net_name"] = "sd3_inpaint.safetensors"
+        p["mk"] = {"class_type": "SolidMask", "inputs": {"value": mask_value, "width": 64, "height": 64}}
+        p["a"] = {"class_type": "ControlNetInpaintingAliMamaApply", "inputs": {
+            "positive": ["6", 0], "negative": ["7", 0], "control_net": ["c", 0], "vae": ["1", 2], "image": ["i", 0],
+            "mask": ["mk", 0], "strength": 0.8, "start_percent": 0.0, "end_percent": 1.0}}
+        return api.run(p, executor=executor, models=models, output=models / "out").outputs["3"][0].samples
+
+    full, none = run(1.0), run(0.0)
+    assert torch.isfinite(full).all() and (full - none).abs().max() > 1e-4
 
 
 def test_workflow_checkpoint_controlnet_apply_with_vae_ksampler(executor, models):
@@ -541,3 +596,25 @@ def test_nets_run_under_bf16(models, flux_models):
                 emb = getattr(bound.net, "t_embedder", None) or bound.net.time_in
                 assert next(emb.parameters()).dtype == torch.float32, path.name
         _close(outs[1], outs[0], 5e-2)
+
+
+@torch.no_grad()
+def test_flux_inpainting_net_loads_and_runs(flux_models, tmp_path):
+    """A Flux net whose ``controlnet_x_embedder`` takes 17 x 4 patch values (AliMama's inpainting
+    nets): concat_mask; the 17th hint channel reaches the net."""
+    from tests.fixtures.tiny_flux_controlnet import diffusers_flux_controlnet
+
+    sd = dict(diffusers_flux_controlnet(1, 1, None, seed=11).state_dict())
+    sd["controlnet_x_embedder.weight"] = torch.randn(64, 68, generator=torch.Generator().manual_seed(1)) * 0.05
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "inpaint.safetensors"))
+    net = loader.load_controlnet(tmp_path / "inpaint.safetensors")
+    assert net.concat_mask and net.config.hint_channels == 17
+    runner = loader.load_unet(flux_models / "diffusion_models" / "flux_tiny.safetensors").runner(F32)
+    bound = net.runner(F32).bind_model(runner)
+    g = torch.Generator().manual_seed(5)
+    x, hint = torch.randn(1, 16, 8, 8, generator=g), torch.randn(1, 17, 8, 8, generator=g)
+    ctx, y, t = torch.randn(1, 5, 32, generator=g), torch.randn(1, 32, generator=g), torch.tensor([0.5])
+    a = bound(x, hint, t, ctx, y, {"guidance": torch.tensor([3.0])}).input[0]
+    hint[:, 16] = 0
+    b = bound(x, hint, t, ctx, y, {"guidance": torch.tensor([3.0])}).input[0]
+    assert a.shape == (1, 16, 64) and (a - b).abs().max() > 1e-4

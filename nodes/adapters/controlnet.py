@@ -323,13 +323,14 @@ class ControlNetChain:
 
 def apply_controlnet(conds, control_net, policy, image: Tensor, strength: float,
                      start_percent: float, end_percent: float, apply_to_uncond: bool = False,
-                     vae=None, vae_policy=None):
+                     vae=None, vae_policy=None, extra_concat: tuple = ()):
     """ControlNetApply(Advanced): each cond gets a chain with this net on top of its previous one.
 
     Conds sharing a previous chain share the new link (one net evaluation per UNet batch).
     ``vae`` / ``vae_policy``: the apply node's VAE, used by nets that take the hint as a latent
     (DiT ControlNets, whose handles give their chain's arguments: ``chain_args``); other nets
-    ignore it, as ComfyUI."""
+    ignore it, as ComfyUI. ``extra_concat``: ControlNetInpaintingAliMamaApply's mask for nets with
+    ``concat_mask``."""
     import dataclasses
 
     chain = getattr(control_net, "chain_type", None) or ControlNetChain  # T2I-Adapters bring their own
@@ -337,7 +338,7 @@ def apply_controlnet(conds, control_net, policy, image: Tensor, strength: float,
     # SetUnionControlNetType's extra argument (ControlNetHandle.control_type)
     extra = {"control_type": ct} if (ct := tuple(getattr(control_net, "control_type", ()))) else {}
     if callable(getattr(control_net, "chain_args", None)):  # DiT nets: the hint through the VAE (dit_controlnet.py)
-        extra = control_net.chain_args(vae, vae_policy)
+        extra = control_net.chain_args(vae, vae_policy, extra_concat)
     made: dict[int, ControlNetChain] = {}
     out = []
     for cond in conds:

@@ -20,10 +20,12 @@ import torch
 from torch import Tensor
 
 from mixgraph.nodes.adapters.controlnet import resize_hint
+from mixgraph.nodes.models.concat_cond import repeat_to_batch
+from mixgraph.nodes.models.resize import upscale
 from mixgraph.nodes.payloads.conditioning import Control
 from mixgraph.nodes.vae.latent_format import LatentFormat
 
-__all__ = ["DitControlChain", "NEEDS_VAE_MESSAGE", "broadcast_batch", "dit_chain_args"]
+__all__ = ["DitControlChain", "NEEDS_VAE_MESSAGE", "broadcast_batch", "dit_chain_args", "inpaint_hint"]
 
 # ComfyUI's message when such a net is applied without a VAE
 NEEDS_VAE_MESSAGE = ("This ControlNet needs a VAE but none was provided: use a ControlNet apply node with a VAE input "
@@ -39,12 +41,24 @@ def broadcast_batch(t: Tensor, batch: int) -> Tensor:
     return t[torch.arange(batch) % t.shape[0]]
 
 
-def dit_chain_args(handle, vae, vae_policy) -> dict:
+def inpaint_hint(image: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """ControlNetInpaintingAliMamaApply for a net with ``concat_mask``: the kept-area mask
+    (1 − mask, [B, 1, h, w]) and the image with the masked area blacked out (the kept-area mask
+    resized to the image, bilinear, rounded), as ComfyUI."""
+    keep = 1.0 - mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float()
+    apply = upscale(keep, image.shape[2], image.shape[1], "bilinear", "center").round()  # [B, 1, H, W]
+    return image * apply.movedim(1, -1).repeat(1, 1, 1, image.shape[3]), keep
+
+
+def dit_chain_args(handle, vae, vae_policy, extra_concat: tuple = ()) -> dict:
     """The ``DitControlChain`` arguments of a DiT net's handle (``latent_format``, ``preprocess``,
-    ``takes_inputs``) and the apply node's VAE: the encoder when the net takes a latent (ComfyUI's
-    message when none is connected), nothing when it takes pixels (ComfyUI ignores the VAE then)."""
+    ``takes_inputs``, ``concat_mask``) and the apply node's VAE: the encoder when the net takes a
+    latent (ComfyUI's message when none is connected), nothing when it takes pixels (ComfyUI
+    ignores the VAE then). ``extra_concat``: masks for a ``concat_mask`` net (none: all ones)."""
     args = {"latent_format": handle.latent_format, "preprocess": handle.preprocess,
             "takes_inputs": bool(getattr(handle, "takes_inputs", False))}
+    if getattr(handle, "concat_mask", False):
+        args["extra_concat"] = tuple(extra_concat) or (torch.ones(1, 1, 1, 1),)
     if handle.latent_format is None:
         return args
     if vae is None:
@@ -62,6 +76,8 @@ class DitControlChain:
     hint: IMAGE [B, H, W, C] in 0..1. encode: IMAGE [B, H, W, 3] -> VAE latent [B, C, H/f, W/f]
     (the apply node's VAE); vae_scale: f. latent_format: the net's (``process_in`` on the latent).
     preprocess: the net's hint preprocessing on [B, C, H, W] pixels (identity for most nets).
+    takes_inputs: the runner takes the cond's model inputs. extra_concat: masks [B, 1, h, w]
+    concatenated to the hint latent, resized to it (ComfyUI's ``extra_concat``: inpainting nets).
     """
 
     runner: Callable[..., Control]
@@ -75,6 +91,7 @@ class DitControlChain:
     latent_format: LatentFormat | None = None  # None: the net takes the resized pixels (no VAE)
     preprocess: Callable[[Tensor], Tensor] | None = None
     takes_inputs: bool = False
+    extra_concat: tuple = ()
     _hints: dict = field(default_factory=dict, repr=False, compare=False)
 
     accepts_inputs = True  # the denoiser gives ``residuals`` the cond's model inputs (``inputs=``)
@@ -94,6 +111,11 @@ class DitControlChain:
         else:
             latent = self.encode(pixels.movedim(1, -1)).float()  # IMAGE [B, H, W, C] -> [B, C, h, w]
             latent = self.latent_format.process_in(latent)
+        if self.extra_concat:  # inpainting nets: the kept-area mask on the latent grid after the latent
+            lh, lw = latent.shape[-2:]
+            masks = [repeat_to_batch(upscale(m.float(), lw, lh, "nearest-exact", "center"), latent.shape[0])
+                     for m in self.extra_concat]
+            latent = torch.cat([latent] + masks, dim=1)  # [B, C + 1, h, w]
         self._hints[(h, w)] = latent
         return latent
 

@@ -20,8 +20,10 @@ itself, no VAE: resized to the latent x 8, mapped to [-1, 1] and taken to the la
 ``input_hint_block`` (3 -> 16 channels, 8x down), then patched and projected like the latent
 hint; their residual lists are the block outputs cycled (d0, d1, d0, d1, ...), as ComfyUI.
 
-Not supported yet, refused by name: inpainting nets (17 hint channels, ComfyUI's
-``concat_mask``), MistoLine nets (another conv stack, SiLU'd heads), Chroma models.
+Inpainting nets (AliMama's: 17 hint channels, ComfyUI's ``concat_mask``) take the kept-area mask
+after the hint latent (ControlNetInpaintingAliMamaApply; ``dit_controlnet.DitControlChain``).
+Not supported yet, refused by name: MistoLine nets (another conv stack, SiLU'd heads), Chroma
+models.
 """
 
 from __future__ import annotations
@@ -104,9 +106,6 @@ def flux_controlnet_config(info: Mapping[str, Any]) -> FluxControlNetConfig:
     hidden = shapes["img_in.weight"][0]
     flux = flux_config(shapes | {"final_layer.linear.weight": (shapes["img_in.weight"][1], hidden)})
     hint = shapes["pos_embed_input.weight"][1] // (PATCH * PATCH)
-    if hint == 17:
-        raise NotImplementedError("Flux inpainting ControlNet (17 hint channels: the masked image latent and the "
-                                  "mask, ComfyUI's concat_mask): not supported yet")
     modes = shapes["controlnet_mode_embedder.weight"][0] if "controlnet_mode_embedder.weight" in shapes else 0
     return FluxControlNetConfig(flux=flux, hint_channels=hint, union_modes=modes)
 
@@ -217,6 +216,11 @@ class FluxControlNetHandle:
     preprocess = None
 
     @property
+    def concat_mask(self) -> bool:
+        """An inpainting net (AliMama's): 16 latent + 1 mask hint channels (ComfyUI's test: 17)."""
+        return self.config.hint_channels == 17
+
+    @property
     def latent_format(self):
         """Flux's format for the hint latent; None: an XLabs net takes the image itself."""
         return None if self.config.pixel_hint else FLUX_LATENT
@@ -224,8 +228,8 @@ class FluxControlNetHandle:
     def with_precision(self, policy) -> "FluxControlNetHandle":
         return dataclasses.replace(self, precision=policy)
 
-    def chain_args(self, vae, vae_policy) -> dict:
-        return dit_chain_args(self, vae, vae_policy)
+    def chain_args(self, vae, vae_policy, extra_concat: tuple = ()) -> dict:
+        return dit_chain_args(self, vae, vae_policy, extra_concat)
 
     def with_control_type(self, control_type: tuple[int, ...]) -> "FluxControlNetHandle":
         """SetUnionControlNetType; a plain net ignores the type, as in ComfyUI."""

@@ -225,8 +225,8 @@ class SD35ControlNetHandle:
     def with_precision(self, policy) -> "SD35ControlNetHandle":
         return dataclasses.replace(self, precision=policy)
 
-    def chain_args(self, vae, vae_policy) -> dict:
-        return dit_chain_args(self, vae, vae_policy)
+    def chain_args(self, vae, vae_policy, extra_concat: tuple = ()) -> dict:
+        return dit_chain_args(self, vae, vae_policy, extra_concat)
 
     def module(self, policy) -> nn.Module:
         m = store.materialize("controlnet", self.source, self.config, policy.storage, self.patches, SD35ControlNet)

@@ -10,8 +10,9 @@ once fewer), depth = width / 64, so the main model's last joint block gets none.
 
 Keys: diffusers' names, converted by the SD3 family's diffusers map (``sd3/diffusers_keys.py``);
 ComfyUI swaps the (scale, shift) halves of block depth − 1's ``norm1_context`` only (the main
-model's last block), which a net with fewer blocks does not have. Inpainting nets (17 hint
-channels, ComfyUI's ``concat_mask``) are not supported yet.
+model's last block), which a net with fewer blocks does not have. Inpainting nets (AliMama's: 17
+hint channels, ComfyUI's ``concat_mask``) take the kept-area mask after the hint latent
+(``dit_controlnet.DitControlChain.extra_concat``; ControlNetInpaintingAliMamaApply).
 """
 
 from __future__ import annotations
@@ -132,9 +133,6 @@ def mmdit_controlnet_config(info: Mapping[str, Any]) -> MMDiTControlNetConfig:
                      qk_norm="joint_blocks.0.context_block.attn.ln_q.weight" in shapes,
                      x_block_self_attn_layers=tuple(sorted(int(k.split(".")[1]) for k in shapes if k.endswith(suffix))))
     hint = shapes["pos_embed_input.proj.weight"][1]
-    if hint == 17:
-        raise NotImplementedError("SD3 inpainting ControlNet (17 hint channels: the masked image latent and the "
-                                  "mask, ComfyUI's concat_mask): not supported yet")
     return MMDiTControlNetConfig(mmdit=mm, blocks=blocks, hint_channels=hint)
 
 
@@ -204,11 +202,16 @@ class MMDiTControlNetHandle:
     latent_format = LATENT_FORMAT
     preprocess = None
 
+    @property
+    def concat_mask(self) -> bool:
+        """An inpainting net (AliMama's): 16 latent + 1 mask hint channels (ComfyUI's test: 17)."""
+        return self.config.hint_channels == 17
+
     def with_precision(self, policy) -> "MMDiTControlNetHandle":
         return dataclasses.replace(self, precision=policy)
 
-    def chain_args(self, vae, vae_policy) -> dict:
-        return dit_chain_args(self, vae, vae_policy)
+    def chain_args(self, vae, vae_policy, extra_concat: tuple = ()) -> dict:
+        return dit_chain_args(self, vae, vae_policy, extra_concat)
 
     def runner(self, policy) -> "_Unbound":
         return _Unbound(self, policy)
