@@ -618,3 +618,19 @@ def test_flux_inpainting_net_loads_and_runs(flux_models, tmp_path):
     hint[:, 16] = 0
     b = bound(x, hint, t, ctx, y, {"guidance": torch.tensor([3.0])}).input[0]
     assert a.shape == (1, 16, 64) and (a - b).abs().max() > 1e-4
+
+
+def test_memory_estimate_counts_dit_controlnets(models):
+    """The memory estimate (``ui/estimate.py``) builds a DiT net from its handle and counts its
+    weights at the sampler."""
+    from mixgraph.ui.estimate import estimate
+
+    env = Env.from_args(models=str(models))
+    empty = {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
+    p = prompt() | {"5": empty}
+    with_cn = estimate(api.load(p, api.default_registry()), api.default_registry(), env, "f32")
+    without = prompt(strength=0.0) | {"5": empty}
+    without["3"]["inputs"]["positive"], without["3"]["inputs"]["negative"] = ["6", 0], ["7", 0]
+    del without["a"], without["c"]
+    base = estimate(api.load(without, api.default_registry()), api.default_registry(), env, "f32")
+    assert with_cn["nodes"]["3"]["weights_bytes"] > base["nodes"]["3"]["weights_bytes"]

@@ -211,6 +211,7 @@ class FluxControlNetHandle:
     control_type: tuple[int, ...] = ()
 
     chain_type = DitControlChain
+    module_class = FluxControlNet  # what the weights build (the memory estimate)
     takes_inputs = True
     family = "flux"
     preprocess = None

@@ -212,6 +212,7 @@ class SD35ControlNetHandle:
     control_type: tuple[int, ...] = ()  # SetUnionControlNetType's argument: unused, as in ComfyUI
 
     chain_type = DitControlChain
+    module_class = SD35ControlNet  # what the weights build (the memory estimate)
     family = "sd3"
 
     @property

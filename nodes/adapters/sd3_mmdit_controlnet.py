@@ -198,6 +198,7 @@ class MMDiTControlNetHandle:
     control_type: tuple[int, ...] = ()
 
     chain_type = DitControlChain
+    module_class = MMDiTControlNet  # what the weights build (the memory estimate)
     family = "sd3"
     latent_format = LATENT_FORMAT
     preprocess = None
