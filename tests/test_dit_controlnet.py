@@ -634,3 +634,15 @@ def test_memory_estimate_counts_dit_controlnets(models):
     del without["a"], without["c"]
     base = estimate(api.load(without, api.default_registry()), api.default_registry(), env, "f32")
     assert with_cn["nodes"]["3"]["weights_bytes"] > base["nodes"]["3"]["weights_bytes"]
+
+
+def test_controlnet_apply_sd3_spec_matches_comfyui():
+    info = api.default_registry().object_info()["ControlNetApplySD3"]
+    req = info["input"]["required"]
+    assert list(req) == ["positive", "negative", "control_net", "vae", "image", "strength", "start_percent",
+                         "end_percent"]
+    assert [req[k][0] for k in list(req)[:5]] == ["CONDITIONING", "CONDITIONING", "CONTROL_NET", "VAE", "IMAGE"]
+    assert req["strength"][1] == {"default": 1.0, "min": 0.0, "max": 10.0, "step": 0.01}
+    assert req["end_percent"][1] == {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.001}
+    assert info["output"] == ["CONDITIONING", "CONDITIONING"] and info["output_name"] == ["positive", "negative"]
+    assert (info["category"], info["display_name"]) == ("conditioning/controlnet", "Apply Controlnet with VAE")
