@@ -25,15 +25,16 @@ from mixgraph.nodes.encoders.encoder_arch import recognise
 from mixgraph.nodes.families import registry
 from mixgraph.nodes.weights.safetensors_io import WeightFileError, inspect_file
 
-__all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "supported", "CONTROLNET_MARKERS"]
+__all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "supported",
+           "CONTROLNET_MARKERS"]
 
 _PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.model.", "model.", "net.", "")
 
-# (family, keys that must all be present after a prefix); first match wins, so the more specific
-# signature of two families sharing a layout (Hunyuan Video / Chroma vs Flux) comes first.
 #: keys of DiT ControlNets (Flux XLabs / InstantX, SD3), whose blocks carry their family's model keys
 CONTROLNET_MARKERS = frozenset({"controlnet_blocks.0.weight", "controlnet_blocks.0.linear.weight"})
 
+# (family, keys that must all be present after a prefix); first match wins, so the more specific
+# signature of two families sharing a layout (Hunyuan Video / Chroma vs Flux) comes first.
 _DIFFUSION = (
     ("Hunyuan Video", ("double_blocks.0.img_attn.qkv.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight")),
     ("Chroma Radiance", ("double_blocks.0.img_attn.qkv.weight", "nerf_blocks.0.norm.scale")),

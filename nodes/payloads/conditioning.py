@@ -61,8 +61,9 @@ class Control:
             control["input"]). Empty for ControlNets; ``input`` is empty for T2I-Adapters.
     output: DiT ControlNets (ComfyUI's control["output"]): one token tensor (or None) per block
             of the diffusion model, [B, N, D], added to the image tokens after block i (SD3's
-            joint blocks, Flux's single-stream blocks). Empty for UNet ControlNets. Lists of different lengths add as
-            ComfyUI's ``control_merge`` does: the longer one's tail is kept.
+            joint blocks, Flux's single-stream blocks). Empty for UNet ControlNets. Lists of
+            different lengths add as ComfyUI's ``control_merge`` does: the longer one's tail is
+            kept.
 
     ``a + b`` sums two nets' residuals slot by slot (a chain of ControlNets); None means "nothing
     here", so None + r = r.
