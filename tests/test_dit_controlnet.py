@@ -297,7 +297,6 @@ def test_refusals(models):
 
 @pytest.mark.parametrize("keys,name", [
     ({"controlnet_blocks.0.weight", "transformer_blocks.0.img_mlp.net.0.proj.weight"}, "Qwen-Image InstantX"),
-    ({"controlnet_blocks.0.linear.weight"}, "Flux MistoLine"),
 ])
 def test_other_dit_formats_are_refused_by_name(tmp_path, keys, name):
     path = tmp_path / "cn.safetensors"
@@ -646,3 +645,39 @@ def test_controlnet_apply_sd3_spec_matches_comfyui():
     assert req["end_percent"][1] == {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.001}
     assert info["output"] == ["CONDITIONING", "CONDITIONING"] and info["output_name"] == ["positive", "negative"]
     assert (info["category"], info["display_name"]) == ("conditioning/controlnet", "Apply Controlnet with VAE")
+
+
+@torch.no_grad()
+def test_flux_mistoline_net(flux_models, tmp_path):
+    """MistoLine nets: the image through their conv stack (written out here with ``F.conv2d``), the
+    blocks as diffusers' Flux net given those features, SiLU after each head; single-block heads
+    stored as ``single_controlnet_blocks`` (ComfyUI's ``convert_mistoline``)."""
+    import torch.nn.functional as F
+
+    from mixgraph.nodes.families.flux.model import image_ids, patchify
+    from tests.fixtures.tiny_flux_controlnet import MISTOLINE_CONVS, diffusers_flux_controlnet, mistoline_state_dict
+
+    sd = mistoline_state_dict(seed=21)
+    save_file(sd, str(tmp_path / "misto.safetensors"))
+    net = loader.load_controlnet(tmp_path / "misto.safetensors")
+    assert net.config.mistoline and net.latent_format is None
+    runner = loader.load_unet(flux_models / "diffusion_models" / "flux_tiny.safetensors").runner(F32)
+    bound = net.runner(F32).bind_model(runner)
+    g = torch.Generator().manual_seed(5)
+    x, image = torch.randn(2, 16, 8, 8, generator=g), torch.rand(2, 3, 64, 64, generator=g)
+    ctx, y = torch.randn(2, 5, 32, generator=g), torch.randn(2, 32, generator=g)
+    t, guidance = torch.tensor([0.7, 0.3]), torch.tensor([3.5, 2.0])
+    got = bound(x, image, t, ctx, y, {"guidance": guidance})
+    h = image * 2 - 1
+    for j, (kernel, stride) in enumerate(MISTOLINE_CONVS):
+        if j:
+            h = F.silu(h)
+        h = F.conv2d(h, sd[f"input_cond_block.encoder.{2 * j}.weight"], sd[f"input_cond_block.encoder.{2 * j}.bias"],
+                     stride=stride, padding=kernel // 2)
+    ref = diffusers_flux_controlnet(1, 1, None, 21)
+    d, s = ref(hidden_states=patchify(x), controlnet_cond=patchify(h), encoder_hidden_states=ctx,
+               pooled_projections=y, timestep=t, img_ids=image_ids(4, 4, 1)[0], txt_ids=torch.zeros(5, 3),
+               guidance=guidance, return_dict=False)
+    assert len(got.input) == 19 and len(got.output) == 38
+    _close(got.input[0], F.silu(d[0]))
+    _close(got.output[0], F.silu(s[0]))

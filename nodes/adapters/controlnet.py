@@ -195,7 +195,7 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
 
 def dit_controlnet_kind(keys) -> str | None:
     """The name of a DiT ControlNet format ComfyUI loads (``load_controlnet_state_dict``), or None,
-    for refusals here: the loader takes SD3 / SD3.5 and Flux InstantX / XLabs nets before this
+    for refusals here: the loader takes SD3 / SD3.5 and Flux InstantX / XLabs / MistoLine nets first
     (``sd35_controlnet.py``, ``sd3_mmdit_controlnet.py``, ``flux_controlnet.py``)."""
     if "controlnet_blocks.0.weight" in keys:
         if "double_blocks.0.img_attn.norm.key_norm.scale" in keys:

@@ -22,7 +22,8 @@ hint; their residual lists are the block outputs cycled (d0, d1, d0, d1, ...), a
 
 Inpainting nets (AliMama's: 17 hint channels, ComfyUI's ``concat_mask``) take the kept-area mask
 after the hint latent (ControlNetInpaintingAliMamaApply; ``dit_controlnet.DitControlChain``).
-Not supported yet, refused by name: MistoLine nets (another conv stack, SiLU'd heads), Chroma
+MistoLine's nets (TheMistoAI) are XLabs-like with their own conv stack (``input_cond_block``) and
+a SiLU after each head (ComfyUI ``mistoline=True``). Not supported yet, refused by name: Chroma
 models.
 """
 
@@ -50,7 +51,8 @@ from mixgraph.nodes.weights.layouts import FamilyLayout, register_layout
 from mixgraph.nodes.weights.safetensors_io import WeightSource
 
 __all__ = ["FluxControlNetConfig", "FluxControlNet", "FluxControlNetHandle", "is_flux_instantx_controlnet",
-           "is_flux_xlabs_controlnet", "flux_controlnet_config", "xlabs_controlnet_config", "LAYOUT", "MAIN_DOUBLE",
+           "is_flux_xlabs_controlnet", "is_flux_mistoline_controlnet", "flux_controlnet_config",
+           "xlabs_controlnet_config", "mistoline_controlnet_config", "LAYOUT", "MISTOLINE_LAYOUT", "MAIN_DOUBLE",
            "MAIN_SINGLE"]
 
 LAYOUT = "flux_controlnet_diffusers"
@@ -87,12 +89,14 @@ register_layout(FamilyLayout(LAYOUT, lambda keys: False, _header,
 class FluxControlNetConfig:
     """flux: the blocks' sizes (depths = the net's own); hint_channels: channels of the hint
     features the 2 x 2 patches are made of (16); union_modes: rows of ``controlnet_mode_embedder``
-    (0: a plain net); pixel_hint: XLabs nets (the image through ``input_hint_block``, no VAE)."""
+    (0: a plain net); pixel_hint: XLabs / MistoLine nets (the image through a conv stack, no VAE);
+    mistoline: TheMistoAI's MistoLine (its own stack ``input_cond_block``, SiLU after each head)."""
 
     flux: FluxConfig
     hint_channels: int = 16
     union_modes: int = 0
     pixel_hint: bool = False
+    mistoline: bool = False
 
 
 def flux_controlnet_config(info: Mapping[str, Any]) -> FluxControlNetConfig:
@@ -108,6 +112,35 @@ def flux_controlnet_config(info: Mapping[str, Any]) -> FluxControlNetConfig:
     hint = shapes["pos_embed_input.weight"][1] // (PATCH * PATCH)
     modes = shapes["controlnet_mode_embedder.weight"][0] if "controlnet_mode_embedder.weight" in shapes else 0
     return FluxControlNetConfig(flux=flux, hint_channels=hint, union_modes=modes)
+
+
+def is_flux_mistoline_controlnet(keys: Collection[str]) -> bool:
+    """MistoLine's Flux nets (ComfyUI's test): heads with a ``linear`` inside."""
+    return "controlnet_blocks.0.linear.weight" in keys
+
+
+def mistoline_rename(key: str) -> str:
+    """ComfyUI's ``convert_mistoline``: ``single_controlnet_blocks.`` -> ``controlnet_single_blocks.``."""
+    old = "single_controlnet_blocks."
+    return "controlnet_single_blocks." + key[len(old):] if key.startswith(old) else key
+
+
+MISTOLINE_LAYOUT = "flux_controlnet_mistoline"
+register_layout(FamilyLayout(MISTOLINE_LAYOUT, lambda keys: False,
+                             lambda info: {mistoline_rename(k): v for k, v in info.items()},
+                             lambda keys: mistoline_rename))
+
+
+def mistoline_controlnet_config(info: Mapping[str, Any]) -> FluxControlNetConfig:
+    """The config of a MistoLine net from its keys and shapes (``single_controlnet_blocks`` renamed)."""
+    shapes = {mistoline_rename(k): tuple(getattr(v, "shape", v)) for k, v in info.items()}
+    need = ("img_in.weight", "txt_in.weight", "pos_embed_input.weight", "input_cond_block.encoder.0.weight",
+            "double_blocks.0.img_mlp.0.weight", "double_blocks.0.img_attn.norm.key_norm.scale")
+    if any(k not in shapes for k in need):
+        raise ValueError(f"Flux MistoLine ControlNet: incomplete file, {[k for k in need if k not in shapes]} missing")
+    hidden = shapes["img_in.weight"][0]
+    flux = flux_config(shapes | {"final_layer.linear.weight": (shapes["img_in.weight"][1], hidden)})
+    return FluxControlNetConfig(flux=flux, hint_channels=HINT_WIDTH, pixel_hint=True, mistoline=True)
 
 
 def is_flux_xlabs_controlnet(keys: Collection[str]) -> bool:
@@ -143,6 +176,37 @@ def _cycle(outs: list[Tensor], total: int) -> list[Tensor]:
     return (outs * math.ceil(total / len(outs)))[:total] if outs else []
 
 
+class _MistolineHead(nn.Module):
+    """A MistoLine head: Linear then SiLU (keys ``controlnet_blocks.N.linear``)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.silu(self.linear(x))
+
+
+class _MistolineCond(nn.Module):
+    """MistoLine's hint stack (``input_cond_block.encoder``): 3 -> 16 channels, 8x down, 1x1 convs
+    second and second to last; SiLU between (ComfyUI ``MistolineCondDownsamplBlock``)."""
+
+    def __init__(self):
+        super().__init__()
+        w = HINT_WIDTH
+        convs = [nn.Conv2d(3, w, 3, padding=1), nn.Conv2d(w, w, 1)]
+        for stride in (1, 2, 1, 2, 1, 2):
+            convs.append(nn.Conv2d(w, w, 3, padding=1, stride=stride))
+        convs += [nn.Conv2d(w, w, 1), nn.Conv2d(w, w, 3, padding=1)]
+        layers: list[nn.Module] = [convs[0]]
+        for conv in convs[1:]:
+            layers += [nn.SiLU(), conv]
+        self.encoder = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.encoder(x)
+
+
 def _hint_block() -> nn.Sequential:
     """XLabs' conv stack: 3 -> 16 channels, 8x down (stride-2 convs at 4, 8, 12); SiLU between."""
     layers: list[nn.Module] = [nn.Conv2d(3, HINT_WIDTH, 3, padding=1)]
@@ -163,19 +227,23 @@ class FluxControlNet(Flux):
         del self.final_layer  # the net has none (ComfyUI ``final_layer=False``)
         self.cn_config = cfg
         d = cfg.flux.hidden_size
-        self.controlnet_blocks = nn.ModuleList(nn.Linear(d, d) for _ in range(cfg.flux.depth))
-        self.controlnet_single_blocks = nn.ModuleList(nn.Linear(d, d) for _ in range(cfg.flux.depth_single_blocks))
+        head = (lambda: _MistolineHead(d)) if cfg.mistoline else (lambda: nn.Linear(d, d))
+        self.controlnet_blocks = nn.ModuleList(head() for _ in range(cfg.flux.depth))
+        self.controlnet_single_blocks = nn.ModuleList(head() for _ in range(cfg.flux.depth_single_blocks))
         self.pos_embed_input = nn.Linear(cfg.hint_channels * PATCH * PATCH, d)
         if cfg.union_modes:
             self.controlnet_mode_embedder = nn.Embedding(cfg.union_modes, d)
-        if cfg.pixel_hint:
+        if cfg.mistoline:
+            self.input_cond_block = _MistolineCond()
+        elif cfg.pixel_hint:
             self.input_hint_block = _hint_block()
 
     def forward(self, x: Tensor, hint: Tensor, timestep: Tensor, context: Tensor, y: Tensor | None = None,
                 guidance: Tensor | None = None, control_type: tuple[int, ...] = ()) -> tuple[list, list]:
         b, _, h, w = x.shape
-        if self.cn_config.pixel_hint:  # XLabs: pixels [B, 3, 8h, 8w] -> features [B, 16, h, w]
-            hint = self.input_hint_block(hint * 2.0 - 1.0)
+        if self.cn_config.pixel_hint:  # XLabs / MistoLine: pixels [B, 3, 8h, 8w] -> features [B, 16, h, w]
+            stack = self.input_cond_block if self.cn_config.mistoline else self.input_hint_block
+            hint = stack(hint * 2.0 - 1.0)
         img = self.img_in(patchify(x)) + self.pos_embed_input(patchify(hint))  # [B, N, D]
         vec = self.conditioning_vector(timestep, y, guidance, img.dtype)
         txt = self.txt_in(context)

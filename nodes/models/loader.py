@@ -53,8 +53,10 @@ from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_l
 from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
                                                 convert_controlnet_state_dict)
 from mixgraph.nodes.adapters.flux_controlnet import LAYOUT as FLUX_CN_LAYOUT
+from mixgraph.nodes.adapters.flux_controlnet import MISTOLINE_LAYOUT
 from mixgraph.nodes.adapters.flux_controlnet import (FluxControlNetHandle, flux_controlnet_config,
-                                                     is_flux_instantx_controlnet, is_flux_xlabs_controlnet,
+                                                     is_flux_instantx_controlnet, is_flux_mistoline_controlnet,
+                                                     is_flux_xlabs_controlnet, mistoline_controlnet_config,
                                                      xlabs_controlnet_config)
 from mixgraph.nodes.adapters.sd35_controlnet import LAYOUT as SD35_LAYOUT
 from mixgraph.nodes.adapters.sd3_mmdit_controlnet import LAYOUT as MMDIT_CN_LAYOUT
@@ -659,6 +661,9 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     if is_mmdit_controlnet(info):  # diffusers-layout SD3 nets (InstantX; sd3_mmdit_controlnet.py)
         return MMDiTControlNetHandle(source=WeightSource.from_file(p, "", MMDIT_CN_LAYOUT),
                                      config=mmdit_controlnet_config(info))
+    if is_flux_mistoline_controlnet(info):  # MistoLine's Flux nets (flux_controlnet.py)
+        return FluxControlNetHandle(source=WeightSource.from_file(p, "", MISTOLINE_LAYOUT),
+                                    config=mistoline_controlnet_config(info))
     if is_flux_xlabs_controlnet(info):  # XLabs' Flux nets: BFL names as stored (flux_controlnet.py)
         return FluxControlNetHandle(source=WeightSource.from_file(p, "", "ldm"), config=xlabs_controlnet_config(info))
     if is_flux_instantx_controlnet(info):  # diffusers-layout Flux nets (InstantX, union; flux_controlnet.py)
