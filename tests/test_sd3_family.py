@@ -24,7 +24,7 @@ from mixgraph.nodes.families.sd3.diffusers_keys import converted_shapes
 from mixgraph.nodes.families.sd3.family import SD3
 from mixgraph.nodes.families.sd3.mmdit import MMDiT, MMDiTConfig, config_from_shapes
 from mixgraph.nodes.models import loader
-from mixgraph.nodes.payloads.conditioning import Cond
+from mixgraph.nodes.payloads.conditioning import Cond, Control
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling
 from mixgraph.nodes.vae.flow_latent_formats import SD3_LATENT
 from mixgraph.ui import api
@@ -248,8 +248,8 @@ def test_runner_conditioning(models):
     assert torch.isfinite(base).all() and not torch.equal(base, x0(Cond(text, pooled=pooled * 2)))
     with pytest.raises(ValueError, match="text tokens 48 wide; this model takes 32"):
         runner(x, torch.tensor([500.0, 500.0]), torch.zeros(2, 7, 48), {})
-    with pytest.raises(NotImplementedError, match="ControlNet on SD3 / SD3.5 models: not supported yet"):
-        runner(x, torch.tensor([500.0, 500.0]), text.repeat(2, 1, 1), {}, control=object())
+    with pytest.raises(ValueError, match="SD 1.x / SDXL ControlNet or T2I-Adapter"):  # SD3's: test_dit_controlnet.py
+        runner(x, torch.tensor([500.0, 500.0]), text.repeat(2, 1, 1), {}, control=Control(input=[x]))
     assert "text tokens" in runner.context_free_refusal()
 
 

@@ -233,9 +233,10 @@ def _modules(socket: str, handle: Any) -> list:
     if socket == "VAE":
         from mixgraph.nodes.vae.vae import AutoencoderKL
         return [(lambda: AutoencoderKL(handle.config), getattr(handle, "source", None))]
-    if socket == "CONTROL_NET":
+    if socket == "CONTROL_NET":  # DiT nets name their module class (adapters/*_controlnet.py)
         from mixgraph.nodes.adapters.controlnet import ControlNetModel
-        return [(lambda: ControlNetModel(handle.config), getattr(handle, "source", None))]
+        build = getattr(handle, "module_class", None) or ControlNetModel
+        return [(lambda: build(handle.config), getattr(handle, "source", None))]
     if socket == "CLIP":  # one module per text encoder of the set
         return [(functools.partial(e.build, e.config), e.source) for e in handle.encoders]
     return []
@@ -494,8 +495,9 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                     ckey = (cn.loader, "CONTROL_NET", cpol.storage, cpol.int8, cn.patched)
                     c_held, c_use = _weight_bytes("CONTROL_NET", cn.handle, _policy_key(cpol))
                     entry["weights_bytes"] += held.use(ckey, c_held)
-                    act += c_use + _controlnet_peak(cn.handle.config, _policy_key(cpol), batch,
-                                                    h, w, down)
+                    act += c_use
+                    if getattr(cn.handle, "module_class", None) is None:  # DiT nets: activations not traced yet
+                        act += _controlnet_peak(cn.handle.config, _policy_key(cpol), batch, h, w, down)
                 activation += act
                 entry["size"] = [b, h, w]
                 if assumed:

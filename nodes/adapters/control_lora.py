@@ -165,8 +165,9 @@ class ControlLoraRunner:
 
 
 def bind_chain(chain, model, memo: dict):
-    """``chain`` with every ControlLoRA link's runner bound to ``model`` (new links where one
-    changes; shared links stay shared through ``memo``)."""
+    """``chain`` with every ControlLoRA link's runner (and any other runner with ``bind_model``, e.g.
+    ``sd35_controlnet.SD35Runner``) bound to ``model`` (new links where one changes; shared links
+    stay shared through ``memo``)."""
     if chain is None or not dataclasses.is_dataclass(chain) or not hasattr(chain, "previous"):
         return chain
     if id(chain) in memo:
@@ -176,8 +177,8 @@ def bind_chain(chain, model, memo: dict):
     changes = {}
     if prev is not chain.previous:
         changes["previous"] = prev
-    if isinstance(runner, ControlLoraRunner):
-        changes["runner"] = runner.bind_model(model)
+    if isinstance(runner, ControlLoraRunner) or callable(getattr(runner, "bind_model", None)):
+        changes["runner"] = runner.bind_model(model)  # ControlLoRA; DiT nets borrowing the model's parts
     out = dataclasses.replace(chain, **changes) if changes else chain
     memo[id(chain)] = out
     return out

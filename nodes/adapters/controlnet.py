@@ -48,6 +48,7 @@ __all__ = [
     "controlnet_config_from_state_dict",
     "convert_controlnet_state_dict",
     "resize_hint",
+    "dit_controlnet_kind",
 ]
 
 
@@ -173,6 +174,8 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
         return {k[len("control_model."):]: v for k, v in sd.items() if k.startswith("control_model.")}
     if "zero_convs.0.0.weight" in sd:
         return dict(sd)
+    if (kind := dit_controlnet_kind(sd)) is not None:
+        raise NotImplementedError(f"{kind} ControlNet: not supported yet")
     if "controlnet_cond_embedding.conv_in.weight" in sd:
         if any(k.startswith("controlnet_mode_embedding") for k in sd):
             raise NotImplementedError("ControlNet with controlnet_mode_embedding (InstantX union, an SD3/Flux "
@@ -188,6 +191,26 @@ def convert_controlnet_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]
         f"ControlNet format not recognised (T2I-Adapter or another family): not supported yet; "
         f"keys such as {sorted(sd)[:4]}"
     )
+
+
+def dit_controlnet_kind(keys) -> str | None:
+    """The name of a DiT ControlNet format ComfyUI loads (``load_controlnet_state_dict``), or None,
+    for refusals here: the loader takes SD3 / SD3.5 and Flux InstantX / XLabs / MistoLine nets first
+    (``sd35_controlnet.py``, ``sd3_mmdit_controlnet.py``, ``flux_controlnet.py``)."""
+    if "controlnet_blocks.0.weight" in keys:
+        if "double_blocks.0.img_attn.norm.key_norm.scale" in keys:
+            return "Flux XLabs"
+        if "pos_embed_input.proj.weight" in keys:
+            if "transformer_blocks.0.adaLN_modulation.1.bias" in keys:
+                return "Stability SD3.5"
+            return "SD3 diffusers-format (InstantX / AliMama SD3)"
+        if "transformer_blocks.0.img_mlp.net.0.proj.weight" in keys:
+            return "Qwen-Image InstantX"
+        if "controlnet_x_embedder.weight" in keys:
+            return "Flux InstantX / Shakker union"
+    if "controlnet_blocks.0.linear.weight" in keys:
+        return "Flux MistoLine"
+    return None
 
 
 def _from_diffusers(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -299,16 +322,23 @@ class ControlNetChain:
 
 
 def apply_controlnet(conds, control_net, policy, image: Tensor, strength: float,
-                     start_percent: float, end_percent: float, apply_to_uncond: bool = False):
+                     start_percent: float, end_percent: float, apply_to_uncond: bool = False,
+                     vae=None, vae_policy=None, extra_concat: tuple = ()):
     """ControlNetApply(Advanced): each cond gets a chain with this net on top of its previous one.
 
-    Conds sharing a previous chain share the new link (one net evaluation per UNet batch)."""
+    Conds sharing a previous chain share the new link (one net evaluation per UNet batch).
+    ``vae`` / ``vae_policy``: the apply node's VAE, used by nets that take the hint as a latent
+    (DiT ControlNets, whose handles give their chain's arguments: ``chain_args``); other nets
+    ignore it, as ComfyUI. ``extra_concat``: ControlNetInpaintingAliMamaApply's mask for nets with
+    ``concat_mask``."""
     import dataclasses
 
     chain = getattr(control_net, "chain_type", None) or ControlNetChain  # T2I-Adapters bring their own
     runner = control_net.runner(policy)
     # SetUnionControlNetType's extra argument (ControlNetHandle.control_type)
     extra = {"control_type": ct} if (ct := tuple(getattr(control_net, "control_type", ()))) else {}
+    if callable(getattr(control_net, "chain_args", None)):  # DiT nets: the hint through the VAE (dit_controlnet.py)
+        extra = control_net.chain_args(vae, vae_policy, extra_concat)
     made: dict[int, ControlNetChain] = {}
     out = []
     for cond in conds:

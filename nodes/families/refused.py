@@ -25,9 +25,13 @@ from mixgraph.nodes.encoders.encoder_arch import recognise
 from mixgraph.nodes.families import registry
 from mixgraph.nodes.weights.safetensors_io import WeightFileError, inspect_file
 
-__all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "supported"]
+__all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "supported",
+           "CONTROLNET_MARKERS"]
 
 _PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.model.", "model.", "net.", "")
+
+#: keys of DiT ControlNets (Flux XLabs / InstantX, SD3), whose blocks carry their family's model keys
+CONTROLNET_MARKERS = frozenset({"controlnet_blocks.0.weight", "controlnet_blocks.0.linear.weight"})
 
 # (family, keys that must all be present after a prefix); first match wins, so the more specific
 # signature of two families sharing a layout (Hunyuan Video / Chroma vs Flux) comes first.
@@ -126,6 +130,8 @@ def detect_family(info) -> str | None:
     """The unsupported family a file's tensors belong to, or None (an SD file, or unknown).
     ``info``: key → TensorInfo (``safetensors_io.inspect_file``) or key → shape sequence."""
     keys = set(info)
+    if keys & CONTROLNET_MARKERS:  # a DiT ControlNet: ControlNetLoader loads it or names its format
+        return None
     diffusion = _match(keys, _DIFFUSION)
     if diffusion is not None:
         # a file whose diffusion model a registered family runs is that family's, text encoders

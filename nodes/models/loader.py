@@ -52,6 +52,18 @@ from mixgraph.nodes.encoders.encoder_set import EncoderEntry
 from mixgraph.nodes.adapters.control_lora import ControlLoraHandle, is_control_lora
 from mixgraph.nodes.adapters.controlnet import (controlnet_config_from_state_dict,
                                                 convert_controlnet_state_dict)
+from mixgraph.nodes.adapters.flux_controlnet import LAYOUT as FLUX_CN_LAYOUT
+from mixgraph.nodes.adapters.flux_controlnet import MISTOLINE_LAYOUT
+from mixgraph.nodes.adapters.flux_controlnet import (FluxControlNetHandle, flux_controlnet_config,
+                                                     is_flux_instantx_controlnet, is_flux_mistoline_controlnet,
+                                                     is_flux_xlabs_controlnet, mistoline_controlnet_config,
+                                                     xlabs_controlnet_config)
+from mixgraph.nodes.adapters.sd35_controlnet import LAYOUT as SD35_LAYOUT
+from mixgraph.nodes.adapters.sd3_mmdit_controlnet import LAYOUT as MMDIT_CN_LAYOUT
+from mixgraph.nodes.adapters.sd3_mmdit_controlnet import (MMDiTControlNetHandle, is_mmdit_controlnet,
+                                                          mmdit_controlnet_config)
+from mixgraph.nodes.adapters.sd35_controlnet import (SD35ControlNetHandle, is_sd35_controlnet, sd35_config_from_shapes,
+                                                     sd35_rename)
 from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.families.refused import (UnsupportedFamilyError, detect_family, family_of_file, refusal,
                                              supported)
@@ -643,6 +655,20 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
     if p.is_dir():
         p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
+    # DiT ControlNets first: their blocks carry model-family keys (double_blocks.*) the refusal would read
+    if is_sd35_controlnet(info):  # Stability's SD3.5 nets (sd35_controlnet.py)
+        return _load_sd35_controlnet(p, info)
+    if is_mmdit_controlnet(info):  # diffusers-layout SD3 nets (InstantX; sd3_mmdit_controlnet.py)
+        return MMDiTControlNetHandle(source=WeightSource.from_file(p, "", MMDIT_CN_LAYOUT),
+                                     config=mmdit_controlnet_config(info))
+    if is_flux_mistoline_controlnet(info):  # MistoLine's Flux nets (flux_controlnet.py)
+        return FluxControlNetHandle(source=WeightSource.from_file(p, "", MISTOLINE_LAYOUT),
+                                    config=mistoline_controlnet_config(info))
+    if is_flux_xlabs_controlnet(info):  # XLabs' Flux nets: BFL names as stored (flux_controlnet.py)
+        return FluxControlNetHandle(source=WeightSource.from_file(p, "", "ldm"), config=xlabs_controlnet_config(info))
+    if is_flux_instantx_controlnet(info):  # diffusers-layout Flux nets (InstantX, union; flux_controlnet.py)
+        return FluxControlNetHandle(source=WeightSource.from_file(p, "", FLUX_CN_LAYOUT),
+                                    config=flux_controlnet_config(info))
     _refuse_family(p.name, info)
     if is_t2i_adapter(info):  # ComfyUI's ControlNetLoader loads T2I-Adapters too
         return load_t2i_adapter(p, info)
@@ -650,6 +676,16 @@ def load_controlnet(path: str | os.PathLike) -> ControlNetHandle:
         return ControlLoraHandle(path=p)
     cfg = controlnet_config_from_state_dict(convert_controlnet_state_dict(info))
     return ControlNetHandle(source=WeightSource.from_file(p, "", "controlnet"), config=cfg)
+
+
+def _load_sd35_controlnet(p: Path, info) -> SD35ControlNetHandle:
+    """The config from the header, the ``control_type`` scalar (canny / depth preprocessing) read."""
+    control_type = -1
+    if "control_type" in info:
+        control_type = round(float(read_tensors(p, ["control_type"])["control_type"].reshape(-1)[0]))
+    cfg = sd35_config_from_shapes({k2: v for k, v in info.items() if (k2 := sd35_rename(k)) is not None},
+                                  control_type)
+    return SD35ControlNetHandle(source=WeightSource.from_file(p, "", SD35_LAYOUT), config=cfg)
 
 
 def load_diff_controlnet(path: str | os.PathLike, model: ModelHandle) -> ControlNetHandle:

@@ -52,11 +52,18 @@ class Control:
 
     input:  one tensor (or None) per UNet input-block output, in order; added to the skip
             connections. Each [B, C_i, H_i, W_i]. Any sequence: a tuple or a list (the
-            ControlNet chain and ``+`` build lists; the UNet only indexes and zips it).
+            ControlNet chain and ``+`` build lists; the UNet only indexes and zips it). Flux
+            ControlNets: one token tensor [B, N, D] per double-stream block, added to the first
+            N image tokens after block i (ComfyUI's control["input"] there).
     middle: added to the middle-block output, [B, C_mid, H_mid, W_mid], or None.
     input_path: added to the main path right after input block k (so also to its skip), one
             entry (or None) per input block from the first; T2I-Adapter features (ComfyUI's
             control["input"]). Empty for ControlNets; ``input`` is empty for T2I-Adapters.
+    output: DiT ControlNets (ComfyUI's control["output"]): one token tensor (or None) per block
+            of the diffusion model, [B, N, D], added to the image tokens after block i (SD3's
+            joint blocks, Flux's single-stream blocks). Empty for UNet ControlNets. Lists of
+            different lengths add as ComfyUI's ``control_merge`` does: the longer one's tail is
+            kept.
 
     ``a + b`` sums two nets' residuals slot by slot (a chain of ControlNets); None means "nothing
     here", so None + r = r.
@@ -65,12 +72,14 @@ class Control:
     input: Sequence[torch.Tensor | None]
     middle: torch.Tensor | None = None
     input_path: Sequence[torch.Tensor | None] = ()
+    output: Sequence[torch.Tensor | None] = ()
 
     def __add__(self, other: Control) -> Control:
         return Control(
             input=_add_lists(self.input, other.input, "residuals"),
             middle=_add_opt(self.middle, other.middle),
             input_path=_add_lists(self.input_path, other.input_path, "input-path features"),
+            output=_merge_lists(self.output, other.output),
         )
 
 
@@ -80,6 +89,12 @@ def _add_lists(a, b, what: str) -> list:
     if len(a) != len(b):
         raise ValueError(f"Control: cannot add {len(a)} and {len(b)} {what}")
     return [_add_opt(x, y) for x, y in zip(a, b)]
+
+
+def _merge_lists(a, b) -> list:
+    """Slot-wise sum; where one list is longer its extra entries are kept (ComfyUI control_merge)."""
+    n = max(len(a), len(b))
+    return [_add_opt(a[i] if i < len(a) else None, b[i] if i < len(b) else None) for i in range(n)]
 
 
 def _add_opt(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:

@@ -623,7 +623,8 @@ class CondDenoiser:
             cn_context = context
             if batch[0][0].control_context is not None:  # ComfyUI's crossattn_controlnet
                 cn_context = _batch_context([e.control_context for e, _, _ in batch], b)
-            control = chain.residuals(xc, t, cn_context, cond_inputs.get("y"), sig, percent)
+            more = {"inputs": cond_inputs} if getattr(chain, "accepts_inputs", False) else {}  # DiT nets
+            control = chain.residuals(xc, t, cn_context, cond_inputs.get("y"), sig, percent, **more)
         unet_in = xc
         if batch[0][0].concat is not None:
             crops = []

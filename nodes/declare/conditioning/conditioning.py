@@ -68,9 +68,23 @@ def ControlNetApplyAdvanced(ctx, positive=Socket("CONDITIONING"), negative=Socke
                             start_percent=Float(0.0, min=0.0, max=1.0, step=0.001),
                             end_percent=Float(1.0, min=0.0, max=1.0, step=0.001),
                             vae=Socket("VAE", optional=True)):
-    """Chains a ControlNet onto both conditionings, active between start and end percent."""
+    """Chains a ControlNet onto both conditionings, active between start and end percent. The VAE
+    encodes the hint for nets that take it as a latent (SD3 / SD3.5 ControlNets)."""
     if strength == 0:
         return positive, negative
     policy = effective(ctx, control_net, "CONTROL_NET")
+    vae_policy = effective(ctx, vae, "VAE") if vae is not None else None
     return tuple(apply_controlnet(c, control_net, policy, image, strength, start_percent,
-                                  end_percent) for c in (positive, negative))
+                                  end_percent, vae=vae, vae_policy=vae_policy) for c in (positive, negative))
+
+
+@node(category="conditioning/controlnet", outputs=("CONDITIONING", "CONDITIONING"),
+      output_names=("positive", "negative"), display_name="Apply Controlnet with VAE")
+def ControlNetApplySD3(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"),
+                       control_net=Socket("CONTROL_NET"), vae=Socket("VAE"), image=Socket("IMAGE"),
+                       strength=Float(1.0, min=0.0, max=10.0, step=0.01),
+                       start_percent=Float(0.0, min=0.0, max=1.0, step=0.001),
+                       end_percent=Float(1.0, min=0.0, max=1.0, step=0.001)):
+    """ComfyUI's deprecated name (comfy_extras/nodes_sd3.py) of Apply ControlNet with its VAE required."""
+    return ControlNetApplyAdvanced(ctx, positive, negative, control_net, image, strength, start_percent,
+                                   end_percent, vae=vae)

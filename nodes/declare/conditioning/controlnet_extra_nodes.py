@@ -7,10 +7,10 @@ SetUnionControlNetType sets the CONTROL_NET's control type, ComfyUI's extra argu
 (``adapters/controlnet_union.py``), a plain ControlNet or T2I-Adapter ignores it, as in ComfyUI.
 
 ControlNetInpaintingAliMamaApply is ControlNetApplyAdvanced with a required VAE, image and mask;
-ComfyUI masks the image and concatenates the inverted mask only for nets that declare
-``concat_mask`` (the AliMama inpainting ControlNets for SD3 and Flux). No ControlNet mixgraph loads
-(SD 1.x/2.x/SDXL ControlNets, union nets, T2I-Adapters) declares it, so for every one of them the
-node is ControlNetApplyAdvanced, as in ComfyUI (the mask and VAE are unused).
+for nets that declare ``concat_mask`` (the AliMama inpainting ControlNets for SD3 and Flux: 17
+hint channels) ComfyUI blacks out the masked area of the image and concatenates the kept-area
+mask (1 − mask) to the encoded hint (``adapters/dit_controlnet.py: inpaint_hint``); for every
+other net the node is ControlNetApplyAdvanced, as in ComfyUI (the mask is unused).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from mixgraph.graph.node import Combo, Float, Socket, node
 from mixgraph.nodes.adapters.controlnet import apply_controlnet
 from mixgraph.nodes.adapters.controlnet_union import UNION_CONTROLNET_TYPES
+from mixgraph.nodes.adapters.dit_controlnet import inpaint_hint
 from mixgraph.nodes.helpers.precision import effective
 
 # ComfyUI: ["auto"] + the keys of UNION_CONTROLNET_TYPES
@@ -41,11 +42,14 @@ def ControlNetInpaintingAliMamaApply(ctx, positive=Socket("CONDITIONING"), negat
                                      strength=Float(1.0, min=0.0, max=10.0, step=0.01),
                                      start_percent=Float(0.0, min=0.0, max=1.0, step=0.001),
                                      end_percent=Float(1.0, min=0.0, max=1.0, step=0.001)):
-    if getattr(control_net, "concat_mask", False):  # no mixgraph CONTROL_NET declares it (see above)
-        raise NotImplementedError("ControlNetInpaintingAliMamaApply: ControlNets with a concatenated "
-                                  "inpainting mask (SD3/Flux AliMama nets): not supported yet")
+    extra_concat = ()
+    if getattr(control_net, "concat_mask", False):  # SD3 / Flux AliMama inpainting nets
+        image, keep = inpaint_hint(image, mask)
+        extra_concat = (keep,)
     if strength == 0:
         return positive, negative
     policy = effective(ctx, control_net, "CONTROL_NET")
-    return tuple(apply_controlnet(c, control_net, policy, image, strength, start_percent, end_percent)
+    vae_policy = effective(ctx, vae, "VAE")
+    return tuple(apply_controlnet(c, control_net, policy, image, strength, start_percent, end_percent,
+                                  vae=vae, vae_policy=vae_policy, extra_concat=extra_concat)
                  for c in (positive, negative))

@@ -26,6 +26,7 @@ CHROMA_KEY = "distilled_guidance_layer.in_proj.weight"
 HUNYUAN_KEY = "txt_in.individual_token_refiner.blocks.0.norm1.weight"  # Hunyuan Video shares the layout
 FLUX2_KEY = "double_stream_modulation_img.lin.weight"  # Flux.2: shared modulation, another model
 RADIANCE_KEY = "nerf_blocks.0.norm.scale"  # Chroma Radiance: pixel space, not run yet
+CONTROLNET_KEY = "controlnet_blocks.0.weight"  # a Flux ControlNet (XLabs: BFL-named blocks), not a model
 #: the WeightSource layout of a diffusers-layout file (``weights/layouts.py`` registers it)
 DIFFUSERS_LAYOUT = "diffusers_flux"
 
@@ -37,7 +38,7 @@ def _count(keys, prefix: str) -> int:
 def detect_keys(info: Mapping[str, Any]) -> tuple[dict[str, tuple[int, ...]], str] | None:
     """(BFL key -> shape, stored layout "ldm" | ``DIFFUSERS_LAYOUT``) of a Flux / Chroma
     diffusion model, or None for other files."""
-    if any(k in info for k in (HUNYUAN_KEY, FLUX2_KEY, RADIANCE_KEY)):
+    if any(k in info for k in (HUNYUAN_KEY, FLUX2_KEY, RADIANCE_KEY, CONTROLNET_KEY)):
         return None
     if all(k in info for k in SIGNATURE):
         return {k: tuple(getattr(v, "shape", v)) for k, v in info.items()}, "ldm"

@@ -352,12 +352,13 @@ class Flux(nn.Module):
 
     def forward(self, x: Tensor, timestep: Tensor, context: Tensor, y: Tensor | None = None,
                 guidance: Tensor | None = None, ref_latents: Sequence[Tensor] = (), ref_method: str = "offset",
-                txt_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
+                txt_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                control: tuple[Sequence, Sequence] = ((), ())) -> Tensor:
         img, ids = embed_image_tokens(self.img_in, x, ref_latents, ref_method)
         vec = self.conditioning_vector(timestep, y, guidance, img.dtype)
         return run_blocks(self, x, img, ids, self.txt_in(context), context.shape[1],
                           lambda block: dict(vec=vec), dict(vec=vec),
-                          joint_mask(txt_mask, attn_mask, context.shape[1], img.shape[1]))
+                          joint_mask(txt_mask, attn_mask, context.shape[1], img.shape[1]), control)
 
 
 def embed_image_tokens(img_in: nn.Module, x: Tensor, ref_latents: Sequence[Tensor],
@@ -423,19 +424,33 @@ def key_mask(txt_mask: Tensor | None, n_img: int) -> Tensor | None:
 
 
 def run_blocks(model: nn.Module, x: Tensor, img: Tensor, img_ids: Tensor, txt: Tensor, n_txt: int,
-               block_args, last_args: dict, mask: Tensor | None) -> Tensor:
+               block_args, last_args: dict, mask: Tensor | None,
+               control: tuple[Sequence, Sequence] = ((), ())) -> Tensor:
     """The double- then single-stream blocks and the last layer over embedded tokens (shared by
     Flux and Chroma, which differ in where each block's modulation comes from); ``block_args(
     block_kind_index)`` gives each block's keyword arguments. Returns the velocity [B, C, H, W]
-    of the first ``x``-sized tokens (Kontext reference tokens are dropped)."""
+    of the first ``x``-sized tokens (Kontext reference tokens are dropped). ``control``:
+    ControlNet residuals (per double block, per single block), entry i [B, N, D] added to the
+    first N image tokens after block i (ComfyUI's control["input"] / ["output"])."""
     b, _, h, w = x.shape
     n_img = (-(-h // PATCH)) * (-(-w // PATCH))
     txt_ids = torch.zeros(b, n_txt, 3, device=x.device)
     pe = positional_embedding(torch.cat([txt_ids, img_ids], 1), model.config.axes_dim, model.config.theta)
+    double, single = control
     for i, block in enumerate(model.double_blocks):
         img, txt = block(img, txt, pe, mask=mask, **block_args(("double", i)))
+        if i < len(double) and double[i] is not None:
+            img = _add_front(img, double[i], 0)
     tokens = torch.cat([txt, img], 1)  # [B, T + N, D]
     for i, block in enumerate(model.single_blocks):
         tokens = block(tokens, pe, mask=mask, **block_args(("single", i)))
+        if i < len(single) and single[i] is not None:
+            tokens = _add_front(tokens, single[i], n_txt)
     out = model.final_layer(tokens[:, n_txt:n_txt + n_img], **last_args)  # [B, N, C·2·2]
     return unpatchify(out, h, w)
+
+
+def _add_front(tokens: Tensor, add: Tensor, start: int) -> Tensor:
+    """tokens with ``add`` [B, N, D] added to tokens[:, start:start + N] (a ControlNet residual)."""
+    end = start + add.shape[1]
+    return torch.cat([tokens[:, :start], tokens[:, start:end] + add.to(tokens.dtype), tokens[:, end:]], 1)

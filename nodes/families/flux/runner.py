@@ -164,8 +164,7 @@ class FluxRunner:
 
     def __call__(self, x: Tensor, timestep: Tensor, context: Tensor | None, inputs: Mapping[str, Tensor],
                  control=None, patches: tuple = (), sigma: float | None = None) -> Tensor:
-        if control is not None:
-            raise NotImplementedError("Flux / Chroma with ControlNets: not supported yet")
+        more = {"control": flux_control(control, self.kind)} if control is not None else {}
         if patches or self.handle.unet_patches:
             raise NotImplementedError("Flux / Chroma with UNet patches (FreeU, attention patches, ...): "
                                       "not supported yet")
@@ -175,4 +174,14 @@ class FluxRunner:
         method = REF_METHODS[int(inputs["ref_method"][0])] if refs else "offset"
         return self.model(x, timestep, context, y=inputs.get("y"), guidance=inputs.get("guidance"),
                           ref_latents=refs, ref_method=method, txt_mask=inputs.get("txt_mask"),
-                          attn_mask=inputs.get("attn_mask"))
+                          attn_mask=inputs.get("attn_mask"), **more)
+
+
+def flux_control(control, kind: str) -> tuple[list, list]:
+    """A ``Control``'s per-double-block (``input``) and per-single-block (``output``) residuals
+    (Flux ControlNets, ``adapters/flux_controlnet.py``); UNet nets and Chroma are refused by name."""
+    if kind == "chroma":
+        raise NotImplementedError("Chroma with ControlNets: not supported yet")
+    if control.middle is not None or control.input_path or any(t is not None and t.ndim != 3 for t in control.input):
+        raise ValueError("Flux model with an SD 1.x / SDXL ControlNet or T2I-Adapter: use a ControlNet made for Flux")
+    return list(control.input), list(control.output)

@@ -17,7 +17,7 @@ The width is 64 per head with ``depth`` heads (ComfyUI's ``hidden_size = 64 * de
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,7 +260,9 @@ class FinalLayer(nn.Module):
 class MMDiT(nn.Module):
     """x [B, C, H, W], timesteps [B] (σ·1000), context [B, T, context_in], y [B, adm] or None
     -> velocity [B, C, H, W]. ``skip``: indices of joint blocks to leave out (skip-layer
-    guidance: a skipped block passes text and image tokens through unchanged)."""
+    guidance: a skipped block passes text and image tokens through unchanged). ``control``:
+    ControlNet residuals [B, N, D], entry i added to the image tokens after joint block i (also
+    after a skipped one, as ComfyUI)."""
 
     # the conditioning embedders, the position table and the q/k norm weights stay f32 (small, and
     # feed every block; fp8 would round the per-head norm scales)
@@ -294,7 +296,7 @@ class MMDiT(nn.Module):
         return grid.reshape(1, gh * gw, -1)
 
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None,
-                skip: Collection[int] = ()) -> Tensor:
+                skip: Collection[int] = (), control: Sequence[Tensor | None] = ()) -> Tensor:
         b, _, h, w = x.shape
         p = self.cfg.patch_size
         gh, gw = -(-h // p), -(-w // p)
@@ -305,10 +307,11 @@ class MMDiT(nn.Module):
             c = c + self.y_embedder(y)
         txt = self.context_embedder(context)
         for i, block in enumerate(self.joint_blocks):
-            if i in skip:
-                continue
-            new_txt, img = block(txt, img, c)
-            txt = txt if new_txt is None else new_txt
+            if i not in skip:
+                new_txt, img = block(txt, img, c)
+                txt = txt if new_txt is None else new_txt
+            if i < len(control) and control[i] is not None:  # ControlNet residual i (ComfyUI's control["output"])
+                img = img + control[i].to(img.dtype)
         out = self.final_layer(img, c)  # [B, gh·gw, p·p·C]
         out = out.reshape(b, gh, gw, p, p, self.cfg.out_channels)
         out = torch.einsum("nhwpqc->nchpwq", out).reshape(b, self.cfg.out_channels, gh * p, gw * p)

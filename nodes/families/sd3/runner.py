@@ -5,7 +5,8 @@ A cond gives the MMDiT its text tokens (``Cond.cross_attn``) and the pooled vect
 (``Cond.pooled``: CLIP-L's and CLIP-G's pooled outputs side by side, 2048 wide in the full
 model; zeros when the cond has none, ComfyUI's ``encode_adm`` input). The runner takes the
 skip-layer guidance patch (``models/block_skip.SkipBlocks``) on its joint blocks
-(``skippable_blocks``); ControlNets and other model patches are refused by name.
+(``skippable_blocks``) and ControlNet residuals (``Control.output``, one per joint block, added
+after it: ``adapters/sd35_controlnet.py``); other model patches are refused by name.
 """
 
 from __future__ import annotations
@@ -61,8 +62,7 @@ class SD3Runner:
 
     def __call__(self, x: Tensor, timestep: Tensor, context: Tensor | None, inputs: Mapping[str, Tensor],
                  control=None, patches: tuple = (), sigma: float | None = None) -> Tensor:
-        if control is not None:
-            raise NotImplementedError("ControlNet on SD3 / SD3.5 models: not supported yet")
+        residuals = control_residuals(control)
         other = [p for p in patches if not isinstance(p, SkipBlocks)]
         if other:
             names = ", ".join(sorted({type(p).__name__ for p in other}))
@@ -73,4 +73,16 @@ class SD3Runner:
         if want is not None and context.shape[-1] != want:
             raise ValueError(f"SD3 model: text tokens {context.shape[-1]} wide; this model takes {want} "
                              f"(SD3: 4096, CLIP-L + CLIP-G padded to T5-XXL's width)")
-        return self.model(x, timestep, context, inputs.get("y"), skip=skipped_blocks(patches, BLOCK_KIND))
+        return self.model(x, timestep, context, inputs.get("y"), skip=skipped_blocks(patches, BLOCK_KIND),
+                          control=residuals)
+
+
+def control_residuals(control) -> list:
+    """The per-joint-block residuals of a ``Control`` (``Control.output``: SD3 / SD3.5 ControlNets);
+    UNet ControlNet residuals are refused by name."""
+    if control is None:
+        return []
+    if control.input or control.middle is not None or control.input_path:
+        raise ValueError("SD3 / SD3.5 model with an SD 1.x / SDXL ControlNet or T2I-Adapter: use a ControlNet made "
+                         "for SD3 / SD3.5")
+    return list(control.output)
