@@ -75,7 +75,6 @@ LOADERS = {  # (class, input) -> models folder
 # Templates that need what mixgraph does not do yet: what their run's refusal must say (a regex).
 UNSUPPORTED = {
     # Stability's SD3.5 ControlNets: no SD3 ControlNet yet
-    "templates_sd3.5_large_canny_controlnet_example.json": "ControlNet format not recognised .*not supported yet",
     # ComfyUI's int8 "convrot" quantised weights: only scaled fp8 files are read
     "templates_image_z_image_int8.json": "quantised layers are not supported yet",
     # Flux control LoRAs widen img_in (reshape_weight) and replace norm scales (set_weight): not
@@ -119,8 +118,12 @@ def _write_model(root: Path, rel: str, kind: str) -> None:
         write_vae(path, seed=9)
     elif kind == "flux_depth_lora":
         _write_flux_depth_lora(path)
-    elif kind == "sd3_controlnet":
-        _write_sd3_controlnet(path)
+    elif kind == "sd3_controlnet":  # Stability's SD3.5 Large canny net (the Large kind: pooled via the model)
+        from safetensors.torch import save_file as save
+        from tests.fixtures.tiny_sd3_controlnet import diffusers_sd35_controlnet, stability_state_dict
+        net = diffusers_sd35_controlnet(1, double=False, pooled=64)  # the MMDiT's pooled width: CLIP-L + CLIP-G
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save(stability_state_dict(net, control_type=1), str(path))
     else:
         write_standin(path, kind)
 
@@ -139,18 +142,6 @@ def _write_flux_depth_lora(path: Path) -> None:
           p + "double_blocks.0.img_attn.qkv.lora_A.weight": torch.randn(4, 64, generator=g) * 0.1,
           p + "double_blocks.0.img_attn.qkv.lora_B.weight": torch.randn(192, 4, generator=g) * 0.1,
           p + "double_blocks.0.img_attn.norm.key_norm.scale.set_weight": 1 + 0.1 * torch.randn(32, generator=g)}
-    save_file(sd, str(path))
-
-
-def _write_sd3_controlnet(path: Path) -> None:
-    """The keys of Stability's SD3.5 ControlNets (an MMDiT copy with a control input embedder)."""
-    from safetensors.torch import save_file
-    g = torch.Generator().manual_seed(31)
-    sd = {"pos_embed_input.proj.weight": torch.randn(128, 16, 2, 2, generator=g),
-          "pos_embed_input.proj.bias": torch.randn(128, generator=g),
-          "controlnet_blocks.0.weight": torch.randn(128, 128, generator=g),
-          "controlnet_blocks.0.bias": torch.randn(128, generator=g),
-          "transformer_blocks.0.attn.qkv.weight": torch.randn(384, 128, generator=g)}
     save_file(sd, str(path))
 
 
