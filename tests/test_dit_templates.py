@@ -329,3 +329,54 @@ def test_lumina2_all_in_one_checkpoint_keeps_its_vae_under_vae_prefix(tmp_path):
     assert all(torch.equal(written[k], stored[k]) for k in written)
     with pytest.raises(ValueError, match="no place for a gemma2_2b text encoder"):
         save.checkpoint_state_dict(model, clip, vae)
+
+
+def test_default_graph_through_mixgraph_run(dirs, tmp_path):
+    """`mixgraph run` on the editor's default Z-Image Turbo graph (UI format, as the editor saves
+    it) with its three files in place: exit 0 and one PNG of the shrunk size."""
+    from mixgraph.ui.cli import main
+
+    wf = tmp_path / "z_image_turbo_default.json"
+    wf.write_text(json.dumps(ALL[DEFAULT_GRAPH]))
+    sets = [f"{k}={v}" for k, v in _small(_prompt(DEFAULT_GRAPH)).items()]
+    argv = ["run", str(wf), "--models", str(dirs / "models"), "--output", str(tmp_path / "out"), "--quiet"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    saved = sorted((tmp_path / "out").rglob("*.png"))
+    assert len(saved) == 1 and max(Image.open(saved[0]).size) == SIZE
+
+
+def test_default_graph_through_the_server(dirs, tmp_path):
+    """ComfyUI's HTTP API (`POST /prompt` with the API form the editor sends, then `/history`) on
+    the default Z-Image Turbo graph: the prompt succeeds and its image is listed in the outputs."""
+    import asyncio
+    import time
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from mixgraph.graph.formats.workflow import dump_api
+    from mixgraph.ui.server.server import create_app
+
+    wf = api.set_inputs(load_workflow(ALL[DEFAULT_GRAPH], api.default_registry()), _small(_prompt(DEFAULT_GRAPH)))
+    env = Env.from_args(models=dirs / "models", input=dirs / "input", output=tmp_path / "out")
+    ex = Executor(api.default_registry(), env, cache=OutputCache(max_bytes=1 << 30))
+
+    async def go():
+        app = create_app(env, registry=api.default_registry(), executor=ex, user_dir=tmp_path / "user")
+        async with TestServer(app) as server, TestClient(server) as c:
+            r = await c.post("/prompt", json={"prompt": dump_api(wf)})
+            assert r.status == 200, await r.text()
+            pid = (await r.json())["prompt_id"]
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                body = await (await c.get(f"/history/{pid}")).json()
+                if body:
+                    return body[pid]
+                await asyncio.sleep(0.2)
+            raise AssertionError("the default graph did not finish within 600 s")
+
+    entry = asyncio.run(go())
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    images = [i for out in entry["outputs"].values() for i in out.get("images", [])]
+    assert len(images) == 1 and (tmp_path / "out" / images[0]["subfolder"] / images[0]["filename"]).is_file()
