@@ -442,3 +442,58 @@ def test_editor_templates_serve_workflows_graphs_and_thumbnails(tmp_path):
             assert (await c.get("/templates/..%2Fsecret.json")).status == 404
 
     asyncio.run(main())
+
+
+def test_editor_runs_the_z_image_turbo_default_graph(tmp_path):
+    """The frontend's own default graph (Z-Image Turbo: UNETLoader, CLIPLoader type lumina2,
+    VAELoader, EmptySD3LatentImage, ModelSamplingAuraFlow, KSampler res_multistep) loaded into the
+    editor with its three files in place (tiny stand-ins under the real names), shrunk to 64x64 and
+    2 steps in its widgets, and queued with the Run button: the prompt succeeds and its picture
+    appears in the Save Image node."""
+    from tests.fixtures.tiny_dit_templates import write_standin
+    from tests.test_dit_templates import ALL, DEFAULT_GRAPH, MODELS
+
+    sync_playwright = _browser_or_skip()
+    deadline = time.monotonic() + 240
+    graph = json.loads(json.dumps(ALL[DEFAULT_GRAPH]))
+    for rel in ("diffusion_models/z_image_turbo_bf16.safetensors", "text_encoders/qwen_3_4b.safetensors",
+                "vae/ae.safetensors"):
+        write_standin(tmp_path / "models" / rel, MODELS[rel])
+    for n in graph["nodes"]:
+        if n["type"] == "EmptySD3LatentImage":
+            n["widgets_values"][:3] = [64, 64, 1]
+        elif n["type"] == "KSampler":
+            n["widgets_values"][2] = 2  # steps
+    proc, url = _start_server(tmp_path, time.monotonic() + 30)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.set_default_timeout(60_000)
+                page.goto(url + "/", wait_until="domcontentloaded")
+                page.wait_for_function("() => !!(window.app?.graph && window.mixgraph?.loaded"
+                                       " && window.LiteGraph?.registered_node_types?.EmptySD3LatentImage)")
+                page.evaluate("(g) => window.app.loadGraphData(g)", graph)
+                page.wait_for_function("() => window.app.graph.nodes.some(n => n.type === 'ModelSamplingAuraFlow')")
+                missing = page.evaluate("() => window.app.graph.nodes.filter(n => !LiteGraph.registered_node_types[n.type])"
+                                        ".map(n => n.type)")
+                assert missing == []
+                page.evaluate("""() => {
+                    const api = window.comfyAPI.api.api;
+                    const finish = (e) => { window.__zimageDone ??= e.detail; };
+                    api.addEventListener('execution_success', finish);
+                    api.addEventListener('execution_error', finish);
+                }""")
+                page.get_by_role("button", name="Run", exact=True).first.click()
+                left = max(1.0, deadline - time.monotonic()) * 1000
+                detail = page.wait_for_function("() => window.__zimageDone", timeout=left).json_value()
+                assert "exception_message" not in detail, detail
+                save = page.evaluate("() => window.app.graph.nodes.find(n => n.type === 'SaveImage').id")
+                page.wait_for_function(f"() => (window.app.graph.getNodeById({save}).imgs || []).length > 0")
+            finally:
+                browser.close()
+    finally:
+        _stop(proc)
+    saved = sorted((tmp_path / "output").rglob("*.png"))
+    assert len(saved) == 1
