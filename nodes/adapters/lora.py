@@ -470,6 +470,14 @@ def load_lora(
         name = name or os.path.basename(path)
         identity = identity or repr(WeightSource.from_file(path).file_identity)
 
+    control = sorted(k for k in sd if k.endswith((".reshape_weight", ".set_weight")))
+    if control:
+        # BFL's Flux Canny / Depth LoRAs (flux1-{canny,depth}-dev-lora): ComfyUI pads a layer to a new
+        # shape (``reshape_weight``: the input embedder widened to the control channels) and
+        # replaces weights whole (``set_weight``), which LoRA patches here cannot express
+        raise NotImplementedError(f"{name}: a control LoRA that reshapes or replaces weights ({control[0]}, "
+                                  f"{len(control)} such keys; BFL's Flux Canny / Depth LoRAs): not supported yet; "
+                                  f"use the full flux1-canny-dev / flux1-depth-dev model")
     grouped, stray = group_modules(sd)
     lookup, shapes = model_lookup(unet_keys, clip_keys, unet_names)
 
