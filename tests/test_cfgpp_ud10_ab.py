@@ -7,8 +7,8 @@ import torch
 from mixgraph.nodes.sampling import samplers as S
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling
 from mixgraph.nodes.sampling.schedules import karras_scheduler
-from tests.test_custom_sampling import PromptModel, _c
-from tests.test_samplers import _ode_error, _x_start, gaussian_denoiser, ode_endpoint
+from tests.test_custom_sampling import PromptModel, cond_value
+from tests.test_samplers import ode_error, x_start, gaussian_denoiser, ode_endpoint
 
 
 class ToyCFG:
@@ -86,7 +86,7 @@ def test_cfgpp_history_without_history_is_euler_cfg_pp():
 
 def test_cfgpp_history_full_history_on_a_plain_denoiser_is_lms_order_2():
     sigmas = karras_scheduler(9, 0.05, 14.6146)[:-1].double()
-    x = _x_start(float(sigmas[0]))
+    x = x_start(float(sigmas[0]))
     ref = S.sample_lms(gaussian_denoiser, x.clone(), sigmas, order=2)
     out = S.sample_cfgpp_history(gaussian_denoiser, x.clone(), sigmas, history_weight=1.0)
     assert torch.allclose(out, ref, rtol=0, atol=1e-6)  # lms integrates by quadrature (epsrel 1e-4)
@@ -94,7 +94,7 @@ def test_cfgpp_history_full_history_on_a_plain_denoiser_is_lms_order_2():
 
 def _history_run(steps, **opts):
     sigmas = karras_scheduler(steps, 0.05, 14.6146)[:-1].double()  # no final jump to 0
-    x = _x_start(float(sigmas[0]))
+    x = x_start(float(sigmas[0]))
     out = S.sample_cfgpp_history(gaussian_denoiser, x, sigmas, **opts)
     return out, float((out - ode_endpoint(x, float(sigmas[0]), float(sigmas[-1]))).abs().max())
 
@@ -111,7 +111,7 @@ def test_cfgpp_ud10_ab_converges_to_its_own_limit_off_the_ode_endpoint():
     """The unconditional-history term ``0.1·(dt_i/dt_{i-1})·(u_i − u_{i-1})`` is O(dt) but enters
     the state multiplied by σ_{i+1}, not by dt, so it does not vanish with the step: ud10 converges
     (first order) to a trajectory about 0.09 off the probability-flow ODE on this data."""
-    assert _ode_error("cfgpp_ud10_ab", 40) > 0.08       # ComfyUI's weights: a fixed offset
+    assert ode_error("cfgpp_ud10_ab", 40) > 0.08       # ComfyUI's weights: a fixed offset
     ud10 = dict(history_weight=0.25, uncond_history_weight=0.1)
     limit, e320 = _history_run(320, **ud10)
     d10 = float((_history_run(10, **ud10)[0] - limit).abs().max())
@@ -119,14 +119,14 @@ def test_cfgpp_ud10_ab_converges_to_its_own_limit_off_the_ode_endpoint():
     assert d10 / d40 > 3.5                                # self-convergence, first order
     assert 0.08 < e320 < 0.1
     sigmas = karras_scheduler(20, 0.0292, 14.6146)        # the real run, ending in σ = 0
-    x = _x_start(float(sigmas[0]), dtype=torch.float32)
+    x = x_start(float(sigmas[0]), dtype=torch.float32)
     out = S.sample_cfgpp_ud10_ab(gaussian_denoiser, x, sigmas)
     assert float((out - ode_endpoint(x, float(sigmas[0]), 0.0)).abs().max()) < 0.2
 
 
 def _cfg_denoiser(model, cfg):
     x = torch.zeros(1, 4, 4, 4)
-    return CFGDenoiser(model, _c(2.0), _c(-1.0), cfg, x, None, ModelSampling("x0"))
+    return CFGDenoiser(model, cond_value(2.0), cond_value(-1.0), cfg, x, None, ModelSampling("x0"))
 
 
 def test_cfgpp_ud10_ab_at_cfg_1_skips_the_negative_and_uses_the_conditional_prediction():

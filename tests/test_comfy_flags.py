@@ -25,7 +25,7 @@ from mixgraph.ui.comfy.comfy_flags import FlagError, serve_options
 from mixgraph.ui.server.security import SecurityError
 from mixgraph.ui.server.server import create_app
 from tests import toy_nodes as toy
-from tests.test_editor_browser import _free_port
+from tests.test_editor_browser import free_port
 from tests.test_server import diamond, png_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ def _spawn(tmp: Path, *argv: str) -> subprocess.Popen:
 
 
 def test_comfy_flags_listen_everywhere_without_token_is_refused(tmp_path):
-    proc = _spawn(tmp_path, "--listen", "--port", str(_free_port()))
+    proc = _spawn(tmp_path, "--listen", "--port", str(free_port()))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "refusing to listen on '0.0.0.0,::' without a token" in err
 
@@ -168,7 +168,7 @@ def test_comfy_flags_serve_with_comfyui_arguments_end_to_end(tmp_path):
     x, y, u, models = tmp_path / "X", tmp_path / "Y", tmp_path / "U", tmp_path / "models"
     u.mkdir()
     models.mkdir()
-    port = _free_port()
+    port = free_port()
     proc = _spawn(tmp_path, "--listen", "127.0.0.1", "--port", str(port), "--output-directory", str(x),
                   "--input-directory", str(y), "--user-directory", str(u), "--models-directory",
                   str(models), "--disable-xformers", "--lowvram", "--max-upload-size", "0.01")

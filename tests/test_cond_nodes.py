@@ -27,7 +27,7 @@ F32 = parse_spec("f32")
 INFO = api.default_registry().object_info()
 
 
-def _rand(*shape, seed=0):
+def rand_tensor(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
@@ -76,7 +76,7 @@ def unet_and_net(models):
 
 
 def _denoise(runner, positive, negative, cfg=3.0):
-    x = _rand(1, 4, 8, 8, seed=1) * 3.0
+    x = rand_tensor(1, 4, 8, 8, seed=1) * 3.0
     den = CFGDenoiser(runner, positive, negative, cfg, torch.zeros(1, 4, 8, 8))
     with torch.no_grad():
         return den(x, torch.tensor([3.0]))
@@ -84,7 +84,7 @@ def _denoise(runner, positive, negative, cfg=3.0):
 
 def test_controlnet_text_is_the_context_the_controlnet_reads(unet_and_net):
     runner, net = unet_and_net
-    text, cn_text, neg = _rand(1, 77, 32, seed=2), _rand(1, 77, 32, seed=3), _rand(1, 77, 32, seed=4)
+    text, cn_text, neg = rand_tensor(1, 77, 32, seed=2), rand_tensor(1, 77, 32, seed=3), rand_tensor(1, 77, 32, seed=4)
     rec = _Recording(net)
     chain = ControlNetChain(rec, torch.rand(1, 64, 64, 3, generator=torch.Generator().manual_seed(5)))
     plain = (Cond(text, control=chain),), (Cond(neg, control=chain),)
@@ -106,7 +106,7 @@ def test_controlnet_text_is_the_context_the_controlnet_reads(unet_and_net):
 
 def test_controlnet_text_changes_nothing_without_a_controlnet(unet_and_net):
     runner, _ = unet_and_net
-    text, cn_text, neg = _rand(1, 77, 32, seed=2), _rand(1, 77, 32, seed=3), _rand(1, 77, 32, seed=4)
+    text, cn_text, neg = rand_tensor(1, 77, 32, seed=2), rand_tensor(1, 77, 32, seed=3), rand_tensor(1, 77, 32, seed=4)
     base = _denoise(runner, (Cond(text),), (Cond(neg),))
     got = _denoise(runner, (Cond(text, controlnet_cross_attn=cn_text),), (Cond(neg),))
     assert torch.equal(got, base)
@@ -152,9 +152,9 @@ def test_clip_text_encode_controlnet_end_to_end(models, tmp_path):
 # --- SaveConditioning / ConditioningLoader --------------------------------------------------------
 
 def test_save_conditioning_writes_comfyui_format(tmp_path):
-    c = Cond(_rand(1, 77, 32, seed=1), pooled=_rand(1, 32, seed=2), mask=torch.rand(1, 8, 8), mask_strength=0.5,
+    c = Cond(rand_tensor(1, 77, 32, seed=1), pooled=rand_tensor(1, 32, seed=2), mask=torch.rand(1, 8, 8), mask_strength=0.5,
              timestep_range=(0.25, 0.75), size=SizeCond(width=1024, height=768, crop_w=8),
-             controlnet_cross_attn=_rand(1, 77, 32, seed=3), controlnet_pooled=_rand(1, 32, seed=4))
+             controlnet_cross_attn=rand_tensor(1, 77, 32, seed=3), controlnet_pooled=rand_tensor(1, 32, seed=4))
     path = tmp_path / "c.safetensors"
     cond_file.save_conditioning(path, (c,))
     with safe_open(str(path), framework="pt") as f:
@@ -175,9 +175,9 @@ def test_save_conditioning_writes_comfyui_format(tmp_path):
 
 
 def test_conditioning_loader_reads_a_comfyui_file_with_lists_and_foreign_options(tmp_path):
-    cross = _rand(1, 154, 32, seed=1)
+    cross = rand_tensor(1, 154, 32, seed=1)
     path = tmp_path / "foreign.safetensors"
-    save_file({"conditioning": cross, "pooled_output": _rand(1, 32, seed=2), "reference_latents.0": torch.ones(1, 4, 2, 2),
+    save_file({"conditioning": cross, "pooled_output": rand_tensor(1, 32, seed=2), "reference_latents.0": torch.ones(1, 4, 2, 2),
                "reference_latents.1": torch.zeros(1, 4, 2, 2)}, str(path),
               metadata={"conditioning_options": json.dumps({"strength": 0.8, "guidance": 3.5})})
     (c,), ignored = cond_file.load_conditioning(path)
@@ -186,7 +186,7 @@ def test_conditioning_loader_reads_a_comfyui_file_with_lists_and_foreign_options
 
 
 def test_save_conditioning_refuses_what_comfyui_cannot_save(tmp_path):
-    one = Cond(_rand(1, 77, 32))
+    one = Cond(rand_tensor(1, 77, 32))
     with pytest.raises(cond_file.CondFileError, match="single conditioning entry"):
         cond_file.save_conditioning(tmp_path / "x.safetensors", (one, one))
     with pytest.raises(cond_file.CondFileError, match="'area'"):

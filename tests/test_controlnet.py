@@ -30,7 +30,7 @@ def _net(kind: str, seed: int = 0) -> ControlNetModel:
     return m.eval()
 
 
-def _inputs(kind: str, batch: int = 2, hw: int = 8, seed: int = 0):
+def controlnet_inputs(kind: str, batch: int = 2, hw: int = 8, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     cfg = tiny_controlnet_config(kind).unet
     x = torch.randn(batch, 4, hw, hw, generator=g)
@@ -54,7 +54,7 @@ def test_controlnet_matches_diffusers_controlnet_model(kind):
     theirs = DiffusersControlNet(**diffusers_controlnet_config(kind))
     theirs.load_state_dict(to_diffusers_controlnet(ldm, kind), strict=True)
     theirs.eval()
-    x, t, ctx, y, pooled, time_ids, g = _inputs(kind)
+    x, t, ctx, y, pooled, time_ids, g = controlnet_inputs(kind)
     hint = torch.rand(2, 3, 64, 64, generator=g)
     kw = {} if y is None else {"added_cond_kwargs": {"text_embeds": pooled, "time_ids": time_ids}}
     with torch.no_grad():
@@ -120,7 +120,7 @@ def sd15_nets():
 
 def test_chain_residuals_are_net_outputs_times_strength(sd15_nets):
     net, _ = sd15_nets
-    x, t, ctx, y, *_, g = _inputs("sd15", batch=3)
+    x, t, ctx, y, *_, g = controlnet_inputs("sd15", batch=3)
     image = torch.rand(1, 48, 48, 3, generator=g)  # one hint image, resized 48 -> 64, shared by 3
     chain = ControlNetChain(net, image, strength=0.4)
     with torch.no_grad():
@@ -134,7 +134,7 @@ def test_chain_residuals_are_net_outputs_times_strength(sd15_nets):
 
 def test_chain_is_inactive_outside_its_percent_range(sd15_nets):
     net, _ = sd15_nets
-    x, t, ctx, y, *_, g = _inputs("sd15")
+    x, t, ctx, y, *_, g = controlnet_inputs("sd15")
     chain = ControlNetChain(net, torch.rand(1, 64, 64, 3, generator=g), 1.0, start_percent=0.2, end_percent=0.6)
     with torch.no_grad():
         assert chain.residuals(x, t, ctx, y, torch.ones(2), 0.1) is None
@@ -145,7 +145,7 @@ def test_chain_is_inactive_outside_its_percent_range(sd15_nets):
 
 def test_chain_sums_with_previous_nets(sd15_nets):
     net_a, net_b = sd15_nets
-    x, t, ctx, y, *_, g = _inputs("sd15")
+    x, t, ctx, y, *_, g = controlnet_inputs("sd15")
     img_a, img_b = torch.rand(2, 64, 64, 3, generator=g), torch.rand(1, 64, 64, 3, generator=g)
     a = ControlNetChain(net_a, img_a, 0.7, 0.0, 0.5)
     ab = ControlNetChain(net_b, img_b, 1.3, 0.0, 1.0, previous=a)
@@ -164,7 +164,7 @@ def test_chain_sums_with_previous_nets(sd15_nets):
 def test_chain_residuals_feed_the_unet_skip_connections(sd15_nets):
     net, _ = sd15_nets
     unet = tiny_unet("sd15")
-    x, t, ctx, y, *_, g = _inputs("sd15")
+    x, t, ctx, y, *_, g = controlnet_inputs("sd15")
     chain = ControlNetChain(net, torch.rand(1, 64, 64, 3, generator=g), 1.0)
     with torch.no_grad():
         ctrl = chain.residuals(x, t, ctx, y, torch.ones(2), 0.0)
@@ -177,7 +177,7 @@ def test_chain_residuals_feed_the_unet_skip_connections(sd15_nets):
 
 
 @dataclass(frozen=True)
-class _Policy:
+class FixedPolicy:
     storage: torch.dtype
     compute: torch.dtype
     upcast_attention: bool = False
@@ -187,9 +187,9 @@ class _Policy:
 
 def test_controlnet_under_bf16_storage_returns_f32_close_to_f32(sd15_nets):
     net, _ = sd15_nets
-    x, t, ctx, y, *_, g = _inputs("sd15", batch=1, hw=4)
+    x, t, ctx, y, *_, g = controlnet_inputs("sd15", batch=1, hw=4)
     hint = torch.rand(1, 3, 32, 32, generator=g)
-    half = apply_precision(net, _Policy(torch.bfloat16, torch.float32))
+    half = apply_precision(net, FixedPolicy(torch.bfloat16, torch.float32))
     with torch.no_grad():
         ref = net(x, hint, t, ctx, y)
         out = half(x, hint, t, ctx, y)
@@ -210,8 +210,8 @@ def test_load_controlnet_file_runs_the_same_net(tmp_path, sd15_nets, layout):
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
     handle = load_controlnet(path)
     assert handle.config == tiny_controlnet_config("sd15")
-    runner = handle.runner(_Policy(torch.float32, torch.float32))
-    x, t, ctx, y, *_, g = _inputs("sd15", batch=1, hw=4)
+    runner = handle.runner(FixedPolicy(torch.float32, torch.float32))
+    x, t, ctx, y, *_, g = controlnet_inputs("sd15", batch=1, hw=4)
     hint = torch.rand(1, 3, 32, 32, generator=g)
     with torch.no_grad():
         for a, b in zip(runner(x, hint, t, ctx, y), sd15_nets[0](x, hint, t, ctx, y)):

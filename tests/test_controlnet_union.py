@@ -24,14 +24,14 @@ from mixgraph.nodes.families.sd.unet import timestep_embedding
 from mixgraph.ui import api
 from tests.fixtures.tiny_lora import (tiny_controlnet_state_dict, tiny_union_controlnet_state_dict,
                                       to_diffusers_controlnet)
-from tests.test_controlnet import _inputs
+from tests.test_controlnet import controlnet_inputs
 
 F32 = parse_spec("f32")
 TYPES = ["auto", "openpose", "depth", "hed/pidi/scribble/ted", "canny/lineart/anime_lineart/mlsd", "normal",
          "segment", "tile", "repaint"]
 
 
-def _save(path, sd):
+def save_state_dict(path, sd):
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
     return path
@@ -39,7 +39,7 @@ def _save(path, sd):
 
 @pytest.fixture(scope="module")
 def union_file(tmp_path_factory):
-    return _save(tmp_path_factory.mktemp("union") / "union.safetensors", tiny_union_controlnet_state_dict(0))
+    return save_state_dict(tmp_path_factory.mktemp("union") / "union.safetensors", tiny_union_controlnet_state_dict(0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_union_controlnet_type_and_auto_match_the_formulas(union_file):
     raw = tiny_union_controlnet_state_dict(0)
     sd = convert_controlnet_state_dict(raw)
     runner = load_controlnet(union_file).runner(F32)
-    x, t, ctx, y, *_, g = _inputs("sdxl", batch=2, hw=8)
+    x, t, ctx, y, *_, g = controlnet_inputs("sdxl", batch=2, hw=8)
     hint = torch.rand(2, 3, 64, 64, generator=g)
     net = ControlNetModel(controlnet_config_from_state_dict(sd))
     net.load_state_dict(sd)
@@ -177,12 +177,12 @@ def test_set_union_controlnet_type_sets_the_index_and_refuses_types_the_net_lack
 
 
 def test_set_union_controlnet_type_on_a_plain_controlnet_is_ignored_by_it(tmp_path):
-    path = _save(tmp_path / "plain.safetensors", tiny_controlnet_state_dict("sdxl", 3))
+    path = save_state_dict(tmp_path / "plain.safetensors", tiny_controlnet_state_dict("sdxl", 3))
     handle = load_controlnet(path)
     assert handle.config.union is None
     (typed,) = SetUnionControlNetType(handle, "openpose")
     assert typed.control_type == (0,)  # the extra argument is set, as ComfyUI's set_extra_arg
-    x, t, ctx, y, *_, g = _inputs("sdxl", batch=1, hw=8)
+    x, t, ctx, y, *_, g = controlnet_inputs("sdxl", batch=1, hw=8)
     hint = torch.rand(1, 64, 64, 3, generator=g)
     sigma = torch.tensor([1.0])
     runner = handle.runner(F32)
@@ -203,8 +203,8 @@ def models(tmp_path_factory, union_file):
 
     root = tmp_path_factory.mktemp("union_models")
     write_sdxl(root / "checkpoints" / "sdxl_tiny.safetensors", seed=0)
-    _save(root / "controlnet" / "union_tiny.safetensors", tiny_union_controlnet_state_dict(0))
-    _save(root / "controlnet" / "plain_sdxl.safetensors", tiny_controlnet_state_dict("sdxl", 3))
+    save_state_dict(root / "controlnet" / "union_tiny.safetensors", tiny_union_controlnet_state_dict(0))
+    save_state_dict(root / "controlnet" / "plain_sdxl.safetensors", tiny_controlnet_state_dict("sdxl", 3))
     return root
 
 
@@ -259,14 +259,14 @@ def test_alimama_apply_on_a_plain_controlnet_equals_apply_advanced(models, tmp_p
 
 
 def test_union_controlnet_under_bf16_returns_f32_close_to_f32(union_file):
-    from tests.test_controlnet import _Policy
+    from tests.test_controlnet import FixedPolicy
 
     handle = load_controlnet(union_file)
-    x, t, ctx, y, *_, g = _inputs("sdxl", batch=2, hw=8)
+    x, t, ctx, y, *_, g = controlnet_inputs("sdxl", batch=2, hw=8)
     hint = torch.rand(2, 3, 64, 64, generator=g)
     with torch.no_grad():
         ref = handle.runner(F32)(x, hint, t, ctx, y, control_type=(1,))
-        out = handle.runner(_Policy(torch.bfloat16, torch.bfloat16))(x, hint, t, ctx, y, control_type=(1,))
+        out = handle.runner(FixedPolicy(torch.bfloat16, torch.bfloat16))(x, hint, t, ctx, y, control_type=(1,))
     for a, b in zip(out, ref):
         assert a.dtype == torch.float32
         assert (a - b).abs().max() < 0.05 * b.abs().max()

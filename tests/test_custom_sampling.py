@@ -359,7 +359,7 @@ class PromptModel(UNetSeam):
         return None
 
 
-def _c(v):
+def cond_value(v):
     return (Cond(torch.full((1, 2, 3), float(v))),)
 
 
@@ -372,9 +372,9 @@ def _predict(guidance, x=None):
 
 def test_dual_cfg_regular_and_nested_formulas():
     p1, p2, n = 3.0, 2.0, -1.0  # x = 0: predictions are the cond values
-    reg = _predict(Guidance("dual_cfg", (_c(p1), _c(p2), _c(n)), (1.5, 4.0)))
+    reg = _predict(Guidance("dual_cfg", (cond_value(p1), cond_value(p2), cond_value(n)), (1.5, 4.0)))
     assert torch.allclose(reg, torch.full_like(reg, n + (p2 - n) * 4.0 + (p1 - p2) * 1.5))
-    nest = _predict(Guidance("dual_cfg", (_c(p1), _c(p2), _c(n)), (1.5, 4.0), nested=True))
+    nest = _predict(Guidance("dual_cfg", (cond_value(p1), cond_value(p2), cond_value(n)), (1.5, 4.0), nested=True))
     text = p2 + (p1 - p2) * 1.5
     assert torch.allclose(nest, torch.full_like(nest, n + 4.0 * (text - n)))
 
@@ -382,7 +382,7 @@ def test_dual_cfg_regular_and_nested_formulas():
 def test_dual_cfg_at_cfg_one_evaluates_only_cond1():
     model = PromptModel()
     x = torch.zeros(1, 4, 4, 4)
-    den = build_denoiser(Guidance("dual_cfg", (_c(3), _c(2), _c(-1)), (1.0, 1.0)), model, x,
+    den = build_denoiser(Guidance("dual_cfg", (cond_value(3), cond_value(2), cond_value(-1)), (1.0, 1.0)), model, x,
                          None, ModelSampling("x0"))
     out = den(x, torch.tensor([1.0]))
     assert torch.allclose(out, torch.full_like(out, 3.0)) and model.calls == [1]
@@ -390,11 +390,11 @@ def test_dual_cfg_at_cfg_one_evaluates_only_cond1():
 
 def test_perp_neg_removes_only_the_perpendicular_part():
     pos, neg, empty = 2.0, 1.0, 0.0  # parallel negative: nothing perpendicular to remove
-    out = _predict(Guidance("perp_neg", (_c(pos), _c(neg), _c(empty)), (3.0, 1.0)))
+    out = _predict(Guidance("perp_neg", (cond_value(pos), cond_value(neg), cond_value(empty)), (3.0, 1.0)))
     assert torch.allclose(out, torch.full_like(out, empty + 3.0 * (pos - empty)))
     # a non-parallel negative, checked against the closed form on the whole tensor
     x = torch.linspace(-1, 1, 64).reshape(1, 4, 4, 4)
-    out = _predict(Guidance("perp_neg", (_c(pos), _c(neg), _c(0.5)), (3.0, 0.7)), x)
+    out = _predict(Guidance("perp_neg", (cond_value(pos), cond_value(neg), cond_value(0.5)), (3.0, 0.7)), x)
     xs = x / math.sqrt(2.0)  # the UNet sees c_in·x at σ = 1
     p, n, e = (v + 0.1 * v * v * xs for v in (pos, neg, 0.5))
     pp, nn_ = p - e, n - e
@@ -406,7 +406,7 @@ def test_perp_neg_removes_only_the_perpendicular_part():
 def test_basic_guidance_never_evaluates_a_negative():
     model = PromptModel()
     x = torch.zeros(1, 4, 4, 4)
-    den = build_denoiser(Guidance("cfg", (_c(2.0), ()), (1.0,)), model, x, None,
+    den = build_denoiser(Guidance("cfg", (cond_value(2.0), ()), (1.0,)), model, x, None,
                          ModelSampling("x0"))
     assert torch.allclose(den(x, torch.tensor([1.0])), torch.full_like(x, 2.0))
     assert model.calls == [1]
@@ -416,7 +416,7 @@ def test_basic_guidance_never_evaluates_a_negative():
 
 
 def _glue_args():
-    return dict(positive=_c(1.0), negative=_c(-1.0))
+    return dict(positive=cond_value(1.0), negative=cond_value(-1.0))
 
 
 @pytest.mark.parametrize("sampler_name", ["euler", "euler_ancestral", "dpmpp_2m_sde", "lms"])
@@ -426,7 +426,7 @@ def test_sample_custom_with_basic_scheduler_equals_ksampler(sampler_name):
     ks = sample(model, seed=7, steps=5, cfg=3.0, sampler_name=sampler_name, scheduler="karras",
                 latent=latent, denoise=0.8, **_glue_args())
     sigmas = T.basic_scheduler(SCHED, "karras", 5, 0.8)
-    out, den = sample_custom(model, guidance=Guidance("cfg", (_c(1.0), _c(-1.0)), (3.0,)),
+    out, den = sample_custom(model, guidance=Guidance("cfg", (cond_value(1.0), cond_value(-1.0)), (3.0,)),
                              sampler=Sampler(sampler_name), sigmas=sigmas,
                              noise=initial_noise(latent, 7), seed=7, latent=latent)
     assert torch.equal(out.samples, ks.samples)
@@ -437,7 +437,7 @@ def test_sample_custom_denoised_output_is_last_x0_unscaled():
     model = PromptModel(latent_scale=0.5)
     latent = Latent(torch.zeros(1, 4, 4, 4))
     sigmas = torch.tensor([2.0, 1.0, 0.5])
-    out, den = sample_custom(model, guidance=Guidance("cfg", (_c(1.0), ()), (1.0,)),
+    out, den = sample_custom(model, guidance=Guidance("cfg", (cond_value(1.0), ()), (1.0,)),
                              sampler=Sampler("euler"), sigmas=sigmas,
                              noise=initial_noise(latent, 3), seed=3, latent=latent)
     # Euler σ 1 → 0.5 on the scaled state x: out·s = x + (x − D)(0.5 − 1) = 0.5x + 0.5D, so
@@ -448,7 +448,7 @@ def test_sample_custom_denoised_output_is_last_x0_unscaled():
 
 def test_sample_custom_empty_sigmas_returns_input():
     latent = Latent(torch.randn(1, 4, 4, 4))
-    out, den = sample_custom(PromptModel(), guidance=Guidance("cfg", (_c(1.0), ()), (1.0,)),
+    out, den = sample_custom(PromptModel(), guidance=Guidance("cfg", (cond_value(1.0), ()), (1.0,)),
                              sampler=Sampler("euler"), sigmas=torch.FloatTensor([]),
                              noise=torch.zeros(1, 4, 4, 4), seed=0, latent=latent)
     assert torch.equal(out.samples, latent.samples) and den is out
@@ -458,7 +458,7 @@ def test_sample_custom_passes_sampler_options():
     model = PromptModel()
     latent = Latent(torch.zeros(1, 4, 4, 4))
     sig = T.basic_scheduler(SCHED, "normal", 4)
-    kw = dict(guidance=Guidance("cfg", (_c(1.0), ()), (1.0,)), sigmas=sig,
+    kw = dict(guidance=Guidance("cfg", (cond_value(1.0), ()), (1.0,)), sigmas=sig,
               noise=initial_noise(latent, 1), seed=1, latent=latent)
     eta0, _ = sample_custom(model, sampler=Sampler("euler_ancestral", (("eta", 0.0),)), **kw)
     euler, _ = sample_custom(model, sampler=Sampler("euler"), **kw)
@@ -473,7 +473,7 @@ def test_disable_noise_then_add_noise_equals_random_noise_sampling():
     model = PromptModel(latent_scale=0.5)
     latent = Latent(torch.linspace(-1, 1, 64).reshape(1, 4, 4, 4))
     sig = T.basic_scheduler(SCHED, "karras", 4, 0.6)
-    g = Guidance("cfg", (_c(1.0), _c(-1.0)), (2.0,))
+    g = Guidance("cfg", (cond_value(1.0), cond_value(-1.0)), (2.0,))
     noisy = add_noise(model, initial_noise(latent, 11), sig, latent)
     assert torch.allclose(noisy.samples,
                           latent.samples + prepare_noise(latent.samples, 11)

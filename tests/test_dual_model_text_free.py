@@ -23,7 +23,7 @@ from mixgraph.nodes.payloads.sampling import Guidance
 from mixgraph.nodes.sampling.guidance import build_denoiser
 from mixgraph.nodes.sampling.parameterization import ModelSampling
 from mixgraph.ui import api
-from tests.fixtures.checkpoints import (UNET_PREFIX, VAE_PREFIX, _prefixed, _save, sd15_state_dict,
+from tests.fixtures.checkpoints import (UNET_PREFIX, VAE_PREFIX, with_prefix, save_state_dict, sd15_state_dict,
                                         tiny_clip_l_state_dict, tiny_vae_state_dict)
 from tests.fixtures.tiny_unet import tiny_unet, tiny_unet_config
 
@@ -40,10 +40,10 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("text_free")
     (root / "checkpoints").mkdir()
     unet = random_state_dict(module_shapes(lambda: UNetModel(_text_free_config())), 3)
-    sd = _prefixed(UNET_PREFIX, unet) | _prefixed(VAE_PREFIX, tiny_vae_state_dict(4))
-    sd |= _prefixed("cond_stage_model.transformer.", tiny_clip_l_state_dict(5, width=32))
-    _save(root / "checkpoints" / "free.safetensors", sd)
-    _save(root / "checkpoints" / "sd15.safetensors", sd15_state_dict(6))
+    sd = with_prefix(UNET_PREFIX, unet) | with_prefix(VAE_PREFIX, tiny_vae_state_dict(4))
+    sd |= with_prefix("cond_stage_model.transformer.", tiny_clip_l_state_dict(5, width=32))
+    save_state_dict(root / "checkpoints" / "free.safetensors", sd)
+    save_state_dict(root / "checkpoints" / "sd15.safetensors", sd15_state_dict(6))
     return root
 
 

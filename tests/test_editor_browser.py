@@ -46,13 +46,13 @@ def txt2img(ckpt: str = "sd15.safetensors") -> dict:
     }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _get_json(url: str, timeout: float = 5.0):
+def get_json(url: str, timeout: float = 5.0):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
 
@@ -73,7 +73,7 @@ def _start_server(tmp: Path, deadline: float, returning: bool = True) -> tuple[s
     user.mkdir(parents=True)
     if returning:                            # a returning user (else: a first start)
         (user / "comfy.settings.json").write_text(json.dumps({"Comfy.TutorialCompleted": True}))
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
         [sys.executable, "-m", "mixgraph", "serve", "--port", str(port), "--models",
@@ -84,7 +84,7 @@ def _start_server(tmp: Path, deadline: float, returning: bool = True) -> tuple[s
         if proc.poll() is not None:
             raise AssertionError(f"server exited: {(tmp / 'server.log').read_text()[-2000:]}")
         try:
-            _get_json(url + "/api/system_stats", timeout=1)
+            get_json(url + "/api/system_stats", timeout=1)
             return proc, url
         except OSError:
             if time.monotonic() > deadline:
@@ -140,7 +140,7 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
                 types = page.evaluate("() => Object.keys(LiteGraph.registered_node_types)")
                 assert {"KSampler", "CheckpointLoaderSimple", "SaveImage",
                         "SetModelPrecision"} <= set(types)
-                assert "/extensions/mixgraph/mixgraph.js" in _get_json(url + "/api/extensions")
+                assert "/extensions/mixgraph/mixgraph.js" in get_json(url + "/api/extensions")
 
                 # Load the API prompt into the editor, queue it from there, wait for the result.
                 page.evaluate("""async (prompt) => {
@@ -193,7 +193,7 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
                 # As in ComfyUI, execution_success comes before the history entry is written
                 # (`executing` null follows it): poll history, bounded.
                 pid, until = detail["prompt_id"], time.monotonic() + 15
-                while (found := _get_json(url + f"/api/history/{pid}")).get(pid) is None:
+                while (found := get_json(url + f"/api/history/{pid}")).get(pid) is None:
                     assert time.monotonic() < until, f"prompt {pid} never reached /history"
                     time.sleep(0.1)
                 entry = found[pid]
@@ -205,7 +205,7 @@ def test_editor_browser_loads_editor_and_runs_workflow(tmp_path):
                 with Image.open(png) as im:
                     assert im.size == (64, 64)
                 # The jobs API the queue panel reads knows it too.
-                jobs = _get_json(url + "/api/jobs?status=completed&limit=5")["jobs"]
+                jobs = get_json(url + "/api/jobs?status=completed&limit=5")["jobs"]
                 assert jobs[0]["id"] == detail["prompt_id"] and jobs[0]["outputs_count"] == 1
                 # A NaN-fallback message (graph/events.py NanFallback) marks the node, toasts.
                 page.evaluate("""() => window.comfyAPI.api.api.dispatchCustomEvent(
@@ -295,7 +295,7 @@ def test_editor_browser_first_start_opens_default_workflow_and_run_draws_it(tmp_
                 left = max(1.0, deadline - time.monotonic()) * 1000
                 detail = page.wait_for_function("() => window.__mixgraphDone", timeout=left).json_value()
                 assert "exception_message" not in detail, detail
-                entry = _get_json(url + f"/api/history/{detail['prompt_id']}")[detail["prompt_id"]]
+                entry = get_json(url + f"/api/history/{detail['prompt_id']}")[detail["prompt_id"]]
                 image = entry["outputs"]["9"]["images"][0]
                 # the picture appears in the Save Image node
                 page.wait_for_function("() => (window.app.graph.getNodeById(9).imgs || []).length > 0")

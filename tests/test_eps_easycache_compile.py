@@ -273,11 +273,11 @@ def test_easycache_dual_model_negative_follows_the_positive():
     skips on the steps the positive skips (one ``calc_cond_batch`` per step)."""
     from mixgraph.nodes.payloads.sampling import Guidance
     from mixgraph.nodes.sampling.guidance import build_denoiser
-    from tests.test_custom_sampling import PromptModel, _c
+    from tests.test_custom_sampling import PromptModel, cond_value
     main, second = PromptModel(k=1.0), PromptModel(k=3.0)
     x = torch.full((1, 4, 16, 16), 0.5)
     ms = ModelSampling("x0")
-    den = build_denoiser(Guidance("dual_model", (_c(2.0), _c(-1.0)), (2.5,)), main, x, None, ms,
+    den = build_denoiser(Guidance("dual_model", (cond_value(2.0), cond_value(-1.0)), (2.5,)), main, x, None, ms,
                          negative_model=second)
     den, run = step_cache.attach(den, (step_cache.EasyCache(3.0, 0.0, 1.0),), ms)
     for i, s in enumerate((5.0, 4.0, 3.0, 2.5, 2.0, 1.5)):

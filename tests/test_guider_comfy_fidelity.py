@@ -15,7 +15,7 @@ from mixgraph.nodes.sampling.cfg_patches import APG
 from mixgraph.nodes.sampling.cfg_patches_extra import LatentOperationCFG
 from mixgraph.nodes.sampling.guidance import build_denoiser, perp_neg
 from mixgraph.nodes.sampling.parameterization import CondDenoiser, ModelSampling
-from tests.test_custom_sampling import PromptModel, _c
+from tests.test_custom_sampling import PromptModel, cond_value
 
 F32 = parse_spec("f32")
 
@@ -74,7 +74,7 @@ def _preds(x, sigma):
 def _perp_neg_den(patches, x, cfg=3.0, neg_scale=0.7):
     model = PromptModel()
     model.sampler_patches = patches
-    guidance = Guidance("perp_neg", (_c(2.0), _c(-1.0), _c(0.5)), (cfg, neg_scale))
+    guidance = Guidance("perp_neg", (cond_value(2.0), cond_value(-1.0), cond_value(0.5)), (cfg, neg_scale))
     return build_denoiser(guidance, model, x, None, ModelSampling("x0"))
 
 

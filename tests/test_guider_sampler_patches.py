@@ -13,7 +13,7 @@ from mixgraph.nodes.sampling.cfg_patches import GuidanceArgs, RescaleCFG
 from mixgraph.nodes.sampling.cfg_patches_extra import CFGNorm, LatentOperationCFG
 from mixgraph.nodes.sampling.guidance import build_denoiser, perp_neg
 from mixgraph.nodes.sampling.parameterization import ModelSampling
-from tests.test_custom_sampling import PromptModel, _c
+from tests.test_custom_sampling import PromptModel, cond_value
 
 SIGMA = torch.tensor([1.0])
 
@@ -45,9 +45,9 @@ def _double(latent):
     return 2.0 * latent
 
 
-PERP = Guidance("perp_neg", (_c(2.0), _c(1.0), _c(0.5)), (3.0, 0.7))
-DUAL = Guidance("dual_cfg", (_c(3.0), _c(2.0), _c(-1.0)), (1.5, 4.0))
-NESTED = Guidance("dual_cfg", (_c(3.0), _c(2.0), _c(-1.0)), (1.5, 4.0), nested=True)
+PERP = Guidance("perp_neg", (cond_value(2.0), cond_value(1.0), cond_value(0.5)), (3.0, 0.7))
+DUAL = Guidance("dual_cfg", (cond_value(3.0), cond_value(2.0), cond_value(-1.0)), (1.5, 4.0))
+NESTED = Guidance("dual_cfg", (cond_value(3.0), cond_value(2.0), cond_value(-1.0)), (1.5, 4.0), nested=True)
 
 
 def test_perp_neg_guider_runs_post_cfg_patch_on_its_result():
@@ -99,11 +99,11 @@ def test_dual_cfg_guider_runs_no_pre_cfg_patch():
 def test_guiders_report_the_skipped_negative_as_cond_for_cfgpp_ud10_ab():
     """At neg_scale 0 / cfg2 1 the negative is skipped unless a CFG++ sampler asks for it; with
     ``skip_cfg1`` (cfgpp_ud10_ab) the hook's uncond is then its cond, as in ComfyUI."""
-    perp = _den(Guidance("perp_neg", (_c(2.0), _c(1.0), _c(0.5)), (3.0, 0.0)), ())
+    perp = _den(Guidance("perp_neg", (cond_value(2.0), cond_value(1.0), cond_value(0.5)), (3.0, 0.0)), ())
     p, n = _preds(perp, perp.positive, perp.negative)
     assert torch.allclose(perp.with_uncond(_x(), SIGMA, skip_cfg1=True)[1], p)
     assert torch.allclose(perp.with_uncond(_x(), SIGMA)[1], n)
-    dual = _den(Guidance("dual_cfg", (_c(3.0), _c(2.0), _c(-1.0)), (1.5, 1.0)), ())
+    dual = _den(Guidance("dual_cfg", (cond_value(3.0), cond_value(2.0), cond_value(-1.0)), (1.5, 1.0)), ())
     m, n = _preds(dual, dual.middle, dual.negative)
     assert torch.allclose(dual.with_uncond(_x(), SIGMA, skip_cfg1=True)[1], m)
     assert torch.allclose(dual.with_uncond(_x(), SIGMA)[1], n)

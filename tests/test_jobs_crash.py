@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_editor_browser import _free_port, _get_json, txt2img
+from tests.test_editor_browser import free_port, get_json, txt2img
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW_STEPS = 100        # the prompt that is running at the kill: seconds of sampling on CPU
@@ -25,7 +25,7 @@ SLOW_STEPS = 100        # the prompt that is running at the kill: seconds of sam
 
 def _spawn(tmp: Path, deadline: float) -> tuple[subprocess.Popen, str]:
     """`python -m mixgraph serve` in `tmp` (so its user directory is tmp/user), answering."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")    # a tiny model: more threads only fight over shared cores
     log = open(tmp / "server.log", "ab")
@@ -39,7 +39,7 @@ def _spawn(tmp: Path, deadline: float) -> tuple[subprocess.Popen, str]:
         if proc.poll() is not None:
             raise AssertionError(f"server exited: {_log(tmp)}")
         try:
-            _get_json(url + "/api/system_stats", timeout=1)
+            get_json(url + "/api/system_stats", timeout=1)
             return proc, url
         except OSError:
             if time.monotonic() > deadline:
@@ -84,7 +84,7 @@ def _wait(what: str, check, deadline: float):
 
 
 def _entry(url: str, pid: str) -> dict | None:
-    return _get_json(f"{url}/history/{pid}").get(pid)
+    return get_json(f"{url}/history/{pid}").get(pid)
 
 
 def test_jobs_survive_kill_9_and_interrupted_prompt_requeues(tmp_path):
@@ -100,7 +100,7 @@ def test_jobs_survive_kill_9_and_interrupted_prompt_requeues(tmp_path):
         _wait("the first prompt finished", lambda: _entry(url, done), deadline)
 
         def slow_running() -> bool:
-            q = _get_json(url + "/queue")
+            q = get_json(url + "/queue")
             if _entry(url, slow):
                 raise AssertionError("the slow prompt finished before the kill; raise SLOW_STEPS")
             return [i[1] for i in q["queue_running"]] == [slow]
@@ -126,7 +126,7 @@ def test_jobs_survive_kill_9_and_interrupted_prompt_requeues(tmp_path):
         assert messages["execution_error"]["exception_message"] == STOPPED_MESSAGE
         assert messages["execution_interrupted"]["prompt_id"] == slow
         assert cut["prompt"][2] == _prompt(2, SLOW_STEPS)
-        job = _get_json(f"{url}/api/jobs/{slow}")
+        job = get_json(f"{url}/api/jobs/{slow}")
         assert job["status"] == "failed"
         assert job["execution_error"]["exception_message"] == STOPPED_MESSAGE
 
@@ -142,7 +142,7 @@ def test_jobs_survive_kill_9_and_interrupted_prompt_requeues(tmp_path):
                       lambda: _entry(url, again["prompt_id"]), deadline)
         assert entry["status"]["status_str"] == "success", entry["status"]
         assert entry["prompt"][2] == _prompt(2, SLOW_STEPS) and entry["outputs"]["9"]["images"]
-        history = _get_json(url + "/history")
+        history = get_json(url + "/history")
         assert list(history) == [done, slow, *pending, again["prompt_id"]]
         with pytest.raises(urllib.error.HTTPError) as e:
             _post(url, "/history/unknown/requeue", {})

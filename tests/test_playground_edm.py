@@ -255,9 +255,9 @@ def test_playground_workflow_runs(sdxl, tmp_path):
 # --- loading a Playground v2.5 checkpoint ------------------------------------------------------------
 
 def test_loader_detects_playground_checkpoint(tmp_path):
-    from tests.fixtures.checkpoints import _save, sd15_state_dict, sdxl_state_dict
+    from tests.fixtures.checkpoints import save_state_dict, sd15_state_dict, sdxl_state_dict
     markers = {"edm_mean": MEAN.clone(), "edm_std": STD.clone()}
-    path = _save(tmp_path / "pg.safetensors", sdxl_state_dict(seed=6) | markers)
+    path = save_state_dict(tmp_path / "pg.safetensors", sdxl_state_dict(seed=6) | markers)
     model, clip, vae = loader.load_checkpoint(path)
     assert (model.kind, model.prediction, model.continuous_sampling) == ("sdxl", "edm", ("edm", 0.002, 80.0))
     assert model.latent_format == PLAYGROUND_V2_5 and clip is not None and vae is not None
@@ -266,7 +266,7 @@ def test_loader_detects_playground_checkpoint(tmp_path):
     assert (unet.prediction, unet.continuous_sampling, unet.latent_format) == \
         ("edm", ("edm", 0.002, 80.0), PLAYGROUND_V2_5)
     # a loaded Playground model samples exactly as the node-patched plain SDXL one
-    plain, _, _ = loader.load_checkpoint(_save(tmp_path / "sdxl.safetensors", sdxl_state_dict(seed=6)))
+    plain, _, _ = loader.load_checkpoint(save_state_dict(tmp_path / "sdxl.safetensors", sdxl_state_dict(seed=6)))
     patched = N.ModelSamplingContinuousEDM(plain, "edm_playground_v2.5", 80.0, 0.002)[0]
     cond = clip.encode("a cube", F32)[0]
     z = MEAN + STD * _randn(1, 4, 16, 16, seed=13) * 0.3
@@ -277,9 +277,9 @@ def test_loader_detects_playground_checkpoint(tmp_path):
     # a plain SDXL file, edm_mean without edm_std, an SD1 file with the markers, edm_vpred: not Playground
     assert plain.prediction == "eps" and plain.latent_format == SD.latent_format("sdxl")
     with pytest.raises(NotImplementedError, match="not supported yet"):
-        loader.load_checkpoint(_save(tmp_path / "half.safetensors", sdxl_state_dict(seed=6) | {"edm_mean": MEAN}))
+        loader.load_checkpoint(save_state_dict(tmp_path / "half.safetensors", sdxl_state_dict(seed=6) | {"edm_mean": MEAN}))
     with pytest.raises(NotImplementedError, match="not supported yet"):
-        loader.load_checkpoint(_save(tmp_path / "sd1.safetensors", sd15_state_dict(seed=1) | markers))
+        loader.load_checkpoint(save_state_dict(tmp_path / "sd1.safetensors", sd15_state_dict(seed=1) | markers))
     with pytest.raises(NotImplementedError, match="edm_vpred.*not supported yet"):
-        loader.load_checkpoint(_save(tmp_path / "vpred.safetensors",
+        loader.load_checkpoint(save_state_dict(tmp_path / "vpred.safetensors",
                                      sdxl_state_dict(seed=6) | {"edm_vpred.sigma_max": torch.tensor([120.0])}))

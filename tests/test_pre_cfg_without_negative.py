@@ -14,7 +14,7 @@ from mixgraph.nodes.sampling.cfg_patches import APG, TangentialDampingCFG
 from mixgraph.nodes.sampling.cfg_patches_extra import FreSca
 from mixgraph.nodes.sampling.guidance import build_denoiser
 from mixgraph.nodes.sampling.parameterization import ModelSampling
-from tests.test_custom_sampling import PromptModel, _c
+from tests.test_custom_sampling import PromptModel, cond_value
 
 SIGMA = torch.tensor([1.0])
 
@@ -31,13 +31,13 @@ def _model(patches=()):
 
 def _cfg_den(patches, cfg, model=None):
     model = _model(patches) if model is None else model
-    return build_denoiser(Guidance("cfg", (_c(2.0), _c(-1.0)), (cfg,)), model, _x(), None, ModelSampling("x0"))
+    return build_denoiser(Guidance("cfg", (cond_value(2.0), cond_value(-1.0)), (cfg,)), model, _x(), None, ModelSampling("x0"))
 
 
 def _raw(x, value, k=1.0, sigma=SIGMA):
     """PromptModel's unpatched x0 prediction at ``x``, ``sigma`` for a cond holding ``value``."""
     model = PromptModel(k=k)
-    den = build_denoiser(Guidance("cfg", (_c(value), _c(value)), (1.0,)), model, x, None,
+    den = build_denoiser(Guidance("cfg", (cond_value(value), cond_value(value)), (1.0,)), model, x, None,
                          ModelSampling("x0"))
     return den.calc_cond_batch([den.positive], x, sigma)[0]
 
@@ -95,7 +95,7 @@ def test_pre_cfg_apg_then_fresca_at_cfg_one_in_patch_order():
 
 
 def _perp_neg_den(patches, cfg, neg_scale):
-    guidance = Guidance("perp_neg", (_c(2.0), _c(-1.0), _c(0.5)), (cfg, neg_scale))
+    guidance = Guidance("perp_neg", (cond_value(2.0), cond_value(-1.0), cond_value(0.5)), (cfg, neg_scale))
     return build_denoiser(guidance, _model(patches), _x(), None, ModelSampling("x0"))
 
 
@@ -122,7 +122,7 @@ def test_pre_cfg_fresca_skipped_under_perp_neg_with_neg_scale_zero():
 def test_dual_model_guider_runs_no_pre_cfg_patch():
     x = _x()
     main, second = _model((APG(0.0, 0.0, 0.0),)), PromptModel(k=3.0)
-    den = build_denoiser(Guidance("dual_model", (_c(2.0), _c(-1.0)), (2.5,)), main, x, None,
+    den = build_denoiser(Guidance("dual_model", (cond_value(2.0), cond_value(-1.0)), (2.5,)), main, x, None,
                          ModelSampling("x0"), negative_model=second)
     p, n = _raw(x, 2.0), _raw(x, -1.0, k=3.0)
     # ComfyUI's Guider_DualModel calls cfg_function: plain CFG, APG (eta 0) not applied

@@ -38,15 +38,15 @@ SDE = ["dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_
 MINE = FIRST_ORDER + HIGHER_ORDER + ANCESTRAL + SDE + ["lms", "dpm_adaptive", "lcm"]
 
 
-def _x_start(sigma0, shape=(8, 1, 2, 2), seed=0, dtype=torch.float64):
+def x_start(sigma0, shape=(8, 1, 2, 2), seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     return (MU + torch.randn(shape, generator=g) * math.sqrt(SD**2 + sigma0**2)).to(dtype)
 
 
-def _ode_error(name, steps):
+def ode_error(name, steps):
     # Ending at σ = 0.05 (no final zero) so the error measures the solver, not the last jump.
     sigmas = karras_scheduler(steps, 0.05, 14.6146)[:-1].double()
-    x = _x_start(float(sigmas[0]))
+    x = x_start(float(sigmas[0]))
     out = S.get_sampler(name)(gaussian_denoiser, x, sigmas)
     return float((out - ode_endpoint(x, float(sigmas[0]), float(sigmas[-1]))).abs().max())
 
@@ -75,14 +75,14 @@ def test_sampler_registry_rejects_unknown_names():
 
 @pytest.mark.parametrize("name", FIRST_ORDER)
 def test_first_order_sampler_converges_to_ode_endpoint(name):
-    e10, e40 = _ode_error(name, 10), _ode_error(name, 40)
+    e10, e40 = ode_error(name, 10), ode_error(name, 40)
     assert e40 < 0.07
     assert e10 / e40 > 3.5  # first order: ~4x for 4x the steps
 
 
 @pytest.mark.parametrize("name", HIGHER_ORDER)
 def test_higher_order_sampler_converges_to_ode_endpoint(name):
-    e10, e40 = _ode_error(name, 10), _ode_error(name, 40)
+    e10, e40 = ode_error(name, 10), ode_error(name, 40)
     assert e40 < 5e-3
     assert e10 / e40 > 12  # at least second order: ~16x for 4x the steps
 
@@ -90,7 +90,7 @@ def test_higher_order_sampler_converges_to_ode_endpoint(name):
 @pytest.mark.parametrize("name", FIRST_ORDER + HIGHER_ORDER)
 def test_deterministic_sampler_with_final_zero_lands_near_data_endpoint(name):
     sigmas = karras_scheduler(20, 0.0292, 14.6146)
-    x = _x_start(float(sigmas[0]), dtype=torch.float32)
+    x = x_start(float(sigmas[0]), dtype=torch.float32)
     out = S.get_sampler(name)(gaussian_denoiser, x, sigmas)
     end = 0.0
     if name == "dpm_fast":
@@ -101,7 +101,7 @@ def test_deterministic_sampler_with_final_zero_lands_near_data_endpoint(name):
 
 def test_dpm_adaptive_meets_its_tolerance():
     sigmas = karras_scheduler(10, 0.05, 14.6146).double()
-    x = _x_start(float(sigmas[0]))
+    x = x_start(float(sigmas[0]))
     out = S.sample_dpm_adaptive(gaussian_denoiser, x, sigmas, rtol=1e-5, atol=1e-6)
     ref = ode_endpoint(x, float(sigmas[0]), float(sigmas[-2]))
     assert float((out - ref).abs().max()) < 1e-3
@@ -111,7 +111,7 @@ def test_dpm_adaptive_meets_its_tolerance():
                          + [(n, 60) for n in ANCESTRAL[1:3] + SDE[::2]])
 def test_stochastic_sampler_matches_data_distribution(name, steps):
     sigmas = karras_scheduler(steps, 0.0292, 14.6146)
-    x = _x_start(float(sigmas[0]), shape=(4096, 1, 2, 2), seed=1, dtype=torch.float32)
+    x = x_start(float(sigmas[0]), shape=(4096, 1, 2, 2), seed=1, dtype=torch.float32)
     out = S.get_sampler(name)(gaussian_denoiser, x, sigmas, extra_args={"seed": 7})
     assert float(out.mean()) == pytest.approx(MU, abs=0.02)
     assert float(out.std()) == pytest.approx(SD, abs=0.02)
@@ -120,7 +120,7 @@ def test_stochastic_sampler_matches_data_distribution(name, steps):
 @pytest.mark.parametrize("name", ANCESTRAL + ["dpmpp_sde", "dpmpp_2m_sde", "dpmpp_3m_sde", "lcm"])
 def test_stochastic_sampler_same_seed_same_output(name):
     sigmas = karras_scheduler(6, 0.0292, 14.6146)
-    x = _x_start(float(sigmas[0]), shape=(2, 1, 3, 3), dtype=torch.float32)
+    x = x_start(float(sigmas[0]), shape=(2, 1, 3, 3), dtype=torch.float32)
     fn = S.get_sampler(name)
     a = fn(gaussian_denoiser, x, sigmas, extra_args={"seed": 3})
     b = fn(gaussian_denoiser, x, sigmas, extra_args={"seed": 3})
@@ -131,7 +131,7 @@ def test_stochastic_sampler_same_seed_same_output(name):
 
 def test_gpu_variant_on_cpu_equals_cpu_tree():
     sigmas = karras_scheduler(5, 0.0292, 14.6146)
-    x = _x_start(float(sigmas[0]), shape=(2, 1, 3, 3), dtype=torch.float32)
+    x = x_start(float(sigmas[0]), shape=(2, 1, 3, 3), dtype=torch.float32)
     a = S.sample_dpmpp_2m_sde(gaussian_denoiser, x, sigmas, extra_args={"seed": 3})
     b = S.sample_dpmpp_2m_sde_gpu(gaussian_denoiser, x, sigmas, extra_args={"seed": 3})
     assert torch.equal(a, b)
@@ -140,7 +140,7 @@ def test_gpu_variant_on_cpu_equals_cpu_tree():
 @pytest.mark.parametrize("name", sorted(set(MINE) - {"dpm_fast", "dpm_adaptive"}))
 def test_sampler_calls_back_once_per_step(name):
     sigmas = karras_scheduler(5, 0.0292, 14.6146)
-    x = _x_start(float(sigmas[0]), shape=(1, 1, 2, 2), dtype=torch.float32)
+    x = x_start(float(sigmas[0]), shape=(1, 1, 2, 2), dtype=torch.float32)
     seen = []
     S.get_sampler(name)(gaussian_denoiser, x, sigmas, extra_args={"seed": 1},
                         callback=lambda d: seen.append(d["i"]))

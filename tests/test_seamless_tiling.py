@@ -17,7 +17,7 @@ from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser
 from mixgraph.ui import api
 from tests.fixtures.checkpoints import write_sd15
-from tests.test_cond_nodes import _rand
+from tests.test_cond_nodes import rand_tensor
 from tests.fixtures.workflow_models import write_controlnet
 
 F32, BF16 = parse_spec("f32"), parse_spec("bf16")
@@ -81,7 +81,7 @@ def _numpy_wrap(f, x: np.ndarray, by: int, bx: int) -> np.ndarray:
 
 @pytest.mark.parametrize("mode, calls", [("x", 2), ("y", 2), ("x and y", 4)])
 def test_seamless_wrap_matches_numpy_blend(mode, calls):
-    x = _rand(2, 5, 6, 10, seed=1)  # 4 latent + 1 concat channel: they shift together
+    x = rand_tensor(2, 5, 6, 10, seed=1)  # 4 latent + 1 concat channel: they shift together
     ramp = torch.linspace(0.5, 2.0, 60).reshape(6, 10)  # position-dependent, so shifts matter
 
     seen = []
@@ -105,8 +105,8 @@ def test_seamless_denoiser_is_the_blend_of_shifted_denoised_predictions(handles)
     the blend weights sum to 1 and c_in/c_out act per pixel."""
     model = handles[0]
     patched = N.ModelPatchSeamlessTiling(model, "x and y", 2)[0]
-    pos, neg = (Cond(_rand(1, 77, 32, seed=2)),), (Cond(_rand(1, 77, 32, seed=3)),)
-    x, sigma = _rand(1, 4, 8, 12, seed=4) * 4.0, torch.tensor([4.0])
+    pos, neg = (Cond(rand_tensor(1, 77, 32, seed=2)),), (Cond(rand_tensor(1, 77, 32, seed=3)),)
+    x, sigma = rand_tensor(1, 4, 8, 12, seed=4) * 4.0, torch.tensor([4.0])
     lat = torch.zeros(1, 4, 8, 12)
     plain = CFGDenoiser(model.runner(F32), pos, neg, 5.0, lat)
     with torch.no_grad():
@@ -124,16 +124,16 @@ def test_seamless_patch_refuses_a_controlnet(handles, tmp_path):
     net = loader.load_controlnet(tmp_path / "cn.safetensors").runner(F32)
     chain = ControlNetChain(net, torch.rand(1, 64, 64, 3))
     patched = N.ModelPatchSeamlessTiling(model, "x", 8)[0]
-    den = CFGDenoiser(patched.runner(F32), (Cond(_rand(1, 77, 32), control=chain),), (Cond(_rand(1, 77, 32)),),
+    den = CFGDenoiser(patched.runner(F32), (Cond(rand_tensor(1, 77, 32), control=chain),), (Cond(rand_tensor(1, 77, 32)),),
                       3.0, torch.zeros(1, 4, 8, 8))
     with pytest.raises(ValueError, match="cannot be used with ControlNet"):
-        den(_rand(1, 4, 8, 8), torch.tensor([2.0]))
+        den(rand_tensor(1, 4, 8, 8), torch.tensor([2.0]))
 
 
 def test_seamless_patch_under_bf16_is_close_to_f32(handles):
     patched = N.ModelPatchSeamlessTiling(handles[0], "x and y", 4)[0]
-    pos, neg = (Cond(_rand(1, 77, 32, seed=2)),), (Cond(_rand(1, 77, 32, seed=3)),)
-    x, sigma = _rand(1, 4, 8, 8, seed=4) * 4.0, torch.tensor([4.0])
+    pos, neg = (Cond(rand_tensor(1, 77, 32, seed=2)),), (Cond(rand_tensor(1, 77, 32, seed=3)),)
+    x, sigma = rand_tensor(1, 4, 8, 8, seed=4) * 4.0, torch.tensor([4.0])
     lat = torch.zeros(1, 4, 8, 8)
     with torch.no_grad():
         f32 = CFGDenoiser(patched.runner(F32), pos, neg, 5.0, lat)(x, sigma)
@@ -157,7 +157,7 @@ def _seam_error(decode, latent: torch.Tensor) -> float:
 
 def test_seamless_decode_wraps_left_and_right_edges(handles):
     vae = handles[2]
-    latent = _rand(1, 4, 8, 16, seed=7)
+    latent = rand_tensor(1, 4, 8, 16, seed=7)
     plain = vae.decode(latent, F32)  # [1, 64, 128, 3]
     tiled = seamless.decode_periodic(lambda z: vae.decode(z, F32), latent, "x", 8)
     assert tiled.shape == plain.shape

@@ -20,7 +20,7 @@ from mixgraph.nodes.sampling.guidance import build_denoiser
 from mixgraph.nodes.sampling.ksampler import sample_custom
 from mixgraph.nodes.sampling.noise import default_noise_sampler, initial_noise
 from mixgraph.nodes.sampling.parameterization import ModelSampling
-from tests.test_custom_sampling import PromptModel, _c
+from tests.test_custom_sampling import PromptModel, cond_value
 
 MU, S_DATA = 0.3, 0.5
 
@@ -140,7 +140,7 @@ def test_exp_heun_2_x0_sde_keeps_exact_marginal_std():
 
 def _run(model, sampler, guidance=None, negative_model=None, seed=7):
     latent = Latent(torch.zeros(1, 4, 4, 4))
-    guidance = guidance or Guidance("cfg", (_c(1.0), _c(-1.0)), (3.0,))
+    guidance = guidance or Guidance("cfg", (cond_value(1.0), cond_value(-1.0)), (3.0,))
     out, _ = sample_custom(model, guidance=guidance, sampler=sampler,
                            sigmas=karras(6).float(), noise=initial_noise(latent, seed), seed=seed,
                            latent=latent, negative_model=negative_model)
@@ -169,7 +169,7 @@ def test_sampler_seeds2_node_defaults_are_ksamplers_seeds_2():
 
 
 def _dual(cfg, pos=2.0, neg=-1.0):
-    return Guidance("dual_model", (_c(pos), _c(neg)), (cfg,))
+    return Guidance("dual_model", (cond_value(pos), cond_value(neg)), (cfg,))
 
 
 def test_dual_model_guidance_runs_the_negative_on_the_second_model():
@@ -188,7 +188,7 @@ def test_dual_model_guidance_with_the_same_model_is_cfg():
     sigma = torch.tensor([1.3])
     ms = ModelSampling("x0")
     dual = build_denoiser(_dual(3.5), model, x, None, ms, negative_model=model)(x, sigma)
-    cfg = build_denoiser(Guidance("cfg", (_c(2.0), _c(-1.0)), (3.5,)), model, x, None, ms)(x, sigma)
+    cfg = build_denoiser(Guidance("cfg", (cond_value(2.0), cond_value(-1.0)), (3.5,)), model, x, None, ms)(x, sigma)
     assert torch.allclose(dual, cfg, atol=1e-6)
 
 
@@ -210,7 +210,7 @@ def test_dual_model_sampling_with_the_same_model_equals_cfg_guider():
 
 
 def test_dual_model_guider_node_payloads():
-    pos, neg = _c(1.0), _c(-1.0)
+    pos, neg = cond_value(1.0), cond_value(-1.0)
     # the engine passes None for an unconnected optional input
     (plain,) = csn.DualModelGuider(model="main", model_negative=None, positive=pos, cfg=4.0,
                                    negative=neg)

@@ -97,15 +97,15 @@ def test_unet_adds_input_path_features_after_their_block():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from tests.fixtures.checkpoints import UNET_PREFIX, VAE_PREFIX, _prefixed, _save, tiny_vae_state_dict
+    from tests.fixtures.checkpoints import UNET_PREFIX, VAE_PREFIX, with_prefix, save_state_dict, tiny_vae_state_dict
     from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
     root = tmp_path_factory.mktemp("t2i_models")
-    sd = _prefixed(UNET_PREFIX, random_state_dict(module_shapes(lambda: UNetModel(UNET)), 8))
-    sd |= _prefixed(VAE_PREFIX, tiny_vae_state_dict(9))
-    sd |= _prefixed("cond_stage_model.transformer.", tiny_clip_l_state_dict(10, width=32))
-    _save(root / "checkpoints" / "sd1_4level.safetensors", sd)
+    sd = with_prefix(UNET_PREFIX, random_state_dict(module_shapes(lambda: UNetModel(UNET)), 8))
+    sd |= with_prefix(VAE_PREFIX, tiny_vae_state_dict(9))
+    sd |= with_prefix("cond_stage_model.transformer.", tiny_clip_l_state_dict(10, width=32))
+    save_state_dict(root / "checkpoints" / "sd1_4level.safetensors", sd)
     cfg = T2IConfig("full", cin=192, channels=(32, 64, 128, 128), nums_rb=2, ksize=3, use_conv=True)
-    _save(root / "controlnet" / "t2i_tiny.safetensors", random_state_dict(module_shapes(lambda: T2IAdapter(cfg)), 11))
+    save_state_dict(root / "controlnet" / "t2i_tiny.safetensors", random_state_dict(module_shapes(lambda: T2IAdapter(cfg)), 11))
     return root
 
 

@@ -25,7 +25,7 @@ from mixgraph.nodes.sampling.parameterization import CFGDenoiser, ModelSampling
 from mixgraph.nodes.sampling.preview import make_previewer
 from mixgraph.nodes.declare.conditioning.upscale_diffusion_nodes import SD_4XUpscale_Conditioning
 from mixgraph.ui import api
-from tests.fixtures.checkpoints import _save
+from tests.fixtures.checkpoints import save_state_dict
 from tests.fixtures.tiny_x4 import X4_UNET, sd2_x4_state_dict, write_sd2_x4
 
 WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / "upscale_x4_sd2.json"
@@ -72,7 +72,7 @@ def test_x4_checkpoint_detected_as_the_upscaler_family(handles):
 def test_x4_unet_file_loads_with_unetloader(tmp_path):
     sd = sd2_x4_state_dict(seed=2)
     unet = {k: v for k, v in sd.items() if k.startswith("model.diffusion_model.")}
-    path = _save(tmp_path / "x4_unet.safetensors", unet)
+    path = save_state_dict(tmp_path / "x4_unet.safetensors", unet)
     handle = load_unet(path)
     assert handle.kind == "sd2_x4" and handle.parts.x4 is not None and handle.config == X4_UNET
     assert handle.prediction == "v_prediction" and handle.beta_range == (0.0001, 0.02)
