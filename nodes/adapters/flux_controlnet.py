@@ -320,12 +320,10 @@ class _Unbound:
 
     def bind_model(self, model) -> "_Bound":
         handle = getattr(model, "handle", None)
-        family, kind = getattr(handle, "family", None), getattr(handle, "kind", None)
-        if family != "flux":
+        family = getattr(handle, "family", None)
+        if family != self.handle.family:  # the family the net was trained for (its handle says)
             raise ValueError(f"Flux ControlNet applied to a {family or type(model).__name__} model: it runs with "
                              f"Flux.1 models only")
-        if kind == "chroma":
-            raise NotImplementedError("Chroma with a Flux ControlNet: not supported yet")
         if handle.config.hidden_size != self.handle.config.flux.hidden_size:
             raise ValueError(f"Flux ControlNet is {self.handle.config.flux.hidden_size} wide; the Flux model "
                              f"{handle.config.hidden_size}")

@@ -250,7 +250,7 @@ class SD35Runner:
     def bind_model(self, model) -> "BoundSD35Runner":
         handle = getattr(model, "handle", None)
         family = getattr(handle, "family", None)
-        if family != "sd3":
+        if family != self.handle.family:  # the family the net was trained for (its handle says)
             raise ValueError(f"SD3.5 ControlNet applied to a {family or type(model).__name__} model: it runs with "
                              f"SD3 / SD3.5 models only")
         main = model.model

@@ -227,7 +227,7 @@ class _Unbound:
 
     def bind_model(self, model) -> "_Bound":
         family = getattr(getattr(model, "handle", None), "family", None)
-        if family != "sd3":
+        if family != self.handle.family:  # the family the net was trained for (its handle says)
             raise ValueError(f"SD3 ControlNet applied to a {family or type(model).__name__} model: it runs with "
                              f"SD3 / SD3.5 models only")
         width = model.model.cfg.hidden
