@@ -6,6 +6,7 @@ on every machine. The decision table itself is tested on synthetic capability se
 (tests/test_hardware.py). Child processes the tests start inherit the pin.
 """
 
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -31,3 +32,12 @@ def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that failed half-way may leave a multiprocessing child waiting for a peer; Python's
+    exit joins such children, so the run would never end. Kill them, saying which."""
+    for child in multiprocessing.active_children():
+        print(f"\nconftest: killing {child.name} (pid {child.pid}), left running by a test")
+        child.kill()
+        child.join(30)

@@ -9,7 +9,10 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import queue
 import sqlite3
+import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -194,19 +197,32 @@ def test_disk_cache_sweeps_orphaned_files(tmp_path):
     assert not orphan.exists() and not tmp.exists()
 
 
+BARRIER_SECONDS = 600      # a slow, busy machine: generous; a dead peer aborts it at once
+
+
 def _worker(directory: str, wid: int, barrier, results) -> None:
+    """One of two processes on one cache directory; puts (wid, hits, wrong) or, when anything
+    fails, (wid, "error", traceback) after breaking the barrier so the other stops waiting."""
+    try:
+        results.put(_share(directory, wid, barrier))
+    except BaseException:  # noqa: BLE001 - reported to the test, which fails with it
+        barrier.abort()
+        results.put((wid, "error", traceback.format_exc()))
+
+
+def _share(directory: str, wid: int, barrier) -> tuple:
     c = codec()
     disk = DiskCache(directory, codec=c)
     value = lambda n: (torch.full((256,), float(n)), Latent(torch.full((1, 4, 4, 4), -float(n))))  # noqa: E731
     mine = [wid * 1000 + i for i in range(12)] + list(range(500, 505))   # 5 keys both write
     for n in mine:
         disk.put(key(n), value(n), {}, ["IMAGE", "LATENT"])
-    barrier.wait()
+    barrier.wait(BARRIER_SECONDS)
     other = [(1 - wid) * 1000 + i for i in range(12)] + list(range(500, 505))
     found = [disk.get(key(n)) for n in other]
     hits = sum(e is not None for e in found)
     wrong = sum(e is not None and not same(e.outputs, value(n)) for n, e in zip(other, found))
-    barrier.wait()    # both have read before either starts evicting (the small budget below)
+    barrier.wait(BARRIER_SECONDS)    # both have read before either evicts (the small budget below)
     # both write and read under a budget of ~8 entries at once: evictions race with reads
     small = DiskCache(directory, max_bytes=8 * disk.totals()[0] // disk.totals()[1], codec=c)
     for i in range(30):
@@ -215,20 +231,36 @@ def _worker(directory: str, wid: int, barrier, results) -> None:
         for m in (n - 3, 2000 + (1 - wid) * 100 + i - 1):
             e = small.get(key(m))
             wrong += e is not None and not same(e.outputs, value(m))
-    results.put((wid, hits, wrong))
+    return wid, hits, wrong
 
 
 def test_disk_cache_two_processes_share_one_directory(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(str(tmp_path / "c"), w, barrier, results))
-             for w in (0, 1)]
-    for p in procs:
-        p.start()
-    got = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    procs = [ctx.Process(target=_worker, args=(str(tmp_path / "c"), w, barrier, results),
+                         daemon=True) for w in (0, 1)]
+    try:
+        for p in procs:
+            p.start()
+        got: list[tuple] = []
+        deadline = time.monotonic() + 2 * BARRIER_SECONDS
+        while len(got) < len(procs):
+            try:
+                got.append(results.get(timeout=5))
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead, f"a worker died before reporting (exit codes {dead})"
+                assert time.monotonic() < deadline, "the workers did not finish in time"
+        failed = [g[2] for g in got if g[1] == "error"]
+        assert not failed, failed[0]
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:      # never leave a process behind (pytest's exit would wait for it)
+            if p.is_alive():
+                p.kill()
+                p.join(60)
     assert sorted(got) == [(0, 17, 0), (1, 17, 0)]   # every result of the other seen, none wrong
     disk = DiskCache(tmp_path / "c", codec=codec(), sweep=False)
     db = sqlite3.connect(tmp_path / "c" / "index.sqlite3")
