@@ -1,6 +1,6 @@
 """Text-encoder architectures by name: how a weight file shows one, its config and its module.
 
-A family's ``TextEncoderSlot.arch`` names an architecture ("clip", "t5", "qwen3",
+A family's ``TextEncoderSlot.arch`` names an architecture ("clip", "t5", "umt5", "qwen3",
 "gemma2"); the loaders find which architecture a text-encoder file holds and where
 (``recognise``), derive its config from shapes (``EncoderArch.config``) and build entries whose
 module is ``EncoderArch.build(config)``. A new encoder architecture is one ``register_arch``
@@ -30,6 +30,8 @@ from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel, is_open_
 from mixgraph.nodes.encoders.encoder_set import register_tokenizer
 from mixgraph.nodes.encoders.t5 import T5Config, T5EncoderModel, is_t5
 from mixgraph.nodes.encoders.t5_tokenizer import T5Tokenizer
+from mixgraph.nodes.encoders import umt5  # (registers the "wan" join)
+from mixgraph.nodes.encoders.umt5_tokenizer import umt5_tokenizer_name
 from mixgraph.nodes.weights.layouts import hf_clip_rename
 from mixgraph.nodes.weights.safetensors_io import WeightSource
 
@@ -151,11 +153,28 @@ def _t5_config(info: Info, found: Found, slot: str) -> T5Config:
     return T5Config.from_state_dict(sub_info(info, found.prefix))
 
 
+# --------------------------------------------------------------------------------------------
+# umT5 (Wan): T5 v1.1 with a bias table per block, its tokenizer the file's SentencePiece model
+
+
+def _find_umt5(info: Info, prefix: str) -> Found | None:
+    if not umt5.is_umt5(info, prefix):
+        return None
+    return Found("umt5", prefix, "ldm", _shape(info[prefix + "shared.weight"])[1])
+
+
+def _umt5_config(info: Info, found: Found, slot: str) -> T5Config:
+    return umt5.umt5_config(sub_info(info, found.prefix))
+
+
 # -- the registry: one line per architecture
 register_arch(EncoderArch("clip", _find_clip, _clip_config, CLIPTextModel, prefixes=(
     "", "text_encoders.clip_l.transformer.", "text_encoders.clip_g.transformer.",
     "cond_stage_model.transformer.", "conditioner.embedders.0.transformer.", "cond_stage_model.model.",
     "conditioner.embedders.1.model.", "conditioner.embedders.0.model.")))
+# umT5 before T5: a umT5 file holds every key T5 v1.1 is recognised by
+register_arch(EncoderArch("umt5", _find_umt5, _umt5_config, T5EncoderModel, prefixes=umt5.UMT5_PREFIXES,
+                          tokenizer=umt5_tokenizer_name))
 register_arch(EncoderArch("t5", _find_t5, _t5_config, T5EncoderModel,
                           prefixes=("", "text_encoders.t5xxl.transformer.")))
 for _name, _find, _config in (("qwen3", llm_sets.find_qwen3, llm_sets.qwen3_arch_config),

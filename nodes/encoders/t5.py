@@ -8,7 +8,9 @@ embedding with an output layer), the encoder stack only:
   end (``encoder.final_layer_norm``); statistics in f32.
 * Self-attention without the 1/sqrt(d) scaling (Mesh TensorFlow's initialisation absorbs it),
   with a learned bias per head over relative-position buckets (32 buckets, bidirectional,
-  max distance 128) held by block 0 only and added in every block.
+  max distance 128) held by block 0 only and added in every block. umT5 (Chung et al. 2023,
+  "UniMax"; Wan's umT5-XXL, ComfyUI's ``model_type: umt5``) is the same encoder with a bias
+  table of its own in *every* block (``T5Config.per_layer_bias``, from the keys).
 * Feed-forward ``wo(gelu_tanh(wi_0 x) * wi_1 x)``.
 
 Attribute names are the checkpoint keys ComfyUI's T5-XXL files use (``encoder.block.N.layer.0.
@@ -21,7 +23,9 @@ not 1, the empty prompt (``[end, pad...]``; PixArt / Chroma: all pad tokens); a 
 becomes ``(z - z_empty) * w + z_empty``. Padding attends (no attention mask) unless the rule
 says ``attention_mask`` (ComfyUI's ``enable_attention_masks``): then padding after the end token
 is masked out and the mask comes back with the output (the joins pass it on as
-``model_inputs["attention_mask"]``). T5 has no pooled output.
+``model_inputs["attention_mask"]``). ``zero_masked`` (ComfyUI's ``zero_out_masked``, Wan's
+umT5) zeroes the hidden states of the padding after the end token, before the weights apply.
+T5 has no pooled output.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from torch import Tensor, nn
 
 from mixgraph.nodes.encoders.encoder_set import EncodedText, OutputRule
 
-__all__ = ["T5Config", "T5Rule", "T5EncoderModel", "T5_END", "T5_PAD", "is_t5", "relative_position_bucket"]
+__all__ = ["T5Config", "T5Rule", "T5EncoderModel", "T5_END", "T5_PAD", "is_t5", "has_per_layer_bias",
+           "relative_position_bucket"]
 
 T5_END = 1  # </s>
 T5_PAD = 0  # <pad>
@@ -56,6 +61,8 @@ class T5Rule(OutputRule):
         ``enable_attention_masks``; off for Flux, SD3 and Chroma).
     empty_end: the empty prompt the weights interpolate against is ``[end, pad...]`` (True) or
         all pad tokens (False: PixArt / Chroma, ComfyUI's ``pixart_t5.T5XXLModel``).
+    zero_masked: the hidden states after the end token are zeroed (ComfyUI's
+        ``zero_out_masked``: Wan's umT5-XXL), every row, before the weights apply.
     """
 
     pad_token: int = T5_PAD
@@ -64,12 +71,14 @@ class T5Rule(OutputRule):
     project_pooled: bool = False
     attention_mask: bool = False
     empty_end: bool = True
+    zero_masked: bool = False
 
 
 @dataclass(frozen=True)
 class T5Config:
     """Sizes of a T5 v1.1 encoder, from tensor shapes. T5-XXL: vocab 32128, width 4096, 64 heads
-    of 64, feed-forward 10240, 24 blocks."""
+    of 64, feed-forward 10240, 24 blocks. umT5-XXL: the same with vocab 256384 and
+    ``per_layer_bias`` (a relative-position table in every block, not block 0's shared)."""
 
     vocab: int
     width: int
@@ -78,6 +87,7 @@ class T5Config:
     ff: int
     layers: int
     eps: float = 1e-6
+    per_layer_bias: bool = False
 
     @classmethod
     def from_state_dict(cls, info: Mapping[str, Any]) -> "T5Config":
@@ -85,13 +95,19 @@ class T5Config:
         shape = lambda k: tuple(getattr(info[k], "shape", info[k]))  # noqa: E731
         if not is_t5(info):
             raise ValueError("not a T5 v1.1 encoder: no encoder.block.0.layer.1.DenseReluDense.wi_0.weight "
-                             "(T5 v1.0 / umT5 layouts are not supported yet)")
+                             "(T5 v1.0 and the original Wan umT5 layout are not supported yet)")
         layers = 1 + max(int(m.group(1)) for k in info if (m := _BLOCK_Q.match(k)))
         vocab, width = shape("shared.weight")
         heads = shape("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")[1]
         inner = shape("encoder.block.0.layer.0.SelfAttention.q.weight")[0]
         ff = shape("encoder.block.0.layer.1.DenseReluDense.wi_0.weight")[0]
-        return cls(vocab=vocab, width=width, heads=heads, head_dim=inner // heads, ff=ff, layers=layers)
+        return cls(vocab=vocab, width=width, heads=heads, head_dim=inner // heads, ff=ff, layers=layers,
+                   per_layer_bias=has_per_layer_bias(info))
+
+
+def has_per_layer_bias(info: Mapping[str, Any], prefix: str = "") -> bool:
+    """Whether block 1 holds a relative-position table of its own (umT5; T5 v1.1 keeps block 0's only)."""
+    return prefix + "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight" in info
 
 
 def is_t5(info: Mapping[str, Any], prefix: str = "") -> bool:
@@ -144,7 +160,7 @@ class T5Attention(nn.Module):
         self.relative_attention_bias = nn.Embedding(NUM_BUCKETS, cfg.heads) if relative_bias else None
 
     def position_bias(self, length: int, device: torch.device) -> Tensor:
-        """[1, heads, T, T] bias of block 0's relative-position table."""
+        """[1, heads, T, T] bias of this block's relative-position table (block 0's serves every block of T5 v1.1)."""
         pos = torch.arange(length, device=device)
         buckets = relative_position_bucket(pos[None, :] - pos[:, None])  # [T, T]
         return self.relative_attention_bias(buckets).permute(2, 0, 1)[None].float()  # [T, T, H] -> [1, H, T, T]
@@ -199,12 +215,13 @@ class T5Block(nn.Module):
 class T5Stack(nn.Module):
     def __init__(self, cfg: T5Config):
         super().__init__()
-        self.block = nn.ModuleList(T5Block(cfg, relative_bias=i == 0) for i in range(cfg.layers))
+        self.block = nn.ModuleList(T5Block(cfg, relative_bias=cfg.per_layer_bias or i == 0)
+                                   for i in range(cfg.layers))
         self.final_layer_norm = T5LayerNorm(cfg.width, cfg.eps)
 
 
 class T5EncoderModel(nn.Module):
-    """T5 v1.1 encoder. ``forward(tokens, ...) -> (last hidden [B,T,D] normed, chosen layer)``;
+    """T5 v1.1 (or umT5) encoder. ``forward(tokens, ...) -> (last hidden [B,T,D] normed, chosen layer)``;
     ``encode_chunks`` is the text-encoder-set seam (``text_encode.encode_tokens``)."""
 
     # RMS norms: tiny vectors, and their statistics decide T5's stability in half precision
@@ -226,14 +243,16 @@ class T5EncoderModel(nn.Module):
         `norm_hidden`. Returns (last [B, T, D], chosen [B, T, D])."""
         x = self.shared(tokens) if embeds is None else embeds
         b, t, _ = x.shape
-        bias = self.encoder.block[0].layer[0].SelfAttention.position_bias(t, x.device)  # [1, H, T, T]
+        blocked = None
         if mask is not None:
             blocked = (1.0 - mask.float())[:, None, None, :] * -torch.finfo(torch.float32).max  # [B, 1, 1, T]
-            bias = bias + blocked
+        bias = self._bias(0, t, x.device, blocked)  # [B or 1, H, T, T]
         n = len(self.encoder.block)
         stop = None if layer_idx is None else layer_idx % n
         chosen = None
         for i, block in enumerate(self.encoder.block):
+            if i > 0 and self.config.per_layer_bias:  # umT5: each block its own table
+                bias = self._bias(i, t, x.device, blocked)
             x = block(x, bias)
             if i == stop:
                 chosen = x
@@ -243,6 +262,11 @@ class T5EncoderModel(nn.Module):
         elif norm_hidden:
             chosen = self.encoder.final_layer_norm(chosen)
         return last, chosen
+
+    def _bias(self, i: int, length: int, device: torch.device, blocked: Tensor | None) -> Tensor:
+        """Block `i`'s position bias [1, H, T, T], plus the padding mask [B, 1, 1, T] when given."""
+        bias = self.encoder.block[i].layer[0].SelfAttention.position_bias(length, device)
+        return bias if blocked is None else bias + blocked
 
     def empty_chunk(self) -> list[tuple[int, float]]:
         """ComfyUI's zero-length empty prompt for T5 (no start token): the end token alone."""
@@ -268,6 +292,8 @@ class T5EncoderModel(nn.Module):
             _, hidden = self(torch.zeros(mask.shape, dtype=torch.long), mask if masked else None, layer,
                              norm_hidden=rule.norm_hidden, embeds=embeds)
             hidden = hidden.float()
+            if getattr(rule, "zero_masked", False):  # ComfyUI's zero_out_masked: padding -> 0
+                hidden = hidden * mask[..., None].float()  # [N, T, D] * [N, T, 1]
             z = hidden[: len(chunks)]  # [chunks, T, D]
             if has_weights:
                 w = torch.tensor([[wt for _, wt in c] for c in chunks], dtype=torch.float32)[..., None]  # [chunks, T, 1]

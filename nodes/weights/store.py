@@ -175,7 +175,7 @@ def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, wh
             bad.append(f"{k} {list(got)} (model expects {list(v.shape)})")
     if bad:
         raise ValueError(f"{what}: weights with unexpected shapes: {bad[:5]}")
-    extra = [k for k in sd if k not in expected and not k.endswith("position_ids")]
+    extra = [k for k in sd if k not in expected and not k.endswith(("position_ids", "spiece_model"))]
     if extra:
         log.warning("%s: %d keys not used by the model, e.g. %s", what, len(extra), extra[:5])
     module.load_state_dict({k: sd[k] for k in expected}, strict=True, assign=True)
