@@ -233,6 +233,18 @@ def test_clip_loader_wan_reads_the_checkpoint_prefix_and_refuses_what_does_not_f
         loader.load_clip([root / "plain" / "t5.safetensors"], "wan")
 
 
+def test_t5_tokenizer_options_reach_the_umt5_tokenizer(models):
+    """T5TokenizerOptions names umt5xxl among ComfyUI's T5 encoders: its min_padding / min_length
+    replace the set's 512."""
+    from mixgraph.nodes.helpers.cond_ops import t5_tokenizer_options
+
+    root, _ = models
+    clip = t5_tokenizer_options(loader.load_clip([root / "text_encoders" / "umt5_xxl_fp16.safetensors"], "wan"), 3, 0)
+    (chunk,) = clip.tokenize("a red fox")[UMT5XXL]
+    n = len(sentencepiece.SentencePieceProcessor(model_proto=umt5_spiece_bytes()).encode("a red fox"))
+    assert [t for t, *_ in chunk][n:] == [1, 0, 0, 0]
+
+
 @pytest.mark.parametrize("storage", ["f32", "fp8_e4m3fn:f32"])
 def test_scaled_fp8_file_matches_its_dequantised_weights(models, storage):
     """ComfyUI's umt5_xxl_fp8_e4m3fn_scaled layout through the common quantised-file reader."""
