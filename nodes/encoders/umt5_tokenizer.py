@@ -5,8 +5,8 @@ ComfyUI facts (``comfy/text_encoders/wan.py`` ``UMT5XXlTokenizer``, ``spiece_tok
 tokenizer data):
 
 * The pieces are the SentencePiece model stored in the file as the uint8 tensor ``spiece_model``
-  (256,384 ids in Google's umT5; ``<pad>`` 0, ``</s>`` 1). Nothing is shipped: without the tensor
-  the file cannot tokenize, and loading it says so.
+  (Google's umT5 vocabulary, ``<pad>`` 0, ``</s>`` 1; the encoder's token table has 256,384
+  rows). Nothing is shipped: without the tensor the file cannot tokenize, and loading it says so.
 * No start token; each prompt piece is encoded on its own with SentencePiece's end token, which
   is then dropped (``tokens_start=0``, ``[0:-1]``); the end token (the model's ``eos_id``, the id
   ComfyUI reads from encoding the empty string) closes the one chunk (max_length 99999999: a
