@@ -82,6 +82,23 @@ def test_checkpoint_file_loads_the_same_model(models):
         assert torch.equal(model.runner(F32).model(x, sigma, text), split.runner(F32).model(x, sigma, text))
 
 
+def test_diffusers_pipeline_folder_loads(models, tmp_path):
+    """CheckpointLoaderSimple on a diffusers ``QwenImagePipeline`` folder: its ``transformer/``
+    holds the model under the family's own key names (no conversion)."""
+    root = tmp_path / "Qwen-Image"
+    (root / "transformer").mkdir(parents=True)
+    ref = reference_qwen_image(seed=3)
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()},
+              str(root / "transformer" / "diffusion_pytorch_model.safetensors"))
+    (root / "model_index.json").write_text('{"_class_name": "QwenImagePipeline"}')
+    model, clip, vae = loader.load_checkpoint(root)
+    assert (model.family, model.config, clip, vae) == ("qwen_image", QWEN_IMAGE_TINY, None, None)
+    x, text, sigma = _rand(1, 16, 4, 4, seed=9), _rand(1, 3, CONTEXT_WIDTH, seed=10), torch.tensor([0.5])
+    split = loader.load_unet(models / "diffusion_models" / "diffusion_pytorch_model.safetensors")
+    with torch.no_grad():
+        assert torch.equal(model.runner(F32).model(x, sigma, text), split.runner(F32).model(x, sigma, text))
+
+
 def test_runner_reference_latents_and_flow_denoiser(models):
     model = loader.load_unet(models / "diffusion_models" / MODEL)
     runner = model.runner(F32)
