@@ -215,3 +215,27 @@ def test_lora_names_reach_the_weights(models, tmp_path, form):
         assert torch.allclose(got[k], want[k], atol=1e-5, rtol=1e-5), k
     modules = [k for k in lora if k.endswith(f".{slots[0]}.weight")]
     assert sum(not torch.equal(got[k], base[k]) for k in want) == len(modules) > 0
+
+
+def test_memory_estimate_and_fp8_storage(models):
+    """The estimate traces the family's model on the sampled latent's size; under fp8 storage the
+    timestep embedder, the output AdaLN and the q / k norms stay f32 (``QwenImage.keep_f32``)."""
+    from mixgraph.graph.env import Env
+    from mixgraph.ui.estimate import estimate
+
+    g = api.Graph()
+    _, _, _, ks = _t2i(g, MODEL)
+    g.add("SaveLatent", samples=ks.out, filename_prefix="qwen/est")
+    wf = api.load(g.build(), api.default_registry())
+    est = estimate(wf, api.default_registry(), Env.from_args(models=str(models)), "f32")
+    node = est["nodes"][ks.node_id]
+    assert node["activation_bytes"] > 0 and "assumed" not in node and node["size"] == [2, 64, 96]
+    assert sum(n["weights_bytes"] for n in est["nodes"].values()) > 0
+
+    fp8 = loader.load_unet(models / "diffusion_models" / MODEL).runner(parse_spec("fp8_e4m3fn:bf16"))
+    block = fp8.model.transformer_blocks[0]
+    assert block.attn.to_q.weight.dtype == torch.float8_e4m3fn
+    assert block.attn.norm_added_k.weight.dtype == torch.float32
+    assert fp8.model.time_text_embed.timestep_embedder.linear_1.weight.dtype == torch.float32
+    x, text = _rand(1, 16, 4, 6, seed=11), _rand(1, 5, CONTEXT_WIDTH, seed=12)
+    assert torch.isfinite(fp8(x, torch.tensor([0.3]), text, {})).all()
