@@ -158,6 +158,34 @@ def test_text_to_image_and_edit_2511_workflows(models):
     assert torch.isfinite(half[ks.node_id][0].samples).all()
 
 
+def test_skip_layer_guidance_leaves_blocks_out(models):
+    """SkipLayerGuidanceDiT's double_layers name Qwen-Image's blocks (ComfyUI's "double_block"
+    replace patches): a skipped block passes both streams through; other patches are refused."""
+    from mixgraph.nodes.models.block_skip import SkipBlocks
+
+    runner = loader.load_unet(models / "diffusion_models" / MODEL).runner(F32)
+    assert runner.skippable_blocks == {"double_block": 2}
+    x, text, sigma = _rand(1, 16, 4, 4, seed=13), _rand(1, 5, CONTEXT_WIDTH, seed=14), torch.tensor([0.5])
+    with torch.no_grad():
+        skipped = runner(x, sigma, text, {}, patches=(SkipBlocks("double_block", (1, 7)),))
+        assert torch.allclose(skipped, runner.model(x, sigma, text, skip={1}))
+        assert not torch.allclose(skipped, runner(x, sigma, text, {}), atol=1e-4)
+    with pytest.raises(NotImplementedError, match="object"):
+        runner(x, sigma, text, {}, patches=(object(),))
+    g = api.Graph()
+    sampled, pos, neg, ks = _t2i(g, MODEL)
+    slg = g.add("SkipLayerGuidanceDiT", model=sampled.out, double_layers="1", single_layers="", scale=3.0,
+                start_percent=0.0, end_percent=1.0, rescaling_scale=0.0)
+    latent = g.add("EmptySD3LatentImage", width=96, height=64, batch_size=2)
+    guided = g.add("KSampler", model=slg.out, seed=7, steps=3, cfg=2.5, sampler_name="euler", scheduler="simple",
+                   positive=pos.out, negative=neg.out, latent_image=latent.out, denoise=1.0)
+    g.add("SaveLatent", samples=ks.out, filename_prefix="qwen/plain")
+    g.add("SaveLatent", samples=guided.out, filename_prefix="qwen/slg")
+    res = api.run(g, models=models, output=models / "out")
+    plain, slg_out = res[ks.node_id][0].samples, res[guided.node_id][0].samples
+    assert torch.isfinite(slg_out).all() and not torch.allclose(plain, slg_out)
+
+
 def test_model_sampling_aura_flow_sets_the_shift(models):
     g = api.Graph()
     model = g.add("UNETLoader", unet_name=MODEL, weight_dtype="default")
@@ -191,12 +219,13 @@ def _lora(base: dict, name, seed: int, slots=("lora_A", "lora_B")) -> tuple[dict
     return lora, want
 
 
-@pytest.mark.parametrize("form", ["diffusers", "lightx2v", "kohya", "comfy"])
+@pytest.mark.parametrize("form", ["diffusers", "lightx2v", "kohya", "comfy", "dotted"])
 def test_lora_names_reach_the_weights(models, tmp_path, form):
     names = {"diffusers": (lambda m: "transformer." + m, ("lora_A", "lora_B")),
              "lightx2v": (lambda m: m, ("lora_down", "lora_up")),
              "kohya": (lambda m: "lora_unet_" + m.replace(".", "_"), ("lora_down", "lora_up")),
-             "comfy": (lambda m: "diffusion_model." + m, ("lora_down", "lora_up"))}
+             "comfy": (lambda m: "diffusion_model." + m, ("lora_down", "lora_up")),
+             "dotted": (lambda m: "transformer." + m, ("lora.down", "lora.up"))}
     name, slots = names[form]
     base = {k: v.float() for k, v in loader.load_unet(models / "diffusion_models" / MODEL)
             .runner(F32).model.state_dict().items()}

@@ -36,7 +36,7 @@ flow time; multiplier 1, the sinusoidal features scale it by 1000) and returns t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -360,8 +360,8 @@ def _frames_out(t: Tensor, what: str) -> Tensor:
 
 class QwenImage(nn.Module):
     """x [B, C, H, W] or [B, C, 1, H, W], timestep σ [B], context [B, T, context_dim],
-    ref_latents: reference latents (each [1 or B, C, (1,) h, w], in the model's latent space) ->
-    velocity in x's shape (see the module docstring)."""
+    ref_latents: reference latents (each [1 or B, C, (1,) h, w], in the model's latent space),
+    skip: indices of blocks to leave out -> velocity in x's shape (see the module docstring)."""
 
     # the timestep embedder and the output AdaLN run on one vector per sample (f32 costs little
     # and keeps σ·1000 exact under half storage); the per-head q / k norms' weights are a few
@@ -385,7 +385,7 @@ class QwenImage(nn.Module):
         self.proj_out = nn.Linear(d, PATCH * PATCH * cfg.out_channels)
 
     def forward(self, x: Tensor, timestep: Tensor, context: Tensor, ref_latents: Sequence[Tensor] = (),
-                ref_method: str | None = None) -> Tensor:
+                ref_method: str | None = None, skip: Collection[int] = ()) -> Tensor:
         method = ref_method or self.cfg.default_ref_method
         if method not in REF_METHODS:
             raise ValueError(f"Qwen-Image: reference_latents_method {method!r}; one of {', '.join(REF_METHODS)}")
@@ -405,8 +405,9 @@ class QwenImage(nn.Module):
         if method == "index_timestep_zero" and refs:
             temb = torch.cat([temb, self.time_text_embed(torch.zeros_like(timestep), img.dtype)])  # [2B, D]
             zero_split = n_img
-        for block in self.transformer_blocks:
-            img, txt = block(img, txt, temb, cos, sin, zero_split)
+        for i, block in enumerate(self.transformer_blocks):
+            if i not in skip:  # skip-layer guidance: a left-out block passes both streams through
+                img, txt = block(img, txt, temb, cos, sin, zero_split)
         temb = temb[:b]
         out = self.proj_out(self.norm_out(img[:, :n_img], temb))  # [B, N, p·p·C]
         out = unpatchify(out, h, w)  # [B, C, H, W]

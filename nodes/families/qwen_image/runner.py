@@ -14,6 +14,9 @@ cond's ``attention_mask`` (its text encoder gives unpadded tokens), so neither d
 Conds of different token counts share a batch as ComfyUI's ``CONDCrossAttn`` lets them: each
 repeated to a common length.
 
+Skip-layer guidance may leave blocks out (``skippable_blocks``: its ``depth`` blocks, ComfyUI's
+"double_block" kind); other model patches and ControlNets are refused by name.
+
 The sampled latent may be 4-D [B, 16, H, W] (EmptySD3LatentImage) or ComfyUI's 5-D one-frame
 [B, 16, 1, H, W]; the model returns the shape it was given.
 """
@@ -27,10 +30,12 @@ from torch import Tensor, nn
 
 from mixgraph.nodes.families.base import Sampling
 from mixgraph.nodes.families.qwen_image.model import REF_METHODS
+from mixgraph.nodes.models.block_skip import SkipBlocks, skipped_blocks
 
 __all__ = ["QwenImageRunner"]
 
 DISPLAY = "Qwen-Image"
+BLOCK_KIND = "double_block"  # ComfyUI's name for its blocks in ``patches_replace["dit"]``
 
 
 class QwenImageRunner:
@@ -44,6 +49,7 @@ class QwenImageRunner:
         self.in_channels = handle.config.in_channels
         self.sampler_patches = handle.sampler_patches
         self.sampling: Sampling = handle.sampling  # the family's Sampling with the handle's pins
+        self.skippable_blocks: Mapping[str, int] = {BLOCK_KIND: handle.config.depth}
 
     def context_free_refusal(self) -> str | None:
         return (f"{DISPLAY} attends jointly over text and image tokens and needs a text context "
@@ -75,12 +81,15 @@ class QwenImageRunner:
                  control=None, patches: tuple = (), sigma: float | None = None) -> Tensor:
         if control is not None:
             raise NotImplementedError(f"{DISPLAY} with ControlNets: not supported yet")
-        if patches or self.handle.unet_patches:
-            raise NotImplementedError(f"{DISPLAY} with model patches (FreeU, attention patches, ...): not supported yet")
+        other = [p for p in patches if not isinstance(p, SkipBlocks)]
+        if other or self.handle.unet_patches:
+            names = ", ".join(sorted({type(p).__name__ for p in [*other, *self.handle.unet_patches]}))
+            raise NotImplementedError(f"{DISPLAY} with model patches ({names}): not supported yet")
         if context is None:
             raise ValueError(self.context_free_refusal())
         refs = []
         while f"ref_latent_{len(refs)}" in inputs:
             refs.append(inputs[f"ref_latent_{len(refs)}"])
         method = REF_METHODS[int(inputs["ref_method"][0])] if refs else None
-        return self.model(x, timestep, context, ref_latents=refs, ref_method=method)
+        return self.model(x, timestep, context, ref_latents=refs, ref_method=method,
+                          skip=skipped_blocks(patches, BLOCK_KIND))
