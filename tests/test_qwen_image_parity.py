@@ -94,3 +94,31 @@ def test_timestep_zero_references_match_diffusers_zero_cond_t():
         _close(model(x, sigma, context, ref_latents=[r1]), expected)
         plain = model(x, sigma, context, ref_latents=[r1], ref_method="index")
         assert not torch.allclose(plain, expected, atol=1e-3)
+
+
+def test_positions_follow_comfyui():
+    """ComfyUI's ``process_img`` / ``_forward`` positions, worked by hand: text after the sampled
+    image's grid on all three axes, grids centred at r − h // 2, "offset" references at frame 1
+    placed below or right of the ones before (whichever keeps the canvas squarer), "index" ones
+    at frames 1, 2, ... A 7 x 10 latent is a 4 x 5 grid (padded circularly to 8 x 10)."""
+    from mixgraph.nodes.families.qwen_image.model import token_positions
+
+    pos = token_positions((7, 10), [], "index", n_txt=2)
+    assert pos[:2].tolist() == [[2, 2, 2], [3, 3, 3]]  # max(4 // 2, 5 // 2) = 2
+    assert pos[2].tolist() == [0, -2, -2] and pos[-1].tolist() == [0, 1, 2]
+    refs = [(8, 8), (8, 12)]
+    index = token_positions((8, 8), refs, "index", n_txt=1)
+    assert index[1 + 16].tolist() == [1, -2, -2] and index[1 + 32].tolist() == [2, -2, -3]
+    offset = token_positions((8, 8), refs, "offset", n_txt=1)
+    # first reference at (0, 0); the second below it: 8 + 8 > 12 + 8 is false -> h offset 8 px = 4 rows
+    assert offset[1 + 16].tolist() == [1, -2, -2] and offset[1 + 32].tolist() == [1, 4 - 2, -3]
+    assert torch.equal(token_positions((8, 8), refs, "uxo", 1), offset)
+    assert torch.equal(token_positions((8, 8), refs, "index_timestep_zero", 1), index)
+
+
+def test_odd_latent_sizes_keep_their_shape():
+    model = QwenImage(QWEN_IMAGE_TINY).eval()
+    x = _rand(1, 16, 7, 9, seed=13)
+    with torch.no_grad():
+        out = model(x, torch.tensor([0.5]), _rand(1, 3, CONTEXT_WIDTH, seed=14))
+    assert out.shape == x.shape and torch.isfinite(out).all()
