@@ -112,10 +112,16 @@ def test_runner_reference_latents_and_flow_denoiser(models):
     assert offset["ref_method"].item() == 1
     with pytest.raises(ValueError, match="wide"):
         runner.cond_inputs(Cond(_rand(1, 6, 48)), (1, 16, 4, 4))
+    # a text mask travels on (newer ComfyUI's model_base.QwenImage); a shorter one is padded with ones
+    masked = runner.cond_inputs(Cond(text, model_inputs={"attention_mask": torch.tensor([[1, 1, 1, 0]])}),
+                                (1, 16, 4, 4))
+    assert masked["attention_mask"].tolist() == [[1, 1, 1, 0, 1, 1]]
     x, sigma = _rand(1, 16, 4, 4, seed=8), torch.tensor([0.7])
     with torch.no_grad():
         direct = runner.model(x, sigma, text, ref_latents=[inputs["ref_latent_0"]], ref_method="index")
         assert torch.allclose(runner(x, sigma, text, inputs), direct)
+        assert torch.allclose(runner(x, sigma, text, masked),
+                              runner.model(x, sigma, text, txt_mask=masked["attention_mask"]))
         x0 = CFGDenoiser(runner, (Cond(text),), (), 1.0, torch.zeros_like(x))(x, sigma)
         assert torch.allclose(x0, x - 0.7 * runner.model(x, sigma, text), atol=1e-5)
     with pytest.raises(ValueError, match="text context"):

@@ -122,3 +122,18 @@ def test_odd_latent_sizes_keep_their_shape():
     with torch.no_grad():
         out = model(x, torch.tensor([0.5]), _rand(1, 3, CONTEXT_WIDTH, seed=14))
     assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+def test_padded_text_matches_diffusers_encoder_mask():
+    """A batch of a 4-token and a 9-token prompt, the shorter padded: its padded keys are masked
+    out as diffusers' ``encoder_hidden_states_mask`` does; an all-ones mask changes nothing."""
+    ref = reference_qwen_image(seed=15)
+    model = _ours(ref)
+    x, context, sigma = _rand(2, 16, 8, 8, seed=16), _rand(2, 9, CONTEXT_WIDTH, seed=17), torch.tensor([0.5, 0.2])
+    mask = torch.ones(2, 9)
+    mask[0, 4:] = 0
+    with torch.no_grad():
+        expected = _unpack(ref(hidden_states=_pack(x), encoder_hidden_states=context, encoder_hidden_states_mask=mask,
+                               timestep=sigma, img_shapes=[[(1, 4, 4)]] * 2, return_dict=False)[0], 8, 8)
+        _close(model(x, sigma, context, txt_mask=mask), expected)
+        assert torch.equal(model(x, sigma, context, txt_mask=torch.ones(2, 9)), model(x, sigma, context))

@@ -28,6 +28,10 @@ ComfyUI's ``reference_latents_method``:
   modulated by the embedding of timestep 0 (they are clean images), the sampled image's and the
   text's by the sampling timestep.
 
+A text mask (1 = token, 0 = padding) keeps every token from attending to padded text keys, as
+diffusers' ``encoder_hidden_states_mask`` and newer ComfyUI (whose ``model_base.QwenImage`` hands
+the cond's ``attention_mask`` to the model); padded tokens keep their positions.
+
 Conventions are ComfyUI's: ``forward(x, timestep, context, ...)`` takes ``timestep`` = σ (the
 flow time; multiplier 1, the sinusoidal features scale it by 1000) and returns the velocity
 ε − x0 of the CONST parameterisation.
@@ -240,13 +244,14 @@ class JointAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(dim, dim)])
         self.to_add_out = nn.Linear(dim, dim)
 
-    def forward(self, img: Tensor, txt: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, img: Tensor, txt: Tensor, cos: Tensor, sin: Tensor,
+                mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         heads = lambda t: t.unflatten(-1, (self.heads, -1))  # noqa: E731  [B, N, D] -> [B, N, H, Dh]
         q = torch.cat([self.norm_added_q(heads(self.add_q_proj(txt))), self.norm_q(heads(self.to_q(img)))], dim=1)
         k = torch.cat([self.norm_added_k(heads(self.add_k_proj(txt))), self.norm_k(heads(self.to_k(img)))], dim=1)
         v = torch.cat([heads(self.add_v_proj(txt)), heads(self.to_v(img))], dim=1)  # [B, T + N, H, Dh]
         q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
-        out = attention(q.flatten(2), k.flatten(2), v.flatten(2), self.heads, upcast=self.upcast_attention)
+        out = attention(q.flatten(2), k.flatten(2), v.flatten(2), self.heads, mask=mask, upcast=self.upcast_attention)
         n_txt = txt.shape[1]
         return self.to_out[0](out[:, n_txt:]), self.to_add_out(out[:, :n_txt])
 
@@ -310,16 +315,17 @@ class QwenImageBlock(nn.Module):
         self.txt_mlp = FeedForward(d, cfg.mlp_hidden)
 
     def forward(self, img: Tensor, txt: Tensor, temb: Tensor, cos: Tensor, sin: Tensor,
-                zero_split: int | None = None) -> tuple[Tensor, Tensor]:
+                zero_split: int | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """img [B, N, D], txt [B, T, D], temb [B, D] (or [2B, D] with ``zero_split``: the
-        timestep-zero embedding after it, for the reference tokens from ``zero_split`` on)."""
+        timestep-zero embedding after it, for the reference tokens from ``zero_split`` on);
+        ``mask`` [B, 1, 1, T + N] boolean, False for padded text keys."""
         img_mod1, img_mod2 = _per_token(self.img_mod(temb), zero_split, img.shape[1]).chunk(2, dim=-1)
         txt_temb = temb if zero_split is None else temb.chunk(2, dim=0)[0]
         txt_mod1, txt_mod2 = self.txt_mod(txt_temb)[:, None].chunk(2, dim=-1)  # [B, 1, 3D] each
 
         img_in, img_gate = _modulate(_layer_norm(img), img_mod1)
         txt_in, txt_gate = _modulate(_layer_norm(txt), txt_mod1)
-        img_attn, txt_attn = self.attn(img_in, txt_in, cos, sin)
+        img_attn, txt_attn = self.attn(img_in, txt_in, cos, sin, mask)
         img = img + img_gate * img_attn
         txt = txt + txt_gate * txt_attn
 
@@ -361,7 +367,8 @@ def _frames_out(t: Tensor, what: str) -> Tensor:
 class QwenImage(nn.Module):
     """x [B, C, H, W] or [B, C, 1, H, W], timestep σ [B], context [B, T, context_dim],
     ref_latents: reference latents (each [1 or B, C, (1,) h, w], in the model's latent space),
-    skip: indices of blocks to leave out -> velocity in x's shape (see the module docstring)."""
+    skip: indices of blocks to leave out, txt_mask [B, T] (1 = a text token, 0 = padding, which
+    no token attends to) -> velocity in x's shape (see the module docstring)."""
 
     # the timestep embedder and the output AdaLN run on one vector per sample (f32 costs little
     # and keeps σ·1000 exact under half storage); the per-head q / k norms' weights are a few
@@ -385,7 +392,8 @@ class QwenImage(nn.Module):
         self.proj_out = nn.Linear(d, PATCH * PATCH * cfg.out_channels)
 
     def forward(self, x: Tensor, timestep: Tensor, context: Tensor, ref_latents: Sequence[Tensor] = (),
-                ref_method: str | None = None, skip: Collection[int] = ()) -> Tensor:
+                ref_method: str | None = None, skip: Collection[int] = (),
+                txt_mask: Tensor | None = None) -> Tensor:
         method = ref_method or self.cfg.default_ref_method
         if method not in REF_METHODS:
             raise ValueError(f"Qwen-Image: reference_latents_method {method!r}; one of {', '.join(REF_METHODS)}")
@@ -400,6 +408,10 @@ class QwenImage(nn.Module):
         positions = token_positions((h, w), [tuple(r.shape[-2:]) for r in refs], method, txt.shape[1], x.device)
         cos, sin = rope_angles(positions[None], self.cfg.axes_dims, self.cfg.rope_theta)  # [1, T + N', Dh/2]
 
+        mask = None
+        if txt_mask is not None and not bool(txt_mask.bool().all()):  # padded text: its keys masked out
+            keys = torch.cat([txt_mask.bool(), txt_mask.new_ones(b, img.shape[1]).bool()], dim=1)  # [B, T + N']
+            mask = keys[:, None, None, :]  # [B, 1, 1, T + N']
         temb = self.time_text_embed(timestep, img.dtype)  # [B, D]
         zero_split = None
         if method == "index_timestep_zero" and refs:
@@ -407,7 +419,7 @@ class QwenImage(nn.Module):
             zero_split = n_img
         for i, block in enumerate(self.transformer_blocks):
             if i not in skip:  # skip-layer guidance: a left-out block passes both streams through
-                img, txt = block(img, txt, temb, cos, sin, zero_split)
+                img, txt = block(img, txt, temb, cos, sin, zero_split, mask)
         temb = temb[:b]
         out = self.proj_out(self.norm_out(img[:, :n_img], temb))  # [B, N, p·p·C]
         out = unpatchify(out, h, w)  # [B, C, H, W]

@@ -9,10 +9,14 @@ beside its text tokens, and the model call.
   ``reference_latents_method``, FluxKontextMultiReferenceLatentMethod; without one the model's
   ``default_ref_method``), coded as its place in ``model.REF_METHODS``.
 
-Nothing else: ComfyUI's Qwen-Image takes no pooled vector and no guidance, and it does not read a
-cond's ``attention_mask`` (its text encoder gives unpadded tokens), so neither does this runner.
-Conds of different token counts share a batch as ComfyUI's ``CONDCrossAttn`` lets them: each
-repeated to a common length.
+* ``attention_mask``: the cond's text mask [1, T] (``Cond.model_inputs["attention_mask"]``, 1 = a
+  token, 0 = padding) when it has one, as newer ComfyUI's ``model_base.QwenImage`` hands it on (the
+  October 2025 one read here ignores it; its text encoder gives unpadded tokens, whose mask is all
+  ones and changes nothing). A mask shorter than the tokens (ConditioningConcat keeps the first
+  cond's) is extended with ones. Conds with masks batch only with conds of the same token count.
+
+No pooled vector, no guidance. Conds without a mask share a batch as ComfyUI's
+``CONDCrossAttn`` lets them: each repeated to a common length.
 
 Skip-layer guidance may leave blocks out (``skippable_blocks``: its ``depth`` blocks, ComfyUI's
 "double_block" kind); other model patches and ControlNets are refused by name.
@@ -32,10 +36,19 @@ from mixgraph.nodes.families.base import Sampling
 from mixgraph.nodes.families.qwen_image.model import REF_METHODS
 from mixgraph.nodes.models.block_skip import SkipBlocks, skipped_blocks
 
-__all__ = ["QwenImageRunner"]
+__all__ = ["QwenImageRunner", "text_mask"]
 
 DISPLAY = "Qwen-Image"
 BLOCK_KIND = "double_block"  # ComfyUI's name for its blocks in ``patches_replace["dit"]``
+
+
+def text_mask(mask, tokens: int) -> Tensor:
+    """A cond's ``attention_mask`` as float [1, T] over its ``tokens`` text tokens."""
+    mask = torch.as_tensor(mask).float()
+    mask = mask.reshape(-1, mask.shape[-1])[:1]  # [1, T']
+    if mask.shape[-1] > tokens:
+        raise ValueError(f"{DISPLAY}: the cond's attention_mask covers {mask.shape[-1]} tokens; its text has {tokens}")
+    return torch.cat([mask, torch.ones(1, tokens - mask.shape[-1])], dim=1)  # [1, T]
 
 
 class QwenImageRunner:
@@ -75,6 +88,9 @@ class QwenImageRunner:
             if method not in REF_METHODS:
                 raise ValueError(f"{DISPLAY}: reference_latents_method {method!r}; one of {', '.join(REF_METHODS)}")
             inputs["ref_method"] = torch.tensor([float(REF_METHODS.index(method))])
+        mask = extra.get("attention_mask")
+        if mask is not None and cond.cross_attn is not None:
+            inputs["attention_mask"] = text_mask(mask, cond.cross_attn.shape[1])
         return inputs
 
     def __call__(self, x: Tensor, timestep: Tensor, context: Tensor | None, inputs: Mapping[str, Tensor],
@@ -92,4 +108,4 @@ class QwenImageRunner:
             refs.append(inputs[f"ref_latent_{len(refs)}"])
         method = REF_METHODS[int(inputs["ref_method"][0])] if refs else None
         return self.model(x, timestep, context, ref_latents=refs, ref_method=method,
-                          skip=skipped_blocks(patches, BLOCK_KIND))
+                          skip=skipped_blocks(patches, BLOCK_KIND), txt_mask=inputs.get("attention_mask"))
