@@ -10,6 +10,8 @@ tiny model's text input has; the Qwen2.5-VL encoder is another part's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -68,6 +70,9 @@ def test_detection_sampling_and_text_encoder(models):
     layered = dict(comfy, **{"model.diffusion_model.time_text_embed.addition_t_embedding.weight": (2, 64)})
     assert refused.detect_family(layered) == "Qwen-Image-Layered" and QWEN_IMAGE.detect(
         {k[len("model.diffusion_model."):]: v for k, v in layered.items()}) is None
+    nunchaku = {k: v for k, v in comfy.items() if ".attn.to_q." not in k}
+    nunchaku["model.diffusion_model.transformer_blocks.0.attn.to_qkv.qweight"] = (192, 8)
+    assert refused.detect_family(nunchaku) == "Qwen-Image (Nunchaku quantized)"
     slot, = QWEN_IMAGE.text_encoders("qwen_image")
     assert (slot.name, slot.arch, slot.encoding, slot.tokenizer) == ("qwen25_7b", "qwen2_5_vl", "qwen_image", "qwen2.5")
     assert slot.prefix == "text_encoders.qwen25_7b.transformer." and QWEN_IMAGE.clip_types == {"qwen_image": "qwen_image"}
@@ -274,3 +279,38 @@ def test_memory_estimate_and_fp8_storage(models):
     assert fp8.model.time_text_embed.timestep_embedder.linear_1.weight.dtype == torch.float32
     x, text = _rand(1, 16, 4, 6, seed=11), _rand(1, 5, CONTEXT_WIDTH, seed=12)
     assert torch.isfinite(fp8(x, torch.tensor([0.3]), text, {})).all()
+
+
+def test_comfy_fp8_mixed_edit_file_loads(tmp_path):
+    """A file as Comfy-Org's ``qwen_image_edit_2511_fp8mixed``: per-tensor fp8 block Linears with
+    ``weight_scale`` / ``comfy_quant``, the rest bf16, the 2511 marker, ``model.diffusion_model.``
+    keys; it runs as its dequantised weights do."""
+    import json
+
+    prefix = "model.diffusion_model."
+    sd = {k: v.float() for k, v in qwen_image_state_dict(seed=4).items()}
+    stored, dequantised = {}, {}
+    quant = json.dumps({"format": "float8_e4m3fn", "full_precision_matrix_mult": True}).encode()
+    for k, v in sd.items():
+        if k.startswith("transformer_blocks.") and k.endswith(".weight") and v.ndim == 2:
+            scale = (v.abs().amax() / torch.finfo(torch.float8_e4m3fn).max).float()
+            q = (v / scale).to(torch.float8_e4m3fn)
+            layer = k[: -len(".weight")]
+            stored[prefix + k] = q
+            stored[prefix + layer + ".weight_scale"] = scale
+            stored[prefix + layer + ".comfy_quant"] = torch.tensor(list(quant), dtype=torch.uint8)
+            dequantised[k] = q.float() * scale
+        else:
+            stored[prefix + k] = v.to(torch.bfloat16)
+            dequantised[k] = v.to(torch.bfloat16).float()
+    stored[prefix + "__index_timestep_zero__"] = torch.empty(0)
+    save_file(stored, str(tmp_path / "mixed.safetensors"))
+    save_file(dequantised, str(tmp_path / "plain.safetensors"))
+    got = loader.load_unet(tmp_path / "mixed.safetensors")
+    ref = loader.load_unet(tmp_path / "plain.safetensors")
+    assert got.config == replace(QWEN_IMAGE_TINY, default_ref_method="index_timestep_zero")
+    x, text, sigma = _rand(1, 16, 4, 6, seed=15), _rand(1, 5, CONTEXT_WIDTH, seed=16), torch.tensor([0.4])
+    with torch.no_grad():
+        a = got.runner(F32).model(x, sigma, text)
+        b = ref.runner(F32).model(x, sigma, text)
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
