@@ -410,7 +410,8 @@ class QwenImage(nn.Module):
 
         mask = None
         if txt_mask is not None and not bool(txt_mask.bool().all()):  # padded text: its keys masked out
-            keys = torch.cat([txt_mask.bool(), txt_mask.new_ones(b, img.shape[1]).bool()], dim=1)  # [B, T + N']
+            text_keys = txt_mask.bool().expand(b, -1)  # [B, T]
+            keys = torch.cat([text_keys, text_keys.new_ones(b, img.shape[1])], dim=1)  # [B, T + N']
             mask = keys[:, None, None, :]  # [B, 1, 1, T + N']
         temb = self.time_text_embed(timestep, img.dtype)  # [B, D]
         zero_split = None
