@@ -28,6 +28,11 @@ ComfyUI's ``reference_latents_method``:
   modulated by the embedding of timestep 0 (they are clean images), the sampled image's and the
   text's by the sampling timestep.
 
+Sources: ComfyUI's model at Comfy-Org a125cd8 (2025-10-12), which has "index" and "offset"; the
+method name "index_timestep_zero" and the marker are newer ComfyUI's (its workflows and files),
+whose code for them was not at hand: their arithmetic here is diffusers 0.42's ``zero_cond_t``,
+checked against it (``tests/test_qwen_image_parity.py``).
+
 A text mask (1 = token, 0 = padding) keeps every token from attending to padded text keys, as
 diffusers' ``encoder_hidden_states_mask`` and newer ComfyUI (whose ``model_base.QwenImage`` hands
 the cond's ``attention_mask`` to the model); padded tokens keep their positions.

@@ -7,11 +7,10 @@ beside its text tokens, and the model call.
   ["reference_latents"]``: ReferenceLatent, TextEncodeQwenImageEdit(Plus)), each taken into the
   model's latent space (the Wan 2.1 format's ``process_in``), and ``ref_method`` (ComfyUI's
   ``reference_latents_method``, FluxKontextMultiReferenceLatentMethod; without one the model's
-  ``default_ref_method``), coded as its place in ``model.REF_METHODS``.
-
+  ``default_ref_method``), coded as its place in ``model.REF_METHODS``;
 * ``attention_mask``: the cond's text mask [1, T] (``Cond.model_inputs["attention_mask"]``, 1 = a
-  token, 0 = padding) when it has one, as newer ComfyUI's ``model_base.QwenImage`` hands it on (the
-  October 2025 one read here ignores it; its text encoder gives unpadded tokens, whose mask is all
+  token, 0 = padding) when it has one, as newer ComfyUI's ``model_base.QwenImage`` hands it on
+  (comfyanonymous 003617c; the October 2025 one, Comfy-Org a125cd8, ignores it: its text encoder gives unpadded tokens, whose mask is all
   ones and changes nothing). A mask shorter than the tokens (ConditioningConcat keeps the first
   cond's) is extended with ones. Conds with masks batch only with conds of the same token count.
 
