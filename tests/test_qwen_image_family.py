@@ -20,6 +20,7 @@ from mixgraph.graph.precision import parse_spec
 from mixgraph.nodes.families import refused
 from mixgraph.nodes.families import registry as families
 from mixgraph.nodes.families.qwen_image.family import QWEN_IMAGE
+from mixgraph.nodes.families.qwen_image.model import QwenImage, QwenImageConfig
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.sampling.parameterization import CFGDenoiser
@@ -73,6 +74,11 @@ def test_detection_sampling_and_text_encoder(models):
     nunchaku = {k: v for k, v in comfy.items() if ".attn.to_q." not in k}
     nunchaku["model.diffusion_model.transformer_blocks.0.attn.to_qkv.qweight"] = (192, 8)
     assert refused.detect_family(nunchaku) == "Qwen-Image (Nunchaku quantized)"
+    # the released model's shapes (from the module tree on the meta device) give ComfyUI's defaults
+    with torch.device("meta"):
+        full = {k: tuple(v.shape) for k, v in QwenImage(QwenImageConfig()).state_dict().items()}
+    assert QWEN_IMAGE.detect(full).config == QwenImageConfig()
+    assert (QwenImageConfig().dim, QwenImageConfig().heads, QwenImageConfig().axes_dims) == (3072, 24, (16, 56, 56))
     slot, = QWEN_IMAGE.text_encoders("qwen_image")
     assert (slot.name, slot.arch, slot.encoding, slot.tokenizer) == ("qwen25_7b", "qwen2_5_vl", "qwen_image", "qwen2.5")
     assert slot.prefix == "text_encoders.qwen25_7b.transformer." and QWEN_IMAGE.clip_types == {"qwen_image": "qwen_image"}
