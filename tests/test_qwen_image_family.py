@@ -81,7 +81,8 @@ def test_detection_sampling_and_text_encoder(models):
     assert (QwenImageConfig().dim, QwenImageConfig().heads, QwenImageConfig().axes_dims) == (3072, 24, (16, 56, 56))
     slot, = QWEN_IMAGE.text_encoders("qwen_image")
     assert (slot.name, slot.arch, slot.encoding, slot.tokenizer) == ("qwen25_7b", "qwen2_5_vl", "qwen_image", "qwen2.5")
-    assert slot.prefix == "text_encoders.qwen25_7b.transformer." and QWEN_IMAGE.clip_types == {"qwen_image": "qwen_image"}
+    assert slot.prefix == "text_encoders.qwen25_7b.transformer."
+    assert QWEN_IMAGE.clip_types == {"qwen_image": "qwen_image"}
 
 
 def test_checkpoint_file_loads_the_same_model(models):

@@ -1,1 +1,1 @@
-"""Qwen-Image (and Qwen-Image-Edit): the MMDiT that reads Qwen2.5-VL 7B text features and samples in the Wan 2.1 latent."""
+"""Qwen-Image and its Edit models: the MMDiT reading Qwen2.5-VL 7B text, sampling in the Wan 2.1 latent."""

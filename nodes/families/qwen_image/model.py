@@ -242,8 +242,8 @@ class JointAttention(nn.Module):
         super().__init__()
         self.heads = heads
         head_dim = dim // heads
-        self.to_q, self.to_k, self.to_v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
-        self.add_q_proj, self.add_k_proj, self.add_v_proj = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim) for _ in range(3))  # image stream
+        self.add_q_proj, self.add_k_proj, self.add_v_proj = (nn.Linear(dim, dim) for _ in range(3))  # text stream
         self.norm_q, self.norm_k = RMSNorm(head_dim), RMSNorm(head_dim)
         self.norm_added_q, self.norm_added_k = RMSNorm(head_dim), RMSNorm(head_dim)
         self.to_out = nn.ModuleList([nn.Linear(dim, dim)])
@@ -385,7 +385,8 @@ class QwenImage(nn.Module):
     def __init__(self, cfg: QwenImageConfig):
         super().__init__()
         if sum(cfg.axes_dims) != cfg.head_dim or any(d % 2 for d in cfg.axes_dims):
-            raise ValueError(f"Qwen-Image: RoPE axes {cfg.axes_dims} must be even and fill the head width {cfg.head_dim}")
+            raise ValueError(f"Qwen-Image: RoPE axes {cfg.axes_dims} must be even and fill the head width "
+                             f"{cfg.head_dim}")
         self.cfg = cfg
         d = cfg.dim
         self.img_in = nn.Linear(cfg.in_channels * PATCH * PATCH, d)

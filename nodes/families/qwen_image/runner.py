@@ -10,9 +10,10 @@ beside its text tokens, and the model call.
   ``default_ref_method``), coded as its place in ``model.REF_METHODS``;
 * ``attention_mask``: the cond's text mask [1, T] (``Cond.model_inputs["attention_mask"]``, 1 = a
   token, 0 = padding) when it has one, as newer ComfyUI's ``model_base.QwenImage`` hands it on
-  (comfyanonymous 003617c; the October 2025 one, Comfy-Org a125cd8, ignores it: its text encoder gives unpadded tokens, whose mask is all
-  ones and changes nothing). A mask shorter than the tokens (ConditioningConcat keeps the first
-  cond's) is extended with ones. Conds with masks batch only with conds of the same token count.
+  (comfyanonymous 003617c). The October 2025 one (Comfy-Org a125cd8) ignores it: its text
+  encoder gives unpadded tokens, whose mask is all ones and changes nothing. A mask shorter than
+  the tokens (ConditioningConcat keeps the first cond's) is extended with ones. Conds with masks
+  batch only with conds of the same token count.
 
 No pooled vector, no guidance. Conds without a mask share a batch as ComfyUI's
 ``CONDCrossAttn`` lets them: each repeated to a common length.
