@@ -268,7 +268,7 @@ def test_flux_nodes(executor, models):
     assert "latent" in info["ReferenceLatent"]["input"]["optional"]
     assert info["FluxKontextMultiReferenceLatentMethod"]["experimental"] is True
     assert info["FluxKontextMultiReferenceLatentMethod"]["input"]["required"]["reference_latents_method"][0] == [
-        "offset", "index", "uxo/uno"]
+        "offset", "index", "uxo/uno", "index_timestep_zero"]
 
 
 def test_kontext_workflow_with_reference_latent(executor, models):

@@ -59,6 +59,8 @@ _DIFFUSION = (
     ("Lumina 2", ("cap_embedder.1.weight",)),
     ("HiDream", ("caption_projection.0.linear.weight",)),
     ("ACE-Step (audio)", ("genre_embedder.weight",)),
+    ("Qwen-Image-Layered", ("txt_norm.weight", "time_text_embed.addition_t_embedding.weight")),
+    ("Qwen-Image (Nunchaku quantized)", ("txt_norm.weight", "transformer_blocks.0.attn.to_qkv.qweight")),
     ("Qwen-Image", ("txt_norm.weight", "img_in.weight")),
     # temporal ResBlocks: SVD img2vid, SV3D (ComfyUI's use_temporal_resblock); Stable Zero123 runs
     ("Stable Video Diffusion (SVD img2vid / SV3D)", ("input_blocks.1.0.time_stack.in_layers.0.weight",)),

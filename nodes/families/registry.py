@@ -13,6 +13,7 @@ from typing import Any
 from mixgraph.nodes.families.base import Detection, Family
 from mixgraph.nodes.families.lumina.family import LUMINA2, Z_IMAGE
 from mixgraph.nodes.families.flux.family import FLUX
+from mixgraph.nodes.families.qwen_image.family import QWEN_IMAGE
 from mixgraph.nodes.families.sd.family import SD
 from mixgraph.nodes.families.sd3.family import SD3
 
@@ -57,3 +58,4 @@ register(SD)
 register(LUMINA2)
 register(Z_IMAGE)
 register(SD3)
+register(QWEN_IMAGE)

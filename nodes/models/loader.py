@@ -258,11 +258,14 @@ def _diffusers_model_file(root: Path) -> Path:
 
 def _diffusers_model(path: Path, info: Info) -> tuple[WeightSource, dict[str, TensorInfo]]:
     """(source, keys in the family's own layout) of a diffusers-layout diffusion model: a
-    family's registered layout (``layouts.register_layout``) when the keys are in one, else the
-    diffusers UNet renamed to the LDM layout."""
+    family's registered layout (``layouts.register_layout``) when the keys are in one, the keys as
+    they are when a family's own names are diffusers' (Qwen-Image), else the diffusers UNet renamed
+    to the LDM layout."""
     family_layout = layout_of(info)
     if family_layout is not None:
         return WeightSource.from_file(path, "", family_layout.name), family_layout.header(info)
+    if families.detect(info) is not None:  # a family whose own key names are diffusers' (Qwen-Image)
+        return WeightSource.from_file(path, ""), dict(info)
     return WeightSource.from_file(path, "", "diffusers_unet"), _renamed_info(info, diffusers_unet_rename(info))
 
 

@@ -33,8 +33,10 @@ def FluxKontextImageScale(image=Socket("IMAGE")):
 
 @node(category=FLUX_CATEGORY, outputs=("CONDITIONING",), register=False)
 def FluxKontextMultiReferenceLatentMethod(conditioning=Socket("CONDITIONING"),
-                                          reference_latents_method=Combo(("offset", "index", "uxo/uno"))):
-    # where a Kontext model places its reference images' tokens ("uxo/uno": diagonally)
+                                          reference_latents_method=Combo(("offset", "index", "uxo/uno",
+                                                                         "index_timestep_zero"))):
+    # where a Kontext model places its reference images' tokens ("uxo/uno": diagonally);
+    # "index_timestep_zero": newer ComfyUI's Qwen-Image-Edit-2511 method (families/qwen_image)
     method = reference_latents_method
     if "uxo" in method or "uso" in method:
         method = "uxo"
