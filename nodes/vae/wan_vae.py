@@ -98,7 +98,7 @@ class WanVAEConfig:
 
         def shape(key: str) -> tuple[int, ...]:
             try:
-                return tuple(sd[key].shape)  # type: ignore[union-attr]
+                return _shape(sd[key])
             except KeyError:
                 raise ValueError(f"Wan VAE weights: missing {key!r}") from None
 
@@ -116,6 +116,11 @@ class WanVAEConfig:
         dec_dim = shape("decoder.conv1.weight")[0] // mult[-1]
         return cls(dim=dim, dec_dim=dec_dim, z_dim=z_dim, dim_mult=mult, num_res_blocks=levels[0][1],
                    temporal_down=tuple(lv[2] for lv in levels[:-1]), residual=residual, patch=patch)
+
+
+def _shape(value) -> tuple[int, ...]:
+    """A tensor's, TensorInfo's or shape sequence's shape."""
+    return tuple(getattr(value, "shape", value))
 
 
 def _encoder_levels(sd, residual: bool) -> list[tuple[int, int, bool]]:
@@ -149,7 +154,7 @@ def _walk(sd, prefix: str) -> list[tuple[str, int]]:
     while True:
         p = f"{prefix}{n}."
         if p + "residual.2.weight" in sd:
-            out.append(("res", tuple(sd[p + "residual.2.weight"].shape)[0]))
+            out.append(("res", _shape(sd[p + "residual.2.weight"])[0]))
         elif p + "resample.1.weight" in sd:
             out.append(("down3d" if p + "time_conv.weight" in sd else "down2d", 0))
         elif p + "to_qkv.weight" in sd:
