@@ -175,6 +175,21 @@ def test_bf16_storage_runs_close_to_f32(vae_files):
     assert got.dtype == torch.float32 and (got - want).abs().max() < 0.05
 
 
+@pytest.mark.parametrize("name,qwen", [("wan21", False), ("wan22", False), ("wan21", True)])
+def test_diffusers_folders_load_in_their_layout(tmp_path, name, qwen):
+    """A diffusers pipeline's vae/ (AutoencoderKLWan / AutoencoderKLQwenImage) loads through the
+    key layout and decodes as the original-layout file does."""
+    cfg = CONFIGS[name]
+    _diffusers(cfg, seed=3, qwen=qwen).save_pretrained(tmp_path / "pipe" / "vae")
+    vae = load_vae(tmp_path / "pipe")
+    assert vae.arch == "wan" and vae.config == cfg and vae.source.layout == "diffusers_wan_vae"
+    z = torch.randn(1, cfg.z_dim, 2, 2, 2, generator=torch.Generator().manual_seed(10))
+    with torch.inference_mode():
+        got = vae.decode(z, F32)
+        want = load_vae(write_wan_vae(tmp_path / "orig.safetensors", cfg, seed=3)).decode(z, F32)
+    assert torch.equal(got, want)
+
+
 # --------------------------------------------------------------------------------------------
 # memory over frames
 

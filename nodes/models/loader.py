@@ -483,7 +483,7 @@ def load_vae(path: str | os.PathLike, kind: str | None = None) -> VaeHandle:
     info = inspect_file(p)
     other = vae_archs.recognise(info)  # an architecture other than the KL VAE (the Wan video VAEs)
     if other is not None:
-        return VaeHandle(source=WeightSource.from_file(p, other.prefix), config=other.config,
+        return VaeHandle(source=WeightSource.from_file(p, other.prefix, other.layout or "ldm"), config=other.config,
                          latent_format=other.latent_format, arch=other.arch)
     _refuse_family(p.name, info)
     if f"{VAE_PREFIX}decoder.conv_in.weight" in info:

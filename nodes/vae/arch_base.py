@@ -24,12 +24,14 @@ __all__ = ["VaeArch", "VaeFound"]
 @dataclass(frozen=True)
 class VaeFound:
     """What an architecture recognised in a VAE file: its registry name, the config from shapes,
-    the latent format it encodes to, and the key prefix of its tensors in the file."""
+    the latent format it encodes to, the key prefix of its tensors in the file and their key
+    layout (``weights/layouts.py``; None: the module's own names)."""
 
     arch: str
     config: Any
     latent_format: LatentFormat
     prefix: str = ""
+    layout: str | None = None
 
 
 @runtime_checkable

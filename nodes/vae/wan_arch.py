@@ -29,6 +29,8 @@ from mixgraph.nodes.vae.latent_format import LatentFormat
 from mixgraph.nodes.vae.tiled_nd import tiled_nd
 from mixgraph.nodes.vae.vae import crop_to_multiple
 from mixgraph.nodes.vae.video_latent_formats import TIME_DOWNSCALE, WAN21_LATENT, WAN22_LATENT
+from mixgraph.nodes.vae.wan_diffusers_keys import LAYOUT as DIFFUSERS_LAYOUT
+from mixgraph.nodes.vae.wan_diffusers_keys import diffusers_header, is_diffusers_wan_vae
 from mixgraph.nodes.vae.wan_vae import WanVAE, WanVAEConfig, decoded_frames, encoded_frames, is_wan_vae
 
 __all__ = ["WAN_ARCH", "wan_latent_format"]
@@ -88,10 +90,14 @@ class WanArch:
         return WanVAE(config)
 
     def recognise(self, info: Mapping[str, Any]) -> VaeFound | None:
+        """The original Wan layout (ComfyUI's files), or diffusers' (``wan_diffusers_keys``)."""
+        layout = None
+        if is_diffusers_wan_vae(info):
+            info, layout = diffusers_header(info), DIFFUSERS_LAYOUT
         if not is_wan_vae(info):
             return None
         cfg = WanVAEConfig.from_state_dict(info)
-        return VaeFound(arch=self.name, config=cfg, latent_format=wan_latent_format(cfg))
+        return VaeFound(arch=self.name, config=cfg, latent_format=wan_latent_format(cfg), layout=layout)
 
     # ---------------------------------------------------------------------------------- decode
 
