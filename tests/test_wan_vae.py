@@ -167,6 +167,34 @@ def test_tiled_nd_blend_is_exact_for_a_local_decoder():
         assert torch.allclose(got, whole, atol=1e-5), (tile, overlap)
 
 
+def test_out_of_memory_falls_back_to_tiles(vae_files, monkeypatch):
+    """ComfyUI's fallback: 256-pixel tiles, all frames at once (one tile here: the same result)."""
+    from mixgraph.nodes.vae.wan_arch import WanArch
+
+    vae = load_vae(vae_files["wan21"])
+    z = torch.randn(1, 4, 3, 2, 2, generator=torch.Generator().manual_seed(11))
+    frames = torch.rand(5, 16, 16, 3, generator=torch.Generator().manual_seed(12))
+    want_image, want_latent = vae.decode(z, F32), vae.encode(frames, F32)
+
+    def oom(*_a, **_k):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(WanArch, "_decode_frames", staticmethod(oom))
+    assert torch.allclose(vae.decode(z, F32), want_image, atol=1e-6)
+    encode = WanVAE.encode
+    calls = []
+
+    def encode_once_oom(self, x):
+        calls.append(x.shape)
+        if len(calls) == 1:
+            oom()
+        return encode(self, x)
+
+    monkeypatch.setattr(WanVAE, "encode", encode_once_oom)
+    assert torch.allclose(vae.encode(frames, F32), want_latent, atol=1e-6)
+    assert len(calls) == 2
+
+
 def test_bf16_storage_runs_close_to_f32(vae_files):
     vae = load_vae(vae_files["wan21"])
     z = torch.randn(1, 4, 2, 2, 2, generator=torch.Generator().manual_seed(8))
