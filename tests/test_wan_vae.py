@@ -247,6 +247,27 @@ def test_decode_activations_do_not_grow_with_frames():
     assert largest[12] <= 8 * 4 * 32 * 32 * 4   # widest layer x 4 frames x full size (not x 45 frames)
 
 
+def test_encode_activations_do_not_grow_with_frames():
+    m = _ours(WAN22_TINY)
+    largest = {}
+
+    def hook(_mod, _inp, out):
+        if isinstance(out, torch.Tensor):
+            largest["n"] = max(largest["n"], out.numel())
+
+    handles = [mod.register_forward_hook(hook) for mod in m.encoder.modules() if mod is not m.encoder]
+    try:
+        for frames in (5, 21):
+            largest["n"] = 0
+            with torch.no_grad():
+                assert m.encode(torch.rand(1, 3, frames, 32, 32)).shape[2] == 1 + (frames - 1) // 4
+            largest[frames] = largest["n"]
+    finally:
+        for h in handles:
+            h.remove()
+    assert largest[21] == largest[5]
+
+
 # --------------------------------------------------------------------------------------------
 # workflows
 

@@ -31,7 +31,7 @@ from mixgraph.nodes.vae.vae import crop_to_multiple
 from mixgraph.nodes.vae.video_latent_formats import TIME_DOWNSCALE, WAN21_LATENT, WAN22_LATENT
 from mixgraph.nodes.vae.wan_diffusers_keys import LAYOUT as DIFFUSERS_LAYOUT
 from mixgraph.nodes.vae.wan_diffusers_keys import diffusers_header, is_diffusers_wan_vae
-from mixgraph.nodes.vae.wan_vae import WanVAE, WanVAEConfig, decoded_frames, encoded_frames, is_wan_vae
+from mixgraph.nodes.vae.wan_vae import WanVAE, WanVAEConfig, decoded_frames, is_wan_vae
 
 __all__ = ["WAN_ARCH", "wan_latent_format"]
 

@@ -496,13 +496,13 @@ class WanVAE(nn.Module):
         return getattr(conv, "compute_dtype", conv.weight.dtype)
 
     def encode(self, x: Tensor) -> Tensor:
-        x = patchify(x.to(self.compute_dtype()), self.config.patch)
-        cache = FrameCache()
-        chunks = [x[:, :, :1]] + [x[:, :, 1 + TIME_CHUNK * i: 1 + TIME_CHUNK * (i + 1)]
-                                  for i in range(encoded_frames(x.shape[2]) - 1)]
+        dtype, cache = self.compute_dtype(), FrameCache()
+        # frames 0, then 1-4, 5-8, ...: 1 + 4k frames make 1 + k latent frames (the rest is dropped)
+        bounds = [(0, 1)] + [(1 + TIME_CHUNK * i, 1 + TIME_CHUNK * (i + 1))
+                             for i in range(encoded_frames(x.shape[2]) - 1)]
         out = []
-        for chunk in chunks:
-            out.append(self.encoder(chunk, cache))
+        for a, b in bounds:   # each chunk cast and patchified on its own: no second copy of the video
+            out.append(self.encoder(patchify(x[:, :, a:b].to(dtype), self.config.patch), cache))
             cache.first = False
         moments = self.conv1(torch.cat(out, dim=2))
         return moments[:, : self.config.z_dim]   # (mean, logvar) along channels: the mean
