@@ -31,7 +31,7 @@ def tiled_nd(x: Tensor, fn: Callable[[Tensor], Tensor], tile: Sequence[int], ove
     for b in range(x.shape[0]):
         xb = x[b:b + 1]
         if all(dims[d] <= tile[d] for d in range(n)):
-            result[b:b + 1] = fn(xb).float()
+            result[b:b + 1] = fn(xb).float().to(result.device)
             continue
         acc = torch.zeros([1, out_channels, *out_dims])
         weight = torch.zeros([1, 1, *out_dims])
@@ -43,7 +43,7 @@ def tiled_nd(x: Tensor, fn: Callable[[Tensor], Tensor], tile: Sequence[int], ove
                 p = max(0, min(dims[d] - overlap[d], corner[d]))
                 part = part.narrow(d + 2, p, min(tile[d], dims[d] - p))
                 offsets.append(round(pos[d](p)))
-            out = fn(part).float()
+            out = fn(part).float().to(acc.device)
             mask = torch.ones([1, 1, *out.shape[2:]])
             for d in range(n):
                 feather = round(size[d](overlap[d]))
