@@ -165,17 +165,13 @@ def _model_peak(family_name: str, config: Any, pkey: tuple, batch: int, h: int, 
 
 
 @functools.lru_cache(maxsize=64)
-def _vae_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, mode: str, down: int) -> int:
-    from mixgraph.nodes.vae.vae import AutoencoderKL
+def _vae_peak(config: Any, pkey: tuple, batch: int, h: int, w: int, mode: str, down: int, arch: str = "kl") -> int:
+    """The traced peak of one VAE call on an h x w image: the module and its dummy inputs are
+    the VAE architecture's (``nodes/vae/arch_registry.py``: ``build``, ``trace``)."""
+    from mixgraph.nodes.vae import arch_registry as vae_archs
 
-    policy = Policy(*pkey)
-    if mode == "decode":
-        return trace_peak(lambda: AutoencoderKL(config), policy,
-                          lambda m: m.decode(torch.empty(batch, config.z_channels if not
-                                                         config.use_quant_conv else config.embed_dim,
-                                                         h // down, w // down)))
-    return trace_peak(lambda: AutoencoderKL(config), policy,
-                      lambda m: m.encode(torch.empty(batch, 3, h, w)))
+    architecture = vae_archs.get(arch)
+    return trace_peak(lambda: architecture.build(config), Policy(*pkey), architecture.trace(config, mode, batch, h, w))
 
 
 @functools.lru_cache(maxsize=64)
@@ -231,8 +227,9 @@ def _modules(socket: str, handle: Any) -> list:
         build = families.get(getattr(handle, "family", "sd")).build
         return [(lambda: build(handle.config), getattr(handle, "source", None))]
     if socket == "VAE":
-        from mixgraph.nodes.vae.vae import AutoencoderKL
-        return [(lambda: AutoencoderKL(handle.config), getattr(handle, "source", None))]
+        from mixgraph.nodes.vae import arch_registry as vae_archs
+        build = vae_archs.get(getattr(handle, "arch", "kl")).build
+        return [(lambda: build(handle.config), getattr(handle, "source", None))]
     if socket == "CONTROL_NET":  # DiT nets name their module class (adapters/*_controlnet.py)
         from mixgraph.nodes.adapters.controlnet import ControlNetModel
         build = getattr(handle, "module_class", None) or ControlNetModel
@@ -511,9 +508,10 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 if ct.endswith("Tiled"):
                     tile = int(call.inputs.get("tile_size", 512))
                     th, tw = min(h, tile), min(w, tile)
-                    act = _vae_peak(comp.handle.config, pkey, 1, th, tw, mode, vdown) + b * h * w * 3 * 4
+                    act = _vae_peak(comp.handle.config, pkey, 1, th, tw, mode, vdown,
+                                    getattr(comp.handle, "arch", "kl")) + b * h * w * 3 * 4
                 else:
-                    act = _vae_peak(comp.handle.config, pkey, b, h, w, mode, vdown)
+                    act = _vae_peak(comp.handle.config, pkey, b, h, w, mode, vdown, getattr(comp.handle, "arch", "kl"))
                 activation += act
                 entry["size"] = [b, h, w]
                 if assumed:

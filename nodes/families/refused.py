@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mixgraph.nodes.encoders.encoder_arch import recognise
 from mixgraph.nodes.families import registry
+from mixgraph.nodes.vae import arch_registry as vae_archs
 from mixgraph.nodes.weights.safetensors_io import WeightFileError, inspect_file
 
 __all__ = ["detect_family", "family_of_file", "refusal", "UnsupportedFamilyError", "supported",
@@ -142,6 +143,8 @@ def detect_family(info) -> str | None:
     encoder = _match(keys, _TEXT_ENCODERS)
     if encoder is not None and not _encoder_claimed(info):
         return encoder[0]
+    if vae_archs.runs(info):  # a VAE architecture mixgraph runs (the Wan VAEs)
+        return None
     found = _match(keys, _VIDEO_VAE)
     if found:
         return found[0]

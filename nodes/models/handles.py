@@ -42,8 +42,9 @@ from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
 from mixgraph.nodes.encoders.encoder_set import EncoderEntry, get_join
 from mixgraph.nodes.encoders.text_encode import TextEncoder, check_set, encode_prompt, encode_tokens, tokenize
 from mixgraph.nodes.families.sd.unet import UNetConfig
-from mixgraph.nodes.vae.vae import (AutoencoderKL, VAEConfig, decode_image, decode_tiled, encode_image,
-                                    encode_tiled)
+from mixgraph.nodes.vae import arch_registry as vae_archs
+from mixgraph.nodes.vae.arch_base import VaeArch
+from mixgraph.nodes.vae.vae import VAEConfig, decode_image, decode_tiled, encode_image, encode_tiled
 from mixgraph.nodes.payloads.conditioning import Cond
 
 __all__ = [
@@ -304,13 +305,20 @@ class ClipHandle:
 
 @dataclass(frozen=True)
 class VaeHandle:
-    """VAE: an LDM KL autoencoder. Latents in and out are unscaled (the scale factor is applied by
-    the sampler); IMAGE tensors are [B,H,W,3] float32 in 0..1."""
+    """VAE: an autoencoder of the architecture ``arch`` (``nodes/vae/arch_registry.py``: "kl", the
+    LDM KL autoencoder; "wan", the Wan 2.1 / 2.2 video VAEs), whose object builds the module and
+    maps IMAGE <-> latent with it. Latents in and out are unscaled (the scale factor is applied by
+    the sampler); IMAGE tensors are [B,H,W,3] float32 in 0..1 (a video's frames along B)."""
 
     source: WeightSource
-    config: VAEConfig
+    config: VAEConfig | Any
     latent_format: LatentFormat = LatentFormat()
     precision: PolicyLike | None = None
+    arch: str = "kl"
+
+    @property
+    def architecture(self) -> VaeArch:
+        return vae_archs.get(self.arch)
 
     @property
     def latent_scale(self) -> float:
@@ -324,45 +332,43 @@ class VaeHandle:
     def downscale(self) -> int:
         return self.config.downscale
 
-    def module(self, policy: PolicyLike) -> AutoencoderKL:
-        module = store.materialize("vae", self.source, self.config, policy.storage, (), AutoencoderKL)
+    def build(self, config: Any) -> torch.nn.Module:
+        """The architecture's module for ``config`` (what the weight store materializes)."""
+        return self.architecture.build(config)
+
+    def module(self, policy: PolicyLike) -> torch.nn.Module:
+        module = store.materialize("vae", self.source, self.config, policy.storage, (), self.architecture.build)
         return apply_precision(module, policy)
 
     def decode(self, samples: Tensor, policy: PolicyLike) -> Tensor:
-        """Latent [B,C,h,w] → IMAGE [B,8h,8w,3]; out-of-memory falls back to tiled decoding."""
+        """Latent [B,C,h,w] (a video VAE: [B,C,T,h,w]) → IMAGE; out-of-memory falls back to tiled
+        decoding."""
         m = self.module(policy)
         with torch.inference_mode():
-            return decode_image(lambda z: m.decode(z).float(), samples, downscale=self.downscale)
+            return self.architecture.decode(m, samples, self.config)
 
-    def decode_tiled(self, samples: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64) -> Tensor:
-        """VAEDecodeTiled: tile_size and overlap in **pixels** (converted to latent pixels by the
-        downscale factor; overlap is capped at tile_size/4, as ComfyUI's node does)."""
-        if tile_size < overlap * 4:
-            overlap = tile_size // 4
-        f = self.downscale
+    def decode_tiled(self, samples: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64,
+                     temporal_size: int = 64, temporal_overlap: int = 8) -> Tensor:
+        """VAEDecodeTiled: tile_size and overlap in **pixels**, temporal_size and temporal_overlap in
+        pixel frames (video VAEs only)."""
         m = self.module(policy)
         with torch.inference_mode():
-            return decode_tiled(
-                lambda z: m.decode(z).float(), samples, tile=tile_size // f, overlap=overlap // f, downscale=f,
-                out_channels=self.config.out_channels,
-            )
+            return self.architecture.decode_tiled(m, samples, self.config, tile_size, overlap, temporal_size,
+                                                  temporal_overlap)
 
     def encode(self, pixels: Tensor, policy: PolicyLike) -> Tensor:
-        """IMAGE [B,H,W,C] → latent posterior mean [B,C,H/8,W/8] (H, W center-cropped to ×8)."""
+        """IMAGE [B,H,W,C] → latent posterior mean (H, W center-cropped to the downscale)."""
         m = self.module(policy)
         with torch.inference_mode():
-            return encode_image(
-                lambda x: m.encode(x).float(), pixels, downscale=self.downscale, latent_channels=self.latent_channels
-            )
+            return self.architecture.encode(m, pixels, self.config)
 
-    def encode_tiled(self, pixels: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64) -> Tensor:
+    def encode_tiled(self, pixels: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64,
+                     temporal_size: int = 64, temporal_overlap: int = 8) -> Tensor:
         """VAEEncodeTiled: tile_size and overlap in pixels."""
         m = self.module(policy)
         with torch.inference_mode():
-            return encode_tiled(
-                lambda x: m.encode(x).float(), pixels, tile=tile_size, overlap=overlap, downscale=self.downscale,
-                latent_channels=self.latent_channels,
-            )
+            return self.architecture.encode_tiled(m, pixels, self.config, tile_size, overlap, temporal_size,
+                                                  temporal_overlap)
 
     def with_precision(self, policy: PolicyLike | None) -> "VaeHandle":
         return dataclasses.replace(self, precision=policy)
@@ -403,7 +409,8 @@ class TaesdVaeHandle:
         with torch.inference_mode():
             return decode_image(lambda z: m.decode(z).float(), samples, downscale=self.downscale)
 
-    def decode_tiled(self, samples: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64) -> Tensor:
+    def decode_tiled(self, samples: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64,
+                     temporal_size: int = 64, temporal_overlap: int = 8) -> Tensor:
         if tile_size < overlap * 4:
             overlap = tile_size // 4
         f = self.downscale
@@ -418,7 +425,8 @@ class TaesdVaeHandle:
             return encode_image(lambda x: m.encode(x).float(), pixels, downscale=self.downscale,
                                 latent_channels=self.latent_channels)
 
-    def encode_tiled(self, pixels: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64) -> Tensor:
+    def encode_tiled(self, pixels: Tensor, policy: PolicyLike, tile_size: int = 512, overlap: int = 64,
+                     temporal_size: int = 64, temporal_overlap: int = 8) -> Tensor:
         m = self.module(policy)
         with torch.inference_mode():
             return encode_tiled(lambda x: m.encode(x).float(), pixels, tile=tile_size, overlap=overlap,

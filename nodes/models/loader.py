@@ -68,6 +68,7 @@ from mixgraph.nodes.weights.diffusers_names import diffusers_unet_rename
 from mixgraph.nodes.families.refused import (UnsupportedFamilyError, detect_family, family_of_file, refusal,
                                              supported)
 from mixgraph.nodes.models.handles import ClipHandle, ControlNetHandle, ModelHandle, TaesdVaeHandle, VaeHandle
+from mixgraph.nodes.vae import arch_registry as vae_archs
 from mixgraph.nodes.vae.taesd import load_taesd_autoencoder
 from mixgraph.nodes.weights.layouts import (DIFF_MARKERS, convert_diff_controlnet, hf_clip_rename,
                                             layout_of, reader_for_source)
@@ -474,13 +475,19 @@ def load_unet(path: str | os.PathLike, weight_dtype: str = "default", prediction
 
 
 def load_vae(path: str | os.PathLike, kind: str | None = None) -> VaeHandle:
-    """VAELoader: LDM keys with or without ``first_stage_model.``, or diffusers keys."""
+    """VAELoader: LDM keys with or without ``first_stage_model.``, or diffusers keys; a file of
+    another registered VAE architecture (``vae/arch_registry.py``: the Wan video VAEs) is that
+    architecture's."""
     p = Path(path)
     if p.is_dir() and (p / "vae").is_dir():
         p = p / "vae"
     if p.is_dir():
         p = _find_weights(p, "diffusion_pytorch_model")
     info = inspect_file(p)
+    other = vae_archs.recognise(info)  # an architecture other than the KL VAE (the Wan video VAEs)
+    if other is not None:
+        return VaeHandle(source=WeightSource.from_file(p, other.prefix, other.layout or "ldm"), config=other.config,
+                         latent_format=other.latent_format, arch=other.arch)
     _refuse_family(p.name, info)
     if f"{VAE_PREFIX}decoder.conv_in.weight" in info:
         source = WeightSource.from_file(p, VAE_PREFIX)

@@ -85,7 +85,7 @@ def clip_state_dicts(clip, dtype: torch.dtype) -> dict[str, dict[str, Tensor]]:
 
 @torch.inference_mode()
 def vae_state_dict(vae, dtype: torch.dtype) -> dict[str, Tensor]:
-    m = store.materialize("vae", vae.source, vae.config, dtype, (), AutoencoderKL)
+    m = store.materialize("vae", vae.source, vae.config, dtype, (), getattr(vae, "build", AutoencoderKL))
     return _plain(module_state_dict(m))
 
 

@@ -79,4 +79,5 @@ def VAEEncodeTiled(ctx, pixels=Socket("IMAGE"), vae=Socket("VAE"),
         raise ValueError(f"VAEEncodeTiled: overlap {overlap} must be smaller than half the tile_size "
                          f"{tile_size} (tiles of tile_size/2 are encoded too)")
     pixels = latent_ops.crop_to_multiple(pixels[..., :3])
-    return (Latent(vae.encode_tiled(pixels, effective(ctx, vae, "VAE"), tile_size, overlap)),)
+    return (Latent(vae.encode_tiled(pixels, effective(ctx, vae, "VAE"), tile_size, overlap,
+                                    temporal_size=temporal_size, temporal_overlap=temporal_overlap)),)

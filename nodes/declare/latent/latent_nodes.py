@@ -42,9 +42,10 @@ def VAEDecodeTiled(ctx, samples=Socket("LATENT"), vae=Socket("VAE"),
                    overlap=Int(64, min=0, max=4096, step=32),
                    temporal_size=Int(64, min=8, max=4096, step=4),
                    temporal_overlap=Int(8, min=4, max=4096, step=4)):
-    """Decodes in overlapping tiles (pixel units) to bound memory; temporal inputs are for video
-    VAEs and unused by image VAEs."""
-    return (vae.decode_tiled(samples.samples, effective(ctx, vae, "VAE"), tile_size, overlap),)
+    """Decodes in overlapping tiles (pixel units) to bound memory; temporal inputs (pixel frames)
+    are for video VAEs and unused by image VAEs."""
+    return (vae.decode_tiled(samples.samples, effective(ctx, vae, "VAE"), tile_size, overlap,
+                             temporal_size=temporal_size, temporal_overlap=temporal_overlap),)
 
 
 @node(category="latent", outputs=("LATENT",), display_name="VAE Encode")
