@@ -15,6 +15,7 @@ from mixgraph.nodes.families.lumina.family import LUMINA2, Z_IMAGE
 from mixgraph.nodes.families.flux.family import FLUX
 from mixgraph.nodes.families.sd.family import SD
 from mixgraph.nodes.families.sd3.family import SD3
+from mixgraph.nodes.families.wan.family import WAN
 
 __all__ = ["FAMILIES", "register", "unregister", "get", "detect"]
 
@@ -57,3 +58,4 @@ register(SD)
 register(LUMINA2)
 register(Z_IMAGE)
 register(SD3)
+register(WAN)

@@ -371,7 +371,7 @@ class CondDenoiser:
         self.seed = seed
         self.ms = model_sampling or ModelSampling.for_model(model)
         self.device = latent_image.device
-        B, C, H, W = latent_image.shape
+        H, W = latent_image.shape[-2:]  # [B, C, H, W], or a video's [B, C, T, H, W]
         self.latent_hw = (H, W)
 
         # Areas and masks are resolved before conds are paired across the lists (ComfyUI's order).
@@ -404,8 +404,9 @@ class CondDenoiser:
         cond_inputs = getattr(self.model, "cond_inputs", None)  # None: a model with no conditioning of its own
         inputs = {}
         if cond_inputs is not None:
+            more = {"denoise_mask": self._denoise_mask} if getattr(self.model, "wants_denoise_mask", False) else {}
             inputs = cond_inputs(c, tuple(self._latent_image.shape), negative=negative,
-                                 seed=0 if self.seed is None else self.seed)
+                                 seed=0 if self.seed is None else self.seed, **more)
             inputs = {k: v.to(self.device, torch.float32) for k, v in inputs.items()}
         start, end = c.timestep_range
         if c.clip_range is not None:  # a CLIP hook schedule's range (ComfyUI clip_start/end_percent)
@@ -629,7 +630,7 @@ class CondDenoiser:
         if batch[0][0].concat is not None:
             crops = []
             for e, (_, _, area), _ in batch:
-                c = e.concat[:b] if e.concat.shape[0] >= b else e.concat.expand(b, -1, -1, -1)
+                c = e.concat[:b] if e.concat.shape[0] >= b else e.concat.expand(b, *e.concat.shape[1:])
                 if area is not None:
                     c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
