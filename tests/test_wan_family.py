@@ -40,7 +40,7 @@ from mixgraph.nodes.vae.video_latent_formats import WAN21_LATENT, WAN22_LATENT
 from mixgraph.ui import api
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
 from tests.fixtures.tiny_wan import (IMAGE_TOKENS, IMAGE_WIDTH, TEXT_WIDTH, comfy_state_dict, diffusers_wan,
-                                     write_wan)
+                                     diffusers_wan_vace, write_wan, write_wan_vace)
 
 SEED, STEPS = 5, 3
 
@@ -88,6 +88,29 @@ def test_wan_matches_diffusers(kind):
             want = ref(hidden_states=x, timestep=tf.repeat_interleave(12, dim=1), encoder_hidden_states=ctx).sample
             got = model(x, tf, ctx)
         assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_vace_matches_diffusers():
+    """A VACE model (hint blocks after main blocks 0 and 2 of 4, ComfyUI's every-(layers / hints)
+    mapping): the hint [1, 96, T, H, W] at strength 0.7 as diffusers' control_hidden_states with
+    scale 0.7 per layer."""
+    ref = diffusers_wan_vace(seed=1)
+    sd = comfy_state_dict(ref)
+    cfg = _config(sd)
+    assert variant_of(cfg) == "vace" and cfg.vace_layers == (0, 2) and cfg.vace_in_dim == 96
+    model = WanModel(cfg).eval()
+    model.load_state_dict(sd, strict=True)
+    g = torch.Generator().manual_seed(0)
+    x, ctx = torch.randn(1, 16, 3, 6, 8, generator=g), torch.randn(1, 7, TEXT_WIDTH, generator=g)
+    hint = torch.randn(1, 96, 3, 6, 8, generator=g)
+    t = torch.tensor([600.0])
+    with torch.no_grad():
+        want = ref(hidden_states=x, timestep=t, encoder_hidden_states=ctx, control_hidden_states=hint,
+                   control_hidden_states_scale=torch.tensor([0.7, 0.7])).sample
+        got = model(x, t, ctx, None, vace=[(hint, 0.7)])
+        plain = model(x, t, ctx)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    assert (plain - want).abs().max() > 1e-2  # the hint matters
 
 
 def test_odd_latent_is_padded_and_cropped():
@@ -146,6 +169,22 @@ def test_other_wan_variants_stay_refused_by_name(marker, row):
     shapes = _meta_shapes(WanConfig(dim=256, ffn_dim=64, num_layers=2))
     assert WAN.detect({**shapes, marker: (4,)}) is None
     assert refused.detect_family({**shapes, marker: (4,)}) == row
+
+
+def test_vace_runner_gives_hints_without_vace_inputs(tmp_path):
+    """ComfyUI's WAN21_Vace: without WanVaceToVideo a VACE model still gets a hint, zeros in
+    Wan 2.1's format and an all-ones mask; VACE inputs on a model without VACE blocks are refused."""
+    runner = loader.load_unet(write_wan_vace(tmp_path / "vace.safetensors", seed=2)).runner(_f32())
+    assert runner.kind == "vace"
+    text = torch.randn(1, 5, TEXT_WIDTH)
+    inputs = runner.cond_inputs(Cond(text), (1, 16, 2, 4, 6))
+    hint = inputs["vace_0"]
+    assert hint.shape == (1, 96, 2, 4, 6) and torch.equal(hint[:, 32:], torch.ones(1, 64, 2, 4, 6))
+    assert torch.allclose(hint[:, :16], WAN21_LATENT.process_in(torch.zeros(1, 16, 2, 4, 6)))
+    assert float(inputs["vace_strength_0"][0]) == 1.0
+    plain = loader.load_unet(write_wan(tmp_path / "t2v.safetensors", "t2v", seed=2)).runner(_f32())
+    with pytest.raises(ValueError, match="no VACE blocks"):
+        plain.cond_inputs(Cond(text, model_inputs={"vace_frames": [torch.zeros(1, 32, 2, 4, 6)]}), (1, 16, 2, 4, 6))
 
 
 def test_files_load_with_their_variant(tmp_path):

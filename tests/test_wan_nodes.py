@@ -25,7 +25,7 @@ from mixgraph.ui import api
 from tests.fixtures.checkpoints import tiny_vae_state_dict
 from tests.fixtures.tiny_clip import tiny_clip_l_state_dict
 from tests.fixtures.tiny_vision import write_clip_vision
-from tests.fixtures.tiny_wan import TEXT_WIDTH, write_wan
+from tests.fixtures.tiny_wan import TEXT_WIDTH, write_wan, write_wan_vace
 
 INFO = api.default_registry().object_info()
 
@@ -61,6 +61,16 @@ def test_specs_match_comfyui():
         assert _nums(req["length"]) == dict(default=length, min=1, max=16384, step=4)
         assert [s["input"]["optional"][k][0] for k in opt] == [
             "CLIP_VISION_OUTPUT" if k.startswith("clip") else "IMAGE" for k in opt]
+    v = INFO["WanVaceToVideo"]
+    assert v["category"] == "conditioning/video_models"
+    assert v["output"] == ["CONDITIONING", "CONDITIONING", "LATENT", "INT"]
+    assert v["output_name"] == ["positive", "negative", "latent", "trim_latent"]
+    assert v["input_order"] == {"required": ["positive", "negative", "vae", "width", "height", "length", "batch_size",
+                                             "strength"], "optional": ["control_video", "control_masks",
+                                                                       "reference_image"]}
+    assert _nums(v["input"]["required"]["strength"]) == dict(default=1.0, min=0.0, max=1000.0, step=0.01)
+    assert [v["input"]["optional"][k][0] for k in ("control_video", "control_masks", "reference_image")] == [
+        "IMAGE", "MASK", "IMAGE"]
     w = INFO["Wan22ImageToVideoLatent"]
     assert w["category"] == "conditioning/inpaint" and w["output"] == ["LATENT"]
     assert w["input_order"] == {"required": ["vae", "width", "height", "length", "batch_size"],
@@ -129,6 +139,30 @@ def test_first_last_frame_tensors():
     _, _, _ = ops.first_last_frame_to_video(*_conds(), enc, 16, 8, 32, 16, 9, 1, None, None, None, b)
 
 
+def test_vace_to_video_tensors():
+    """WanVaceToVideo: the control video split by the mask into inactive / reactive frames (both
+    encoded), a reference image's latent in front with 16 channels of process_out(0), the mask
+    folded 8 x 8 into 64 channels per latent frame; lists appended on the conds; trim 1."""
+    enc = VideoEncoder()
+    video = torch.rand(5, 16, 32, 3)
+    masks = torch.zeros(5, 16, 32)
+    masks[:, :8] = 1.0  # the top half regenerated
+    ref = torch.rand(1, 16, 32, 3)
+    pos, neg, latent, trim = ops.vace_to_video(*_conds(), enc, 32, 16, 5, 1, 0.5, video, masks, ref)
+    assert trim == 1 and latent.samples.shape == (1, 16, 3, 2, 4)
+    ref_seen, inactive, reactive = enc.seen
+    assert torch.allclose(inactive[:, :8], torch.full((5, 8, 32, 3), 0.5))  # masked rows: grey
+    assert torch.allclose(inactive[:, 8:], video[:, 8:]) and torch.allclose(reactive[:, :8], video[:, :8])
+    (frames,), (mask,), (strength,) = (pos[0].model_inputs[k] for k in ("vace_frames", "vace_mask", "vace_strength"))
+    assert frames.shape == (1, 32, 3, 2, 4) and strength == 0.5
+    assert torch.allclose(frames[:, 16:, :1], WAN21_LATENT.process_out(torch.zeros(1, 16, 1, 2, 4)))
+    assert mask.shape == (1, 64, 3, 2, 4) and not mask[:, :, 0].any()
+    assert mask[:, :, 1:, 0].all() and not mask[:, :, 1:, 1].any()  # top latent row regenerated
+    # chained: a second node appends its inputs
+    pos2, _, _, _ = ops.vace_to_video(pos, neg, enc, 32, 16, 5, 1, 1.0)
+    assert len(pos2[0].model_inputs["vace_frames"]) == 2 and pos2[0].model_inputs["vace_strength"] == [0.5, 1.0]
+
+
 def test_wan22_latent_and_trim():
     enc = VideoEncoder(channels=48, downscale=16)
     empty = ops.wan22_image_to_video_latent(enc, 64, 32, 9, 2)
@@ -156,6 +190,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("wan_nodes")
     write_wan(root / "diffusion_models" / "wan_i2v.safetensors", "i2v", seed=3)
     write_wan(root / "diffusion_models" / "wan_flf2v.safetensors", "flf2v", seed=4)
+    write_wan_vace(root / "diffusion_models" / "wan_vace.safetensors", seed=5)
     (root / "text_encoders").mkdir()
     save_file({k: v.contiguous() for k, v in tiny_clip_l_state_dict(4, width=TEXT_WIDTH).items()},
               str(root / "text_encoders" / "clip_l.safetensors"))
@@ -226,6 +261,21 @@ def test_first_last_frame_workflow(models):
     assert out.shape == (1, 16, 1, 6, 8) and torch.isfinite(out).all()
     states = res.outputs["w"][0][0].model_inputs["clip_vision_output"].penultimate_hidden_states
     assert states.shape[1] == 2 * res.outputs["e"][0].penultimate_hidden_states.shape[1]
+
+
+def test_vace_workflow(models):
+    """UNETLoader (VACE) + WanVaceToVideo (control video, reference image) + KSampler +
+    TrimVideoLatent by the node's trim_latent: the reference frame sampled and cut off."""
+    node = {"class_type": "WanVaceToVideo", "inputs": {
+        "positive": ["6", 0], "negative": ["7", 0], "vae": ["v", 0], "width": 64, "height": 48, "length": 1,
+        "batch_size": 1, "strength": 0.8, "control_video": ["img", 0], "reference_image": ["img2", 0]}}
+    p = _prompt("wan_vace.safetensors", node)
+    p["t"] = {"class_type": "TrimVideoLatent", "inputs": {"samples": ["3", 0], "trim_amount": ["w", 3]}}
+    p["s"]["inputs"]["samples"] = ["t", 0]
+    res = api.run(p, models=models, output=models / "out")
+    assert res.outputs["w"][3] == 1 and res.outputs["3"][0].samples.shape == (1, 16, 2, 6, 8)
+    out = res.outputs["t"][0].samples
+    assert out.shape == (1, 16, 1, 6, 8) and torch.isfinite(out).all()
 
 
 def test_empty_hunyuan_latent_video_through_the_engine(models):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from mixgraph.nodes.helpers import cond_ops
@@ -23,10 +24,10 @@ from mixgraph.nodes.models.resize import upscale
 from mixgraph.nodes.payloads.conditioning import Conditioning
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.payloads.vision import ClipVisionOutput
-from mixgraph.nodes.vae.video_latent_formats import TIME_DOWNSCALE, WAN22_LATENT
+from mixgraph.nodes.vae.video_latent_formats import TIME_DOWNSCALE, WAN21_LATENT, WAN22_LATENT
 
 __all__ = ["latent_frames", "empty_video_latent", "as_video", "fit_frames", "image_to_video",
-           "first_last_frame_to_video", "wan22_image_to_video_latent", "trim_video_latent", "GREY"]
+           "first_last_frame_to_video", "wan22_image_to_video_latent", "trim_video_latent", "vace_to_video", "GREY"]
 
 GREY = 0.5  # the frames the VAE encodes where no image is given
 Encode = Callable[[Tensor], Tensor]
@@ -157,3 +158,58 @@ def trim_video_latent(latent: Latent, trim_amount: int) -> Latent:
     if s.ndim != 5:
         raise ValueError(f"TrimVideoLatent: a {s.ndim}-D latent; it trims the frames of a video latent [B, C, T, H, W]")
     return dataclasses.replace(latent, samples=s[:, :, trim_amount:])
+
+
+VACE_STRIDE = 8  # ComfyUI's WanVaceToVideo folds each 8 x 8 pixel block of the mask into 64 channels
+
+
+def _pad_frames(frames: Tensor, length: int, value: float) -> Tensor:
+    """[N, H, W, C] padded with frames of ``value`` to ``length``."""
+    if frames.shape[0] >= length:
+        return frames
+    return torch.cat([frames, frames.new_full((length - frames.shape[0], *frames.shape[1:]), value)])
+
+
+def vace_to_video(positive: Conditioning, negative: Conditioning, encode: Encode, width: int, height: int,
+                  length: int, batch_size: int, strength: float, control_video: Tensor | None = None,
+                  control_masks: Tensor | None = None, reference_image: Tensor | None = None,
+                  ) -> tuple[Conditioning, Conditioning, Latent, int]:
+    """WanVaceToVideo: the control video (grey where none) split by the control mask into the
+    frames to keep (``inactive``) and to regenerate (``reactive``), both encoded and joined
+    (32 channels), a reference image's latent in front (plus 16 channels of Wan 2.1's
+    process_out of zeros); the mask folded to [1, 64, T, h, w] (each 8 x 8 pixel block, nearest
+    over frames, zeros for the reference frame); appended to both conds' ``vace_frames`` /
+    ``vace_mask`` / ``vace_strength``. Returns the conds, zeros [B, 16, T (+1), H/8, W/8] and how
+    many latent frames to trim after sampling (1 with a reference image)."""
+    t = latent_frames(length)
+    if control_video is not None:
+        control_video = _pad_frames(fit_frames(control_video[:length], width, height), length, GREY)
+    else:
+        control_video = torch.full((length, height, width, 3), GREY)
+    reference = None
+    if reference_image is not None:
+        reference = as_video(encode(fit_frames(reference_image[:1], width, height)[..., :3]))
+        reference = torch.cat([reference, WAN21_LATENT.process_out(torch.zeros_like(reference))], dim=1)
+    if control_masks is None:
+        mask = torch.ones(length, height, width, 1)
+    else:
+        m = control_masks if control_masks.ndim == 4 else control_masks.unsqueeze(1)  # [N, 1, H, W]
+        mask = _pad_frames(upscale(m[:length].float(), width, height, "bilinear", "center").movedim(1, -1), length, 1.0)
+    centred = control_video - GREY
+    inactive = as_video(encode((centred * (1 - mask) + GREY)[..., :3]))
+    reactive = as_video(encode((centred * mask + GREY)[..., :3]))
+    frames = torch.cat([inactive, reactive], dim=1)  # [1, 32, T, h, w]
+    if reference is not None:
+        frames = torch.cat([reference, frames], dim=2)
+    hm, wm = height // VACE_STRIDE, width // VACE_STRIDE
+    folded = mask.reshape(length, hm, VACE_STRIDE, wm, VACE_STRIDE).permute(2, 4, 0, 1, 3)
+    folded = folded.reshape(VACE_STRIDE * VACE_STRIDE, length, hm, wm)  # [64, N, h, w]
+    folded = F.interpolate(folded.unsqueeze(0), size=(t, hm, wm), mode="nearest-exact").squeeze(0)
+    trim = 0
+    if reference is not None:
+        trim = reference.shape[2]
+        folded = torch.cat([torch.zeros_like(folded[:, :trim]), folded], dim=1)
+        t += trim
+    values = {"vace_frames": [frames], "vace_mask": [folded.unsqueeze(0)], "vace_strength": [float(strength)]}
+    positive, negative = (cond_ops.set_model_inputs(c, values, append=True) for c in (positive, negative))
+    return positive, negative, Latent(torch.zeros(batch_size, 16, t, height // 8, width // 8)), trim

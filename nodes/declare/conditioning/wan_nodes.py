@@ -7,7 +7,7 @@ the image latent, its mask and the CLIP vision output on both conds (``Cond.conc
 
 from __future__ import annotations
 
-from mixgraph.graph.node import MAX_RESOLUTION, Int, Socket, node
+from mixgraph.graph.node import MAX_RESOLUTION, Float, Int, Socket, node
 from mixgraph.nodes.helpers import video_latent_ops
 from mixgraph.nodes.helpers.precision import effective
 
@@ -45,6 +45,21 @@ def WanFirstLastFrameToVideo(ctx, positive=Socket("CONDITIONING"), negative=Sock
     return video_latent_ops.first_last_frame_to_video(
         positive, negative, _encoder(ctx, vae), vae.latent_channels, vae.downscale, width, height, length,
         batch_size, start_image, end_image, clip_vision_start_image, clip_vision_end_image)
+
+
+@node(category="conditioning/video_models", outputs=("CONDITIONING", "CONDITIONING", "LATENT", "INT"),
+      output_names=("positive", "negative", "latent", "trim_latent"))
+def WanVaceToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"), vae=Socket("VAE"),
+                   width=Int(832, min=16, max=MAX_RESOLUTION, step=16),
+                   height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
+                   length=Int(81, min=1, max=MAX_RESOLUTION, step=4),
+                   batch_size=Int(1, min=1, max=4096),
+                   strength=Float(1.0, min=0.0, max=1000.0, step=0.01),
+                   control_video=Socket("IMAGE", optional=True),
+                   control_masks=Socket("MASK", optional=True),
+                   reference_image=Socket("IMAGE", optional=True)):
+    return video_latent_ops.vace_to_video(positive, negative, _encoder(ctx, vae), width, height, length, batch_size,
+                                          strength, control_video, control_masks, reference_image)
 
 
 @node(category="conditioning/inpaint", outputs=("LATENT",))
