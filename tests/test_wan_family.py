@@ -444,6 +444,32 @@ def test_an_image_latent_samples_as_one_frame(executor, models):
     assert res.outputs["3"][0].samples.shape == (1, 16, 1, 6, 8)
 
 
+def test_wan_runs_under_precision_regions(models):
+    """A ``[bf16]`` region around KSampler and an fp8 UNETLoader: the same video to rounding; the
+    patch embedding (a Conv3d), the timestep path and the modulation tables stay f32."""
+    from mixgraph.graph.formats.workflow import load_workflow
+    from mixgraph.nodes.weights import store
+
+    executor = Executor(api.default_registry(), Env.from_args(models=models), cache=OutputCache(max_bytes=1 << 30))
+    wf = load_workflow({"format": "mixgraph/1", "prompt": prompt(), "precision": {
+        "default": "f32", "regions": [{"name": "sampling [bf16]", "nodes": ["3"], "precision": "bf16"}]}},
+        executor.registry)
+    report = executor.run(wf, env=dataclasses.replace(executor.env, output=str(models / "out")))
+    bf16, f32 = report.values["3"][0].samples, report.values["21"][0].samples
+    assert torch.isfinite(bf16).all() and not torch.equal(bf16, f32)
+    assert (bf16 - f32).abs().max() <= 0.05 * f32.abs().max()
+    p = prompt()
+    p["1"]["inputs"]["weight_dtype"] = "fp8_e4m3fn"
+    fp8 = api.run(p, executor=executor, models=models, output=models / "out").outputs["3"][0].samples
+    assert torch.isfinite(fp8).all() and (fp8 - f32).abs().max() <= 0.1 * f32.abs().max()
+    unet = loader.load_unet(models / "diffusion_models" / "wan_t2v.safetensors")
+    with torch.inference_mode():
+        module = store.materialize("unet", unet.source, unet.config, torch.bfloat16, (), WAN.build)
+    dtypes = {k: v.dtype for k, v in module.state_dict().items()}
+    assert dtypes["patch_embedding.weight"] == dtypes["time_projection.1.weight"] == torch.float32
+    assert dtypes["blocks.0.self_attn.q.weight"] == torch.bfloat16
+
+
 # --------------------------------------------------------------------------------------------
 # LoRA
 
