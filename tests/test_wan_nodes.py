@@ -47,6 +47,8 @@ def test_specs_match_comfyui():
     assert t["category"] == "latent/video" and list(t["input"]["required"]) == ["samples", "trim_amount"]
     assert _nums(t["input"]["required"]["trim_amount"]) == dict(default=0, min=0, max=99999)
     for name, length, opt in (("WanImageToVideo", 81, ["clip_vision_output", "start_image"]),
+                              ("WanFunInpaintToVideo", 81, ["clip_vision_output", "start_image", "end_image"]),
+                              ("WanFunControlToVideo", 81, ["clip_vision_output", "start_image", "control_video"]),
                               ("WanFirstLastFrameToVideo", 81, ["clip_vision_start_image", "clip_vision_end_image",
                                                                 "start_image", "end_image"])):
         s = INFO[name]
@@ -161,6 +163,24 @@ def test_vace_to_video_tensors():
     # chained: a second node appends its inputs
     pos2, _, _, _ = ops.vace_to_video(pos, neg, enc, 32, 16, 5, 1, 1.0)
     assert len(pos2[0].model_inputs["vace_frames"]) == 2 and pos2[0].model_inputs["vace_strength"] == [0.5, 1.0]
+
+
+def test_fun_control_tensors():
+    enc = VideoEncoder()
+    control, start = torch.rand(9, 16, 32, 3), torch.rand(1, 16, 32, 3)
+    pos, neg, latent = ops.fun_control_to_video(*_conds(), enc, 32, 16, 9, 2, start, None, control)
+    concat = pos[0].concat_latent
+    assert latent.samples.shape == (2, 16, 3, 2, 4) and concat.shape == (2, 32, 3, 2, 4)
+    assert torch.allclose(concat[:, :16], enc(control).expand(2, -1, -1, -1, -1))
+    assert torch.allclose(concat[:, 16:, :1], enc(start).expand(2, -1, -1, -1, -1))
+    assert torch.allclose(concat[:, 16:, 1:], WAN21_LATENT.process_out(torch.zeros(2, 16, 2, 2, 4)))
+    assert pos[0].concat_mask is None
+    # the Fun Control model (48 input channels) takes the 32 channels as they are (ComfyUI: no mask)
+    from mixgraph.nodes.families.wan.runner import wan_concat
+
+    out = wan_concat(torch.zeros(2, 16, 3, 2, 4), 48, False, WAN21_LATENT, concat, None, None)
+    assert torch.allclose(out, torch.cat([WAN21_LATENT.process_in(concat[:, :16]),
+                                          WAN21_LATENT.process_in(concat[:, 16:])], dim=1))
 
 
 def test_wan22_latent_and_trim():

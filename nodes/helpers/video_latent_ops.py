@@ -27,7 +27,7 @@ from mixgraph.nodes.payloads.vision import ClipVisionOutput
 from mixgraph.nodes.vae.video_latent_formats import TIME_DOWNSCALE, WAN21_LATENT, WAN22_LATENT
 
 __all__ = ["latent_frames", "empty_video_latent", "as_video", "fit_frames", "image_to_video",
-           "first_last_frame_to_video", "wan22_image_to_video_latent", "trim_video_latent", "vace_to_video", "GREY"]
+           "first_last_frame_to_video", "wan22_image_to_video_latent", "trim_video_latent", "vace_to_video", "fun_control_to_video", "GREY"]
 
 GREY = 0.5  # the frames the VAE encodes where no image is given
 Encode = Callable[[Tensor], Tensor]
@@ -128,6 +128,26 @@ def first_last_frame_to_video(positive: Conditioning, negative: Conditioning, en
     mask = mask.view(1, t, TIME_DOWNSCALE, h, w).transpose(1, 2)  # [1, 4, T, h, w]
     positive, negative = _set_both(positive, negative, concat, mask,
                                    _joined_vision(clip_vision_start_image, clip_vision_end_image))
+    return positive, negative, Latent(latent)
+
+
+def fun_control_to_video(positive: Conditioning, negative: Conditioning, encode: Encode, width: int, height: int,
+                         length: int, batch_size: int, start_image: Tensor | None = None,
+                         clip_vision_output: ClipVisionOutput | None = None, control_video: Tensor | None = None,
+                         ) -> tuple[Conditioning, Conditioning, Latent]:
+    """WanFunControlToVideo (Wan 2.1 Fun Control, 48 input channels): the conds'
+    ``concat_latent_image`` is [B, 32, T, h, w]: the control video's latent, then the start
+    image's, each Wan 2.1's process_out of zeros where not given (no mask channels)."""
+    t = latent_frames(length)
+    latent = torch.zeros(batch_size, 16, t, height // 8, width // 8)
+    concat = WAN21_LATENT.process_out(torch.zeros_like(latent)).repeat(1, 2, 1, 1, 1)  # [B, 32, T, h, w]
+    for images, channels in ((start_image, slice(16, 32)), (control_video, slice(0, 16))):
+        if images is None:
+            continue
+        encoded = as_video(encode(fit_frames(images[:length], width, height)[..., :3]))
+        n = min(encoded.shape[2], t)
+        concat[:, channels, :n] = encoded[:, :, :n]
+    positive, negative = _set_both(positive, negative, concat, None, clip_vision_output)
     return positive, negative, Latent(latent)
 
 

@@ -47,6 +47,36 @@ def WanFirstLastFrameToVideo(ctx, positive=Socket("CONDITIONING"), negative=Sock
         batch_size, start_image, end_image, clip_vision_start_image, clip_vision_end_image)
 
 
+@node(category="conditioning/video_models", outputs=("CONDITIONING", "CONDITIONING", "LATENT"),
+      output_names=("positive", "negative", "latent"))
+def WanFunInpaintToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"), vae=Socket("VAE"),
+                         width=Int(832, min=16, max=MAX_RESOLUTION, step=16),
+                         height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
+                         length=Int(81, min=1, max=MAX_RESOLUTION, step=4),
+                         batch_size=Int(1, min=1, max=4096),
+                         clip_vision_output=Socket("CLIP_VISION_OUTPUT", optional=True),
+                         start_image=Socket("IMAGE", optional=True),
+                         end_image=Socket("IMAGE", optional=True)):
+    # ComfyUI runs WanFirstLastFrameToVideo with the one CLIP vision output as the start image's
+    return video_latent_ops.first_last_frame_to_video(
+        positive, negative, _encoder(ctx, vae), vae.latent_channels, vae.downscale, width, height, length,
+        batch_size, start_image, end_image, clip_vision_output, None)
+
+
+@node(category="conditioning/video_models", outputs=("CONDITIONING", "CONDITIONING", "LATENT"),
+      output_names=("positive", "negative", "latent"))
+def WanFunControlToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"), vae=Socket("VAE"),
+                         width=Int(832, min=16, max=MAX_RESOLUTION, step=16),
+                         height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
+                         length=Int(81, min=1, max=MAX_RESOLUTION, step=4),
+                         batch_size=Int(1, min=1, max=4096),
+                         clip_vision_output=Socket("CLIP_VISION_OUTPUT", optional=True),
+                         start_image=Socket("IMAGE", optional=True),
+                         control_video=Socket("IMAGE", optional=True)):
+    return video_latent_ops.fun_control_to_video(positive, negative, _encoder(ctx, vae), width, height, length,
+                                                 batch_size, start_image, clip_vision_output, control_video)
+
+
 @node(category="conditioning/video_models", outputs=("CONDITIONING", "CONDITIONING", "LATENT", "INT"),
       output_names=("positive", "negative", "latent", "trim_latent"))
 def WanVaceToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"), vae=Socket("VAE"),
