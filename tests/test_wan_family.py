@@ -475,9 +475,9 @@ def test_wan_runs_under_precision_regions(models):
 
 
 def test_diffusers_named_lora_patches_the_wan_weights(tmp_path):
-    """A diffusers / PEFT-named Wan LoRA (``transformer.blocks.0.attn1.to_q``) and the same LoRA in
-    ComfyUI's names (``diffusion_model.blocks.0.self_attn.q``: lightx2v's form) patch the same
-    weights by the same amount."""
+    """A diffusers / PEFT-named Wan LoRA (``transformer.blocks.0.attn1.to_q``), the same LoRA in
+    ComfyUI's names (``diffusion_model.blocks.0.self_attn.q``: lightx2v's form) and in Wan Fun's
+    (``lora_unet__blocks_0_self_attn_q``) patch the same weights by the same amount."""
     from mixgraph.nodes.adapters.lora import load_lora_patches
 
     g = torch.Generator().manual_seed(1)
@@ -487,17 +487,20 @@ def test_diffusers_named_lora_patches_the_wan_weights(tmp_path):
                  "transformer.blocks.0.attn1.to_q.lora_A.weight": down,
                  "transformer.blocks.1.ffn.net.0.proj.lora_B.weight": up2,
                  "transformer.blocks.1.ffn.net.0.proj.lora_A.weight": down2}
+    fun = {"lora_unet__blocks_0_self_attn_q.lora_up.weight": up, "lora_unet__blocks_0_self_attn_q.lora_down.weight": down,
+           "lora_unet__blocks_1_ffn_0.lora_up.weight": up2, "lora_unet__blocks_1_ffn_0.lora_down.weight": down2}
     comfy = {"diffusion_model.blocks.0.self_attn.q.lora_up.weight": up,
              "diffusion_model.blocks.0.self_attn.q.lora_down.weight": down,
              "diffusion_model.blocks.1.ffn.0.lora_up.weight": up2,
              "diffusion_model.blocks.1.ffn.0.lora_down.weight": down2}
     save_file(diffusers, str(tmp_path / "diffusers.safetensors"))
     save_file(comfy, str(tmp_path / "comfy.safetensors"))
+    save_file(fun, str(tmp_path / "fun.safetensors"))
     # a file of its own: the store's copies of the workflow models were made under inference mode
     base = loader.load_unet(write_wan(tmp_path / "wan_lora_base.safetensors", "t2v", seed=6))
     a = dict(base.runner(_f32()).model.named_parameters())
     results = []
-    for name in ("diffusers.safetensors", "comfy.safetensors"):
+    for name in ("diffusers.safetensors", "comfy.safetensors", "fun.safetensors"):
         patched, _ = load_lora_patches(tmp_path / name, base, None, 0.5, 0.0)
         b = dict(patched.runner(_f32()).model.named_parameters())
         assert torch.allclose(b["blocks.0.self_attn.q.weight"] - a["blocks.0.self_attn.q.weight"], 0.5 * up @ down,
@@ -505,7 +508,7 @@ def test_diffusers_named_lora_patches_the_wan_weights(tmp_path):
         assert torch.allclose(b["blocks.1.ffn.0.weight"] - a["blocks.1.ffn.0.weight"], 0.5 * up2 @ down2, atol=1e-5)
         assert torch.equal(a["blocks.0.self_attn.k.weight"], b["blocks.0.self_attn.k.weight"])
         results.append(b)
-    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+    assert all(torch.equal(results[0][k], r[k]) for r in results[1:] for k in results[0])
     targets = WAN.lora_key_map(base.config)
     assert targets["blocks.1.attn2.to_out.0"].key == "blocks.1.cross_attn.o.weight"
     assert targets["condition_embedder.time_proj"].key == "time_projection.1.weight"

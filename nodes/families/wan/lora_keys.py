@@ -7,13 +7,17 @@ Wan LoRAs) and kohya's (``lora_unet_blocks_N_self_attn_q``) are the model's keys
 ``convert_wan_transformer_to_diffusers`` table: attn1 / attn2 = self / cross attention, to_q /
 to_k / to_v / to_out.0 = q / k / v / o, add_k_proj / add_v_proj = k_img / v_img, ffn.net.0.proj /
 ffn.net.2 = ffn.0 / ffn.2, the condition embedder's layers = the time / text / image embeddings,
-proj_out = head.head.
+proj_out = head.head. Alibaba's Wan Fun LoRAs write kohya names with a doubled underscore
+(``lora_unet__blocks_0_cross_attn_k``, ComfyUI's ``convert_lora_wan_fun``): mapped here too.
 """
 
 from __future__ import annotations
 
+import torch
+from torch import nn
+
 from mixgraph.nodes.families.base import LoraTarget
-from mixgraph.nodes.families.wan.model import WanConfig
+from mixgraph.nodes.families.wan.model import WanConfig, WanModel
 
 __all__ = ["lora_targets"]
 
@@ -48,4 +52,9 @@ def lora_targets(config: WanConfig) -> dict[str, LoraTarget]:
                 out[f"blocks.{i}.attn2.{a}"] = LoraTarget(f"blocks.{i}.cross_attn.{b}.weight")
         out[f"blocks.{i}.ffn.net.0.proj"] = LoraTarget(f"blocks.{i}.ffn.0.weight")
         out[f"blocks.{i}.ffn.net.2"] = LoraTarget(f"blocks.{i}.ffn.2.weight")
+    with torch.device("meta"):  # the module names without allocating weights
+        model = WanModel(config)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            out["lora_unet__" + name.replace(".", "_")] = LoraTarget(f"{name}.weight")  # Wan Fun
     return out
