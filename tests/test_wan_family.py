@@ -251,6 +251,33 @@ def test_runner_reads_the_clip_vision_output(tmp_path):
     assert "umT5" in runner.context_free_refusal()
 
 
+@torch.inference_mode()
+def test_area_and_mask_conds_on_a_video_latent(tmp_path):
+    """ConditioningSetArea / ConditioningSetMask conds on a video latent: the area is cut from
+    every frame, a 2-D mask weighs every frame alike; where a cond covers all of the latent it is
+    the plain cond."""
+    from mixgraph.nodes.sampling.parameterization import CFGDenoiser
+
+    runner = loader.load_unet(write_wan(tmp_path / "t2v.safetensors", "t2v", seed=2)).runner(_f32())
+    g = torch.Generator().manual_seed(0)
+    a, b, neg = (torch.randn(1, 5, TEXT_WIDTH, generator=g) for _ in range(3))
+    x = torch.randn(1, 16, 2, 8, 8, generator=g)
+    sigma = torch.tensor([0.7])
+
+    def x0(conds):
+        return CFGDenoiser(runner, conds, (Cond(neg),), 3.0, torch.zeros_like(x))(x, sigma)
+
+    plain = x0((Cond(a),))
+    area = x0((Cond(a, area=(4, 8, 0, 0)), Cond(b)))
+    masked = x0((Cond(a, mask=torch.ones(8, 8)), Cond(b, mask=torch.zeros(8, 8))))
+    assert area.shape == masked.shape == (1, 16, 2, 8, 8) and torch.isfinite(area).all()
+    assert torch.allclose(masked, plain, atol=1e-5) and not torch.allclose(area, plain, atol=1e-3)
+    half = torch.zeros(8, 8)
+    half[:4] = 1.0
+    by_mask = x0((Cond(a, mask=half), Cond(b, mask=1.0 - half)))
+    assert not torch.allclose(by_mask[..., :4, :], by_mask[..., 4:, :])
+
+
 def test_previews_show_the_first_frame():
     x0 = torch.randn(1, 16, 3, 4, 6)
     assert torch.equal(latent_to_rgb(x0, WAN21_LATENT), latent_to_rgb(x0[:, :, 0], WAN21_LATENT))

@@ -460,12 +460,15 @@ class CondDenoiser:
             return None
         H, W = x.shape[-2:]
         area = e.area
-        inp = x if area is None else x[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+        inp = x if area is None else x[..., area[2]:area[2] + area[0], area[3]:area[3] + area[1]]  # a video: all frames
         if e.mask is not None:
             m = e.mask[: inp.shape[0]]
             if area is not None:
                 m = m[:, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
-            mult = m.unsqueeze(1).repeat(inp.shape[0] // m.shape[0], inp.shape[1], 1, 1)
+            m = m.unsqueeze(1)  # [Bm, 1, H, W]
+            if inp.ndim == 5:
+                m = m.unsqueeze(2)  # [Bm, 1, 1, H, W]: the same mask on every frame of a video latent
+            mult = m.repeat(inp.shape[0] // m.shape[0], inp.shape[1], *inp.shape[2:-2], 1, 1)
             mult = mult * e.cond.strength
         else:
             mult = torch.ones_like(inp) * e.cond.strength
@@ -478,9 +481,9 @@ class CondDenoiser:
                     for t in range(rr):
                         f = (1.0 / rr) * (t + 1)
                         if off != 0:
-                            mult.narrow(2 + dim, t, 1).mul_(f)
+                            mult.narrow(mult.ndim - 2 + dim, t, 1).mul_(f)
                         if size + off < full:
-                            mult.narrow(2 + dim, size - 1 - t, 1).mul_(f)
+                            mult.narrow(mult.ndim - 2 + dim, size - 1 - t, 1).mul_(f)
         return inp, mult, area
 
     def extra_list(self, conds: Sequence[Cond], negative: bool = True) -> list[_Entry]:
@@ -543,8 +546,7 @@ class CondDenoiser:
                     outs[idx] += out * mult
                     counts[idx] += mult
                 else:
-                    sl = (slice(None), slice(None), slice(area[2], area[2] + area[0]),
-                          slice(area[3], area[3] + area[1]))
+                    sl = (..., slice(area[2], area[2] + area[0]), slice(area[3], area[3] + area[1]))
                     outs[idx][sl] += out * mult
                     counts[idx][sl] += mult
         return [o / c for o, c in zip(outs, counts)]
@@ -565,7 +567,7 @@ class CondDenoiser:
             if area is None:
                 remaining[idx] -= mult
             else:
-                remaining[idx][:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]] -= mult
+                remaining[idx][..., area[2]:area[2] + area[0], area[3]:area[3] + area[1]] -= mult
         runs = []
         for idx, entries in enumerate(defaults):
             if not entries:
@@ -579,7 +581,7 @@ class CondDenoiser:
                     continue
                 inp, _, area = p
                 if area is not None:
-                    left_e = left[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+                    left_e = left[..., area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 else:
                     left_e = left
                 runs.append((e, (inp, left_e, area), idx))
@@ -632,7 +634,7 @@ class CondDenoiser:
             for e, (_, _, area), _ in batch:
                 c = e.concat[:b] if e.concat.shape[0] >= b else e.concat.expand(b, *e.concat.shape[1:])
                 if area is not None:
-                    c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+                    c = c[..., area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
             unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + E, h, w]
         first = batch[0][0]
