@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixgraph.nodes.encoders.encoder_set import OutputRule
+from mixgraph.nodes.encoders.t5 import T5Rule
 from mixgraph.nodes.families.base import Detection, LoraTarget, Sampling, TextEncoderSlot
 from mixgraph.nodes.families.wan.detect import wan_config, variant_of
 from mixgraph.nodes.families.wan.lora_keys import lora_targets
@@ -34,9 +34,10 @@ TEXT_PREFIX = "text_encoders."  # ComfyUI's text_encoder_key_prefix of Wan files
 TRACE_TOKENS = 512  # umT5 tokens of the memory estimate's traced call (ComfyUI pads Wan prompts to 512)
 CLIP_TOKENS = 257  # ViT-H/14 at 224 px: the class token + 16 x 16 patches
 SHIFT = 8.0  # ComfyUI's WAN21_T2V sampling_settings (every Wan model class)
-# ComfyUI's UMT5XXlModel in WanT5Model: the last layer after the final norm, pad token 0, no pooled
-# output, prompts padded to 512 tokens (WanT5Tokenizer min_length)
-UMT5_RULE = OutputRule(pad_token=0, default_layer=None, norm_hidden=False, project_pooled=False, min_length=512)
+# ComfyUI's UMT5XXlModel in WanT5Model: T5's rule (the last layer after the final norm, pad token 0,
+# no pooled output) with the padding masked out of attention, prompts padded to 512 tokens
+# (UMT5XXlTokenizer min_length; its zero_out_masked is the encoder's)
+UMT5_RULE = T5Rule(min_length=512, attention_mask=True)
 _ENCODERS = (TextEncoderSlot("umt5xxl", "umt5", "text_large", prefix=TEXT_PREFIX + "umt5xxl.transformer.",
                              layout="ldm", folder="text_encoder", encoding="wan", rule=UMT5_RULE, arch="umt5"),)
 
