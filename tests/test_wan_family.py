@@ -246,8 +246,15 @@ def test_runner_reads_the_clip_vision_output(tmp_path):
     assert torch.equal(inputs["clip_fea"], states)
     with pytest.raises(ValueError, match="text features 48 wide; the model takes 32"):
         runner.cond_inputs(Cond(torch.zeros(1, 3, 48)), (1, 16, 2, 4, 4))
-    with pytest.raises(ValueError, match="no CLIP vision output"):
-        runner(torch.zeros(1, 36, 2, 4, 4), torch.tensor([500.0]), text, {})
+    # without CLIP tokens the image cross-attention reads the text tokens, as ComfyUI's context_img_len None
+    model = WanModel(unet.config).eval()
+    model.load_state_dict(comfy_state_dict(diffusers_wan("i2v", seed=2)))
+    x, t = torch.randn(1, 36, 2, 4, 4), torch.tensor([500.0])
+    with torch.no_grad():
+        got = model(x, t, text, None)
+        model.img_emb.forward = lambda clip: model.text_embedding(text)  # "image tokens" = the text tokens
+        want = model(x, t, text, torch.zeros(1, 3, IMAGE_WIDTH))
+    assert torch.equal(got, want) and torch.isfinite(runner(x, t, text, {})).all()
     assert "umT5" in runner.context_free_refusal()
 
 

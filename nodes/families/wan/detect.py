@@ -13,7 +13,8 @@ variant        keys / shapes               what it is                           
 ``i2v``        ``img_emb``, 36 in          Wan 2.1 i2v 480p / 720p                       Wan 2.1
 ``flf2v``      ``img_emb.emb_pos``         Wan 2.1 first-last-frame 14B                  Wan 2.1
 ``i2v_a14b``   36 in, no ``img_emb``       Wan 2.2 A14B i2v experts (no CLIP tokens)     Wan 2.1
-``ti2v_5b``    48 out                      Wan 2.2 TI2V 5B (one timestep per frame)      Wan 2.2
+``ti2v_5b``    48 out                      Wan 2.2 TI2V 5B (one timestep per frame;      Wan 2.2
+                                           Fun InP 5B: 100 in, the i2v concat)
 ``vace``       ``vace_blocks``             Wan 2.1 VACE 1.3B / 14B                       Wan 2.1
 ``fun``        48 in, 16 out               Wan 2.1 Fun Control                           Wan 2.1
 =============  ==========================  ===========================================  =======

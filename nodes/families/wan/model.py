@@ -148,8 +148,8 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Attention to the text tokens; with ``image``, also to the image tokens (the first
-    ``image_tokens`` of the context) through ``k_img`` / ``v_img``, the two results summed."""
+    """Attention to the text tokens; with ``image``, also to the image tokens through ``k_img`` /
+    ``v_img``, the two results summed."""
 
     def __init__(self, dim: int, heads: int, eps: float, image: bool):
         super().__init__()
@@ -160,13 +160,11 @@ class CrossAttention(nn.Module):
             self.k_img, self.v_img = nn.Linear(dim, dim), nn.Linear(dim, dim)
             self.norm_k_img = RMSNorm(dim, eps)
 
-    def forward(self, x: Tensor, context: Tensor, image_tokens: int) -> Tensor:
+    def forward(self, x: Tensor, text: Tensor, image: Tensor | None) -> Tensor:
         q = self.norm_q(self.q(x))
-        text = context[:, image_tokens:]
         out = attention(q, self.norm_k(self.k(text)), self.v(text), self.heads)
-        if image_tokens:
-            img = context[:, :image_tokens]
-            out = out + attention(q, self.norm_k_img(self.k_img(img)), self.v_img(img), self.heads)
+        if image is not None and hasattr(self, "k_img"):
+            out = out + attention(q, self.norm_k_img(self.k_img(image)), self.v_img(image), self.heads)
         return self.o(out)
 
 
@@ -196,14 +194,15 @@ class WanBlock(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(c.dim, c.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(c.ffn_dim, c.dim))
         self.modulation = nn.Parameter(torch.zeros(1, 6, c.dim))
 
-    def forward(self, x: Tensor, e: Tensor, rope, context: Tensor, image_tokens: int) -> Tensor:
-        """x [B, L, dim]; e [B, F, 6, dim] (f32) the timestep's six vectors per frame group."""
+    def forward(self, x: Tensor, e: Tensor, rope, text: Tensor, image: Tensor | None) -> Tensor:
+        """x [B, L, dim]; e [B, F, 6, dim] (f32) the timestep's six vectors per frame group; text /
+        image: the embedded text and image tokens (image None: none)."""
         L = x.shape[1]
         mods = (self.modulation.float().unsqueeze(0) + e).unbind(2)  # 6 x [B, F, dim]
         shift1, scale1, gate1, shift2, scale2, gate2 = (per_token(m, L) for m in mods)
         y = self.self_attn(modulate(self.norm1(x), shift1, scale1), rope)
         x = (x.float() + y.float() * gate1).to(x.dtype)
-        x = x + self.cross_attn(self.norm3(x), context, image_tokens)
+        x = x + self.cross_attn(self.norm3(x), text, image)
         y = self.ffn(modulate(self.norm2(x), shift2, scale2))
         return (x.float() + y.float() * gate2).to(x.dtype)
 
@@ -218,10 +217,10 @@ class VaceBlock(WanBlock):
             self.before_proj = nn.Linear(c.dim, c.dim)
         self.after_proj = nn.Linear(c.dim, c.dim)
 
-    def forward_hint(self, c: Tensor, x: Tensor, e: Tensor, rope, context: Tensor, image_tokens: int):
+    def forward_hint(self, c: Tensor, x: Tensor, e: Tensor, rope, text: Tensor):
         if hasattr(self, "before_proj"):
             c = self.before_proj(c) + x
-        c = super().forward(c, e, rope, context, image_tokens)
+        c = super().forward(c, e, rope, text, None)
         return self.after_proj(c), c
 
 
@@ -321,25 +320,22 @@ class WanModel(nn.Module):
         e = e.reshape(b, ts.shape[1], c.dim)  # [B, F, dim]
         e0 = self.time_projection(e).float().unflatten(2, (6, c.dim))  # [B, F, 6, dim]
 
-        ctx = self.text_embedding(context)
-        image_tokens = 0
-        if clip_fea is not None and c.image:
-            img = self.img_emb(clip_fea.to(ctx.dtype))
-            ctx = torch.cat([img, ctx], dim=1)
-            image_tokens = img.shape[1]
-        elif c.image:
-            raise ValueError("Wan image-to-video model: no CLIP vision output in the conditioning (connect "
-                             "clip_vision_output of WanImageToVideo / WanFirstLastFrameToVideo)")
+        text = self.text_embedding(context)
+        image = None
+        if c.image:
+            # without a CLIP vision output ComfyUI's image cross-attention reads the text tokens
+            # (its context_img_len None slices the whole context): the same here
+            image = text if clip_fea is None else self.img_emb(clip_fea.to(text.dtype))
 
-        hints = self.vace_hints(vace, tokens, e0, rope, ctx, image_tokens) if vace else {}
+        hints = self.vace_hints(vace, tokens, e0, rope, text) if vace else {}
         for i, block in enumerate(self.blocks):
-            tokens = block(tokens, e0, rope, ctx, image_tokens)
+            tokens = block(tokens, e0, rope, text, image)
             for hint, strength in hints.get(i, ()):
                 tokens = tokens + hint * strength
         out = self.head(tokens, e)
         return unpatchify(out, grid, c.out_dim)[:, :, :t, :h, :w]
 
-    def vace_hints(self, vace: list, tokens: Tensor, e0: Tensor, rope, ctx: Tensor, image_tokens: int) -> dict:
+    def vace_hints(self, vace: list, tokens: Tensor, e0: Tensor, rope, text: Tensor) -> dict:
         """block index -> [(hint tokens, strength)] for each VACE input (ComfyUI adds every
         input's hint after the block its VACE block serves)."""
         c = self.config
@@ -350,6 +346,6 @@ class WanModel(nn.Module):
             hint = self.embed(self.vace_patch_embedding, frames.to(tokens.dtype))
             hint = hint[:, :tokens.shape[1]]
             for i, block in enumerate(self.vace_blocks):
-                skip, hint = block.forward_hint(hint, tokens, e0, rope, ctx, image_tokens)
+                skip, hint = block.forward_hint(hint, tokens, e0, rope, text)
                 out.setdefault(c.vace_layers[i], []).append((skip, float(strength)))
         return out

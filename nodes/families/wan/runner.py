@@ -4,7 +4,8 @@ tokens, the extra input channels of image-to-video models, and the model call.
 * Text: ``Cond.cross_attn`` [1, T, 4096], umT5-XXL's hidden states.
 * CLIP image tokens (i2v / flf2v): ``Cond.model_inputs["clip_vision_output"]`` (ComfyUI's cond
   key, set by WanImageToVideo / WanFirstLastFrameToVideo), its ``penultimate_hidden_states``
-  [1, 257 (or 514), 1280] as the model's ``clip_fea``.
+  [1, 257 (or 514), 1280] as the model's ``clip_fea``; without one the image cross-attention
+  reads the text tokens, as ComfyUI's does.
 * Extra channels (ComfyUI's ``WAN21.concat_cond``): a model with more input channels than the
   latent gets ``cat([mask (4), image latent])`` per frame: ``Cond.concat_latent`` (ComfyUI's
   ``concat_latent_image``, the VAE latent of the start image followed by grey frames, scaled by
