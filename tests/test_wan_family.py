@@ -139,6 +139,7 @@ def _meta_shapes(cfg: WanConfig) -> dict[str, tuple[int, ...]]:
     (WanConfig(in_dim=36, dim=5120, ffn_dim=13824, num_layers=40, image=True, flf_tokens=514), "flf2v", "wan21"),
     (WanConfig(in_dim=36, dim=5120, ffn_dim=13824, num_layers=40), "i2v_a14b", "wan21"),  # Wan 2.2 A14B i2v experts
     (WanConfig(in_dim=48, out_dim=48, dim=3072, ffn_dim=14336, num_layers=30), "ti2v_5b", "wan22"),
+    (WanConfig(in_dim=100, out_dim=48, dim=3072, ffn_dim=14336, num_layers=30), "ti2v_5b", "wan22"),  # Fun InP 5B
     (WanConfig(dim=1536, ffn_dim=8960, num_layers=30, vace_layers=tuple(range(0, 30, 2)), vace_in_dim=96),
      "vace", "wan21"),
     (WanConfig(in_dim=48, dim=1536, ffn_dim=8960, num_layers=30, image=True), "fun", "wan21"),
@@ -231,6 +232,10 @@ def test_i2v_concat_follows_comfyui():
     assert torch.allclose(out[:, 4:], WAN21_LATENT.process_in(image))
     assert torch.equal(wan_concat(latent, 36, True, WAN21_LATENT, None, None, None), torch.zeros(1, 20, 3, 4, 6))
     assert wan_concat(latent, 16, False, WAN21_LATENT, None, None, None) is None
+    # Wan 2.2 Fun InP 5B: 48 latent + 4 mask + 48 image channels, in Wan 2.2's format
+    image48 = torch.randn(1, 48, 3, 4, 6, generator=g)
+    out48 = wan_concat(torch.zeros(1, 48, 3, 4, 6), 100, True, WAN22_LATENT, image48, mask.repeat(1, 4, 1, 1, 1), None)
+    assert out48.shape == (1, 52, 3, 4, 6) and torch.allclose(out48[:, 4:], WAN22_LATENT.process_in(image48))
     # a smaller image latent is resized per frame (ComfyUI's common_upscale), batch-repeated
     out2 = wan_concat(latent.repeat(2, 1, 1, 1, 1), 36, True, WAN21_LATENT, image[..., :2, :3], mask, None)
     assert out2.shape == (2, 20, 3, 4, 6) and torch.equal(out2[0], out2[1])
