@@ -200,6 +200,25 @@ def test_files_load_with_their_variant(tmp_path):
     assert bare.config == loader.load_unet(tmp_path / "t2v.safetensors").config
 
 
+@pytest.mark.parametrize("kind", ["t2v", "i2v", "flf2v", "vace"])
+def test_diffusers_layout_files_load(tmp_path, kind):
+    """diffusers' transformer file (``WanTransformer3DModel`` / ``WanVACETransformer3DModel`` keys)
+    loads as the same model as the Wan-layout file of the same weights (the family's own key map,
+    against the test's)."""
+    ref = diffusers_wan_vace(seed=2) if kind == "vace" else diffusers_wan(kind, seed=2)
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    save_file(sd, str(tmp_path / "diffusion_pytorch_model.safetensors"))
+    save_file({"model.diffusion_model." + k: v for k, v in comfy_state_dict(ref).items()},
+              str(tmp_path / "wan.safetensors"))
+    diff = loader.load_unet(tmp_path / "diffusion_pytorch_model.safetensors")
+    wan = loader.load_unet(tmp_path / "wan.safetensors")
+    assert diff.source.layout == "diffusers_wan" and (diff.kind, diff.config) == (wan.kind, wan.config)
+    a = dict(diff.runner(_f32()).model.state_dict())
+    b = dict(wan.runner(_f32()).model.state_dict())
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert refused.family_of_file(tmp_path / "diffusion_pytorch_model.safetensors") is None
+
+
 def test_family_declarations():
     assert families.get("wan") is WAN and "Wan" in WAN.refusals and WAN.clip_types == {"wan": "t2v"}
     (slot,) = WAN.text_encoders("t2v")

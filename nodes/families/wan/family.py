@@ -4,7 +4,8 @@ a two-expert run is two KSamplerAdvanced on two UNETLoader models) and the Wan 2
 one DiT (``model.py``) whose variant and config the keys give (``detect.py``).
 
 Files: the released / ComfyUI-repackaged single files (the DiT bare or under
-``model.diffusion_model.``). Sampling is flow matching with shift 8 and timestep σ·1000 (ComfyUI's
+``model.diffusion_model.``) and diffusers' ``WanTransformer3DModel`` / ``WanVACETransformer3DModel``
+files (``diffusers_keys.py``, registered as a weight layout here). Sampling is flow matching with shift 8 and timestep σ·1000 (ComfyUI's
 ``supported_models.WAN21_T2V``, inherited by every Wan model class there, Wan 2.2's included); the
 latent Wan 2.1's 16-channel format, or Wan 2.2's 48-channel one for the 5B model. Text: umT5-XXL
 (slot "umt5xxl", architecture "umt5", set "wan"; CLIPLoader type "wan"). Video latents are
@@ -21,12 +22,14 @@ from torch import nn
 
 from mixgraph.nodes.encoders.t5 import T5Rule
 from mixgraph.nodes.families.base import Detection, LoraTarget, Sampling, TextEncoderSlot
+from mixgraph.nodes.families.wan import diffusers_keys
 from mixgraph.nodes.families.wan.detect import wan_config, variant_of
 from mixgraph.nodes.families.wan.lora_keys import lora_targets
 from mixgraph.nodes.families.wan.model import WanConfig, WanModel
 from mixgraph.nodes.families.wan.runner import WanRunner
 from mixgraph.nodes.vae.latent_format import LatentFormat
 from mixgraph.nodes.vae.video_latent_formats import WAN21_LATENT, WAN22_LATENT
+from mixgraph.nodes.weights.layouts import FamilyLayout, register_layout
 
 __all__ = ["WAN", "WanFamily", "TEXT_PREFIX", "TRACE_TOKENS", "SHIFT"]
 
@@ -91,5 +94,9 @@ class WanFamily:
         return (torch.empty(batch, config.in_dim, t, h, w), torch.empty(batch),
                 torch.empty(batch, TRACE_TOKENS, config.text_dim), clip), {}
 
+
+# diffusers' transformer files (UNETLoader on transformer/diffusion_pytorch_model.safetensors)
+DIFFUSERS_LAYOUT = register_layout(FamilyLayout(diffusers_keys.LAYOUT, diffusers_keys.is_diffusers_wan,
+                                                diffusers_keys.converted_shapes, diffusers_keys.diffusers_rename))
 
 WAN = WanFamily()
