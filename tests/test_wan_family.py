@@ -309,9 +309,23 @@ def test_area_and_mask_conds_on_a_video_latent(tmp_path):
     assert not torch.allclose(by_mask[..., :4, :], by_mask[..., 4:, :])
 
 
-def test_previews_show_the_first_frame():
+@torch.inference_mode()
+def test_previews_show_the_first_frame(tmp_path):
+    """latent2rgb on a video latent previews its first frame (ComfyUI's Latent2RGBPreviewer), at
+    every KSampler step."""
+    from mixgraph.nodes.sampling.preview import Latent2RGBPreviewer, preview_format
+
     x0 = torch.randn(1, 16, 3, 4, 6)
     assert torch.equal(latent_to_rgb(x0, WAN21_LATENT), latent_to_rgb(x0[:, :, 0], WAN21_LATENT))
+    runner = loader.load_unet(write_wan(tmp_path / "t2v.safetensors", "t2v", seed=2)).runner(_f32())
+    assert preview_format(runner) is WAN21_LATENT
+    seen = []
+    text = torch.randn(1, 5, TEXT_WIDTH)
+    ksampler.sample(runner, seed=1, steps=2, cfg=1.0, sampler_name="euler", scheduler="simple",
+                    positive=[Cond(text)], negative=[Cond(text)], latent=Latent(torch.zeros(1, 16, 3, 4, 6)),
+                    on_step=lambda i, n, image: seen.append((i, n, image.size)),
+                    preview=Latent2RGBPreviewer(WAN21_LATENT))
+    assert seen == [(1, 2, (6, 4)), (2, 2, (6, 4))]
 
 
 def test_video_noise_mask_is_resized_in_three_dimensions():

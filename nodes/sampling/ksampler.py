@@ -39,8 +39,9 @@ def fix_empty_latent_channels(model, latent: Latent) -> Latent:
     A latent with any nonzero value, or a model without a ``latent_format`` naming its
     ``channels``, is returned unchanged. KSampler / KSamplerAdvanced (``sample``) and
     SamplerCustom / SamplerCustomAdvanced call it before drawing the noise, as ComfyUI does, so
-    the noise has the model's shape. (ComfyUI also adds a frame axis to a 4-D latent for a video
-    format; mixgraph has no 3-D latent format yet.)"""
+    the noise has the model's shape. A 4-D latent given to a video model (a runner with
+    ``video_latent``: Wan) gets a frame axis first, [B, C, 1, H, W], as ComfyUI does for a latent
+    format of three dimensions."""
     channels = getattr(getattr(model, "latent_format", None), "channels", None)
     samples = latent.samples
     if channels is not None and samples.ndim == 4 and getattr(model, "video_latent", False):
