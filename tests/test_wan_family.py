@@ -247,7 +247,8 @@ def test_i2v_concat_follows_comfyui():
     mask[:, :, :1] = 0.0
     out = wan_concat(latent, 36, True, WAN21_LATENT, image, mask, None)
     assert out.shape == (1, 20, 3, 4, 6)
-    assert torch.equal(out[:, :4, 0], torch.ones(1, 4, 4, 6)) and torch.equal(out[:, :4, 1:], torch.zeros(1, 4, 2, 4, 6))
+    assert torch.equal(out[:, :4, 0], torch.ones(1, 4, 4, 6))
+    assert torch.equal(out[:, :4, 1:], torch.zeros(1, 4, 2, 4, 6))
     assert torch.allclose(out[:, 4:], WAN21_LATENT.process_in(image))
     assert torch.equal(wan_concat(latent, 36, True, WAN21_LATENT, None, None, None), torch.zeros(1, 20, 3, 4, 6))
     assert wan_concat(latent, 16, False, WAN21_LATENT, None, None, None) is None
@@ -559,7 +560,8 @@ def test_diffusers_named_lora_patches_the_wan_weights(tmp_path):
                  "transformer.blocks.0.attn1.to_q.lora_A.weight": down,
                  "transformer.blocks.1.ffn.net.0.proj.lora_B.weight": up2,
                  "transformer.blocks.1.ffn.net.0.proj.lora_A.weight": down2}
-    fun = {"lora_unet__blocks_0_self_attn_q.lora_up.weight": up, "lora_unet__blocks_0_self_attn_q.lora_down.weight": down,
+    fun = {"lora_unet__blocks_0_self_attn_q.lora_up.weight": up,
+           "lora_unet__blocks_0_self_attn_q.lora_down.weight": down,
            "lora_unet__blocks_1_ffn_0.lora_up.weight": up2, "lora_unet__blocks_1_ffn_0.lora_down.weight": down2}
     comfy = {"diffusion_model.blocks.0.self_attn.q.lora_up.weight": up,
              "diffusion_model.blocks.0.self_attn.q.lora_down.weight": down,

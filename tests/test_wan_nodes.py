@@ -111,7 +111,8 @@ def test_image_to_video_tensors():
     assert latent.samples.shape == (2, 16, 3, 2, 4) and not latent.samples.any()
     (video,) = enc.seen
     assert video.shape == (9, 16, 32, 3)
-    assert torch.allclose(video[:2], ops.fit_frames(start, 32, 16)) and torch.equal(video[2:], torch.full((7, 16, 32, 3), 0.5))
+    assert torch.allclose(video[:2], ops.fit_frames(start, 32, 16))
+    assert torch.equal(video[2:], torch.full((7, 16, 32, 3), 0.5))
     for c in pos + neg:
         assert c.concat_latent.shape == (1, 16, 3, 2, 4)
         assert c.concat_mask.shape == (1, 1, 3, 2, 4)

@@ -27,7 +27,8 @@ from mixgraph.nodes.payloads.vision import ClipVisionOutput
 from mixgraph.nodes.vae.video_latent_formats import TIME_DOWNSCALE, WAN21_LATENT, WAN22_LATENT
 
 __all__ = ["latent_frames", "empty_video_latent", "as_video", "fit_frames", "image_to_video",
-           "first_last_frame_to_video", "wan22_image_to_video_latent", "trim_video_latent", "vace_to_video", "fun_control_to_video", "GREY"]
+           "first_last_frame_to_video", "wan22_image_to_video_latent", "trim_video_latent", "vace_to_video",
+           "fun_control_to_video", "GREY"]
 
 GREY = 0.5  # the frames the VAE encodes where no image is given
 Encode = Callable[[Tensor], Tensor]

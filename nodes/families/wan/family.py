@@ -5,11 +5,11 @@ one DiT (``model.py``) whose variant and config the keys give (``detect.py``).
 
 Files: the released / ComfyUI-repackaged single files (the DiT bare or under
 ``model.diffusion_model.``) and diffusers' ``WanTransformer3DModel`` / ``WanVACETransformer3DModel``
-files (``diffusers_keys.py``, registered as a weight layout here). Sampling is flow matching with shift 8 and timestep σ·1000 (ComfyUI's
-``supported_models.WAN21_T2V``, inherited by every Wan model class there, Wan 2.2's included); the
-latent Wan 2.1's 16-channel format, or Wan 2.2's 48-channel one for the 5B model. Text: umT5-XXL
-(slot "umt5xxl", architecture "umt5", set "wan"; CLIPLoader type "wan"). Video latents are
-[B, C, T, H, W]; an image latent is sampled as one frame.
+files (``diffusers_keys.py``, registered as a weight layout here). Sampling is flow matching with
+shift 8 and timestep σ·1000 (ComfyUI's ``supported_models.WAN21_T2V``, inherited by every Wan model
+class there, Wan 2.2's included); the latent Wan 2.1's 16-channel format, or Wan 2.2's 48-channel
+one for the 5B model. Text: umT5-XXL (slot "umt5xxl", architecture "umt5", set "wan"; CLIPLoader
+type "wan"). Video latents are [B, C, T, H, W]; an image latent is sampled as one frame.
 """
 
 from __future__ import annotations
