@@ -9,13 +9,14 @@ from mixgraph.nodes.declare.conditioning import (camera_angle_nodes, clip_vision
                                                  cond_nodes, conditioning, conditioning_extra_nodes,
                                                  controlnet_extra_nodes, dit_text_nodes, flux_nodes, gligen_nodes,
                                                  hook_nodes, ip2p_nodes, lotus_nodes, lumina2_nodes,
-                                                 photomaker_nodes, stable3d_nodes, upscale_diffusion_nodes)
+                                                 photomaker_nodes, stable3d_nodes, upscale_diffusion_nodes,
+                                                 wan_nodes)
 from mixgraph.nodes.declare.image import (batch_nodes, bg_removal_nodes, color_transfer_nodes,  # noqa: F401
                                           crop_nodes, image_extra_nodes, image_filter_nodes, image_nodes,
                                           mask_nodes, resize_nodes, save_image_nodes, sdpose_nodes,
                                           text_overlay_nodes, tile_nodes, upscale_nodes, webcam_nodes)
 from mixgraph.nodes.declare.latent import (latent_extra_nodes, latent_io_nodes, latent_nodes,  # noqa: F401
-                                           rebatch_nodes)
+                                           rebatch_nodes, video_latent_nodes)
 from mixgraph.nodes.declare.loaders import (extra_loader_nodes, loading, lora_bypass_nodes,  # noqa: F401
                                             lora_stack_nodes, multigpu_nodes, save_nodes)
 from mixgraph.nodes.declare.logic import (logic_nodes, loop_nodes, preview_any_nodes,  # noqa: F401

@@ -167,8 +167,8 @@ def test_clip_loading_errors_name_the_file_and_what_the_type_expects(models):
     with pytest.raises(ValueError, match=r"clip_l.safetensors: a clip text encoder that fits no slot; "
                                          r"CLIP type 'chroma' takes t5xxl \(t5\)"):
         loader.load_clip([te / "clip_l.safetensors"], "chroma")
-    with pytest.raises(NotImplementedError, match="CLIP type 'wan': not supported yet"):
-        loader.load_clip([te / "t5xxl.safetensors"], "wan")
+    with pytest.raises(NotImplementedError, match="CLIP type 'ltxv': not supported yet"):
+        loader.load_clip([te / "t5xxl.safetensors"], "ltxv")
 
 
 def test_sd_types_keep_their_behaviour(models):
@@ -311,9 +311,9 @@ def test_chroma_join(models):
 
 def test_validation_accepts_declared_types_and_refuses_others(models):
     g = api.Graph()
-    clip = g.add("CLIPLoader", clip_name="t5xxl.safetensors", type="wan")[0]
+    clip = g.add("CLIPLoader", clip_name="t5xxl.safetensors", type="ltxv")[0]
     enc = g.add("CLIPTextEncode", clip=clip, text="x")
-    with pytest.raises(Exception, match="CLIP type 'wan': model family Wan is not supported"):
+    with pytest.raises(Exception, match="CLIP type 'ltxv': model family LTX-Video is not supported"):
         _run(g, models, enc)
 
 

@@ -147,8 +147,8 @@ def test_clip_loaders_refuse_other_family_types_and_files(tmp_path):
     _write(tmp_path / "text_encoders" / "umt5.safetensors", ["encoder.blocks.0.attn.q.weight"])
     _write(tmp_path / "text_encoders" / "l.safetensors", ["text_model.embeddings.token_embedding.weight"])
     for cls, inputs, needle in (
-        ("CLIPLoader", {"clip_name": "l.safetensors", "type": "wan"},
-         "CLIP type 'wan': model family Wan is not supported"),
+        ("CLIPLoader", {"clip_name": "l.safetensors", "type": "ltxv"},
+         "CLIP type 'ltxv': model family LTX-Video is not supported"),
         ("DualCLIPLoader", {"clip_name1": "l.safetensors", "clip_name2": "umt5.safetensors", "type": "hunyuan_video"},
          "CLIP type 'hunyuan_video': model family Hunyuan Video is not supported"),
         ("CLIPLoader", {"clip_name": "umt5.safetensors", "type": "stable_diffusion"},

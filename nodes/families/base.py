@@ -185,6 +185,15 @@ class FamilyRunner(Protocol):
     * ``context_free_refusal() -> str | None``: why the model cannot run a text-free cond (no
       context, DualModelGuider's unconnected negative), as a sentence for the error; None when
       it can.
+    * ``video_latent: bool``: the model samples video latents [B, C, T, H, W] (Wan); an image
+      latent [B, C, H, W] is sampled as one frame (``ksampler.fix_empty_latent_channels``).
+      ``concat`` then gives [B, E, T, H, W] and a noise mask arrives as [B, C, T, H, W].
+    * ``wants_denoise_mask: bool``: ``cond_inputs`` also takes ``denoise_mask=`` (the noise mask
+      at latent size, or None): a model whose inputs depend on it (Wan 2.2 5B's per-frame
+      timesteps, ComfyUI's ``process_timestep``).
+    * ``inpaint_keeps_clean: bool``: where the noise mask is 0 the model input is the input
+      latent itself, not re-noised to the step's σ (ComfyUI's ``scale_latent_inpaint`` returning
+      the latent: Wan 2.2 5B's given first frame, at timestep 0).
     * ``skippable_blocks: Mapping[str, int]``: the transformer blocks a call can leave out, by
       ComfyUI's kind name ("double_block", "single_block") -> count; the runner then takes
       ``models/block_skip.SkipBlocks`` in ``patches`` (skip-layer guidance). Without it a model

@@ -53,6 +53,12 @@ _DIFFUSION = (
     ("Mochi", ("t5_yproj.weight",)),
     ("Cosmos", ("blocks.block0.blocks.0.block.attn.to_q.0.weight",)),
     ("Cosmos", ("x_embedder.proj.1.weight",)),
+    # Wan variants with parts the Wan family does not build (ComfyUI's camera, s2v, humo, animate, ref_conv)
+    ("Wan camera control", ("head.modulation", "control_adapter.conv.weight")),
+    ("Wan 2.2 S2V (sound to video)", ("head.modulation", "casual_audio_encoder.encoder.final_linear.weight")),
+    ("Wan HuMo", ("head.modulation", "audio_proj.audio_proj_glob_1.layer.bias")),
+    ("Wan 2.2 Animate", ("head.modulation", "face_adapter.fuser_blocks.0.k_norm.weight")),
+    ("Wan with a reference-image conv (ref_conv)", ("head.modulation", "ref_conv.weight")),
     ("Wan", ("head.modulation", "patch_embedding.weight")),
     # NextDiT variants beyond Lumina 2 / Z-Image (ComfyUI's NextDiT options siglip_feat_dim, clip_text_dim)
     ("Z-Image Omni", ("cap_embedder.1.weight", "siglip_embedder.1.weight")),

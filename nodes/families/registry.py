@@ -16,6 +16,7 @@ from mixgraph.nodes.families.flux.family import FLUX
 from mixgraph.nodes.families.qwen_image.family import QWEN_IMAGE
 from mixgraph.nodes.families.sd.family import SD
 from mixgraph.nodes.families.sd3.family import SD3
+from mixgraph.nodes.families.wan.family import WAN
 
 __all__ = ["FAMILIES", "register", "unregister", "get", "detect"]
 
@@ -59,3 +60,4 @@ register(LUMINA2)
 register(Z_IMAGE)
 register(SD3)
 register(QWEN_IMAGE)
+register(WAN)

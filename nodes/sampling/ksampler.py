@@ -39,10 +39,16 @@ def fix_empty_latent_channels(model, latent: Latent) -> Latent:
     A latent with any nonzero value, or a model without a ``latent_format`` naming its
     ``channels``, is returned unchanged. KSampler / KSamplerAdvanced (``sample``) and
     SamplerCustom / SamplerCustomAdvanced call it before drawing the noise, as ComfyUI does, so
-    the noise has the model's shape. (ComfyUI also adds a frame axis to a 4-D latent for a video
-    format; mixgraph has no 3-D latent format yet.)"""
+    the noise has the model's shape. A 4-D latent given to a video model (a runner with
+    ``video_latent``: Wan) gets a frame axis first, [B, C, 1, H, W], as ComfyUI does for a latent
+    format of three dimensions."""
     channels = getattr(getattr(model, "latent_format", None), "channels", None)
     samples = latent.samples
+    if channels is not None and samples.ndim == 4 and getattr(model, "video_latent", False):
+        # a video model given an image latent: one frame (ComfyUI adds the frame axis for a format
+        # of three latent dimensions)
+        latent = replace(latent, samples=samples.unsqueeze(2))  # [B, C, 1, H, W]
+        samples = latent.samples
     if channels is None or samples.ndim < 2 or samples.shape[1] == int(channels):
         return latent
     if torch.count_nonzero(samples) != 0:
@@ -89,7 +95,10 @@ def cut_sigmas(
 
 
 def prepare_mask(noise_mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """Noise mask → [B, C, H, W] at latent size (bilinear), like ComfyUI ``reshape_mask``."""
+    """Noise mask → [B, C, H, W] at latent size (bilinear), like ComfyUI ``reshape_mask``; for a
+    video latent [B, C, T, H, W], ``prepare_video_mask``."""
+    if len(shape) == 5:
+        return prepare_video_mask(noise_mask, shape)
     m = noise_mask.reshape(-1, 1, noise_mask.shape[-2], noise_mask.shape[-1]).float()
     m = F.interpolate(m, size=tuple(shape[2:]), mode="bilinear")  # [Bm,1,H,W]
     if m.shape[1] < shape[1]:
@@ -100,6 +109,21 @@ def prepare_mask(noise_mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor
     return m[: shape[0]]
 
 
+def prepare_video_mask(noise_mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Noise mask → [B, C, T, H, W] at latent size (trilinear), ComfyUI ``reshape_mask`` for three
+    latent dimensions: a 5-D mask [Bm, 1, T', H', W'] is resized as it is; a mask of fewer
+    dimensions is read as frames [1, 1, N, H', W']."""
+    m = noise_mask.float()
+    if m.ndim < 5:
+        m = m.reshape(1, 1, -1, m.shape[-2], m.shape[-1])  # [1, 1, N, H', W']
+    m = F.interpolate(m, size=tuple(shape[2:]), mode="trilinear")  # [Bm, Cm, T, H, W]
+    if m.shape[1] < shape[1]:
+        m = m.repeat(1, shape[1], 1, 1, 1)[:, : shape[1]]
+    if m.shape[0] < shape[0]:
+        m = m.repeat(-(-shape[0] // m.shape[0]), 1, 1, 1, 1)
+    return m[: shape[0]]
+
+
 class InpaintDenoiser:
     """Keeps the unmasked region on the input latent (ComfyUI ``KSamplerX0Inpaint``): before each
     model call the region where mask = 0 is replaced by latent + σ·noise (the input re-noised to
@@ -107,11 +131,16 @@ class InpaintDenoiser:
     prediction there is replaced by the input latent.
 
     ``mask_patches`` (sampler patches of stage "denoise_mask", e.g. DifferentialDiffusion)
-    rewrite the mask before each call, given the current sigma and the run's ``sigmas``."""
+    rewrite the mask before each call, given the current sigma and the run's ``sigmas``.
+
+    ``keep_clean``: the kept region is the input latent itself, not re-noised (ComfyUI's
+    ``scale_latent_inpaint`` of a model that denoises per region, Wan 2.2's 5B model, whose given
+    first frame runs at timestep 0); the sampler model says so with ``inpaint_keeps_clean``."""
 
     def __init__(self, inner, latent_image: torch.Tensor, noise: torch.Tensor,
                  denoise_mask: torch.Tensor, model_sampling: ModelSampling,
-                 mask_patches: Sequence = (), sigmas: torch.Tensor | None = None):
+                 mask_patches: Sequence = (), sigmas: torch.Tensor | None = None,
+                 keep_clean: bool = False):
         self.inner = inner
         self.latent_image = latent_image
         self.noise = noise
@@ -119,6 +148,7 @@ class InpaintDenoiser:
         self.ms = model_sampling
         self.mask_patches = tuple(mask_patches)
         self.sigmas = sigmas
+        self.keep_clean = keep_clean
 
     def _mask_at(self, sigma):
         mask = self.mask
@@ -127,6 +157,8 @@ class InpaintDenoiser:
         return mask
 
     def _blend_in(self, x, sigma, mask):
+        if self.keep_clean:
+            return x * mask + self.latent_image * (1.0 - mask)
         renoised = self.ms.noise_scaling(sigma, self.noise, self.latent_image)
         return x * mask + renoised * (1.0 - mask)
 
@@ -261,7 +293,8 @@ def sample_custom(
         if sampler.name == "ddim":
             inpaint_noise = prepare_inpaint_noise(noise.shape, seed).to(device)
         denoiser = InpaintDenoiser(denoiser, latent_image, inpaint_noise, denoise_mask, ms,
-                                   denoise_mask_patches(getattr(model, "sampler_patches", ())), sigmas)
+                                   denoise_mask_patches(getattr(model, "sampler_patches", ())), sigmas,
+                                   keep_clean=getattr(model, "inpaint_keeps_clean", False))
 
     x = ms.noise_scaling(sigmas[0], noise, latent_image, ms.is_max_denoise(sigmas))
     total = len(sigmas) - 1

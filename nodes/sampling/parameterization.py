@@ -371,7 +371,7 @@ class CondDenoiser:
         self.seed = seed
         self.ms = model_sampling or ModelSampling.for_model(model)
         self.device = latent_image.device
-        B, C, H, W = latent_image.shape
+        H, W = latent_image.shape[-2:]  # [B, C, H, W], or a video's [B, C, T, H, W]
         self.latent_hw = (H, W)
 
         # Areas and masks are resolved before conds are paired across the lists (ComfyUI's order).
@@ -404,8 +404,9 @@ class CondDenoiser:
         cond_inputs = getattr(self.model, "cond_inputs", None)  # None: a model with no conditioning of its own
         inputs = {}
         if cond_inputs is not None:
+            more = {"denoise_mask": self._denoise_mask} if getattr(self.model, "wants_denoise_mask", False) else {}
             inputs = cond_inputs(c, tuple(self._latent_image.shape), negative=negative,
-                                 seed=0 if self.seed is None else self.seed)
+                                 seed=0 if self.seed is None else self.seed, **more)
             inputs = {k: v.to(self.device, torch.float32) for k, v in inputs.items()}
         start, end = c.timestep_range
         if c.clip_range is not None:  # a CLIP hook schedule's range (ComfyUI clip_start/end_percent)
@@ -459,12 +460,15 @@ class CondDenoiser:
             return None
         H, W = x.shape[-2:]
         area = e.area
-        inp = x if area is None else x[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+        inp = x if area is None else x[..., area[2]:area[2] + area[0], area[3]:area[3] + area[1]]  # a video: all frames
         if e.mask is not None:
             m = e.mask[: inp.shape[0]]
             if area is not None:
                 m = m[:, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
-            mult = m.unsqueeze(1).repeat(inp.shape[0] // m.shape[0], inp.shape[1], 1, 1)
+            m = m.unsqueeze(1)  # [Bm, 1, H, W]
+            if inp.ndim == 5:
+                m = m.unsqueeze(2)  # [Bm, 1, 1, H, W]: the same mask on every frame of a video latent
+            mult = m.repeat(inp.shape[0] // m.shape[0], inp.shape[1], *inp.shape[2:-2], 1, 1)
             mult = mult * e.cond.strength
         else:
             mult = torch.ones_like(inp) * e.cond.strength
@@ -477,9 +481,9 @@ class CondDenoiser:
                     for t in range(rr):
                         f = (1.0 / rr) * (t + 1)
                         if off != 0:
-                            mult.narrow(2 + dim, t, 1).mul_(f)
+                            mult.narrow(mult.ndim - 2 + dim, t, 1).mul_(f)
                         if size + off < full:
-                            mult.narrow(2 + dim, size - 1 - t, 1).mul_(f)
+                            mult.narrow(mult.ndim - 2 + dim, size - 1 - t, 1).mul_(f)
         return inp, mult, area
 
     def extra_list(self, conds: Sequence[Cond], negative: bool = True) -> list[_Entry]:
@@ -542,8 +546,7 @@ class CondDenoiser:
                     outs[idx] += out * mult
                     counts[idx] += mult
                 else:
-                    sl = (slice(None), slice(None), slice(area[2], area[2] + area[0]),
-                          slice(area[3], area[3] + area[1]))
+                    sl = (..., slice(area[2], area[2] + area[0]), slice(area[3], area[3] + area[1]))
                     outs[idx][sl] += out * mult
                     counts[idx][sl] += mult
         return [o / c for o, c in zip(outs, counts)]
@@ -564,7 +567,7 @@ class CondDenoiser:
             if area is None:
                 remaining[idx] -= mult
             else:
-                remaining[idx][:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]] -= mult
+                remaining[idx][..., area[2]:area[2] + area[0], area[3]:area[3] + area[1]] -= mult
         runs = []
         for idx, entries in enumerate(defaults):
             if not entries:
@@ -578,7 +581,7 @@ class CondDenoiser:
                     continue
                 inp, _, area = p
                 if area is not None:
-                    left_e = left[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+                    left_e = left[..., area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 else:
                     left_e = left
                 runs.append((e, (inp, left_e, area), idx))
@@ -629,9 +632,9 @@ class CondDenoiser:
         if batch[0][0].concat is not None:
             crops = []
             for e, (_, _, area), _ in batch:
-                c = e.concat[:b] if e.concat.shape[0] >= b else e.concat.expand(b, -1, -1, -1)
+                c = e.concat[:b] if e.concat.shape[0] >= b else e.concat.expand(b, *e.concat.shape[1:])
                 if area is not None:
-                    c = c[:, :, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+                    c = c[..., area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
                 crops.append(c)
             unet_in = torch.cat([xc, torch.cat(crops)], dim=1)  # [n*B, C + E, h, w]
         first = batch[0][0]

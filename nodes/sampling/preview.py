@@ -49,13 +49,14 @@ def preview_format(model) -> LatentFormat | None:
 
 def latent_to_rgb(x0: Tensor, fmt: LatentFormat) -> Tensor:
     """x0 [B, C, h, w] (scaled latent) → the first image's preview [h, w, 3] in [0, 1], by
-    ``fmt``'s factors and bias."""
+    ``fmt``'s factors and bias; of a video latent [B, C, T, h, w], its first frame's (as ComfyUI)."""
     if fmt.latent_rgb_factors is None:
         raise ValueError(f"latent format {fmt.name or fmt} has no latent2rgb preview factors")
     factors = torch.tensor(fmt.latent_rgb_factors, dtype=torch.float32, device=x0.device)
     bias = torch.tensor(fmt.latent_rgb_factors_bias or (0.0, 0.0, 0.0), dtype=torch.float32,
                         device=x0.device)
-    latent = x0[0].float().movedim(0, -1)              # [h, w, C]
+    first = x0[0, :, 0] if x0.ndim == 5 else x0[0]     # a video latent [B, C, T, h, w]: its first frame
+    latent = first.float().movedim(0, -1)              # [h, w, C]
     rgb = latent @ factors + bias                      # [h, w, 3] in about [-1, 1]
     return ((rgb + 1.0) / 2.0).clamp(0.0, 1.0)
 
