@@ -1,0 +1,197 @@
+"""GGUF weight files (llama.cpp's format, as ComfyUI-GGUF uses it for image models).
+
+A GGUF file is a header (metadata key/values, then per tensor its name, dims, GGML type and
+offset) followed by the tensor data; it is read with gguf-py's ``GGUFReader``, memory-mapped
+(copy-on-write, so torch may view it; nothing writes to it). What this module gives the weight
+layer is what ``safetensors_io`` gives for a safetensors file: ``inspect`` (key -> shape and
+dtype, from the header only) and ``items`` (key -> a reader of the tensor), so detection, the
+loaders and the weight store treat a ``.gguf`` file like any other weight file:
+
+- F32 / F16 / BF16 tensors are plain tensors (views of the mapped file), cast to the storage
+  dtype by the store like a safetensors file's.
+- Quantised tensors (``gguf_quants.FORMATS``: Q4_0 ... Q8_0, Q2_K ... Q6_K) stay quantised in
+  memory whatever the storage dtype: ``gguf_tensor.QuantizedTensor`` (logical shape, float32
+  dtype, the file's bytes), dequantised by the cast layers when the layer runs.
+- Shapes: GGUF lists dims fastest-first (``ne[0]`` is the row length), so the torch shape is the
+  reverse; ComfyUI-GGUF's converter stores some weights (5-D ones) flattened, with the real shape
+  in the metadata entry ``comfy.gguf.orig_shape.<key>`` (an array of int32), which wins.
+- Keys are the model's state-dict keys (city96's ``convert.py`` writes the model's keys as the
+  checkpoint has them, ``general.architecture`` naming the model: "flux", "sd1", "sdxl", "sd3",
+  "wan", "qwen_image", ...). Text-encoder files converted by llama.cpp (architecture "t5",
+  "llama", "qwen2vl", ...; keys ``token_embd``, ``blk.N.attn_q``) name their tensors llama.cpp's
+  way: refused by name (``llm_refusal``), not converted yet.
+
+Other GGML types (IQ*, TQ*, MXFP4, F64, integer tensors) are refused by name with the tensor
+they were found on; a file that cannot be parsed, or whose data runs past its end, raises
+``WeightFileError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+import torch
+
+from mixgraph.nodes.weights.gguf_quants import FORMATS
+from mixgraph.nodes.weights.gguf_tensor import QuantizedTensor
+
+__all__ = ["GGUF_SUFFIX", "GGUFTensorInfo", "GGUFContents", "is_gguf", "contents", "IMAGE_ARCHS", "TEXT_ARCHS",
+           "llm_refusal", "image_arch_problem", "SUPPORTED_TYPES"]
+
+GGUF_SUFFIX = ".gguf"
+#: ComfyUI-GGUF's image-model architectures (``loader.py: IMG_ARCH_LIST``)
+IMAGE_ARCHS = frozenset({"flux", "sd1", "sdxl", "sd3", "aura", "hidream", "cosmos", "ltxv", "hyvid", "wan",
+                         "lumina2", "qwen_image"})
+#: llama.cpp text-model architectures ComfyUI-GGUF loads as text encoders (``TXT_ARCH_LIST``)
+TEXT_ARCHS = frozenset({"t5", "t5encoder", "llama", "qwen2vl", "qwen3", "qwen3vl"})
+ORIG_SHAPE = "comfy.gguf.orig_shape."
+_PLAIN = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # GGML F32, F16, BF16
+SUPPORTED_TYPES = ("F32", "F16", "BF16", *(f.name for f in FORMATS.values()))
+
+
+class GGUFFileError(ValueError):
+    """A GGUF file that cannot be read (raised as safetensors_io's WeightFileError by its callers)."""
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """One tensor of the file: torch shape, GGML type id and name, and a reader of its value."""
+
+    shape: tuple[int, ...]
+    ggml_type: int
+    type_name: str
+    read: Callable[[], torch.Tensor]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the tensor reads as (float32 for a quantised one: its dequantised values)."""
+        return _PLAIN.get(self.ggml_type, torch.float32)
+
+
+@dataclass(frozen=True)
+class GGUFContents:
+    """A parsed GGUF file: its architecture (``general.architecture``, None without one) and tensors."""
+
+    path: str
+    architecture: str | None
+    tensors: dict[str, GGUFTensorInfo]
+
+    def type_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            counts[t.type_name] = counts.get(t.type_name, 0) + 1
+        return counts
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    return os.fspath(path).lower().endswith(GGUF_SUFFIX)
+
+
+def contents(path: str | os.PathLike) -> GGUFContents:
+    """The file's architecture and tensors (header parsed once per file version; the data is
+    memory-mapped, not read)."""
+    path = os.path.abspath(os.fspath(path))
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise GGUFFileError(f"{path}: cannot read GGUF file: {e}") from e
+    return _contents(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _contents(path: str, size: int, mtime_ns: int) -> GGUFContents:
+    name = os.path.basename(path)
+    try:
+        reader = gguf.GGUFReader(path, "c")
+    except ValueError as e:
+        if "GGMLQuantizationType" in str(e):
+            raise GGUFFileError(f"{path}: a tensor of an unknown GGML type ({e}); mixgraph reads "
+                                f"{', '.join(SUPPORTED_TYPES)}") from e
+        raise GGUFFileError(f"{path}: not a readable GGUF file (truncated or corrupt: {e}); download it "
+                            f"again") from e
+    except Exception as e:  # noqa: BLE001 - gguf-py raises many kinds on a damaged header
+        raise GGUFFileError(f"{path}: not a readable GGUF file (truncated or corrupt: {type(e).__name__}: "
+                            f"{e}); download it again") from e
+    arch = _string_field(reader, "general.architecture")
+    tensors: dict[str, GGUFTensorInfo] = {}
+    for t in reader.tensors:
+        ggml_type = int(t.tensor_type)
+        type_name = getattr(t.tensor_type, "name", str(ggml_type))
+        if ggml_type not in _PLAIN and ggml_type not in FORMATS:
+            raise GGUFFileError(f"{name}: tensor {t.name!r} has GGML type {type_name}, which is not supported "
+                                f"yet (mixgraph reads {', '.join(SUPPORTED_TYPES)})")
+        if t.data_offset + int(t.n_bytes) > size or t.data.nbytes != int(t.n_bytes):
+            raise GGUFFileError(f"{path}: truncated GGUF file: tensor {t.name!r} needs bytes up to "
+                                f"{t.data_offset + int(t.n_bytes)} but the file has {size}; download it again")
+        shape = _orig_shape(reader, t.name) or tuple(int(d) for d in reversed(t.shape.tolist()))
+        if int(np.prod(shape, dtype=np.int64)) != int(t.n_elements):
+            raise GGUFFileError(f"{name}: {ORIG_SHAPE}{t.name} gives shape {list(shape)} for a tensor of "
+                                f"{int(t.n_elements)} values")
+        tensors[t.name] = GGUFTensorInfo(shape, ggml_type, type_name,
+                                         functools.partial(_read, t.data, ggml_type, shape))
+    return GGUFContents(path, arch, tensors)
+
+
+def _read(data: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor viewing the mapped bytes: plain types reshaped to ``shape``, quantised ones wrapped."""
+    flat = torch.from_numpy(data).reshape(-1)  # the file's bytes / values, no copy
+    if ggml_type in FORMATS:
+        return QuantizedTensor.from_ggml(flat, ggml_type, shape)
+    if ggml_type == 30:  # BF16: gguf-py hands its bytes as uint8
+        flat = flat.view(torch.bfloat16)
+    return flat.reshape(shape)
+
+
+def _string_field(reader, key: str) -> str | None:
+    field = reader.get_field(key)
+    if field is None:
+        return None
+    try:
+        return bytes(field.parts[field.data[-1]]).decode("utf-8")
+    except (IndexError, UnicodeDecodeError, TypeError):
+        return None
+
+
+def _orig_shape(reader, name: str) -> tuple[int, ...] | None:
+    field = reader.get_field(ORIG_SHAPE + name)
+    if field is None:
+        return None
+    return tuple(int(field.parts[i][0]) for i in field.data)
+
+
+def iter_tensors(path: str | os.PathLike, prefix: str = "") -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """(key without ``prefix``, reader) for the file's tensors under ``prefix``."""
+    for key, info in contents(path).tensors.items():
+        if key.startswith(prefix):
+            yield key[len(prefix):], info.read
+
+
+def _is_llm_named(keys) -> bool:
+    return any(k.startswith(("blk.", "token_embd", "enc.blk.", "output_norm")) for k in keys)
+
+
+def llm_refusal(c: GGUFContents) -> str | None:
+    """Why a llama.cpp-style text-encoder GGUF cannot be loaded (its tensors named ``blk.N.attn_q``,
+    ``token_embd``, ...), or None for a file named as its model's state dict."""
+    if not _is_llm_named(c.tensors):
+        return None
+    return (f"{os.path.basename(c.path)}: a llama.cpp-converted text encoder (GGUF architecture "
+            f"{c.architecture!r}, tensors named blk.N.* / token_embd): converting llama.cpp names to the "
+            f"encoder's is not supported yet; use the safetensors text encoder (or a GGUF named with its "
+            f"state-dict keys)")
+
+
+def image_arch_problem(c: GGUFContents) -> str | None:
+    """Why a GGUF file is no diffusion model for UnetLoaderGGUF (ComfyUI-GGUF's architecture
+    check), or None. A file without ``general.architecture`` (stable-diffusion.cpp's) is left to
+    key detection, as ComfyUI-GGUF does."""
+    if c.architecture is None or c.architecture in IMAGE_ARCHS:
+        return None
+    kind = "a text model" if c.architecture in TEXT_ARCHS else "not an image model"
+    return (f"{os.path.basename(c.path)}: GGUF architecture {c.architecture!r} is {kind}; UnetLoaderGGUF "
+            f"loads {', '.join(sorted(IMAGE_ARCHS))} (text encoders load with CLIPLoaderGGUF)")
