@@ -168,6 +168,8 @@ class CastConv2d(CastLayer, nn.Conv2d):
 
 class CastEmbedding(CastLayer, nn.Embedding):
     def forward(self, ids: Tensor) -> Tensor:
+        if self.max_norm is None and is_quantized(self.weight):  # a GGUF table: dequantise the rows used
+            return self.weight.rows(ids, self.compute_dtype)
         if self.max_norm is None:  # look rows up in the stored dtype, cast only those (exact)
             rows = F.embedding(ids, self.weight, self.padding_idx, None, self.norm_type,
                                self.scale_grad_by_freq, self.sparse)

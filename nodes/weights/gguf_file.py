@@ -17,9 +17,13 @@ loaders and the weight store treat a ``.gguf`` file like any other weight file:
   in the metadata entry ``comfy.gguf.orig_shape.<key>`` (an array of int32), which wins.
 - Keys are the model's state-dict keys (city96's ``convert.py`` writes the model's keys as the
   checkpoint has them, ``general.architecture`` naming the model: "flux", "sd1", "sdxl", "sd3",
-  "wan", "qwen_image", ...). Text-encoder files converted by llama.cpp (architecture "t5",
-  "llama", "qwen2vl", ...; keys ``token_embd``, ``blk.N.attn_q``) name their tensors llama.cpp's
-  way: refused by name (``llm_refusal``), not converted yet.
+  "wan", "qwen_image", ...). Text encoders converted by llama.cpp name their tensors llama.cpp's
+  way (``token_embd``, ``blk.N.attn_q``, ``enc.blk.N.ffn_gate``); the T5 ("t5", "t5encoder") and
+  Qwen ("qwen3", "qwen2vl") ones are renamed here to the Hugging Face names mixgraph's encoders
+  use (``llm_key``: ComfyUI-GGUF's ``T5_SD_MAP`` / ``LLAMA_SD_MAP`` renamings, written as a table
+  per block tensor), so they read as the safetensors files do; T5's decoder is dropped. "llama"
+  files are refused by name (``llm_refusal``): llama.cpp permutes their q / k rows, which would
+  have to be undone on dequantised weights.
 
 Other GGML types (IQ*, TQ*, MXFP4, F64, integer tensors) are refused by name with the tensor
 they were found on; a file that cannot be parsed, or whose data runs past its end, raises
@@ -41,7 +45,7 @@ from mixgraph.nodes.weights.gguf_quants import FORMATS
 from mixgraph.nodes.weights.gguf_tensor import QuantizedTensor
 
 __all__ = ["GGUF_SUFFIX", "GGUFTensorInfo", "GGUFContents", "is_gguf", "contents", "IMAGE_ARCHS", "TEXT_ARCHS",
-           "llm_refusal", "image_arch_problem", "SUPPORTED_TYPES"]
+           "llm_refusal", "llm_key", "LLM_RENAMED", "image_arch_problem", "SUPPORTED_TYPES"]
 
 GGUF_SUFFIX = ".gguf"
 #: ComfyUI-GGUF's image-model architectures (``loader.py: IMG_ARCH_LIST``)
@@ -118,6 +122,7 @@ def _contents(path: str, size: int, mtime_ns: int) -> GGUFContents:
         raise GGUFFileError(f"{path}: not a readable GGUF file (truncated or corrupt: {type(e).__name__}: "
                             f"{e}); download it again") from e
     arch = _string_field(reader, "general.architecture")
+    rename = arch in LLM_RENAMED and _is_llm_named(t.name for t in reader.tensors)
     tensors: dict[str, GGUFTensorInfo] = {}
     for t in reader.tensors:
         ggml_type = int(t.tensor_type)
@@ -132,8 +137,10 @@ def _contents(path: str, size: int, mtime_ns: int) -> GGUFContents:
         if int(np.prod(shape, dtype=np.int64)) != int(t.n_elements):
             raise GGUFFileError(f"{name}: {ORIG_SHAPE}{t.name} gives shape {list(shape)} for a tensor of "
                                 f"{int(t.n_elements)} values")
-        tensors[t.name] = GGUFTensorInfo(shape, ggml_type, type_name,
-                                         functools.partial(_read, t.data, ggml_type, shape))
+        key = llm_key(arch, t.name) if rename else t.name
+        if key is not None:
+            tensors[key] = GGUFTensorInfo(shape, ggml_type, type_name,
+                                          functools.partial(_read, t.data, ggml_type, shape))
     return GGUFContents(path, arch, tensors)
 
 
@@ -175,15 +182,53 @@ def _is_llm_named(keys) -> bool:
     return any(k.startswith(("blk.", "token_embd", "enc.blk.", "output_norm")) for k in keys)
 
 
+#: llama.cpp's per-block tensor names -> Hugging Face's, by architecture family
+_T5_BLOCK = {"attn_q": "layer.0.SelfAttention.q", "attn_k": "layer.0.SelfAttention.k",
+             "attn_v": "layer.0.SelfAttention.v", "attn_o": "layer.0.SelfAttention.o",
+             "attn_norm": "layer.0.layer_norm", "attn_rel_b": "layer.0.SelfAttention.relative_attention_bias",
+             "ffn_gate": "layer.1.DenseReluDense.wi_0", "ffn_up": "layer.1.DenseReluDense.wi_1",
+             "ffn_down": "layer.1.DenseReluDense.wo", "ffn_norm": "layer.1.layer_norm"}
+_T5_TOP = {"token_embd": "shared", "enc.output_norm": "encoder.final_layer_norm"}
+_LLM_BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+              "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+              "attn_k_norm": "self_attn.k_norm", "attn_norm": "input_layernorm",
+              "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+              "ffn_down": "mlp.down_proj"}
+_LLM_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+#: architectures whose llama.cpp names are renamed: (block prefix, HF block prefix, block table, top table)
+LLM_RENAMED = {"t5": ("enc.blk.", "encoder.block.", _T5_BLOCK, _T5_TOP),
+               "t5encoder": ("enc.blk.", "encoder.block.", _T5_BLOCK, _T5_TOP),
+               "qwen3": ("blk.", "model.layers.", _LLM_BLOCK, _LLM_TOP),
+               "qwen2vl": ("blk.", "model.layers.", _LLM_BLOCK, _LLM_TOP)}
+
+
+def llm_key(arch: str, name: str) -> str | None:
+    """The Hugging Face key of a llama.cpp tensor name of a ``LLM_RENAMED`` architecture
+    (``enc.blk.3.ffn_gate.weight`` -> ``encoder.block.3.layer.1.DenseReluDense.wi_0.weight``);
+    None for a tensor the encoder does not use (T5's decoder); the name itself when no rule
+    knows it (the loader then reports it among the unused or missing keys)."""
+    block, hf_block, table, top = LLM_RENAMED[arch]
+    base, dot, suffix = name.rpartition(".")
+    if not dot:
+        return name
+    if base.startswith("dec."):
+        return None
+    if base.startswith(block):
+        n, _, part = base[len(block):].partition(".")
+        return f"{hf_block}{n}.{table[part]}.{suffix}" if n.isdigit() and part in table else name
+    return f"{top[base]}.{suffix}" if base in top else name
+
+
 def llm_refusal(c: GGUFContents) -> str | None:
-    """Why a llama.cpp-style text-encoder GGUF cannot be loaded (its tensors named ``blk.N.attn_q``,
-    ``token_embd``, ...), or None for a file named as its model's state dict."""
+    """Why a llama.cpp-style text-encoder GGUF cannot be loaded (tensors named ``blk.N.attn_q``,
+    ``token_embd``, ... in an architecture ``LLM_RENAMED`` does not rename), or None."""
     if not _is_llm_named(c.tensors):
         return None
+    why = ("llama.cpp permutes the q / k rows of 'llama' files, which is not undone yet" if c.architecture == "llama"
+           else f"renamed are {', '.join(sorted(LLM_RENAMED))}")
     return (f"{os.path.basename(c.path)}: a llama.cpp-converted text encoder (GGUF architecture "
-            f"{c.architecture!r}, tensors named blk.N.* / token_embd): converting llama.cpp names to the "
-            f"encoder's is not supported yet; use the safetensors text encoder (or a GGUF named with its "
-            f"state-dict keys)")
+            f"{c.architecture!r}, tensors named blk.N.* / token_embd): not supported yet ({why}); use "
+            f"the safetensors text encoder")
 
 
 def image_arch_problem(c: GGUFContents) -> str | None:

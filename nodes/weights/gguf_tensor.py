@@ -62,6 +62,17 @@ class QuantizedTensor(Tensor):
         """The weight's values as a plain tensor of ``dtype`` (computed in float32)."""
         return dequantize(self.fmt, self.raw, tuple(self.shape), dtype)
 
+    def rows(self, ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``F.embedding(ids, self)`` dequantising only the rows looked up (a 2-D table whose rows
+        are whole blocks: a quantised vocabulary of 32k-150k rows is never expanded whole).
+        ids [...] -> [..., dim]"""
+        n, dim = self.shape
+        if dim % self.fmt.block_size:  # rows are no whole blocks (a flattened weight): the whole table
+            return torch.nn.functional.embedding(ids, self.dequantize(dtype))
+        table = self.raw.reshape(n, -1)  # [n * row bytes] -> [n, row bytes]
+        picked = table[ids.reshape(-1)]  # [k, row bytes]
+        return dequantize(self.fmt, picked, (*ids.shape, dim), dtype)
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         return f"QuantizedTensor({self.fmt.name}, shape={list(self.shape)}, {self.raw.numel()} bytes)"
 
