@@ -180,7 +180,7 @@ def test_loaded_model_keeps_the_quantised_bytes(models, storage):
 # text encoders
 
 
-def test_clip_gguf_with_state_dict_names_loads_and_llama_cpp_names_are_refused(models, tmp_path):
+def test_clip_gguf_with_state_dict_names_loads_and_llama_files_are_refused(models, tmp_path):
     te = models / "text_encoders"
     sd = C.write_clip_l(tmp_path / "clip.safetensors", seed=4)  # write_flux_models' clip_l_tiny
     ref = write_gguf(te / "clip_l_tiny_Q8_0.gguf", sd, T.Q8_0, arch=None)
@@ -188,16 +188,16 @@ def test_clip_gguf_with_state_dict_names_loads_and_llama_cpp_names_are_refused(m
     a = gguf_files.load_clip_gguf([te / "clip_l_tiny_Q8_0.gguf"], "stable_diffusion")
     b = loader.load_clip([te / "clip_l_tiny_deq.safetensors"], "stable_diffusion")
     assert [e.config for e in a.encoders] == [e.config for e in b.encoders]
-    t5 = {"token_embd.weight": torch.randn(64, 32), "enc.blk.0.attn_q.weight": torch.randn(32, 32)}
-    write_gguf(te / "t5_llamacpp.gguf", t5, T.Q8_0, arch="t5")
-    with pytest.raises(NotImplementedError, match="t5_llamacpp.gguf: a llama.cpp-converted text encoder .*'t5'"):
-        gguf_files.load_clip_gguf([te / "t5_llamacpp.gguf"], "sd3")
+    llama = {"token_embd.weight": torch.randn(64, 32), "blk.0.attn_q.weight": torch.randn(32, 32)}
+    write_gguf(te / "llama.gguf", llama, T.Q8_0, arch="llama")
+    with pytest.raises(NotImplementedError, match="llama.gguf: a llama.cpp-converted text encoder .*'llama'"):
+        gguf_files.load_clip_gguf([te / "llama.gguf"], "lumina2")
     g = api.Graph()
-    c = g.add("CLIPLoaderGGUF", clip_name="t5_llamacpp.gguf", type="sd3")[0]
+    c = g.add("CLIPLoaderGGUF", clip_name="llama.gguf", type="lumina2")[0]
     g.add("PreviewAny", source=g.add("CLIPTextEncode", text="x", clip=c)[0])
     with pytest.raises(ValidationFailed, match="not supported yet"):
         api.run(g, models=models, output=tmp_path / "out")
-    (te / "t5_llamacpp.gguf").unlink()
+    (te / "llama.gguf").unlink()
 
 
 # ---------------------------------------------------------------------------------------------
