@@ -296,3 +296,15 @@ def test_half_precision_dequant_dtype_is_refused_at_validation(models, tmp_path)
     g.add("PreviewAny", source=m)
     with pytest.raises(ValidationFailed, match="dequant_dtype 'float16': not supported yet"):
         api.run(g, models=models, output=tmp_path / "out")
+
+
+def test_saving_a_gguf_model_writes_its_dequantised_weights(models):
+    """ModelSave's state dict of a GGUF model: plain tensors, the quantised ones dequantised."""
+    from mixgraph.nodes.weights.save import unet_state_dict
+    from safetensors.torch import load_file
+
+    handle = gguf_files.load_unet_gguf(models / "diffusion_models" / "sd15_Q8_0.gguf")
+    sd = unet_state_dict(handle, F32)
+    want = load_file(str(models / "diffusion_models" / "sd15_Q8_0.safetensors"))
+    assert set(sd) == set(want) and not any(is_quantized(v) for v in sd.values())
+    assert all(torch.equal(sd[k], want[k]) for k in want)
