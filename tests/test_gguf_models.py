@@ -308,3 +308,21 @@ def test_saving_a_gguf_model_writes_its_dequantised_weights(models):
     want = load_file(str(models / "diffusion_models" / "sd15_Q8_0.safetensors"))
     assert set(sd) == set(want) and not any(is_quantized(v) for v in sd.values())
     assert all(torch.equal(sd[k], want[k]) for k in want)
+
+
+def test_lora_patched_gguf_weights_are_held_in_the_storage_dtype(models):
+    """Under bf16 storage a LoRA-patched GGUF weight is merged on its f32 dequantised values and
+    held dense in bf16 (as a patched plain weight is); the unpatched ones stay quantised."""
+    from mixgraph.nodes.adapters.lora import load_lora_patches
+
+    handle = gguf_files.load_unet_gguf(models / "diffusion_models" / "sd15_Q8_0.gguf")
+    patched, _ = load_lora_patches(models / "loras" / "l.safetensors", handle, None, 0.8, 0.0)
+    store = WeightStore()
+    base = store.state_dict("unet", handle.source, handle.config, BF16)
+    module = store.materialize("unet", patched.source, patched.config, BF16, patched.patches, UNetModel)
+    sd = dict(module.named_parameters())
+    key = "input_blocks.1.1.transformer_blocks.0.attn1.to_q.weight"
+    assert is_quantized(base[key]) and not is_quantized(sd[key]) and sd[key].dtype == BF16
+    assert not torch.equal(sd[key].float(), base[key].dequantize().to(BF16).float())
+    untouched = "input_blocks.1.1.transformer_blocks.0.attn1.to_k.weight"
+    assert is_quantized(sd[untouched])

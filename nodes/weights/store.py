@@ -30,8 +30,8 @@ whose parameters are the cached tensors for ``(source, storage dtype, patches)``
 - GGUF files (``gguf_file.py``): their quantised weights are held as the file's bytes
   (``gguf_tensor.QuantizedTensor``) whatever the storage dtype, and counted by those bytes; the
   cast layers dequantise them per forward. A LoRA or merge patch on such a weight works on its
-  dequantised float32 values, and the patched weight is held dense (float32), as ComfyUI-GGUF
-  applies patches to the dequantised weight. Their entries are never derived to another dtype.
+  dequantised float32 values, as ComfyUI-GGUF applies patches to the dequantised weight, and the
+  patched weight is held dense in its storage dtype. Their entries are never derived to another dtype.
 """
 
 from __future__ import annotations
@@ -200,6 +200,18 @@ def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, wh
     return module.eval().requires_grad_(False)
 
 
+def _patched_gguf_in_storage(base, tensors, rule, storage_dtype):
+    """A patched GGUF weight (merged on its dequantised f32 values) held in the storage dtype its
+    key takes, as a patched plain weight is, rather than in f32."""
+    out = dict(tensors)
+    for k, t in tensors.items():
+        if is_quantized(base.get(k)) and not is_quantized(t):
+            target = rule(k, storage_dtype)
+            if target is not None and t.dtype != target:
+                out[k] = t.to(target)
+    return out
+
+
 class WeightStore:
     """An LRU of state dicts keyed by (kind, source identity, storage dtype, patches)."""
 
@@ -263,6 +275,7 @@ class WeightStore:
                     tensors = apply_patches(base, patches, target=kind, others=others, scales=scales)
                 else:
                     tensors = apply_patches(base, patches, target=kind, others=others)
+                tensors = _patched_gguf_in_storage(base, tensors, rule, storage_dtype)
                 self.stats.patched += 1
                 self._put(key, _Entry(tensors, nbytes(tensors), exact=False))
                 return tensors
