@@ -1,5 +1,5 @@
 """GGUF weight files through ComfyUI-GGUF's loader nodes (``nodes/declare/loaders/gguf_nodes.py``):
-a tiny SD1.5 UNet and a tiny Flux written with gguf-py's ``GGUFWriter`` in F16, Q8_0 and Q4_K
+a tiny SD1.5 UNet and a tiny Flux written with gguf-py's ``GGUFWriter`` in F16, BF16, Q8_0 and Q4_K
 sample through ``mixgraph.ui.api`` exactly as the same models loaded from their dequantised
 tensors (gguf-py's reference dequantiser) in safetensors files; the quantised weights stay
 quantised in memory; LoRA patches the dequantised weights; bad files are refused by name."""
@@ -31,7 +31,7 @@ from tests.fixtures.tiny_unet import tiny_unet_config, tiny_unet_state_dict
 from tests.gguf_fixtures import write_gguf
 
 F32, BF16 = torch.float32, torch.bfloat16
-SD_TYPES = (T.F16, T.Q8_0, T.Q4_K)
+SD_TYPES = (T.F16, T.BF16, T.Q8_0, T.Q4_K)
 FLUX_TYPES = (T.Q8_0, T.Q4_K)
 
 

@@ -115,3 +115,27 @@ def test_quantized_tensor_checks_its_byte_count():
     raw = torch.zeros(34 * 3, dtype=torch.uint8)
     with pytest.raises(ValueError, match="Q8_0 weight of shape \\[2, 64\\]: 102 bytes given, expected 136"):
         QuantizedTensor.from_ggml(raw, int(T.Q8_0), (2, 64))
+
+
+def test_every_type_reads_from_a_file_in_its_torch_shape(tmp_path):
+    """One tensor of each type (random blocks) in a GGUF file: read back quantised, in the torch
+    shape (GGUF lists dims reversed), with the reference's values."""
+    import gguf
+
+    from mixgraph.nodes.weights.gguf_file import contents
+
+    path = tmp_path / "all.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="sd1")
+    want = {}
+    for i, (name, offsets) in enumerate(sorted(F16_FIELDS.items())):
+        fmt = next(f for f in FORMATS.values() if f.name == name)
+        rows = 3
+        raw = _random_blocks(fmt, rows * 2, seed=i).reshape(rows, 2 * fmt.type_size)  # [rows, 2 blocks]
+        writer.add_tensor(f"w.{name}", raw, raw_dtype=T(fmt.ggml_type))
+        want[f"w.{name}"] = quants.dequantize(raw, T(fmt.ggml_type))  # [rows, 2 * block]
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    tensors = contents(path).tensors
+    for key, ref in want.items():
+        t = tensors[key].read()
+        assert is_quantized(t) and tuple(t.shape) == ref.shape == tensors[key].shape
+        np.testing.assert_array_equal(t.dequantize().numpy(), ref)
