@@ -203,6 +203,8 @@ def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, wh
 def _patched_gguf_in_storage(base, tensors, rule, storage_dtype):
     """A patched GGUF weight (merged on its dequantised f32 values) held in the storage dtype its
     key takes, as a patched plain weight is, rather than in f32."""
+    if not any(is_quantized(t) for t in base.values()):
+        return tensors
     out = dict(tensors)
     for k, t in tensors.items():
         if is_quantized(base.get(k)) and not is_quantized(t):
