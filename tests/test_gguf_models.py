@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from mixgraph.graph.env import Env
 from mixgraph.graph.report import ValidationFailed
 from mixgraph.nodes.families.sd.unet import UNetModel
-from mixgraph.nodes.helpers import gguf_files
+from mixgraph.nodes.declare.loaders import gguf_nodes
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.weights.cast import apply_precision
 from mixgraph.nodes.weights.gguf_tensor import QuantizedTensor, is_quantized
@@ -147,7 +147,7 @@ def test_flux_gguf_samples_as_its_dequantised_safetensors(models, qt):
 @pytest.mark.parametrize("storage", [F32, BF16])
 def test_loaded_model_keeps_the_quantised_bytes(models, storage):
     path = models / "diffusion_models" / "sd15_Q4_K.gguf"
-    handle = gguf_files.load_unet_gguf(path)
+    handle = gguf_nodes.load_unet_gguf(path)
     assert handle.family == "sd" and handle.kind == "sd1"
     store = WeightStore()
     module = store.materialize("unet", handle.source, handle.config, storage, (), UNetModel)
@@ -185,13 +185,13 @@ def test_clip_gguf_with_state_dict_names_loads_and_llama_files_are_refused(model
     sd = C.write_clip_l(tmp_path / "clip.safetensors", seed=4)  # write_flux_models' clip_l_tiny
     ref = write_gguf(te / "clip_l_tiny_Q8_0.gguf", sd, T.Q8_0, arch=None)
     save_file({k: v.contiguous() for k, v in ref.items()}, str(te / "clip_l_tiny_deq.safetensors"))
-    a = gguf_files.load_clip_gguf([te / "clip_l_tiny_Q8_0.gguf"], "stable_diffusion")
+    a = gguf_nodes.load_clip_gguf([te / "clip_l_tiny_Q8_0.gguf"], "stable_diffusion")
     b = loader.load_clip([te / "clip_l_tiny_deq.safetensors"], "stable_diffusion")
     assert [e.config for e in a.encoders] == [e.config for e in b.encoders]
     llama = {"token_embd.weight": torch.randn(64, 32), "blk.0.attn_q.weight": torch.randn(32, 32)}
     write_gguf(te / "llama.gguf", llama, T.Q8_0, arch="llama")
     with pytest.raises(NotImplementedError, match="llama.gguf: a llama.cpp-converted text encoder .*'llama'"):
-        gguf_files.load_clip_gguf([te / "llama.gguf"], "lumina2")
+        gguf_nodes.load_clip_gguf([te / "llama.gguf"], "lumina2")
     g = api.Graph()
     c = g.add("CLIPLoaderGGUF", clip_name="llama.gguf", type="lumina2")[0]
     g.add("PreviewAny", source=g.add("CLIPTextEncode", text="x", clip=c)[0])
@@ -214,11 +214,11 @@ def test_truncated_gguf_is_refused_naming_the_file(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 4096])
     with pytest.raises(WeightFileError, match="cut.gguf.*truncated"):
-        gguf_files.load_unet_gguf(path)
-    assert "cut.gguf" in gguf_files.unet_problem(path, "unet_name 'cut.gguf'")
+        gguf_nodes.load_unet_gguf(path)
+    assert "cut.gguf" in gguf_nodes.unet_problem(path, "unet_name 'cut.gguf'")
     path.write_bytes(data[:100])  # inside the header
     with pytest.raises(WeightFileError, match="cut.gguf.*(truncated|corrupt)"):
-        gguf_files.load_unet_gguf(path)
+        gguf_nodes.load_unet_gguf(path)
 
 
 def test_unknown_and_unsupported_tensor_types_are_refused_by_name(tmp_path):
@@ -234,7 +234,7 @@ def test_unknown_and_unsupported_tensor_types_are_refused_by_name(tmp_path):
             w.add_tensor(k, t.float().numpy())
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     with pytest.raises(WeightFileError, match=f"iq.gguf: tensor '{key}' has GGML type IQ4_NL, which is not supported yet"):
-        gguf_files.load_unet_gguf(path)
+        gguf_nodes.load_unet_gguf(path)
     # a type id no GGML release has: found in the tensor's info (after its name, dims and sizes)
     path2 = tmp_path / "unknown.gguf"
     _tiny_gguf(path2, qt=T.Q8_0)
@@ -247,23 +247,23 @@ def test_unknown_and_unsupported_tensor_types_are_refused_by_name(tmp_path):
     data[at:at + 4] = (77).to_bytes(4, "little")
     path2.write_bytes(bytes(data))
     with pytest.raises(WeightFileError, match="unknown.gguf: a tensor of an unknown GGML type"):
-        gguf_files.load_unet_gguf(path2)
+        gguf_nodes.load_unet_gguf(path2)
 
 
 def test_wrong_architecture_is_refused_naming_the_file(tmp_path):
     text = tmp_path / "llm.gguf"
     _tiny_gguf(text, arch="llama")
     with pytest.raises(ValueError, match="llm.gguf: GGUF architecture 'llama' is a text model"):
-        gguf_files.load_unet_gguf(text)
-    assert "is a text model" in gguf_files.unet_problem(text, "unet_name 'llm.gguf'")
+        gguf_nodes.load_unet_gguf(text)
+    assert "is a text model" in gguf_nodes.unet_problem(text, "unet_name 'llm.gguf'")
     mislabelled = tmp_path / "said_flux.gguf"
     _tiny_gguf(mislabelled, arch="flux")
     with pytest.raises(ValueError, match="said_flux.gguf: the GGUF file says architecture 'flux', but its tensors "
                                          "are a sd model"):
-        gguf_files.load_unet_gguf(mislabelled)
+        gguf_nodes.load_unet_gguf(mislabelled)
     no_arch = tmp_path / "sdcpp.gguf"  # stable-diffusion.cpp writes none: detected from the keys
     _tiny_gguf(no_arch, arch=None)
-    assert gguf_files.load_unet_gguf(no_arch).kind == "sd1"
+    assert gguf_nodes.load_unet_gguf(no_arch).kind == "sd1"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def test_object_info_lists_the_pack_nodes_and_gguf_files(models, tmp_path):
     assert list(info["CLIPLoaderGGUF"]["input"]["required"]) == ["clip_name", "type"]
     assert list(info["DualCLIPLoaderGGUF"]["input"]["required"]) == ["clip_name1", "clip_name2", "type"]
     assert list(info["TripleCLIPLoaderGGUF"]["input"]["required"]) == ["clip_name1", "clip_name2", "clip_name3"]
-    unets = gguf_files.UNET_GGUF.options(env)
+    unets = gguf_nodes.UNET_GGUF.options(env)
     assert "sd15_Q4_K.gguf" in unets and all(n.endswith(".gguf") for n in unets)
     assert info["UnetLoaderGGUF"]["input"]["required"]["unet_name"][0] == unets
     assert "clip_l_tiny.safetensors" in info["CLIPLoaderGGUF"]["input"]["required"]["clip_name"][0]
@@ -303,7 +303,7 @@ def test_saving_a_gguf_model_writes_its_dequantised_weights(models):
     from mixgraph.nodes.weights.save import unet_state_dict
     from safetensors.torch import load_file
 
-    handle = gguf_files.load_unet_gguf(models / "diffusion_models" / "sd15_Q8_0.gguf")
+    handle = gguf_nodes.load_unet_gguf(models / "diffusion_models" / "sd15_Q8_0.gguf")
     sd = unet_state_dict(handle, F32)
     want = load_file(str(models / "diffusion_models" / "sd15_Q8_0.safetensors"))
     assert set(sd) == set(want) and not any(is_quantized(v) for v in sd.values())
@@ -315,7 +315,7 @@ def test_lora_patched_gguf_weights_are_held_in_the_storage_dtype(models):
     held dense in bf16 (as a patched plain weight is); the unpatched ones stay quantised."""
     from mixgraph.nodes.adapters.lora import load_lora_patches
 
-    handle = gguf_files.load_unet_gguf(models / "diffusion_models" / "sd15_Q8_0.gguf")
+    handle = gguf_nodes.load_unet_gguf(models / "diffusion_models" / "sd15_Q8_0.gguf")
     patched, _ = load_lora_patches(models / "loras" / "l.safetensors", handle, None, 0.8, 0.0)
     store = WeightStore()
     base = store.state_dict("unet", handle.source, handle.config, BF16)

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from safetensors.torch import save_file
 
 from mixgraph.nodes.encoders.t5 import T5EncoderModel
-from mixgraph.nodes.helpers import gguf_files
+from mixgraph.nodes.declare.loaders import gguf_nodes
 from mixgraph.nodes.weights.cast import CastEmbedding
 from mixgraph.nodes.weights.gguf_file import contents
 from mixgraph.nodes.weights.gguf_tensor import QuantizedTensor, is_quantized
@@ -86,7 +86,7 @@ def test_llama_cpp_t5_names_read_as_hugging_face_names(models):
     assert c.architecture == "t5encoder" and "shared.weight" in c.tensors
     assert "encoder.block.2.layer.1.DenseReluDense.wi_0.weight" in c.tensors
     assert not any(k.startswith(("enc.", "dec.", "token_embd")) for k in c.tensors)
-    assert gguf_files.clip_problem(models / "text_encoders" / "t5_Q8_0.gguf", "clip_name2") is None
+    assert gguf_nodes.clip_problem(models / "text_encoders" / "t5_Q8_0.gguf", "clip_name2") is None
 
 
 @pytest.mark.parametrize("name", ["t5_Q8_0", "t5_Q4_K"])
@@ -105,7 +105,7 @@ def test_qwen3_gguf_encodes_as_its_dequantised_safetensors(models):
 
 
 def test_quantised_vocabulary_is_looked_up_row_by_row(models):
-    handle = gguf_files.load_clip_gguf([models / "text_encoders" / "t5_Q8_0.gguf"], "sd3")
+    handle = gguf_nodes.load_clip_gguf([models / "text_encoders" / "t5_Q8_0.gguf"], "sd3")
     entry = handle.encoder("t5xxl")
     table = contents(models / "text_encoders" / "t5_Q8_0.gguf").tensors["shared.weight"].read()
     assert is_quantized(table) and table.shape == (32128, 64)
@@ -124,4 +124,4 @@ def test_llama_files_are_refused_by_name(models, tmp_path):
                T.Q8_0, "llama")
     with pytest.raises(NotImplementedError, match="mistral.gguf: a llama.cpp-converted text encoder .*'llama'.*"
                                                   "permutes the q / k rows"):
-        gguf_files.load_clip_gguf([tmp_path / "mistral.gguf"], "lumina2")
+        gguf_nodes.load_clip_gguf([tmp_path / "mistral.gguf"], "lumina2")
