@@ -264,6 +264,9 @@ def test_wrong_architecture_is_refused_naming_the_file(tmp_path):
     no_arch = tmp_path / "sdcpp.gguf"  # stable-diffusion.cpp writes none: detected from the keys
     _tiny_gguf(no_arch, arch=None)
     assert gguf_nodes.load_unet_gguf(no_arch).kind == "sd1"
+    pig = tmp_path / "pig.gguf"  # an older converter's placeholder: detected from the keys too
+    _tiny_gguf(pig, arch="pig")
+    assert gguf_nodes.load_unet_gguf(pig).kind == "sd1" and gguf_nodes.unet_problem(pig, "x") is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from mixgraph.nodes.weights.gguf_quants import FORMATS
 from mixgraph.nodes.weights.gguf_tensor import QuantizedTensor
 
 __all__ = ["GGUF_SUFFIX", "GGUFTensorInfo", "GGUFContents", "is_gguf", "contents", "IMAGE_ARCHS", "TEXT_ARCHS",
-           "llm_refusal", "llm_key", "LLM_RENAMED", "image_arch_problem", "SUPPORTED_TYPES"]
+           "llm_refusal", "llm_key", "LLM_RENAMED", "image_arch_problem", "SUPPORTED_TYPES", "UNNAMED_ARCHS"]
 
 GGUF_SUFFIX = ".gguf"
 #: ComfyUI-GGUF's image-model architectures (``loader.py: IMG_ARCH_LIST``)
@@ -53,6 +53,8 @@ IMAGE_ARCHS = frozenset({"flux", "sd1", "sdxl", "sd3", "aura", "hidream", "cosmo
                          "lumina2", "qwen_image"})
 #: llama.cpp text-model architectures ComfyUI-GGUF loads as text encoders (``TXT_ARCH_LIST``)
 TEXT_ARCHS = frozenset({"t5", "t5encoder", "llama", "qwen2vl", "qwen3", "qwen3vl"})
+#: placeholders older converters wrote for image models (ComfyUI-GGUF loads them by their keys)
+UNNAMED_ARCHS = ("pig", "cow")
 ORIG_SHAPE = "comfy.gguf.orig_shape."
 _PLAIN = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # GGML F32, F16, BF16
 SUPPORTED_TYPES = ("F32", "F16", "BF16", *(f.name for f in FORMATS.values()))
@@ -233,9 +235,9 @@ def llm_refusal(c: GGUFContents) -> str | None:
 
 def image_arch_problem(c: GGUFContents) -> str | None:
     """Why a GGUF file is no diffusion model for UnetLoaderGGUF (ComfyUI-GGUF's architecture
-    check), or None. A file without ``general.architecture`` (stable-diffusion.cpp's) is left to
-    key detection, as ComfyUI-GGUF does."""
-    if c.architecture is None or c.architecture in IMAGE_ARCHS:
+    check), or None. A file without ``general.architecture`` (stable-diffusion.cpp's) or with an
+    old converter's placeholder ("pig", "cow") is left to key detection, as ComfyUI-GGUF does."""
+    if c.architecture in (None, *UNNAMED_ARCHS) or c.architecture in IMAGE_ARCHS:
         return None
     kind = "a text model" if c.architecture in TEXT_ARCHS else "not an image model"
     return (f"{os.path.basename(c.path)}: GGUF architecture {c.architecture!r} is {kind}; UnetLoaderGGUF "
