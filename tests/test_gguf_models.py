@@ -329,3 +329,23 @@ def test_lora_patched_gguf_weights_are_held_in_the_storage_dtype(models):
     assert not torch.equal(sd[key].float(), base[key].dequantize().to(BF16).float())
     untouched = "input_blocks.1.1.transformer_blocks.0.attn1.to_k.weight"
     assert is_quantized(sd[untouched])
+
+
+def test_memory_estimate_counts_the_quantised_blocks(models):
+    """``mixgraph estimate`` follows UnetLoaderGGUF like UNETLoader and counts a GGUF model's
+    quantised weights as the blocks the weight store holds."""
+    from mixgraph.ui.estimate import estimate
+
+    env = Env.from_args(models=str(models))
+    held = {}
+    for loader_type, name in (("UnetLoaderGGUF", "sd15_Q4_K.gguf"), ("UNETLoader", "sd15_Q4_K.safetensors")):
+        g, ks = _sd_graph(loader_type, name)
+        est = estimate(api.load(g.build(), api.default_registry()), api.default_registry(), env, "f32")
+        held[loader_type] = est["nodes"][ks.node_id]["weights_bytes"]
+    handle = gguf_nodes.load_unet_gguf(models / "diffusion_models" / "sd15_Q4_K.gguf")
+    store = WeightStore()
+    gguf_bytes = nbytes(store.state_dict("unet", handle.source, handle.config, F32))
+    plain = loader.load_unet(models / "diffusion_models" / "sd15_Q4_K.safetensors")
+    dense_bytes = nbytes(store.state_dict("unet", plain.source, plain.config, F32))
+    assert held["UnetLoaderGGUF"] > 0
+    assert held["UNETLoader"] - held["UnetLoaderGGUF"] == dense_bytes - gguf_bytes

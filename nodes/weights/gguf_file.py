@@ -45,7 +45,8 @@ from mixgraph.nodes.weights.gguf_quants import FORMATS
 from mixgraph.nodes.weights.gguf_tensor import QuantizedTensor
 
 __all__ = ["GGUF_SUFFIX", "GGUFTensorInfo", "GGUFContents", "is_gguf", "contents", "IMAGE_ARCHS", "TEXT_ARCHS",
-           "llm_refusal", "llm_key", "LLM_RENAMED", "image_arch_problem", "SUPPORTED_TYPES", "UNNAMED_ARCHS"]
+           "llm_refusal", "llm_key", "LLM_RENAMED", "image_arch_problem", "SUPPORTED_TYPES", "UNNAMED_ARCHS",
+           "quantised_sizes"]
 
 GGUF_SUFFIX = ".gguf"
 #: ComfyUI-GGUF's image-model architectures (``loader.py: IMG_ARCH_LIST``)
@@ -178,6 +179,19 @@ def iter_tensors(path: str | os.PathLike, prefix: str = "") -> Iterator[tuple[st
     for key, info in contents(path).tensors.items():
         if key.startswith(prefix):
             yield key[len(prefix):], info.read
+
+
+def quantised_sizes(path: str | os.PathLike, prefix: str = "") -> dict[str, tuple[int, int]]:
+    """key (``prefix`` stripped) -> (bytes held, values) of the file's quantised tensors under
+    ``prefix``: what the weight store holds for them whatever the storage dtype (for estimates
+    made from shapes, which would count them dense)."""
+    out = {}
+    for key, info in contents(path).tensors.items():
+        if info.ggml_type in FORMATS and key.startswith(prefix):
+            fmt = FORMATS[info.ggml_type]
+            numel = int(np.prod(info.shape, dtype=np.int64))
+            out[key[len(prefix):]] = (numel // fmt.block_size * fmt.type_size, numel)
+    return out
 
 
 def _is_llm_named(keys) -> bool:
