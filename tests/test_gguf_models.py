@@ -349,3 +349,18 @@ def test_memory_estimate_counts_the_quantised_blocks(models):
     dense_bytes = nbytes(store.state_dict("unet", plain.source, plain.config, F32))
     assert held["UnetLoaderGGUF"] > 0
     assert held["UNETLoader"] - held["UnetLoaderGGUF"] == dense_bytes - gguf_bytes
+
+
+def test_int8_policy_on_a_gguf_model_quantises_the_dequantised_weights(models):
+    """An int8 policy builds its int8 layers from the dequantised weights: the GGUF model and its
+    dequantised safetensors twin give the same output."""
+    cfg = tiny_unet_config("sd15")
+    g = torch.Generator().manual_seed(2)
+    x, ctx = torch.randn(1, cfg.in_channels, 8, 8, generator=g), torch.randn(1, 4, cfg.context_dim, generator=g)
+    outs = []
+    for handle in (gguf_nodes.load_unet_gguf(models / "diffusion_models" / "sd15_Q8_0.gguf"),
+                   loader.load_unet(models / "diffusion_models" / "sd15_Q8_0.safetensors")):
+        module = WeightStore().materialize("unet", handle.source, handle.config, F32, (), UNetModel)
+        with torch.no_grad():
+            outs.append(apply_precision(module, Policy(int8=True))(x, torch.tensor([300.0]), ctx))
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
