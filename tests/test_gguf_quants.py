@@ -139,3 +139,18 @@ def test_every_type_reads_from_a_file_in_its_torch_shape(tmp_path):
         t = tensors[key].read()
         assert is_quantized(t) and tuple(t.shape) == ref.shape == tensors[key].shape
         np.testing.assert_array_equal(t.dequantize().numpy(), ref)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_chunked_dequantisation_equals_the_whole(monkeypatch, name):
+    """A weight larger than a chunk is dequantised chunk by chunk into its output, in float32 or
+    straight into the compute dtype, with the same values."""
+    from mixgraph.nodes.weights import gguf_quants
+
+    fmt = next(f for f in FORMATS.values() if f.name == name)
+    raw = torch.from_numpy(_random_blocks(fmt, 40, seed=3)).reshape(-1)
+    shape = (8, 5 * fmt.block_size)
+    want = torch.from_numpy(quants.dequantize(raw.numpy().reshape(40, -1), T(fmt.ggml_type))).reshape(shape)
+    monkeypatch.setattr(gguf_quants, "CHUNK_VALUES", 3 * fmt.block_size)  # 14 chunks, the last short
+    assert torch.equal(gguf_quants.dequantize(fmt, raw, shape), want)
+    assert torch.equal(gguf_quants.dequantize(fmt, raw, shape, torch.bfloat16), want.to(torch.bfloat16))

@@ -199,8 +199,22 @@ def dequantize_blocks(fmt: BlockFormat, raw: Tensor) -> Tensor:
     return fmt.dequantize(blocks)
 
 
+#: values dequantised per step: the intermediates of one step (codes, float32 products) stay a few
+#: MB, so a weight's dequantisation peaks at about its output, not several times it
+CHUNK_VALUES = 1 << 20
+
+
 def dequantize(fmt: BlockFormat, raw: Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Tensor:
     """A quantised tensor of logical ``shape`` (torch order, the last dim the row) from its raw
-    bytes, in ``dtype`` (dequantised in float32, then cast)."""
-    out = dequantize_blocks(fmt, raw).reshape(shape)  # [n, block] -> shape
-    return out if dtype == torch.float32 else out.to(dtype)
+    bytes, in ``dtype`` (each value dequantised in float32, then cast), written chunk by chunk
+    into the output."""
+    blocks = raw.reshape(-1, fmt.type_size)  # [..., bytes] -> [n, type_size]
+    n = blocks.shape[0]
+    step = max(1, CHUNK_VALUES // fmt.block_size)
+    if n <= step:
+        out = fmt.dequantize(blocks)
+        return (out if dtype == torch.float32 else out.to(dtype)).reshape(shape)  # [n, block] -> shape
+    out = torch.empty(n, fmt.block_size, dtype=dtype, device=raw.device)
+    for i in range(0, n, step):
+        out[i:i + step] = fmt.dequantize(blocks[i:i + step])  # cast on the copy where dtype differs
+    return out.reshape(shape)  # [n, block] -> shape
