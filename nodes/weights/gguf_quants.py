@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["BlockFormat", "FORMATS", "dequantize_blocks", "dequantize", "row_bytes"]
+__all__ = ["BlockFormat", "FORMATS", "dequantize_blocks", "dequantize", "CHUNK_VALUES"]
 
 QK_K = 256  # values per K-quant super-block
 
@@ -184,13 +184,6 @@ FORMATS: dict[int, BlockFormat] = {f.ggml_type: f for f in (
     BlockFormat("Q5_K", 13, QK_K, 176, _q5_k),
     BlockFormat("Q6_K", 14, QK_K, 210, _q6_k),
 )}
-
-
-def row_bytes(fmt: BlockFormat, row: int) -> int:
-    """Bytes of one row of ``row`` values (a multiple of the block size)."""
-    if row % fmt.block_size:
-        raise ValueError(f"{fmt.name}: a row of {row} values is not a multiple of its block size {fmt.block_size}")
-    return row // fmt.block_size * fmt.type_size
 
 
 def dequantize_blocks(fmt: BlockFormat, raw: Tensor) -> Tensor:

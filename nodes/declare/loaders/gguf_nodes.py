@@ -22,6 +22,7 @@ ComfyUI-GGUF keeps the patches) changes nothing; float16 / bfloat16 dequantisati
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from mixgraph.nodes.models import loader
 from mixgraph.nodes.models.handles import ClipHandle, ModelHandle
 from mixgraph.nodes.weights import gguf_file
 from mixgraph.nodes.weights.safetensors_io import WeightFileError, inspect_file
+
+log = logging.getLogger(__name__)
 
 #: GGUF ``general.architecture`` -> the mixgraph family that runs it (a file whose keys give
 #: another family is refused: the file is mislabelled or of another model)
@@ -100,6 +103,7 @@ def load_unet_gguf(path: str | os.PathLike) -> ModelHandle:
     problem = gguf_file.image_arch_problem(c) or gguf_file.llm_refusal(c)
     if problem is not None:
         raise ValueError(problem)
+    log.info("%s: GGUF %s, tensor types %s", p.name, c.architecture, c.type_counts())
     handle = loader.load_unet(p)
     expected = ARCH_FAMILIES.get(c.architecture or "")
     if expected is not None and handle.family not in ((expected,) if isinstance(expected, str) else expected):
