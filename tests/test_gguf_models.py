@@ -64,12 +64,13 @@ def models(tmp_path_factory):
     return root
 
 
-def _sd_graph(loader_type: str, unet: str, lora: bool = False) -> tuple[api.Graph, api.NodeRef]:
+def _sd_graph(loader_type: str, unet: str, lora: str | None = None) -> tuple[api.Graph, api.NodeRef]:
+    """``lora``: the LoRA node between the loader and KSampler (the tiny LoRA at 0.8), or none."""
     g = api.Graph()
     extra = {"weight_dtype": "default"} if loader_type == "UNETLoader" else {}
     m = g.add(loader_type, unet_name=unet, **extra)[0]
     if lora:
-        m = g.add("LoraLoaderModelOnly", model=m, lora_name="l.safetensors", strength_model=0.8)[0]
+        m = g.add(lora, model=m, lora_name="l.safetensors", strength_model=0.8)[0]
     c = g.add("CLIPLoaderGGUF", clip_name="clip_l_tiny.safetensors", type="stable_diffusion")[0]
     pos, neg = g.add("CLIPTextEncode", text="a red cube", clip=c), g.add("CLIPTextEncode", text="", clip=c)
     lat = g.add("EmptyLatentImage", width=32, height=32, batch_size=1)
@@ -113,8 +114,8 @@ def test_sd15_gguf_under_bf16_and_with_the_advanced_loader(models):
 
 def test_lora_on_a_gguf_model_patches_the_dequantised_weights(models):
     name = "sd15_Q8_0"
-    got = _samples(models, _sd_graph("UnetLoaderGGUF", f"{name}.gguf", lora=True))
-    want = _samples(models, _sd_graph("UNETLoader", f"{name}.safetensors", lora=True))
+    got = _samples(models, _sd_graph("UnetLoaderGGUF", f"{name}.gguf", lora="LoraLoaderModelOnly"))
+    want = _samples(models, _sd_graph("UNETLoader", f"{name}.safetensors", lora="LoraLoaderModelOnly"))
     plain = _samples(models, _sd_graph("UnetLoaderGGUF", f"{name}.gguf"))
     assert torch.equal(got, want) and not torch.equal(got, plain)
 
@@ -364,3 +365,28 @@ def test_int8_policy_on_a_gguf_model_quantises_the_dequantised_weights(models):
         with torch.no_grad():
             outs.append(apply_precision(module, Policy(int8=True))(x, torch.tensor([300.0]), ctx))
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+
+
+def test_bypass_lora_on_a_gguf_model_keeps_the_weights_quantised(models):
+    """LoraLoaderBypassModelOnly adds the LoRA in the forward pass: on a GGUF model it samples as
+    on the dequantised twin, close to the merged LoRA, and no weight is dequantised to hold."""
+    def graph(loader_type, unet, bypass):
+        lora = "LoraLoaderBypassModelOnly" if bypass else "LoraLoaderModelOnly"
+        return _samples(models, _sd_graph(loader_type, unet, lora))
+
+    name = "sd15_Q8_0"
+    got = graph("UnetLoaderGGUF", f"{name}.gguf", True)
+    assert torch.equal(got, graph("UNETLoader", f"{name}.safetensors", True))
+    merged = graph("UnetLoaderGGUF", f"{name}.gguf", False)
+    torch.testing.assert_close(got, merged, rtol=1e-4, atol=1e-4)
+    from mixgraph.graph.precision import parse_spec
+    from mixgraph.nodes.adapters.lora import load_lora
+    from mixgraph.nodes.adapters.lora_bypass import bypass_patches
+
+    handle = gguf_nodes.load_unet_gguf(models / "diffusion_models" / f"{name}.gguf")
+    lora = load_lora(models / "loras" / "l.safetensors", handle.weight_shapes(), None, unet_names=handle.lora_names())
+    unet_patches, _ = bypass_patches(lora, 0.8, 0.0, False)
+    with torch.inference_mode():  # as every consumer materializes (the store's entries are inference tensors)
+        module = handle.with_patches(unet_patches).runner(parse_spec("f32")).model
+    key = "input_blocks.1.1.transformer_blocks.0.attn1.to_q"
+    assert is_quantized(module.get_submodule(key).weight)
