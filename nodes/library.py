@@ -19,6 +19,7 @@ from mixgraph.nodes.declare.latent import (latent_extra_nodes, latent_io_nodes, 
                                            rebatch_nodes, video_latent_nodes)
 from mixgraph.nodes.declare.loaders import (extra_loader_nodes, loading, lora_bypass_nodes,  # noqa: F401
                                             lora_stack_nodes, multigpu_nodes, save_nodes)
+from mixgraph.nodes.declare.loaders import gguf_nodes  # noqa: F401  (ComfyUI-GGUF's loaders)
 from mixgraph.nodes.declare.logic import (logic_nodes, loop_nodes, preview_any_nodes,  # noqa: F401
                                           primitive_nodes)
 from mixgraph.nodes.declare.model_patches import (attention_backend_nodes, context_window_nodes,  # noqa: F401

@@ -25,7 +25,8 @@ BASE_BYTES and ACTIVATION_FACTOR are calibrated against measured peak RSS of ful
 runs and checked on full-size SDXL (benchmarks/bench_hardware.py, numbers in benchmarks/README.md).
 
 Nodes the model knows: the loaders (CheckpointLoaderSimple, CheckpointLoader, UNETLoader,
-VAELoader, CLIPLoader, DualCLIPLoader, ControlNetLoader), pass-through model nodes (LoRA,
+VAELoader, CLIPLoader, DualCLIPLoader, ControlNetLoader, and ComfyUI-GGUF's UnetLoaderGGUF(Advanced),
+(Dual)CLIPLoaderGGUF, whose quantised weights count as the blocks held), pass-through model nodes (LoRA,
 precision pins, anything whose output is the model type of an input), the samplers (KSampler,
 KSamplerAdvanced; batch doubled for CFG, plus every ControlNet applied in the workflow), VAE
 decode/encode (whole and tiled) and text encoding. Sizes come from EmptyLatentImage / EmptySD3LatentImage,
@@ -85,6 +86,11 @@ _LOADERS = {   # class -> (folder, file inputs, {output slot: socket type})
     "CLIPLoader": ("text_encoders", ("clip_name",), {0: "CLIP"}),
     "DualCLIPLoader": ("text_encoders", ("clip_name1", "clip_name2"), {0: "CLIP"}),
     "ControlNetLoader": ("controlnet", ("control_net_name",), {0: "CONTROL_NET"}),
+    # ComfyUI-GGUF's (nodes/declare/loaders/gguf_nodes.py): quantised weights counted as held
+    "UnetLoaderGGUF": ("diffusion_models", ("unet_name",), {0: "MODEL"}),
+    "UnetLoaderGGUFAdvanced": ("diffusion_models", ("unet_name",), {0: "MODEL"}),
+    "CLIPLoaderGGUF": ("text_encoders", ("clip_name",), {0: "CLIP"}),
+    "DualCLIPLoaderGGUF": ("text_encoders", ("clip_name1", "clip_name2"), {0: "CLIP"}),
 }
 _SAMPLERS = {"KSampler": "latent_image", "KSamplerAdvanced": "latent_image"}
 _VAE_NODES = {"VAEDecode": ("samples", "decode"), "VAEDecodeTiled": ("samples", "decode"),
@@ -212,6 +218,10 @@ def _load(class_type: str, paths: tuple[str, ...], mtimes: tuple[int, ...], extr
         return loader.load_checkpoint(paths[0])
     if class_type == "UNETLoader":
         return (loader.load_unet(paths[0], weight_dtype=extra),)
+    if class_type.startswith("UnetLoaderGGUF"):
+        return (loader.load_unet(paths[0]),)
+    if class_type.endswith("CLIPLoaderGGUF"):
+        return (loader.load_clip(list(paths), extra),)
     if class_type == "VAELoader":
         return (loader.load_vae(paths[0]),)
     if class_type in ("CLIPLoader", "DualCLIPLoader"):
@@ -268,8 +278,23 @@ def _weight_parts(socket: str, handle: Any, pkey: tuple) -> tuple[tuple[int, int
         with torch.device("meta"):
             module = build()
         held, use = precision_bytes(module, Policy(*pkey))
+        held -= _gguf_saving(module, source, pkey[0])
         parts.append((held, use, held + _stored_table_bytes(module, source)))
     return tuple(parts)
+
+
+def _gguf_saving(module: torch.nn.Module, source: Any, storage: torch.dtype) -> int:
+    """Bytes a GGUF file's quantised weights hold less than `precision_bytes` counts for them
+    (it counts them in the storage dtype; the weight store holds the file's blocks)."""
+    from mixgraph.nodes.weights.gguf_file import is_gguf, quantised_sizes
+
+    path = getattr(source, "path", None)
+    if path is None or not is_gguf(path):
+        return 0
+    params = dict(module.named_parameters())
+    item = torch.empty((), dtype=storage).element_size()
+    return sum(max(0, numel * item - held) for key, (held, numel) in quantised_sizes(path, source.prefix).items()
+               if key in params)
 
 
 def _weight_bytes(socket: str, handle: Any, pkey: tuple) -> tuple[int, int]:

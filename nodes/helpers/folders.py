@@ -122,12 +122,13 @@ def _walk(root: Path, extensions: Iterable[str]) -> list[str]:
     return out
 
 
-def list_files(env: Any, folder: str) -> list[str]:
-    """Combo options for a model folder: relative paths, sorted, without duplicates."""
+def list_files(env: Any, folder: str, extensions: tuple[str, ...] | None = None) -> list[str]:
+    """Combo options for a model folder: relative paths, sorted, without duplicates; files with
+    ``extensions`` when given (ComfyUI-GGUF's loaders list ``.gguf``), else the folder's kinds."""
     names: set[str] = set()
     for root in roots(env, folder):
-        names.update(_walk(root, FOLDER_EXTENSIONS.get(folder, MODEL_EXTENSIONS)))
-        if folder in ("checkpoints", "diffusion_models", "unet"):
+        names.update(_walk(root, extensions or FOLDER_EXTENSIONS.get(folder, MODEL_EXTENSIONS)))
+        if extensions is None and folder in ("checkpoints", "diffusion_models", "unet"):
             names.update(_diffusers_dirs(root))
     return sorted(names)
 

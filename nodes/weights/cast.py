@@ -43,6 +43,9 @@ Rules:
   the file's fp8 type) and multiplies the weight it casts by the scale on every forward (ComfyUI's
   dequantising path; fp8 matrix multiplies with `scale_input` are not used: compute dtypes are
   f32 / f16 / bf16); an int8 layer is made from the dequantised weight.
+- GGUF weights (`gguf_tensor.QuantizedTensor`, from `.gguf` files): kept quantised whatever the
+  storage dtype, and dequantised (in f32, then cast to the layer's compute dtype) on every
+  forward of their layer; the dequantised copy lives for that call only.
 - Half compute on CPU: Conv2d weights are stored channels_last and activations made channels_last,
   since NCHW half convolutions on CPU are orders of magnitude slower.
 - The per-forward weight cast writes into a reused per-thread scratch buffer (one per device,
@@ -69,6 +72,8 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from mixgraph.nodes.weights.gguf_tensor import is_quantized
 
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -129,6 +134,8 @@ class CastLayer:
     def _params(self, dtype: torch.dtype, x: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
         w = getattr(self, "weight", None)
         b = getattr(self, "bias", None)
+        if is_quantized(w):  # a GGUF weight (gguf_tensor.py): dequantised for this call only
+            return w.dequantize(dtype), None if b is None else _plain(b).to(dtype)
         cast = None if w is None else _cast_weight(w, dtype, x)
         scale = self._buffers.get("weight_scale")
         if scale is not None:  # a quantised fp8 weight (quantized.py): w · s, in place on the fresh cast
@@ -161,6 +168,8 @@ class CastConv2d(CastLayer, nn.Conv2d):
 
 class CastEmbedding(CastLayer, nn.Embedding):
     def forward(self, ids: Tensor) -> Tensor:
+        if self.max_norm is None and is_quantized(self.weight):  # a GGUF table: dequantise the rows used
+            return self.weight.rows(ids, self.compute_dtype)
         if self.max_norm is None:  # look rows up in the stored dtype, cast only those (exact)
             rows = F.embedding(ids, self.weight, self.padding_idx, None, self.norm_type,
                                self.scale_grad_by_freq, self.sparse)
@@ -229,9 +238,14 @@ class Int8Linear(nn.Module):
         return y.reshape(*lead, self.out_features).to(self.compute_dtype)  # [N, out] -> [..., out]
 
 
+def _plain(t: Tensor) -> Tensor:
+    """A GGUF-quantised tensor dequantised (float32); any other as it is."""
+    return t.dequantize() if is_quantized(t) else t
+
+
 def _float_weight(layer: nn.Module) -> Tensor:
     """The layer's weight in float32; a quantised fp8 weight times its ``weight_scale``."""
-    w = layer.weight.detach().float()
+    w = _plain(layer.weight.detach()).float()
     scale = layer._buffers.get("weight_scale")
     return w if scale is None else w * scale
 
@@ -357,6 +371,9 @@ def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
         for pname, p in m._parameters.items():
             if p is None or id(p) in memo:
                 continue
+            if is_quantized(p):  # a GGUF weight stays quantised (dequantised per forward)
+                memo[id(p)] = p
+                continue
             if (type(m) not in _CAST_CLASSES or plans[name] == "int8" or f32
                     or (name in as_stored and type(m) is nn.Embedding)
                     or (pname == "weight" and m._buffers.get("weight_scale") is not None)):
@@ -400,11 +417,11 @@ def weight_bytes(module: nn.Module) -> int:
     seen: set[tuple[int, torch.dtype]] = set()
     total = 0
     for t in list(module.parameters()) + list(module.buffers()):
-        key = (t.data_ptr(), t.dtype)
+        key = (t.raw.data_ptr(), "gguf") if is_quantized(t) else (t.data_ptr(), t.dtype)
         if key in seen:
             continue
         seen.add(key)
-        total += t.numel() * t.element_size()
+        total += t.raw.numel() if is_quantized(t) else t.numel() * t.element_size()
     return total
 
 

@@ -33,6 +33,8 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError, safe_open
 
+from mixgraph.nodes.weights import gguf_file
+from mixgraph.nodes.weights.gguf_tensor import is_quantized
 from mixgraph.nodes.weights.quantized import QuantScheme, quant_scheme, read_quantized
 
 __all__ = [
@@ -70,6 +72,14 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format limit
 
 class WeightFileError(ValueError):
     """A weight file that cannot be read: truncated, corrupt, or of an unknown format."""
+
+
+def _gguf(path: str) -> gguf_file.GGUFContents:
+    """A GGUF file's contents (``gguf_file``), its errors as ``WeightFileError``."""
+    try:
+        return gguf_file.contents(path)
+    except gguf_file.GGUFFileError as e:
+        raise WeightFileError(str(e)) from e
 
 
 @dataclass(frozen=True)
@@ -196,7 +206,7 @@ def file_metadata(path: str | os.PathLike) -> dict[str, str]:
     """A safetensors file's `__metadata__` (strings), from its header only; {} for a pickle file
     or a header without one."""
     path = os.fspath(path)
-    if _is_pickle(path):
+    if _is_pickle(path) or gguf_file.is_gguf(path):
         return {}
     meta = _safetensors_header(path).get("__metadata__")
     return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
@@ -211,6 +221,8 @@ def inspect_file(path: str | os.PathLike) -> dict[str, TensorInfo]:
     path = os.fspath(path)
     if _is_pickle(path):
         return {k: TensorInfo(tuple(v.shape), v.dtype) for k, v in _load_pickle(path).items()}
+    if gguf_file.is_gguf(path):  # quantised tensors: their logical shape, float32
+        return {k: TensorInfo(t.shape, t.dtype) for k, t in _gguf(path).tensors.items()}
     out: dict[str, TensorInfo] = {}
     for key, entry in _safetensors_header(path).items():
         if key == "__metadata__":
@@ -310,6 +322,16 @@ def _release_pages(src: torch.Tensor) -> None:
         madvise(lo, hi - lo, _MADV_DONTNEED)
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A quantised GGUF weight dequantised (float32); any other tensor as it is."""
+    return t.dequantize() if is_quantized(t) else t
+
+
+def _convert_gguf(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``_convert`` for a GGUF tensor: a quantised weight is kept as it is (``gguf_tensor``)."""
+    return t if is_quantized(t) else _convert(t, dtype)
+
+
 def _convert_released(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """``_convert`` for a tensor read from a safetensors memory map: when a new tensor is made,
     the source's pages are released (see the module docstring)."""
@@ -343,6 +365,9 @@ def read_tensors(
     if _is_pickle(path):
         sd = _load_pickle(path)
         return {out_key(k): _convert(sd[k], dtype).contiguous() for k in select(sd)}
+    if gguf_file.is_gguf(path):
+        tensors = _gguf(path).tensors
+        return {out_key(k): _convert(_plain(tensors[k].read()), dtype) for k in select(tensors)}
     _safetensors_header(path)  # clear errors before safetensors' own
     out: dict[str, torch.Tensor] = {}
     try:
@@ -391,6 +416,9 @@ def read_source(
     if _is_pickle(path):
         sd = _load_pickle(path)
         return take((k[len(p):], (lambda k=k: sd[k])) for k in sd if k.startswith(p))
+    if gguf_file.is_gguf(path):  # quantised weights stay quantised whatever the dtype asked
+        tensors = _gguf(path).tensors
+        return take(((k[len(p):], tensors[k].read) for k in tensors if k.startswith(p)), _convert_gguf)
     _safetensors_header(path)
     try:
         with safe_open(path, framework="pt", device="cpu") as f:

@@ -27,6 +27,11 @@ whose parameters are the cached tensors for ``(source, storage dtype, patches)``
   dequantised once at read time. Their entries are never derived to another dtype (each dtype is
   read from the file); a LoRA merge dequantises a patched fp8 weight, adds, and re-quantises it
   with its scale (``apply_patches(scales=)``); a model merge sees the other model dequantised.
+- GGUF files (``gguf_file.py``): their quantised weights are held as the file's bytes
+  (``gguf_tensor.QuantizedTensor``) whatever the storage dtype, and counted by those bytes; the
+  cast layers dequantise them per forward. A LoRA or merge patch on such a weight works on its
+  dequantised float32 values, as ComfyUI-GGUF applies patches to the dequantised weight, and the
+  patched weight is held dense in its storage dtype. Their entries are never derived to another dtype.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mixgraph.nodes.weights.gguf_file import is_gguf
+from mixgraph.nodes.weights.gguf_tensor import is_quantized, storage_nbytes
 from mixgraph.nodes.weights.layouts import reader_for_source
 from mixgraph.nodes.adapters.lora import apply_patches
 from mixgraph.nodes.weights.merge import MergePatch
@@ -99,10 +106,11 @@ def nbytes(sd: Mapping[str, torch.Tensor]) -> int:
     of one buffer, as OpenCLIP's fused q/k/v split into three, count each)."""
     seen, total = set(), 0
     for t in sd.values():
-        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        key = (t.raw.data_ptr(), "gguf", tuple(t.shape)) if is_quantized(t) else (
+            t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
         if key not in seen:
             seen.add(key)
-            total += t.numel() * t.element_size()
+            total += storage_nbytes(t)  # a GGUF weight: its quantised bytes
     return total
 
 
@@ -192,6 +200,20 @@ def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, wh
     return module.eval().requires_grad_(False)
 
 
+def _patched_gguf_in_storage(base, tensors, rule, storage_dtype):
+    """A patched GGUF weight (merged on its dequantised f32 values) held in the storage dtype its
+    key takes, as a patched plain weight is, rather than in f32."""
+    if not any(is_quantized(t) for t in base.values()):
+        return tensors
+    out = dict(tensors)
+    for k, t in tensors.items():
+        if is_quantized(base.get(k)) and not is_quantized(t):
+            target = rule(k, storage_dtype)
+            if target is not None and t.dtype != target:
+                out[k] = t.to(target)
+    return out
+
+
 class WeightStore:
     """An LRU of state dicts keyed by (kind, source identity, storage dtype, patches)."""
 
@@ -255,6 +277,7 @@ class WeightStore:
                     tensors = apply_patches(base, patches, target=kind, others=others, scales=scales)
                 else:
                     tensors = apply_patches(base, patches, target=kind, others=others)
+                tensors = _patched_gguf_in_storage(base, tensors, rule, storage_dtype)
                 self.stats.patched += 1
                 self._put(key, _Entry(tensors, nbytes(tensors), exact=False))
                 return tensors
@@ -346,7 +369,8 @@ class WeightStore:
         self.stats.bytes_read += nbytes(tensors)
         ident = source.identity
         self.stats.reads_by_source[ident] = self.stats.reads_by_source.get(ident, 0) + 1
-        quantised = quantization(source) is not None  # dequantised values are no file values
+        # dequantised values are no file values; a GGUF entry holds quantised weights (never derived)
+        quantised = quantization(source) is not None or (source.path is not None and is_gguf(source.path))
         return tensors, not quantised and stored <= _EXACT.get(dtype, {dtype})
 
 
