@@ -23,7 +23,7 @@ MODEL_SOCKETS = ("MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_
                  "STYLE_MODEL")
 #: Socket types whose values travel only over links and hold no model.
 LINK_SOCKETS = ("CONDITIONING", "LATENT", "IMAGE", "MASK", "CLIP_VISION_OUTPUT", "GLIGEN",
-                "NOISE", "SAMPLER", "SIGMAS", "GUIDER")
+                "NOISE", "SAMPLER", "SIGMAS", "GUIDER", "VIDEO", "AUDIO")
 #: ComfyUI V3's own widget types the library's nodes use: BOUNDING_BOX (`{"x", "y", "width",
 #: "height"}` ints), COLOR (`"#rrggbb"`) and WEBCAM (WebcamCapture: the annotated file name of
 #: the frame the editor uploaded). Their literals reach the body uncoerced.
