@@ -191,6 +191,9 @@ def test_video_animated_webp_and_png_read_back_with_pillow(tmp_path):
     assert res.ui[webp.node_id]["images"] == [{"filename": "w_00001_.webp", "subfolder": "anim", "type": "output"}]
     assert res.ui[png.node_id]["images"] == [{"filename": "p_00001_.png", "subfolder": "anim", "type": "output"}]
     with Image.open(tmp_path / "anim" / "w_00001_.webp") as im:
+        im.seek(3)
+        im.load()  # Pillow states a WEBP frame's duration and start once it is decoded
         assert im.n_frames == 4 and im.size == (20, 10) and im.info["duration"] == 200
+        assert im.info["timestamp"] == 600
     with Image.open(tmp_path / "anim" / "p_00001_.png") as im:
         assert im.n_frames == 4 and im.size == (20, 10) and im.info["duration"] == 250
