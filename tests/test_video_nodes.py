@@ -150,8 +150,14 @@ def test_video_components_payload_checks_its_shape():
 
 
 def test_video_odd_sides_are_refused_by_name(tmp_path):
-    with pytest.raises(video_codec.VideoFileError, match="sides must be even"):
+    with pytest.raises(video_codec.VideoFileError, match="SaveWEBM: 16x15 px frames .* sides must be even"):
         video_files.save_webm(torch.rand(2, 15, 16, 3), tmp_path, "odd", "vp9", 8.0, 32)
+    g = api.Graph()
+    img = g.add("EmptyImage", width=7, height=8, batch_size=2, color=0)
+    g.add("SaveVideo", video=g.add("CreateVideo", images=img, fps=3.0), filename_prefix="x", format="auto",
+          codec="auto")
+    with pytest.raises(NodeError, match=r"SaveVideo.*SaveVideo video: 7x8 px frames cannot be stored"):
+        api.run(g, output=tmp_path)
 
 
 def test_video_bad_inputs_name_the_node_input(tmp_path):

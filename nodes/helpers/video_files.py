@@ -114,7 +114,8 @@ def save_video(video: Video, root: Path, prefix: str, format: str, codec: str, *
     width, height = video.dimensions()
     folder, stem, subfolder, counter = _target(root, prefix, width, height, kind)
     name = f"{stem}_{counter:05}_.{format_extension(format)}"
-    video.save_to(folder / name, format=format, codec=codec, metadata=_metadata(prompt, extra_pnginfo))
+    video.save_to(folder / name, format=format, codec=codec, metadata=_metadata(prompt, extra_pnginfo),
+                  what="SaveVideo video")
     return [{"filename": name, "subfolder": subfolder, "type": kind}]
 
 

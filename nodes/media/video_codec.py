@@ -96,7 +96,9 @@ def probe(source: Source, what: str = "video") -> VideoInfo:
     with _open(source, what) as container:
         stream = _video_stream(container, what)
         width, height = int(stream.codec_context.width), int(stream.codec_context.height)
-        if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE):
+        if width <= 0 or height <= 0:
+            raise VideoFileError(f"{what}: not a readable video (its video stream states no frame size)")
+        if width > MAX_SIDE or height > MAX_SIDE:
             raise VideoFileError(f"{what}: frames of {width}x{height} px refused (sides must be 1..{MAX_SIDE})")
         rate = Fraction(stream.average_rate) if stream.average_rate else Fraction(1)
         return VideoInfo(width, height, rate, stream.codec_context.name, container.format.name,

@@ -97,13 +97,14 @@ class VideoFromComponents:
     def frame_rate(self) -> Fraction:
         return self.parts.frame_rate
 
-    def save_to(self, path: Path, format: str = "auto", codec: str = "auto", metadata: dict | None = None) -> None:
-        """H.264 MP4 (ComfyUI supports no other format or codec for frames yet)."""
+    def save_to(self, path: Path, format: str = "auto", codec: str = "auto", metadata: dict | None = None,
+                what: str = "video") -> None:
+        """H.264 MP4 (ComfyUI supports no other format or codec for frames yet); errors name `what`."""
         _check_save(format, codec)
         c = self.parts
         audio = c.audio
         video_codec.encode_mp4(path, c.images, c.frame_rate, audio.waveform if audio else None,
-                               audio.sample_rate if audio else 0, metadata)
+                               audio.sample_rate if audio else 0, metadata, what)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ class VideoFromFile:
     def frame_rate(self) -> Fraction:
         return self.info.frame_rate
 
-    def save_to(self, path: Path, format: str = "auto", codec: str = "auto", metadata: dict | None = None) -> None:
+    def save_to(self, path: Path, format: str = "auto", codec: str = "auto", metadata: dict | None = None,
+                what: str = "video") -> None:
         """Copy the packets where the file already has the asked format and codec, else re-encode
         the decoded frames (ComfyUI's rule)."""
         _check_save(format, codec)
@@ -141,7 +143,7 @@ class VideoFromFile:
         if same_format and same_codec:
             video_codec.remux(self.path, path, metadata, str(self.path))
         else:
-            VideoFromComponents(self.components()).save_to(path, format, codec, metadata)
+            VideoFromComponents(self.components()).save_to(path, format, codec, metadata, what)
 
 
 Video = VideoFromComponents | VideoFromFile
