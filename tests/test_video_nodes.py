@@ -203,3 +203,33 @@ def test_video_animated_webp_and_png_read_back_with_pillow(tmp_path):
         assert im.info["timestamp"] == 600
     with Image.open(tmp_path / "anim" / "p_00001_.png") as im:
         assert im.n_frames == 4 and im.size == (20, 10) and im.info["duration"] == 250
+
+
+def test_video_slice_keeps_the_window_and_its_sound(tmp_path):
+    spec = INFO["Video Slice"]
+    assert spec["display_name"] == "Video Slice" and spec["output"] == ["VIDEO"]
+    assert spec["input"]["required"]["start_time"][1]["min"] == -1e5
+    assert spec["input"]["required"]["strict_duration"][1]["default"] is False
+    images = frames(10)  # 10 frames at 5 fps: 2 s, frame i at i / 5 s
+    wave = torch.arange(2 * 8000, dtype=torch.float32).view(1, 1, -1)  # 2 s at 8 kHz, value = sample index
+    video = video_files.create_video(images, 5.0, Audio(wave, 8000))
+    cut = video_files.slice_video(video, 0.4, 1.0, strict_duration=True)
+    assert torch.equal(cut.parts.images, images[2:7]) and cut.frame_rate() == 5
+    assert cut.parts.audio.waveform.shape == (1, 1, 8000) and float(cut.parts.audio.waveform[0, 0, 0]) == 3200
+    tail = video_files.slice_video(video, -0.6, 0.0, strict_duration=False)  # the last 0.6 s
+    assert torch.equal(tail.parts.images, images[7:])
+    with pytest.raises(ValueError, match="less than the duration 3 s"):
+        video_files.slice_video(video, 0.0, 3.0, strict_duration=True)
+    assert video_files.slice_video(video, 1.0, 3.0, strict_duration=False).frame_count() == 5
+    with pytest.raises(ValueError, match="no frame lies in the window"):
+        video_files.slice_video(video, 5.0, 0.0, strict_duration=False)
+    # Through the engine, from a file.
+    (tmp_path / "in").mkdir()
+    video_files.create_video(images, 5.0, None).save_to(tmp_path / "in" / "c.mp4")
+    g = api.Graph()
+    s = g.add("Video Slice", video=g.add("LoadVideo", file="c.mp4"), start_time=1.0, duration=0.4,
+              strict_duration=False)
+    parts = g.add("GetVideoComponents", video=s)
+    g.add("PreviewImage", images=parts[0])
+    res = api.run(g, input=tmp_path / "in", output=tmp_path / "out")
+    assert res[parts.node_id][0].shape == (2, 32, 48, 3) and res[parts.node_id][2] == 5.0

@@ -21,7 +21,11 @@ from mixgraph.nodes.payloads.video import Audio, Video, VideoComponents, VideoFr
     format_extension
 
 __all__ = ["list_videos", "video_path", "missing_video", "video_fingerprint", "load_video", "create_video",
-           "video_outputs", "save_video", "save_webm", "preview_ui"]
+           "video_outputs", "slice_video", "save_video", "save_webm", "preview_ui"]
+
+#: Half a microsecond: frame times compared with a window's edges are exact fractions, the
+#: window's edges are floats from the editor.
+_EPS = 5e-7
 
 
 def list_videos(env: Any) -> list[str]:
@@ -85,6 +89,38 @@ def video_outputs(video: Video) -> tuple[torch.Tensor, Audio | None, float]:
     """GetVideoComponents: (images, audio or None, fps)."""
     parts = video.components()
     return parts.images, parts.audio, float(parts.frame_rate)
+
+
+def slice_video(video: Video, start_time: float, duration: float, strict_duration: bool) -> VideoFromComponents:
+    """ComfyUI's "Video Slice": the frames shown from `start_time` (seconds; negative counts from the
+    end) for `duration` seconds (0: to the end), and the sound of that window.
+
+    Frame i is shown at i / fps; it is kept when that time lies in [start, start + duration). With
+    `strict_duration` a window reaching past the end is an error, as is a window with no frame.
+    The result is frames in memory (a file is decoded whole first)."""
+    if duration < 0:
+        raise ValueError(f"Video Slice duration {duration}: must be >= 0 (0 keeps everything from start_time)")
+    parts = video.components()
+    rate, count = parts.frame_rate, int(parts.images.shape[0])
+    total = float(count / rate)
+    start = start_time if start_time >= 0 else max(total + start_time, 0.0)
+    if strict_duration and duration > 0 and total - start < duration - _EPS:
+        raise ValueError(f"Video Slice: the video lasts {total:g} s, so from start_time {start:g} s it has "
+                         f"{max(total - start, 0.0):g} s, less than the duration {duration:g} s (strict_duration)")
+    times = torch.arange(count, dtype=torch.float64) / float(rate)  # [N] seconds
+    keep = times >= start - _EPS
+    if duration > 0:
+        keep &= times < start + duration - _EPS
+    if not bool(keep.any()):
+        raise ValueError(f"Video Slice: no frame lies in the window (the video lasts {total:g} s, start_time "
+                         f"{start_time:g} s, duration {duration:g} s)")
+    audio = parts.audio
+    if audio is not None:
+        first = int(round(start * audio.sample_rate))
+        end = first + int(duration * audio.sample_rate) if duration > 0 else audio.waveform.shape[-1]
+        audio = Audio(audio.waveform[..., first:end], audio.sample_rate) if first < audio.waveform.shape[-1] \
+            else None
+    return VideoFromComponents(VideoComponents(parts.images[keep], rate, audio))
 
 
 def _target(root: Path, prefix: str, width: int, height: int, kind: str) -> tuple[Path, str, str, int]:

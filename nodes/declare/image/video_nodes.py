@@ -1,12 +1,12 @@
 """ComfyUI's video nodes (comfy_extras/nodes_video.py): LoadVideo, CreateVideo,
-GetVideoComponents, SaveVideo, SaveWEBM, on ``helpers/video_files.py`` and the VIDEO / AUDIO
+GetVideoComponents, SaveVideo, SaveWEBM and (a later release's) "Video Slice", on ``helpers/video_files.py`` and the VIDEO / AUDIO
 payloads (``payloads/video.py``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mixgraph.graph.node import Combo, Float, Result, Socket, String, node
+from mixgraph.graph.node import Boolean, Combo, Float, Result, Socket, String, node
 from mixgraph.graph.spec import Hidden
 from mixgraph.nodes.helpers import video_files
 from mixgraph.nodes.media.video_codec import WEBM_CODECS
@@ -61,3 +61,12 @@ def SaveWEBM(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"), cod
     saved = video_files.save_webm(images, Path(ctx.env.output), filename_prefix, codec, fps, crf,
                                   prompt=prompt, extra_pnginfo=extra_pnginfo)
     return Result(ui=video_files.preview_ui(saved))
+
+
+@node(name="Video Slice", category="image/video", outputs=("VIDEO",), display_name="Video Slice")
+def VideoSlice(video=Socket("VIDEO"),
+               start_time=Float(0.0, min=-1e5, max=1e5, step=0.001, tooltip="Start time in seconds"),
+               duration=Float(0.0, min=0.0, step=0.001, tooltip="Duration in seconds, or 0 for unlimited duration"),
+               strict_duration=Boolean(False, tooltip="If True, when the specified duration is not possible, an "
+                                       "error will be raised.")):
+    return (video_files.slice_video(video, start_time, duration, strict_duration),)
