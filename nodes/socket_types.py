@@ -26,8 +26,9 @@ LINK_SOCKETS = ("CONDITIONING", "LATENT", "IMAGE", "MASK", "CLIP_VISION_OUTPUT",
                 "NOISE", "SAMPLER", "SIGMAS", "GUIDER", "VIDEO", "AUDIO")
 #: ComfyUI V3's own widget types the library's nodes use: BOUNDING_BOX (`{"x", "y", "width",
 #: "height"}` ints), COLOR (`"#rrggbb"`) and WEBCAM (WebcamCapture: the annotated file name of
-#: the frame the editor uploaded). Their literals reach the body uncoerced.
-WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM")
+#: the frame the editor uploaded), IMAGECOMPARE (ImageCompare's slider view; the editor sends no
+#: value). Their literals reach the body uncoerced.
+WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE")
 
 #: How the presets treat each kind of model (`graph.precision.preset_spec` has the presets):
 #: - unet, the denoiser (and a ControlNet, which runs beside it every step): native half

@@ -233,3 +233,44 @@ def test_video_slice_keeps_the_window_and_its_sound(tmp_path):
     g.add("PreviewImage", images=parts[0])
     res = api.run(g, input=tmp_path / "in", output=tmp_path / "out")
     assert res[parts.node_id][0].shape == (2, 32, 48, 3) and res[parts.node_id][2] == 5.0
+
+
+def test_image_compare_previews_both_batches(tmp_path):
+    spec = INFO["ImageCompare"]
+    assert spec["output_node"] is True and spec["display_name"] == "Image Compare"
+    assert spec["input"]["optional"]["compare_view"][0] == "IMAGECOMPARE"
+    assert spec["input"]["optional"]["image_a"][0] == "IMAGE"
+    g = api.Graph()
+    a = g.add("EmptyImage", width=8, height=4, batch_size=2, color=0)
+    cmp_ = g.add("ImageCompare", image_a=a)
+    res = api.run(g, output=tmp_path / "out")
+    ui = res.ui[cmp_.node_id]
+    assert ui["b_images"] == [] and len(ui["a_images"]) == 2
+    first = ui["a_images"][0]
+    assert first["type"] == "temp" and first["filename"].startswith("comfy.compare.a_temp_")
+
+
+def test_video_nodes_from_an_editor_workflow(tmp_path):
+    """The widget values the video templates save (LoadVideo's upload widget value, CreateVideo's
+    fps, SaveVideo's three) read as ComfyUI's editor writes them."""
+    (tmp_path / "in").mkdir()
+    video_files.create_video(frames(4), 8.0, None).save_to(tmp_path / "in" / "driving.mp4")
+    wf = {"last_node_id": 4, "last_link_id": 3, "version": 0.4, "nodes": [
+        {"id": 1, "type": "LoadVideo", "inputs": [], "widgets_values": ["driving.mp4", "image"],
+         "outputs": [{"name": "VIDEO", "type": "VIDEO", "links": [1]}]},
+        {"id": 2, "type": "GetVideoComponents", "widgets_values": [],
+         "inputs": [{"name": "video", "type": "VIDEO", "link": 1}],
+         "outputs": [{"name": "images", "type": "IMAGE", "links": [2]},
+                     {"name": "audio", "type": "AUDIO", "links": []},
+                     {"name": "fps", "type": "FLOAT", "links": []}]},
+        {"id": 3, "type": "CreateVideo", "widgets_values": [16],
+         "inputs": [{"name": "images", "type": "IMAGE", "link": 2},
+                    {"name": "audio", "shape": 7, "type": "AUDIO", "link": None}],
+         "outputs": [{"name": "VIDEO", "type": "VIDEO", "links": [3]}]},
+        {"id": 4, "type": "SaveVideo", "widgets_values": ["video/ComfyUI", "auto", "auto"],
+         "inputs": [{"name": "video", "type": "VIDEO", "link": 3}], "outputs": []}],
+        "links": [[1, 1, 0, 2, 0, "VIDEO"], [2, 2, 0, 3, 0, "IMAGE"], [3, 3, 0, 4, 0, "VIDEO"]]}
+    res = api.run(wf, input=tmp_path / "in", output=tmp_path / "out")
+    (entry,) = res.ui["4"]["images"]
+    assert entry == {"filename": "ComfyUI_00001_.mp4", "subfolder": "video", "type": "output"}
+    assert read_back(tmp_path / "out" / "video" / entry["filename"])[:4] == ("h264", 4, (48, 32), 16)
