@@ -274,3 +274,17 @@ def test_video_nodes_from_an_editor_workflow(tmp_path):
     (entry,) = res.ui["4"]["images"]
     assert entry == {"filename": "ComfyUI_00001_.mp4", "subfolder": "video", "type": "output"}
     assert read_back(tmp_path / "out" / "video" / entry["filename"])[:4] == ("h264", 4, (48, 32), 16)
+
+
+def test_preview_video_writes_temp_mp4_and_passes_the_video_on(tmp_path):
+    spec = INFO["PreviewVideo"]
+    assert spec["output"] == ["VIDEO"] and spec["output_name"] == ["video"] and spec["output_node"] is True
+    g = api.Graph()
+    vid = g.add("CreateVideo", images=g.add("EmptyImage", width=16, height=8, batch_size=3, color=0), fps=6.0)
+    prev = g.add("PreviewVideo", video=vid)
+    g.add("SaveVideo", video=prev, filename_prefix="x", format="auto", codec="auto")
+    res = api.run(g, output=tmp_path / "out")
+    (entry,) = res.ui[prev.node_id]["images"]
+    assert entry["type"] == "temp" and entry["filename"].startswith("preview_video_")
+    assert list(res.ui[prev.node_id]["animated"]) == [True]
+    assert res[prev.node_id][0] is res[vid.node_id][0]

@@ -21,7 +21,7 @@ from mixgraph.nodes.payloads.video import Audio, Video, VideoComponents, VideoFr
     format_extension
 
 __all__ = ["list_videos", "video_path", "missing_video", "video_fingerprint", "load_video", "create_video",
-           "video_outputs", "slice_video", "save_video", "save_webm", "preview_ui"]
+           "video_outputs", "slice_video", "save_video", "preview_video", "save_webm", "preview_ui"]
 
 #: Half a microsecond: frame times compared with a window's edges are exact fractions, the
 #: window's edges are floats from the editor.
@@ -153,6 +153,11 @@ def save_video(video: Video, root: Path, prefix: str, format: str, codec: str, *
     video.save_to(folder / name, format=format, codec=codec, metadata=_metadata(prompt, extra_pnginfo),
                   what="SaveVideo video")
     return [{"filename": name, "subfolder": subfolder, "type": kind}]
+
+
+def preview_video(video: Video, temp: Path) -> list[dict[str, str]]:
+    """PreviewVideo: `preview_video_<counter:05>_.mp4` in the temp folder."""
+    return save_video(video, temp, "preview_video", "auto", "auto", kind="temp")
 
 
 def save_webm(images: torch.Tensor, root: Path, prefix: str, codec: str, fps: float, crf: float, *,

@@ -1,5 +1,5 @@
 """ComfyUI's video nodes (comfy_extras/nodes_video.py): LoadVideo, CreateVideo,
-GetVideoComponents, SaveVideo, SaveWEBM and (a later release's) "Video Slice", on ``helpers/video_files.py`` and the VIDEO / AUDIO
+GetVideoComponents, SaveVideo, SaveWEBM and (a later release's) "Video Slice" and PreviewVideo, on ``helpers/video_files.py`` and the VIDEO / AUDIO
 payloads (``payloads/video.py``)."""
 
 from __future__ import annotations
@@ -70,3 +70,10 @@ def VideoSlice(video=Socket("VIDEO"),
                strict_duration=Boolean(False, tooltip="If True, when the specified duration is not possible, an "
                                        "error will be raised.")):
     return (video_files.slice_video(video, start_time, duration, strict_duration),)
+
+
+@node(category="image/video", outputs=(("VIDEO", "video"),), output_node=True, display_name="Preview Video",
+      description="Previews a video inside the node.", deterministic=False)
+def PreviewVideo(ctx, video=Socket("VIDEO", tooltip="The video to preview.")):
+    """Saves an MP4 to the temp folder for the editor and passes the video on."""
+    return Result((video,), ui=video_files.preview_ui(video_files.preview_video(video, Path(ctx.env.temp))))
