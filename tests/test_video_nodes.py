@@ -288,3 +288,29 @@ def test_preview_video_writes_temp_mp4_and_passes_the_video_on(tmp_path):
     assert entry["type"] == "temp" and entry["filename"].startswith("preview_video_")
     assert list(res.ui[prev.node_id]["animated"]) == [True]
     assert res[prev.node_id][0] is res[vid.node_id][0]
+
+
+def test_video_integer_audio_decodes_to_float_and_saves(tmp_path):
+    """A file whose sound is 16-bit PCM gives a float waveform in -1..1 (resampled, as ComfyUI's
+    later releases), and saves again."""
+    import numpy as np
+    path = tmp_path / "pcm.mkv"
+    with av.open(str(path), "w") as c:
+        v = c.add_stream("libx264", rate=10)
+        v.width, v.height, v.pix_fmt = 16, 16, "yuv420p"
+        a = c.add_stream("pcm_s16le", rate=8000, layout="mono")
+        for _ in range(5):
+            c.mux(v.encode(av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), format="rgb24")))
+        c.mux(v.encode(None))
+        pcm = (np.sin(np.arange(4000) / 10) * 16384).astype(np.int16).reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 8000, 0
+        c.mux(a.encode(frame))
+        c.mux(a.encode(None))
+    video = VideoFromFile.open(path)
+    assert video.info.has_audio and video.info.container.startswith("matroska")
+    audio = video.components().audio
+    assert audio.waveform.shape == (1, 1, 4000) and audio.waveform.dtype == torch.float32
+    assert abs(float(audio.waveform.abs().max()) - 0.5) < 0.01
+    (entry,) = video_files.save_video(video, tmp_path, "pcm", "auto", "auto")
+    assert read_back(tmp_path / entry["filename"])[1:5] == (5, (16, 16), 10, ["audio", "video"])

@@ -13,7 +13,8 @@ makes (comfy_api/latest/_input_impl/video_types.py, comfy_extras/nodes_video.py)
 - a file saved without a new format or codec has its packets copied, not re-encoded.
 
 Decoding gives frames as float32 [N, H, W, 3] in 0..1, the average frame rate as a Fraction and
-the first audio stream's samples as float32 [1, channels, samples].
+the first audio stream's samples as float32 [1, channels, samples] (resampled to float from
+whatever sample format the file stores).
 """
 
 from __future__ import annotations
@@ -121,9 +122,10 @@ def decode(source: Source, what: str = "video") -> DecodedVideo:
         if container.streams.audio:
             audio = container.streams.audio[0]
             container.seek(0)
-            chunks = [f.to_ndarray() for p in container.demux(audio) for f in p.decode()]  # [C, S] each
-            if not audio.format.is_planar:
-                chunks = [c.reshape(-1, audio.channels).T for c in chunks]  # packed [1, S*C] -> [C, S]
+            # float planar whatever the file stores (s16, s32, ...), as ComfyUI's later releases do
+            resampler = av.audio.resampler.AudioResampler(format="fltp")
+            chunks = [r.to_ndarray() for p in container.demux(audio) for f in p.decode()
+                      for r in resampler.resample(f)]  # [C, S] each
             if chunks:
                 data = np.concatenate(chunks, axis=1).astype(np.float32)  # [C, S]
                 waveform = torch.from_numpy(data).unsqueeze(0)  # [1, C, S]
@@ -203,16 +205,20 @@ def encode_webm(path: Path, images: torch.Tensor, codec: str, fps: float, crf: f
 
 def remux(source: Source, path: Path, metadata: dict | None = None, what: str = "video") -> None:
     """Copy a file's video, audio and subtitle packets into a new container at `path` (its format
-    from the name), keeping its metadata and adding `metadata` (ComfyUI's VideoFromFile.save_to)."""
-    with _open(source, what) as src, av.open(str(path), mode="w",
-                                              options={"movflags": "use_metadata_tags"}) as out:
-        for key, value in src.metadata.items():
-            if metadata is None or key not in metadata:
-                out.metadata[key] = value
-        _write_metadata(out, metadata)
-        streams = {s: out.add_stream_from_template(template=s, opaque=True) for s in src.streams
-                   if s.type in ("video", "audio", "subtitle")}
-        for packet in src.demux():
-            if packet.stream in streams and packet.dts is not None:
-                packet.stream = streams[packet.stream]
-                out.mux(packet)
+    from the name), keeping its metadata and adding `metadata` (ComfyUI's VideoFromFile.save_to).
+    VideoFileError if a stream cannot go into that container (the caller re-encodes then)."""
+    with _open(source, what) as src:
+        try:
+            with av.open(str(path), mode="w", options={"movflags": "use_metadata_tags"}) as out:
+                for key, value in src.metadata.items():
+                    if metadata is None or key not in metadata:
+                        out.metadata[key] = value
+                _write_metadata(out, metadata)
+                streams = {s: out.add_stream_from_template(template=s, opaque=True) for s in src.streams
+                           if s.type in ("video", "audio", "subtitle")}
+                for packet in src.demux():
+                    if packet.stream in streams and packet.dts is not None:
+                        packet.stream = streams[packet.stream]
+                        out.mux(packet)
+        except (ValueError, av.FFmpegError) as e:
+            raise VideoFileError(f"{what}: its streams cannot be copied into {Path(path).name} ({e})") from None

@@ -135,15 +135,18 @@ class VideoFromFile:
 
     def save_to(self, path: Path, format: str = "auto", codec: str = "auto", metadata: dict | None = None,
                 what: str = "video") -> None:
-        """Copy the packets where the file already has the asked format and codec, else re-encode
-        the decoded frames (ComfyUI's rule)."""
+        """Copy the packets where the file already has the asked format and codec, else (or where
+        the target container cannot hold a stream) re-encode the decoded frames (ComfyUI's rule)."""
         _check_save(format, codec)
         same_format = format == "auto" or format in self.info.container.split(",")
         same_codec = codec == "auto" or codec == self.info.codec
         if same_format and same_codec:
-            video_codec.remux(self.path, path, metadata, str(self.path))
-        else:
-            VideoFromComponents(self.components()).save_to(path, format, codec, metadata, what)
+            try:
+                video_codec.remux(self.path, path, metadata, str(self.path))
+                return
+            except video_codec.VideoFileError:  # a stream the target container cannot hold
+                Path(path).unlink(missing_ok=True)
+        VideoFromComponents(self.components()).save_to(path, format, codec, metadata, what)
 
 
 Video = VideoFromComponents | VideoFromFile
