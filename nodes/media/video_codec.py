@@ -217,7 +217,9 @@ def remux(source: Source, path: Path, metadata: dict | None = None, what: str = 
                 streams = {s: out.add_stream_from_template(template=s, opaque=True) for s in src.streams
                            if s.type in ("video", "audio", "subtitle")}
                 for packet in src.demux():
-                    if packet.stream in streams and packet.dts is not None:
+                    # skip only the demuxer's empty flush packets: a Matroska B-frame stream's
+                    # first packets carry no dts (ComfyUI skips those and loses the keyframe)
+                    if packet.stream in streams and packet.size:
                         packet.stream = streams[packet.stream]
                         out.mux(packet)
         except (ValueError, av.FFmpegError) as e:
