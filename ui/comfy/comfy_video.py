@@ -26,7 +26,7 @@ from mixgraph.nodes.payloads.video import (Audio, VideoComponents, VideoFromComp
                                            VIDEO_CODECS, VIDEO_FORMATS)
 
 __all__ = ["ComfyVideoComponents", "PackVideo", "audio_to_comfy", "audio_from_comfy", "video_to_comfy",
-           "video_from_comfy", "is_video"]
+           "video_from_comfy", "is_video", "file_video", "components_video"]
 
 
 @dataclass
@@ -145,5 +145,3 @@ def components_video(components: Any) -> PackVideo:
     return PackVideo(VideoFromComponents(VideoComponents(components.images, Fraction(components.frame_rate),
                                                          audio)))
 
-
-__all__ += ["file_video", "components_video"]
