@@ -12,9 +12,10 @@ from mixgraph.nodes.declare.conditioning import (camera_angle_nodes, clip_vision
                                                  photomaker_nodes, stable3d_nodes, upscale_diffusion_nodes,
                                                  wan_nodes)
 from mixgraph.nodes.declare.image import (batch_nodes, bg_removal_nodes, color_transfer_nodes,  # noqa: F401
-                                          crop_nodes, image_extra_nodes, image_filter_nodes, image_nodes,
+                                          crop_nodes, image_compare_nodes, image_extra_nodes, image_filter_nodes, image_nodes,
                                           mask_nodes, resize_nodes, save_image_nodes, sdpose_nodes,
-                                          text_overlay_nodes, tile_nodes, upscale_nodes, webcam_nodes)
+                                          text_overlay_nodes, tile_nodes, upscale_nodes, video_nodes,
+                                          webcam_nodes)
 from mixgraph.nodes.declare.latent import (latent_extra_nodes, latent_io_nodes, latent_nodes,  # noqa: F401
                                            rebatch_nodes, video_latent_nodes)
 from mixgraph.nodes.declare.loaders import (extra_loader_nodes, loading, lora_bypass_nodes,  # noqa: F401

@@ -171,7 +171,7 @@ def test_comfy_api_versions_have_comfyui_public_names():
     assert v1.ComfyAPI.STABLE and not v2.ComfyAPI.STABLE
     assert [c.VERSION for c in supported_versions] == ["latest", "0.0.3", "0.0.2", "0.0.1"]
     assert latest.Types.VideoContainer.get_extension("auto") == "mp4"
-    with pytest.raises(NotImplementedError, match="not supported yet"):
+    with pytest.raises(ValueError, match="not a readable video"):  # read with PyAV: no such file
         latest.InputImpl.VideoFromFile("clip.mp4")
 
 

@@ -5,9 +5,11 @@ A ComfyUI custom node reads and writes LATENT as a dict (`{"samples": [B,C,H,W],
 pass `Latent` and `tuple[Cond, ...]` (nodes/payloads). The adapter converts on the way in
 (`to_comfy`, by the declared input type, or by value for `*` and multi-type inputs) and on the
 way out (`from_comfy`, by the declared output type, or by shape for `*`), so packs work
-unchanged and mixgraph's core nodes downstream get their own types. IMAGE and MASK are the same
-tensors on both sides; model handles go through as they are (a pack reaching into ComfyUI model
-internals gets `MissingHostAPI` from the adapter).
+unchanged and mixgraph's core nodes downstream get their own types. AUDIO is
+`{"waveform", "sample_rate"}` there and `Audio` here, VIDEO a ComfyUI `VideoInput` there
+(`comfy_video.PackVideo`) and mixgraph's video here. IMAGE and MASK are the same tensors on both
+sides; model handles go through as they are (a pack reaching into ComfyUI model internals gets
+`MissingHostAPI` from the adapter).
 
 The conditioning option keys are ComfyUI's: `pooled_output`, `area` `(h, w, y, x)` in latent
 pixels, `strength`, `mask` + `mask_strength` (+ `set_area_to_bounds`), `control`,
@@ -31,6 +33,9 @@ import torch
 from mixgraph.nodes.adapters.gligen import GligenBoxes
 from mixgraph.nodes.payloads.conditioning import Cond, SizeCond, UnclipEntry
 from mixgraph.nodes.payloads.latent import Latent
+from mixgraph.nodes.payloads.video import Audio
+from mixgraph.ui.comfy.comfy_video import audio_from_comfy, audio_to_comfy, is_video, video_from_comfy, \
+    video_to_comfy
 
 __all__ = ["to_comfy", "from_comfy", "latent_to_comfy", "latent_from_comfy", "cond_to_comfy",
            "cond_from_comfy"]
@@ -168,6 +173,10 @@ def to_comfy(type_: str, value: Any) -> Any:
         return latent_to_comfy(value)
     if _is_conds(value):
         return cond_to_comfy(value)
+    if isinstance(value, Audio):
+        return audio_to_comfy(value)
+    if is_video(value):
+        return video_to_comfy(value)
     return value
 
 
@@ -180,4 +189,8 @@ def from_comfy(type_: str, value: Any) -> Any:
         return cond_from_comfy(value)
     if isinstance(value, list) and not value and "CONDITIONING" in types:
         return ()
+    if "AUDIO" in types or "*" in types:
+        value = audio_from_comfy(value)
+    if "VIDEO" in types or "*" in types:
+        value = video_from_comfy(value)
     return value

@@ -1,6 +1,6 @@
-"""File work behind `/view` and the upload routes: image conversions, storing uploads (checked,
-deduplicated by name), merging a mask's alpha into its original, safetensors metadata. Plain
-functions, run in worker threads by the handlers (PIL work must not block the event loop)."""
+"""File work behind `/view` and the upload routes: image conversions, storing uploads (checked:
+an image, or a video where the name ends as one; deduplicated by name), merging a mask's alpha
+into its original, safetensors metadata. Plain functions, run in worker threads by the handlers (PIL and PyAV work must not block the event loop)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from mixgraph.nodes.media.video_codec import VideoFileError, is_video_name, probe
 from mixgraph.ui.server.security import SecurityError, check_image, unique_name
 
-__all__ = ["header_safe", "convert_image", "store_upload", "merge_mask", "safetensors_metadata"]
+__all__ = ["header_safe", "convert_image", "store_upload", "merge_mask", "safetensors_metadata", "check_video"]
 
 
 def header_safe(name: str) -> str:
@@ -49,8 +50,12 @@ def convert_image(path: Path, channel: str, preview: str | None) -> tuple[bytes,
 
 def store_upload(path: Path, data: bytes, original: Path | None, overwrite: bool) -> str:
     """Check an upload, merge a mask into its original, pick the file name, write. Runs in a
-    worker thread (PIL work)."""
-    check_image(data)
+    worker thread (PIL / PyAV work). A file named as a video (``.mp4``, ``.webm``, ...) must hold a
+    readable video stream, as ComfyUI's editor uploads LoadVideo's files here too."""
+    if original is None and is_video_name(path.name):
+        check_video(data)
+    else:
+        check_image(data)
     if original is not None:
         data = merge_mask(original, data)
     folder = path.parent
@@ -61,6 +66,14 @@ def store_upload(path: Path, data: bytes, original: Path | None, overwrite: bool
         tmp.write_bytes(data)
         os.replace(tmp, folder / name)
     return name
+
+
+def check_video(data: bytes) -> None:
+    """SecurityError unless the bytes are a video PyAV reads, with frames of sane sides."""
+    try:
+        probe(io.BytesIO(data), "the upload")
+    except VideoFileError as e:
+        raise SecurityError(str(e)) from None
 
 
 def merge_mask(original: Path, mask_png: bytes) -> bytes:

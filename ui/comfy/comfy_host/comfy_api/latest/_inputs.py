@@ -1,7 +1,7 @@
 """The value types `comfy_api.latest.Input`, `InputImpl` and `Types` name: what an IMAGE, MASK,
 AUDIO, LATENT and VIDEO value is at the pack boundary. Images, masks, audio and latents are the
-plain tensors and dicts ComfyUI passes; a video from frames works in memory, while reading or
-writing a video file needs a video codec library mixgraph does not ship, so those refuse by name."""
+plain tensors and dicts ComfyUI passes; a video is mixgraph's (``ui/comfy/comfy_video.py``: frames
+in memory or a file, read and written with PyAV)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from fractions import Fraction
 from typing import Any, Optional, TypedDict
 
 import torch
+
+from mixgraph.ui.comfy.comfy_video import PackVideo, components_video, file_video
 
 ImageInput = torch.Tensor  # [B, H, W, C], float 0..1
 MaskInput = torch.Tensor  # [B, H, W]
@@ -63,11 +65,6 @@ class VideoComponents:
     metadata: Optional[dict] = None
 
 
-def _no_video_codec(what: str) -> NotImplementedError:
-    return NotImplementedError(f"{what}: video files are not supported yet (mixgraph ships no "
-                               "video codec library)")
-
-
 class VideoInput(ABC):
     """A VIDEO value. Subclasses give the frames; the sizes and duration follow from them."""
 
@@ -97,32 +94,21 @@ class VideoInput(ABC):
         return float(components.images.shape[0] / components.frame_rate)
 
 
-class VideoFromComponents(VideoInput):
+VideoInput.register(PackVideo)  # mixgraph's VIDEO values, as packs receive them
+
+
+class VideoFromComponents(PackVideo, VideoInput):
     """A video made from frames in memory (what a node that builds a video returns)."""
 
     def __init__(self, components: VideoComponents):
-        self._components = components
-
-    def get_components(self) -> VideoComponents:
-        return self._components
-
-    def save_to(self, path: Any, format: VideoContainer = VideoContainer.AUTO,
-                codec: VideoCodec = VideoCodec.AUTO, metadata: Optional[dict] = None) -> None:
-        raise _no_video_codec("VideoFromComponents.save_to")
+        super().__init__(components_video(components).video)
 
 
-class VideoFromFile(VideoInput):
-    """A video read from a file: needs a video decoder, so it refuses by name."""
+class VideoFromFile(PackVideo, VideoInput):
+    """A video file (a path, or a BytesIO decoded at once), read with PyAV."""
 
     def __init__(self, file: Any):
-        raise _no_video_codec(f"VideoFromFile({file!r})")
-
-    def get_components(self) -> VideoComponents:
-        raise _no_video_codec("VideoFromFile.get_components")
-
-    def save_to(self, path: Any, format: VideoContainer = VideoContainer.AUTO,
-                codec: VideoCodec = VideoCodec.AUTO, metadata: Optional[dict] = None) -> None:
-        raise _no_video_codec("VideoFromFile.save_to")
+        super().__init__(file_video(file).video)
 
 
 class Input:
