@@ -14,7 +14,7 @@ from PIL import Image
 
 from mixgraph.graph.executor import ValidationFailed
 from mixgraph.graph.report import NodeError
-from mixgraph.nodes.helpers import video_files
+from mixgraph.nodes.helpers.video import files as video_files
 from mixgraph.nodes.media import video_codec
 from mixgraph.nodes.payloads.video import Audio, VideoComponents, VideoFromComponents, VideoFromFile
 from mixgraph.ui import api

@@ -15,7 +15,7 @@ import torch
 from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
-from mixgraph.nodes.helpers import video_files
+from mixgraph.nodes.helpers.video import files as video_files
 from mixgraph.nodes.payloads.video import Audio, VideoFromComponents, VideoFromFile
 from mixgraph.ui.comfy import custom_nodes
 from tests.test_custom_nodes import fresh_registry

@@ -14,7 +14,7 @@ from aiohttp import FormData
 from aiohttp.test_utils import TestClient, TestServer
 
 from mixgraph.graph.env import Env
-from mixgraph.nodes.helpers import video_files
+from mixgraph.nodes.helpers.video import files as video_files
 from mixgraph.ui.server.server import create_app
 
 

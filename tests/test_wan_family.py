@@ -475,7 +475,7 @@ def test_wan22_5b_keeps_the_given_first_frame(tmp_path):
     the 5B model: each step's model input has the clean first frame at timestep 0 and the others
     at σ·1000 (ComfyUI's WAN22 process_timestep / scale_latent_inpaint); the sampled first frame
     is the given latent. Checked against the loop written out."""
-    from mixgraph.nodes.helpers.video_latent_ops import wan22_image_to_video_latent
+    from mixgraph.nodes.helpers.video.latent_ops import wan22_image_to_video_latent
 
     unet = loader.load_unet(write_wan(tmp_path / "ti2v.safetensors", "ti2v", seed=2))
     runner = unet.runner(_f32())

@@ -1,5 +1,5 @@
 """The Wan latent and conditioning nodes (``nodes/declare/conditioning/wan_nodes.py``,
-``nodes/declare/latent/video_latent_nodes.py``, the tensors in ``nodes/helpers/video_latent_ops.py``):
+``nodes/declare/latent/video_latent_nodes.py``, the tensors in ``nodes/helpers/video/latent_ops.py``):
 their specs as ComfyUI's, the tensors they build (checked with a stand-in video encoder that
 records what it is given), and image-to-video / first-last-frame workflows through
 ``mixgraph.ui.api`` on tiny models. The Wan VAE is not used here: the workflows encode one frame
@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from mixgraph.graph.precision import parse_spec
-from mixgraph.nodes.helpers import video_latent_ops as ops
+from mixgraph.nodes.helpers.video import latent_ops as ops
 from mixgraph.nodes.models import loader
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent

@@ -8,7 +8,7 @@ the image latent, its mask and the CLIP vision output on both conds (``Cond.conc
 from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Float, Int, Socket, node
-from mixgraph.nodes.helpers import video_latent_ops
+from mixgraph.nodes.helpers.video import latent_ops as video_latent_ops
 from mixgraph.nodes.helpers.precision import effective
 
 

@@ -1,5 +1,5 @@
 """ComfyUI's video nodes (comfy_extras/nodes_video.py): LoadVideo, CreateVideo,
-GetVideoComponents, SaveVideo, SaveWEBM and (a later release's) "Video Slice" and PreviewVideo, on ``helpers/video_files.py`` and the VIDEO / AUDIO
+GetVideoComponents, SaveVideo, SaveWEBM and (a later release's) "Video Slice" and PreviewVideo, on ``helpers/video/files.py`` and the VIDEO / AUDIO
 payloads (``payloads/video.py``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mixgraph.graph.node import Boolean, Combo, Float, Result, Socket, String, node
 from mixgraph.graph.spec import Hidden
-from mixgraph.nodes.helpers import video_files
+from mixgraph.nodes.helpers.video import files as video_files
 from mixgraph.nodes.media.video_codec import WEBM_CODECS
 from mixgraph.nodes.payloads.video import VIDEO_CODECS, VIDEO_FORMATS
 

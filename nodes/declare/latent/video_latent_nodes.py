@@ -1,11 +1,11 @@
 """ComfyUI's video latent nodes (``comfy_extras/nodes_hunyuan.py`` EmptyHunyuanLatentVideo,
 ``nodes_wan.py`` TrimVideoLatent): names, inputs, defaults and categories as ComfyUI's. Video
-latents are [B, C, T, H, W] (``nodes/helpers/video_latent_ops.py``)."""
+latents are [B, C, T, H, W] (``nodes/helpers/video/latent_ops.py``)."""
 
 from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Int, Socket, node
-from mixgraph.nodes.helpers import video_latent_ops
+from mixgraph.nodes.helpers.video import latent_ops as video_latent_ops
 
 
 @node(category="latent/video", outputs=("LATENT",))
