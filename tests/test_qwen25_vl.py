@@ -226,3 +226,150 @@ def test_template_end_and_join_drop_the_system_prompt_and_user_header():
     assert template_end([151644, 872, 198, 6023], 4) == 3
     assert template_end([151644, 872, 198], 3) == 0  # ComfyUI moves past "user\n" only with more tokens after it
     assert template_end([5, 6, 7], 3) == -1  # no <|im_start|>: ComfyUI keeps the last token only
+
+
+# --------------------------------------------------------------------------------------------
+# end to end: CLIPLoader type "qwen_image", CLIPTextEncode and the Edit nodes through the engine
+
+
+class _QwenImageTextFamily:
+    """Only what CLIPLoader reads of a family taking type "qwen_image" (the Qwen-Image family
+    itself is ``families/qwen_image``, another part of issue 23): its slot."""
+
+    name = "qwen_image_text_test"
+    display = "Qwen-Image (text encoder test)"
+    precision_roles = {"text": "text"}
+    refusals = ()
+    clip_types = {"qwen_image": "qwen_image"}
+
+    def detect(self, info, read=None, source=None):
+        return None  # no diffusion model of its own
+
+    def build(self, config):
+        raise NotImplementedError("a test family without a model")
+
+    runner = sampling = latent_format = trace_inputs = build
+
+    def text_encoders(self, variant):
+        from mixgraph.nodes.families.base import TextEncoderSlot
+        from mixgraph.nodes.encoders.qwen_image_set import QWEN25_VL_RULE
+        return (TextEncoderSlot(QWEN25_7B, "qwen_image", "text_large", prefix="text_encoders.qwen25_7b.transformer.",
+                                layout="ldm", folder="text_encoder", encoding="qwen_image", rule=QWEN25_VL_RULE,
+                                arch="qwen2_5_vl"),)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from mixgraph.nodes.families import registry as families
+    from mixgraph.nodes.models import loader
+    from tests.fixtures.checkpoints import write_vae
+    from tests.fixtures.tiny_qwen25_vl import write_qwen25_vl
+    root = tmp_path_factory.mktemp("qwen25_vl")
+    (root / "text_encoders").mkdir()
+    (root / "vae").mkdir()
+    write_qwen25_vl(root / "text_encoders" / "qwen_2.5_vl_7b.safetensors")
+    write_qwen25_vl(root / "text_encoders" / "qwen_2.5_vl_text_only.safetensors", vision=False)
+    write_vae(root / "vae" / "tiny_vae.safetensors")
+    family = None if loader.clip_type_families("qwen_image") else families.register(_QwenImageTextFamily())
+    yield root
+    if family is not None:
+        families.unregister(family.name)
+
+
+def _save_image(folder, name, h, w, seed=3):
+    import numpy as np
+    from PIL import Image
+    folder.mkdir(parents=True, exist_ok=True)
+    arr = (_image(h, w, seed)[0].numpy() * 255).round().astype(np.uint8)
+    Image.fromarray(arr).save(folder / name)
+
+
+def test_cliploader_qwen_image_and_cliptextencode(models, tmp_path):
+    from mixgraph.ui import api
+    from tests.fixtures.tiny_qwen25_vl import WIDTH
+    g = api.Graph(precision="f32")
+    clip = g.add("CLIPLoader", clip_name="qwen_2.5_vl_7b.safetensors", type="qwen_image")
+    pos = g.add("CLIPTextEncode", text="a red fox", clip=clip)
+    g.add("PreviewAny", source=pos)
+    out = api.run(g, models=models, output=tmp_path / "out")
+    handle = out[clip.node_id][0]
+    assert handle.kind == "qwen_image" and handle.encoders[0].tokenizer == "qwen_image"
+    (cond,) = out[pos.node_id][0]
+    qwen = get_tokenizer("qwen2.5")
+    ids = qwen.encode(TEMPLATE.format("a red fox"))
+    start = template_end(ids, len(ids))
+    assert cond.cross_attn.shape == (1, len(ids) - start, WIDTH) and cond.pooled is None
+    assert "attention_mask" not in cond.model_inputs
+    # the same as the module run by hand on the template's tokens, cut after "<|im_start|>user\n"
+    from safetensors.torch import load_file
+    model = ours({k: v.float() for k, v in load_file(models / "text_encoders" / "qwen_2.5_vl_7b.safetensors").items()})
+    with torch.no_grad():
+        want = model(model.embed(torch.tensor([ids])), torch.ones(1, len(ids), dtype=torch.long), None)[:, start:]
+    torch.testing.assert_close(cond.cross_attn, want)
+
+
+def test_text_encode_qwen_image_edit_adds_image_tokens_and_reference_latent(models, tmp_path):
+    from mixgraph.ui import api
+    from tests.fixtures.tiny_qwen25_vl import WIDTH
+    _save_image(tmp_path / "in", "ref.png", 48, 64)
+    g = api.Graph(precision="f32")
+    clip = g.add("CLIPLoader", clip_name="qwen_2.5_vl_7b.safetensors", type="qwen_image")
+    vae = g.add("VAELoader", vae_name="tiny_vae.safetensors")
+    img = g.add("LoadImage", image="ref.png")
+    edit = g.add("TextEncodeQwenImageEdit", clip=clip, prompt="make it blue", vae=vae, image=img)
+    text = g.add("TextEncodeQwenImageEdit", clip=clip, prompt="make it blue")
+    plus = g.add("TextEncodeQwenImageEditPlus", clip=clip, prompt="make it blue", vae=vae, image1=img, image3=img)
+    for n in (edit, text, plus):
+        g.add("PreviewAny", source=n)
+    out = api.run(g, models=models, input=tmp_path / "in", output=tmp_path / "out")
+    qwen = get_tokenizer("qwen2.5")
+    # ComfyUI's sizes: 1M pixels at 3:4 for the VAE and the vision tower (round(64 * s), round(48 * s))
+    (c,) = out[edit.node_id][0]
+    w, h = round(64 * (1024 * 1024 / (64 * 48)) ** 0.5), round(48 * (1024 * 1024 / (64 * 48)) ** 0.5)
+    assert (w, h) == (1182, 887)
+    (ref,) = c.model_inputs["reference_latents"]
+    assert ref.shape[-2:] == (h // 8, w // 8)
+    # vision input: 887 x 1182 -> 896 x 1176 (multiples of 28) -> 64 x 84 patches -> 32 x 42 tokens
+    n_image = 32 * 42
+    ids = qwen.encode(TEMPLATE_IMAGES.format("make it blue"))
+    start = template_end(ids, len(ids))
+    assert c.cross_attn.shape == (1, len(ids) - 1 + n_image - start, WIDTH)
+    (t,) = out[text.node_id][0]  # no image: the text template, no reference latent
+    assert "reference_latents" not in t.model_inputs
+    text_ids = qwen.encode(TEMPLATE.format("make it blue"))
+    assert t.cross_attn.shape == (1, len(text_ids) - template_end(text_ids, len(text_ids)), WIDTH)
+    (p,) = out[plus.node_id][0]
+    assert len(p.model_inputs["reference_latents"]) == 2
+    # Plus: 384 x 384 area at 3:4 -> 443 x 333 -> 448 x 336 (x28) -> 16 x 12 tokens per image
+    plus_ids = qwen.encode(EDIT_PLUS_TEMPLATE.format(
+        "Picture 1: <|vision_start|><|image_pad|><|vision_end|>Picture 3: <|vision_start|><|image_pad|><|vision_end|>"
+        "make it blue"))
+    start = template_end(plus_ids, len(plus_ids))
+    assert p.cross_attn.shape == (1, len(plus_ids) - 2 + 2 * 16 * 12 - start, WIDTH)
+    for ref in p.model_inputs["reference_latents"]:  # 1M pixels, sides rounded to multiples of 8
+        assert ref.shape[-2:] == (888 // 8, 1184 // 8)
+
+
+def test_text_only_file_loads_and_refuses_an_image_by_name(models, tmp_path):
+    from mixgraph.graph.executor import NodeError
+    from mixgraph.ui import api
+    _save_image(tmp_path / "in", "ref.png", 32, 32)
+    g = api.Graph(precision="f32")
+    clip = g.add("CLIPLoader", clip_name="qwen_2.5_vl_text_only.safetensors", type="qwen_image")
+    g.add("PreviewAny", source=g.add("CLIPTextEncode", text="a fox", clip=clip))
+    api.run(g, models=models, output=tmp_path / "out")
+    g.add("PreviewAny", source=g.add("TextEncodeQwenImageEdit", clip=clip, prompt="x",
+                                     image=g.add("LoadImage", image="ref.png")))
+    with pytest.raises(NodeError, match="no vision tower"):
+        api.run(g, models=models, input=tmp_path / "in", output=tmp_path / "out")
+
+
+def test_edit_node_specs_match_comfyui():
+    from mixgraph.ui import api
+    info = api.default_registry().object_info()
+    e, p = info["TextEncodeQwenImageEdit"], info["TextEncodeQwenImageEditPlus"]
+    assert e["category"] == p["category"] == "advanced/conditioning"
+    assert list(e["input"]["required"]) == ["clip", "prompt"] and list(e["input"]["optional"]) == ["vae", "image"]
+    assert list(p["input"]["optional"]) == ["vae", "image1", "image2", "image3"]
+    assert e["input"]["required"]["prompt"][1].get("multiline") is True
+    assert e["output"] == p["output"] == ["CONDITIONING"]
