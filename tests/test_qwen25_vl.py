@@ -348,6 +348,12 @@ def test_text_encode_qwen_image_edit_adds_image_tokens_and_reference_latent(mode
     assert p.cross_attn.shape == (1, len(plus_ids) - 2 + 2 * 16 * 12 - start, WIDTH)
     for ref in p.model_inputs["reference_latents"]:  # 1M pixels, sides rounded to multiples of 8
         assert ref.shape[-2:] == (888 // 8, 1184 // 8)
+    # bf16 storage and compute (the vision tower included): close to f32
+    g.precision = "bf16"
+    bf16 = api.run(g, models=models, input=tmp_path / "in", output=tmp_path / "out")
+    (b,) = bf16[edit.node_id][0]
+    assert torch.isfinite(b.cross_attn).all() and b.cross_attn.dtype == torch.float32
+    assert 0 < (b.cross_attn - c.cross_attn).norm() / c.cross_attn.norm() < 0.05
 
 
 def test_text_only_file_loads_and_refuses_an_image_by_name(models, tmp_path):

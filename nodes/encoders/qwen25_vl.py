@@ -305,8 +305,9 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden, kernel_size=k, stride=k, bias=False)
 
     def forward(self, patches: Tensor) -> Tensor:
-        w = self.proj.weight
-        return patches.to(w.dtype) @ w.reshape(w.shape[0], -1).t()  # [P, C*t*p*p] -> [P, hidden]
+        w = self.proj.weight  # kept as stored by the precision layer (no cast Conv3d there)
+        dtype = w.dtype if w.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
+        return patches.to(dtype) @ w.to(dtype).reshape(w.shape[0], -1).t()  # [P, C*t*p*p] -> [P, hidden]
 
 
 def _rotate_half(x: Tensor) -> Tensor:
