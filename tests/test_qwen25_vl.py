@@ -270,6 +270,10 @@ def models(tmp_path_factory):
     write_qwen25_vl(root / "text_encoders" / "qwen_2.5_vl_7b.safetensors")
     write_qwen25_vl(root / "text_encoders" / "qwen_2.5_vl_text_only.safetensors", vision=False)
     write_vae(root / "vae" / "tiny_vae.safetensors")
+    from safetensors.torch import save_file
+    from tests.fixtures.tiny_dit_templates import scaled_fp8
+    from tests.fixtures.tiny_qwen25_vl import qwen25_vl_state_dict
+    save_file(scaled_fp8(qwen25_vl_state_dict()), str(root / "text_encoders" / "qwen_2.5_vl_7b_fp8_scaled.safetensors"))
     family = None if loader.clip_type_families("qwen_image") else families.register(_QwenImageTextFamily())
     yield root
     if family is not None:
@@ -379,3 +383,18 @@ def test_edit_node_specs_match_comfyui():
     assert list(p["input"]["optional"]) == ["vae", "image1", "image2", "image3"]
     assert e["input"]["required"]["prompt"][1].get("multiline") is True
     assert e["output"] == p["output"] == ["CONDITIONING"]
+
+
+def test_fp8_scaled_file_encodes_close_to_the_full_one(models, tmp_path):
+    from mixgraph.ui import api
+    _save_image(tmp_path / "in", "ref.png", 40, 40)
+    conds = []
+    for name in ("qwen_2.5_vl_7b.safetensors", "qwen_2.5_vl_7b_fp8_scaled.safetensors"):
+        g = api.Graph(precision="f32")
+        clip = g.add("CLIPLoader", clip_name=name, type="qwen_image")
+        edit = g.add("TextEncodeQwenImageEdit", clip=clip, prompt="a fox", image=g.add("LoadImage", image="ref.png"))
+        g.add("PreviewAny", source=edit)
+        conds.append(api.run(g, models=models, input=tmp_path / "in", output=tmp_path / "out")[edit.node_id][0][0])
+    full, fp8 = (c.cross_attn for c in conds)
+    assert full.shape == fp8.shape and torch.isfinite(fp8).all()
+    assert 0 < (fp8 - full).norm() / full.norm() < 0.1
