@@ -69,7 +69,8 @@ def test_config_from_shapes_and_recognition(pair):
     shapes = {k: tuple(v.shape) for k, v in sd.items()}
     cfg = qwen25_vl_config(shapes)
     s = cfg.shape
-    assert (s.vocab_size, s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate) == (300, 256, 3, 2, 1, 128, 96)
+    assert (s.vocab_size, s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate) == \
+        (300, 256, 3, 2, 1, 128, 96)
     v = cfg.vision
     assert (v.hidden, v.out_hidden, v.depth, v.heads, v.intermediate, v.patch, v.temporal_patch, v.merge) == \
         (160, 256, 8, 2, 64, 14, 2, 2)
@@ -79,6 +80,9 @@ def test_config_from_shapes_and_recognition(pair):
     found = recognise(shapes)
     assert found is not None and (found.arch, found.prefix, found.width) == ("qwen2_5_vl", "", 256)
     assert get_arch("qwen2_5_vl").config(shapes, found, QWEN25_7B) == cfg
+    # the bare vocabulary a slot may name reads through Qwen-Image's prompt layer
+    assert get_arch("qwen2_5_vl").entry_tokenizer(None, "qwen2.5") == "qwen_image"
+    assert get_arch("qwen2_5_vl").entry_tokenizer(None, "other") == "other"
     qwen3_like = dict(shapes, **{"model.layers.0.self_attn.q_norm.weight": (128,)})
     assert not is_qwen25(qwen3_like) and recognise(qwen3_like).arch == "qwen3"
     text_only = {k: t for k, t in shapes.items() if not k.startswith("visual.")}
