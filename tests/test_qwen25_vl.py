@@ -200,6 +200,12 @@ def test_tokenizer_puts_the_prompt_in_the_template_with_weights_off():
     assert len(pads) == 1 and with_image[pads[0]][0].pixels is img
     assert [t for t, _ in with_image if not isinstance(t, ImageEmbed)] == \
         [t for t in qwen.encode(TEMPLATE_IMAGES.format("fox")) if t != 151655]
+    # transformers' Qwen2Tokenizer on the same shipped files gives the same ids
+    from transformers import Qwen2Tokenizer
+    from mixgraph.nodes.encoders.llm_tokenizers import QWEN_DIR
+    hf_tok = Qwen2Tokenizer.from_pretrained(str(QWEN_DIR))
+    for text in (TEMPLATE.format("a (red:1.3) fox, 12 \u00fcn\u00efcode \u732b"), TEMPLATE_IMAGES.format("fox")):
+        assert qwen.encode(text) == hf_tok.encode(text, add_special_tokens=False)
     plus = tok.tokenize_with_weights("Picture 1: <|vision_start|><|image_pad|><|vision_end|>fox", images=[img],
                                      llama_template=EDIT_PLUS_TEMPLATE)[0]
     assert sum(isinstance(t, ImageEmbed) for t, _ in plus) == 1
