@@ -171,6 +171,26 @@ def test_language_model_with_an_image_matches_transformers(pair):
     assert isinstance(out.tokens[3], ImageEmbed) and len(out.tokens) == 8
 
 
+def test_two_images_of_different_sizes_match_transformers(pair):
+    """TextEncodeQwenImageEditPlus's prompt form: each image in its own M-RoPE span, the text after
+    each resuming at its span's largest position + 1."""
+    hf, model = pair
+    a, b = _image(150, 200, seed=2), _image(84, 56, seed=3)
+    (pa, ga), (pb, gb) = preprocess_image(a, model.config.vision), preprocess_image(b, model.config.vision)
+    na, nb = ga[1] * ga[2] // 4, gb[1] * gb[2] // 4
+    assert (ga, gb) == ((1, 10, 14), (1, 6, 4))
+    head, mid, tail = [5, 292], [293, 40, 292], [293, 41, 42]
+    ids = torch.tensor([head + [IMAGE_ID] * na + mid + [IMAGE_ID] * nb + tail])
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=torch.cat([pa, pb]),
+                 image_grid_thw=torch.tensor([ga, gb]), mm_token_type_ids=(ids == IMAGE_ID).int()).last_hidden_state
+        hf.rope_deltas = None
+        row = ([(t, 1.0) for t in head] + [(ImageEmbed(a), 1.0)] + [(t, 1.0) for t in mid] + [(ImageEmbed(b), 1.0)]
+               + [(t, 1.0) for t in tail])
+        out = model.encode_chunks([row], RULE, None, print)
+    torch.testing.assert_close(out.hidden, ref, rtol=1e-4, atol=1e-5)
+
+
 def test_text_only_file_refuses_an_image():
     hf = tiny_hf()
     model = ours({k: v for k, v in file_keys(hf).items() if not k.startswith("visual.")})
