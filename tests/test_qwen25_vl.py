@@ -12,7 +12,8 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
 from mixgraph.nodes.encoders.encoder_arch import get_arch, recognise
 from mixgraph.nodes.encoders.encoder_set import EncodedText, OutputRule, get_tokenizer
 from mixgraph.nodes.encoders.qwen25_vl import (ImageEmbed, Qwen25VLTextModel, is_qwen25, mrope_positions,
-                                               preprocess_image, qwen25_vl_config)
+                                               qwen25_vl_config)
+from mixgraph.nodes.encoders.qwen25_vl_vision import IMAGE_MEAN, IMAGE_STD, VisionConfig, preprocess_image
 from mixgraph.nodes.encoders.qwen_image_set import (EDIT_PLUS_TEMPLATE, QWEN25_7B, TEMPLATE, TEMPLATE_IMAGES,
                                                     qwen_image_join, template_end)
 
@@ -112,7 +113,6 @@ def _image(h: int = 150, w: int = 200, seed: int = 1) -> torch.Tensor:
 
 
 def test_preprocess_patches_follow_the_merge_order():
-    from mixgraph.nodes.encoders.qwen25_vl import IMAGE_MEAN, IMAGE_STD, VisionConfig
     cfg = VisionConfig(hidden=160, out_hidden=64, depth=1, heads=2, intermediate=8)
     img = _image(140, 196)  # already multiples of 28: no resampling
     patches, grid = preprocess_image(img, cfg)
