@@ -428,3 +428,15 @@ def test_fp8_scaled_file_encodes_close_to_the_full_one(models, tmp_path):
     full, fp8 = (c.cross_attn for c in conds)
     assert full.shape == fp8.shape and torch.isfinite(fp8).all()
     assert 0 < (fp8 - full).norm() / full.norm() < 0.1
+
+
+@pytest.mark.parametrize("spec", ["bf16", "fp8_e4m3fn:bf16", "int8", "f16"])
+def test_image_prompt_runs_under_each_precision(pair, spec):
+    from mixgraph.graph.precision import parse_spec
+    from mixgraph.nodes.weights.cast import apply_precision
+    _, model = pair
+    row = [[(5, 1.0), (ImageEmbed(_image(60, 80)), 1.0), (7, 1.0)]]
+    ref = model.encode_chunks(row, RULE, None, print).hidden
+    got = apply_precision(model, parse_spec(spec)).encode_chunks(row, RULE, None, print).hidden
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    assert (got - ref).norm() / ref.norm() < 0.1

@@ -129,8 +129,8 @@ class VisionAttention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bounds: list[int]) -> Tensor:
         n, d = x.shape
         q, k, v = self.qkv(x).view(n, 3, self.heads, d // self.heads).unbind(1)  # each [P, H, hd]
-        q = (q.float() * cos + _rotate_half(q.float()) * sin).to(x.dtype)  # cos [P, 1, hd]
-        k = (k.float() * cos + _rotate_half(k.float()) * sin).to(x.dtype)
+        q = (q.float() * cos + _rotate_half(q.float()) * sin).to(v.dtype)  # cos [P, 1, hd]; rotated in f32
+        k = (k.float() * cos + _rotate_half(k.float()) * sin).to(v.dtype)
         out = []
         for a, b in zip(bounds[:-1], bounds[1:]):  # attention within each window (or the whole image)
             qs, ks, vs = (z[a:b].transpose(0, 1) for z in (q, k, v))  # [H, L, hd]
