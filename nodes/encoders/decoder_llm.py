@@ -121,16 +121,19 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class DecoderAttention(nn.Module):
     """Causal grouped-query self-attention with RoPE; optional per-head RMS norms of q and k
-    (Qwen3's ``q_norm`` / ``k_norm``, applied before RoPE). Keys: q_proj, k_proj, v_proj, o_proj."""
+    (Qwen3's ``q_norm`` / ``k_norm``, applied before RoPE); ``qkv_bias``: q/k/v with biases
+    (Qwen2 / Qwen2.5). Keys: q_proj, k_proj, v_proj, o_proj. ``cos`` / ``sin`` are [T, hd] or,
+    per row (M-RoPE), [N, 1, T, hd]."""
 
-    def __init__(self, shape: DecoderShape, theta: float, qk_norm_eps: float | None = None) -> None:
+    def __init__(self, shape: DecoderShape, theta: float, qk_norm_eps: float | None = None,
+                 qkv_bias: bool = False) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.theta = shape.heads, shape.kv_heads, shape.head_dim, theta
         self.upcast_attention = False
         inner, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-        self.q_proj = nn.Linear(shape.hidden, inner, bias=False)
-        self.k_proj = nn.Linear(shape.hidden, kv, bias=False)
-        self.v_proj = nn.Linear(shape.hidden, kv, bias=False)
+        self.q_proj = nn.Linear(shape.hidden, inner, bias=qkv_bias)
+        self.k_proj = nn.Linear(shape.hidden, kv, bias=qkv_bias)
+        self.v_proj = nn.Linear(shape.hidden, kv, bias=qkv_bias)
         self.o_proj = nn.Linear(inner, shape.hidden, bias=False)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(shape.head_dim, qk_norm_eps)

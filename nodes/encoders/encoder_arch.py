@@ -1,7 +1,7 @@
 """Text-encoder architectures by name: how a weight file shows one, its config and its module.
 
 A family's ``TextEncoderSlot.arch`` names an architecture ("clip", "t5", "umt5", "qwen3",
-"gemma2"); the loaders find which architecture a text-encoder file holds and where
+"gemma2", "qwen2_5_vl"); the loaders find which architecture a text-encoder file holds and where
 (``recognise``), derive its config from shapes (``EncoderArch.config``) and build entries whose
 module is ``EncoderArch.build(config)``. A new encoder architecture is one ``register_arch``
 line here.
@@ -26,8 +26,10 @@ from torch import nn
 
 from mixgraph.nodes.encoders import dit_joins  # noqa: F401  (registers the flux / sd3 / chroma joins)
 from mixgraph.nodes.encoders import llm_sets  # (registers the z_image / lumina2 joins and LLM tokenizers)
+from mixgraph.nodes.encoders import qwen_image_set  # (registers the qwen_image join and tokenizer)
 from mixgraph.nodes.encoders.clip import CLIPTextConfig, CLIPTextModel, is_open_clip
 from mixgraph.nodes.encoders.encoder_set import register_tokenizer
+from mixgraph.nodes.encoders.qwen25_vl import Qwen25VLTextModel
 from mixgraph.nodes.encoders.t5 import T5Config, T5EncoderModel, is_t5
 from mixgraph.nodes.encoders.t5_tokenizer import T5Tokenizer
 from mixgraph.nodes.encoders import umt5  # (registers the "wan" join)
@@ -182,6 +184,10 @@ for _name, _find, _config in (("qwen3", llm_sets.find_qwen3, llm_sets.qwen3_arch
     _llm = llm_sets.LLM_ARCHS[_name]
     register_arch(EncoderArch(_name, _find, _config, _llm.build, prefixes=llm_sets.LLM_PREFIXES[_name],
                               tokenizer=_llm.tokenizer))
+
+register_arch(EncoderArch("qwen2_5_vl", qwen_image_set.find_qwen25_vl, qwen_image_set.qwen25_vl_arch_config,
+                          Qwen25VLTextModel, prefixes=qwen_image_set.QWEN25_VL_PREFIXES,
+                          tokenizer=qwen_image_set.entry_tokenizer))
 
 # -- tokenizers of these encoders
 register_tokenizer("t5", T5Tokenizer)

@@ -97,12 +97,15 @@ class EncodedText:
     applied), ``pooled`` [1, P] or None, ``mask`` [1, T] (1 = a real token, 0 = padding) or None
     when every token counts. Float32. ``empty``: the encoder was given no chunks (ComfyUI's empty
     token list, CLIPTextEncodeSD3's "none" padding); its output is then that of ComfyUI's
-    zero-length empty prompt, and a join may leave it out as ComfyUI does."""
+    zero-length empty prompt, and a join may leave it out as ComfyUI does. ``tokens``: the first
+    chunk's items as the encoder was given them, for a join that cuts by token (Qwen-Image drops
+    its template's), or () where the encoder does not report them."""
 
     hidden: Tensor
     pooled: Tensor | None = None
     mask: Tensor | None = None
     empty: bool = False
+    tokens: tuple = ()
 
 
 #: A set's join: encoder name -> its output, in set order -> the cond's tensors.
