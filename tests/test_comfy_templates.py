@@ -11,7 +11,8 @@ so the runs take seconds on a CPU. Nothing else: samplers, schedulers, prompts, 
 denoise, areas (scaled with the image), LoRA/ControlNet/GLIGEN/unCLIP settings stay as published.
 
 The DiT families' templates (Flux.1, Chroma, SD3.5, Z-Image, Lumina 2) and the editor's default
-graph are tests/test_dit_templates.py's (`DIT_FIXTURES` leaves them out here).
+graph are tests/test_dit_templates.py's, the Wan and Qwen-Image ones tests/test_video_templates.py's
+(`DIT_FIXTURES` leaves them out here).
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ LOADERS = {  # (class, input) -> models folder
 # Fixtures that must be refused, and the family named in the refusal (none now: the families
 # refused before, Flux and SD3.5, run, in tests/test_dit_templates.py).
 REFUSED: dict[str, str] = {}
-# The DiT families' fixtures and the frontend's default graph: tests/test_dit_templates.py's.
+# The DiT families' fixtures and the frontend's default graph: tests/test_dit_templates.py's; the
+# Wan and Qwen-Image ones: tests/test_video_templates.py's (its PREFIXES).
 DIT_FIXTURES = ("templates_flux", "templates_sd3", "templates_image_z_image", "templates_image_chroma",
-                "templates_image_netayume", "facts_frontend_")
+                "templates_image_netayume", "facts_frontend_", "templates_text_to_video_wan",
+                "templates_image_to_video_wan", "templates_video_wan", "templates_wan", "templates_image_qwen")
 # Fixtures that need a core node mixgraph does not have yet (docs/comfy-core-coverage.md).
 MISSING: dict[str, str] = {}
 

@@ -281,14 +281,18 @@ def test_dit_templates_run_end_to_end(executor, dirs, name):
 
 
 def test_every_fixture_workflow_is_tested_here_or_in_the_sd_module():
-    """Each workflow file of tests/fixtures/comfy_templates is this module's (DiT families, the
-    default graph) or tests/test_comfy_templates.py's (SD families), not both, not neither."""
+    """Each workflow file of tests/fixtures/comfy_templates is this module's (DiT image families,
+    the default graph), tests/test_video_templates.py's (Wan, Qwen-Image) or
+    tests/test_comfy_templates.py's (SD families): exactly one of them."""
     from tests import test_comfy_templates as sd_module
+    from tests import test_video_templates as video_module
 
     files = {p.name for p in FIXTURES.glob("*.json")}
     ours = {n for n in files if n.startswith(DIT_PREFIXES)} | {FRONTEND_FACTS.name}
+    video = set(video_module.ALL)
     theirs = {n for n in files if n in sd_module.ALL} | {sd_module.FACTS.name}
-    assert not ours & theirs and ours | theirs == files, (sorted(ours & theirs), sorted(files - ours - theirs))
+    overlap = (ours & theirs) | (ours & video) | (video & theirs)
+    assert not overlap and ours | video | theirs == files, (sorted(overlap), sorted(files - ours - video - theirs))
 
 
 def test_t5_tokenizer_options_pads_the_t5_prompt_as_comfyui(tmp_path):
