@@ -497,3 +497,65 @@ def test_editor_runs_the_z_image_turbo_default_graph(tmp_path):
         _stop(proc)
     saved = sorted((tmp_path / "output").rglob("*.png"))
     assert len(saved) == 1
+
+
+def test_editor_runs_the_wan_text_to_video_template(tmp_path):
+    """ComfyUI's Wan 2.1 text-to-video template (UNETLoader, CLIPLoader type wan, VAELoader,
+    EmptyHunyuanLatentVideo, ModelSamplingSD3, KSampler, VAEDecode, CreateVideo, SaveVideo) loaded
+    into the editor with tiny stand-ins under its file names, shrunk in its widgets, and queued with
+    the Run button: the prompt succeeds, SaveVideo's `executed` message carries the MP4 as the
+    editor previews a video, and the file holds the frames the latent's length gives."""
+    import av
+
+    from tests.fixtures.tiny_video_templates import write_standin
+    from tests.test_video_templates import ALL, LENGTH, MODELS, SIZE, WAN_T2V
+
+    sync_playwright = _browser_or_skip()
+    deadline = time.monotonic() + 240
+    graph = json.loads(json.dumps(ALL[WAN_T2V]))
+    for rel in ("diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors",
+                "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors", "vae/wan_2.1_vae.safetensors"):
+        write_standin(tmp_path / "models" / rel, MODELS[rel])
+    for n in graph["nodes"]:
+        if n["type"] == "EmptyHunyuanLatentVideo":
+            n["widgets_values"][:4] = [SIZE, SIZE, LENGTH, 1]
+        elif n["type"] == "KSampler":
+            n["widgets_values"][2] = 2  # steps
+    proc, url = _start_server(tmp_path, time.monotonic() + 30)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.set_default_timeout(60_000)
+                page.goto(url + "/", wait_until="domcontentloaded")
+                page.wait_for_function("() => !!(window.app?.graph && window.mixgraph?.loaded"
+                                       " && window.LiteGraph?.registered_node_types?.SaveVideo)")
+                page.evaluate("(g) => window.app.loadGraphData(g)", graph)
+                page.wait_for_function("() => window.app.graph.nodes.some(n => n.type === 'SaveVideo')")
+                missing = page.evaluate("() => window.app.graph.nodes.filter(n => !LiteGraph.registered_node_types[n.type])"
+                                        ".map(n => n.type)")
+                assert missing == []
+                page.evaluate("""() => {
+                    const api = window.comfyAPI.api.api;
+                    window.__wanShown = [];
+                    api.addEventListener('executed', (e) => window.__wanShown.push(e.detail));
+                    const finish = (e) => { window.__wanDone ??= e.detail; };
+                    api.addEventListener('execution_success', finish);
+                    api.addEventListener('execution_error', finish);
+                }""")
+                page.get_by_role("button", name="Run", exact=True).first.click()
+                left = max(1.0, deadline - time.monotonic()) * 1000
+                detail = page.wait_for_function("() => window.__wanDone", timeout=left).json_value()
+                assert "exception_message" not in detail, detail
+                shown = page.evaluate("() => window.__wanShown")
+            finally:
+                browser.close()
+    finally:
+        _stop(proc)
+    save = next(n["id"] for n in graph["nodes"] if n["type"] == "SaveVideo")
+    (out,) = [s["output"] for s in shown if str(s["node"]) == str(save)]
+    assert out["animated"] == [True] and out["images"][0]["filename"].endswith(".mp4")
+    (video,) = sorted((tmp_path / "output").rglob("*.mp4"))
+    with av.open(str(video)) as f:
+        assert len(list(f.decode(video=0))) == LENGTH

@@ -184,3 +184,70 @@ def test_video_templates_run_end_to_end(executor, dirs, name):
     else:
         saved = sorted(out.rglob("*.png"))
         assert saved and not videos, f"{name} saved {saved + videos}"
+
+
+WAN_T2V = "templates_text_to_video_wan.json"
+
+
+def test_wan_t2v_template_through_mixgraph_run(dirs, tmp_path):
+    """`mixgraph run` on the Wan 2.1 text-to-video template (UI format, as the editor saves it):
+    exit 0 and one MP4 of LENGTH frames of SIZE²."""
+    from mixgraph.ui.cli import main
+
+    wf = tmp_path / "wan_t2v.json"
+    wf.write_text(json.dumps(ALL[WAN_T2V]))
+    argv = ["run", str(wf), "--models", str(dirs / "models"), "--output", str(tmp_path / "out"), "--quiet"]
+    for k, v in small_sets(_prompt(WAN_T2V)).items():
+        argv += ["--set", f"{k}={v}"]
+    assert main(argv) == 0
+    (video,) = sorted((tmp_path / "out").rglob("*.mp4"))
+    with av.open(str(video)) as f:
+        frames = list(f.decode(video=0))
+    assert len(frames) == LENGTH and (frames[0].width, frames[0].height) == (SIZE, SIZE)
+
+
+def test_wan_t2v_template_through_the_server(dirs, tmp_path):
+    """ComfyUI's HTTP API on the Wan 2.1 text-to-video template: `POST /prompt` with the API form the
+    editor sends; `/history` lists SaveVideo's file the way the editor shows a video
+    (`images` + `animated: [true]`), and `/view` serves it as video/mp4."""
+    import asyncio
+    import time
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from mixgraph.graph.formats.workflow import dump_api
+    from mixgraph.ui.server.server import create_app
+
+    wf = api.set_inputs(load_workflow(ALL[WAN_T2V], api.default_registry()), small_sets(_prompt(WAN_T2V)))
+    env = Env.from_args(models=dirs / "models", input=dirs / "input", output=tmp_path / "out")
+    ex = Executor(api.default_registry(), env, cache=OutputCache(max_bytes=1 << 30))
+
+    async def go():
+        app = create_app(env, registry=api.default_registry(), executor=ex, user_dir=tmp_path / "user")
+        async with TestServer(app) as server, TestClient(server) as c:
+            r = await c.post("/prompt", json={"prompt": dump_api(wf)})
+            assert r.status == 200, await r.text()
+            pid = (await r.json())["prompt_id"]
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                body = await (await c.get(f"/history/{pid}")).json()
+                if body:
+                    break
+                await asyncio.sleep(0.2)
+            else:
+                raise AssertionError("the Wan template did not finish within 600 s")
+            entry = body[pid]
+            assert entry["status"]["status_str"] == "success", entry["status"]
+            (shown,) = [o for o in entry["outputs"].values() if o.get("animated")]
+            assert shown["animated"] == [True] and len(shown["images"]) == 1
+            item = shown["images"][0]
+            view = await c.get("/view", params={"filename": item["filename"], "subfolder": item["subfolder"],
+                                                "type": item["type"]})
+            assert view.status == 200 and view.content_type == "video/mp4"
+            return await view.read()
+
+    data = asyncio.run(go())
+    import io
+
+    with av.open(io.BytesIO(data)) as f:
+        assert len(list(f.decode(video=0))) == LENGTH
