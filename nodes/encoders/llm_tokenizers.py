@@ -155,17 +155,24 @@ class GemmaTokenizer:
 # Gemma: one registered name per SentencePiece model
 
 
-_GEMMA_FACTORIES: dict[str, Callable[[], GemmaTokenizer]] = {}
+_SPIECE_FACTORIES: dict[str, Callable[[], object]] = {}
+
+
+def register_spiece_tokenizer(kind: str, cls: Callable[[bytes], object], model_bytes: bytes) -> str:
+    """Register ``cls(model_bytes)`` (a tokenizer over the SentencePiece model a text-encoder file
+    carries) under the name ``<kind>:<fingerprint>`` and return that name; the same model registers
+    once, under one factory."""
+    name = f"{kind}:" + hashlib.sha256(model_bytes).hexdigest()[:16]
+    if name not in _SPIECE_FACTORIES:
+        _SPIECE_FACTORIES[name] = functools.partial(cls, bytes(model_bytes))
+        register_tokenizer(name, _SPIECE_FACTORIES[name])
+    return name
 
 
 def register_gemma_tokenizer(model_bytes: bytes) -> str:
-    """Register the SentencePiece model `model_bytes` as a tokenizer; returns its name
-    (``gemma:<fingerprint>``). The same model registers once, under one factory."""
-    name = "gemma:" + hashlib.sha256(model_bytes).hexdigest()[:16]
-    if name not in _GEMMA_FACTORIES:
-        _GEMMA_FACTORIES[name] = functools.partial(GemmaTokenizer, bytes(model_bytes))
-        register_tokenizer(name, _GEMMA_FACTORIES[name])
-    return name
+    """Register the SentencePiece model `model_bytes` as a Gemma tokenizer; returns its name
+    (``gemma:<fingerprint>``)."""
+    return register_spiece_tokenizer("gemma", GemmaTokenizer, model_bytes)
 
 
 def find_spiece_key(keys, prefix: str) -> str | None:
@@ -179,9 +186,10 @@ def find_spiece_key(keys, prefix: str) -> str | None:
     return None
 
 
-def gemma_tokenizer_name(source: WeightSource) -> str:
-    """The tokenizer name of the Gemma encoder in `source`, registered on the way; ValueError when
-    the file has no ``spiece_model``."""
+def spiece_model_bytes(source: WeightSource, what: str, files: str) -> bytes:
+    """The serialized SentencePiece model stored beside the encoder in `source` (``spiece_model``
+    under its prefix or a shorter one); ValueError naming the file when there is none (`what`: the
+    encoder, `files`: the files that carry it, for the message)."""
     if source.path is None:
         tensors = source.tensors or {}
         key = find_spiece_key(tensors, source.prefix)
@@ -190,9 +198,15 @@ def gemma_tokenizer_name(source: WeightSource) -> str:
         key = find_spiece_key(inspect_file(source.path), source.prefix)
         data = None if key is None else read_tensors(source.path, [key], strip_prefix=False)[key]
     if data is None:
-        raise ValueError(f"{source.name}: a Gemma text encoder without its tokenizer (no 'spiece_model' tensor "
-                         f"under {source.prefix!r}); ComfyUI's gemma_2_2b files carry it")
-    return register_gemma_tokenizer(data.to(torch.uint8).numpy().tobytes())
+        raise ValueError(f"{source.name}: a {what} text encoder without its tokenizer (no 'spiece_model' tensor "
+                         f"under {source.prefix!r}); {files} carry it")
+    return data.to(torch.uint8).numpy().tobytes()
+
+
+def gemma_tokenizer_name(source: WeightSource) -> str:
+    """The tokenizer name of the Gemma encoder in `source`, registered on the way; ValueError when
+    the file has no ``spiece_model``."""
+    return register_gemma_tokenizer(spiece_model_bytes(source, "Gemma", "ComfyUI's gemma_2_2b files"))
 
 
 def z_image_tokenizer() -> QwenTokenizer:

@@ -21,21 +21,16 @@ named ``"umt5:" + sha256(model bytes)[:16]``, when the encoder's file is recogni
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 from collections.abc import Callable
 
 import sentencepiece
-import torch
 
-from mixgraph.nodes.encoders.encoder_set import register_tokenizer
-from mixgraph.nodes.encoders.llm_tokenizers import find_spiece_key
+from mixgraph.nodes.encoders.llm_tokenizers import register_spiece_tokenizer, spiece_model_bytes
 from mixgraph.nodes.encoders.tokenizer import EmbeddingLookup, TokenWeights, chunk_groups, weighted_groups
-from mixgraph.nodes.weights.safetensors_io import WeightSource, inspect_file, read_tensors
+from mixgraph.nodes.weights.safetensors_io import WeightSource
 
-__all__ = ["UMT5_MIN_LENGTH", "UMT5_PAD", "UMT5Tokenizer", "register_umt5_tokenizer", "umt5_tokenizer_name",
-           "spiece_model_bytes"]
+__all__ = ["UMT5_MIN_LENGTH", "UMT5_PAD", "UMT5Tokenizer", "register_umt5_tokenizer", "umt5_tokenizer_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,36 +75,13 @@ class UMT5Tokenizer:
         return chunks if word_ids else [[(t, w) for t, w, _ in c] for c in chunks]
 
 
-_FACTORIES: dict[str, Callable[[], UMT5Tokenizer]] = {}
-
-
 def register_umt5_tokenizer(model_bytes: bytes) -> str:
     """Register the SentencePiece model `model_bytes` as a umT5 tokenizer; returns its name
-    (``umt5:<fingerprint>``). The same model registers once, under one factory."""
-    name = "umt5:" + hashlib.sha256(model_bytes).hexdigest()[:16]
-    if name not in _FACTORIES:
-        _FACTORIES[name] = functools.partial(UMT5Tokenizer, bytes(model_bytes))
-        register_tokenizer(name, _FACTORIES[name])
-    return name
-
-
-def spiece_model_bytes(source: WeightSource, what: str = "umT5") -> bytes:
-    """The serialized SentencePiece model stored beside the encoder in `source` (``spiece_model``
-    under its prefix or a shorter one); ValueError naming the file when there is none."""
-    if source.path is None:
-        tensors = source.tensors or {}
-        key = find_spiece_key(tensors, source.prefix)
-        data = None if key is None else tensors[key]
-    else:
-        key = find_spiece_key(inspect_file(source.path), source.prefix)
-        data = None if key is None else read_tensors(source.path, [key], strip_prefix=False)[key]
-    if data is None:
-        raise ValueError(f"{source.name}: a {what} text encoder without its tokenizer (no 'spiece_model' tensor "
-                         f"under {source.prefix!r}); ComfyUI's umt5_xxl files carry it")
-    return data.to(torch.uint8).numpy().tobytes()
+    (``umt5:<fingerprint>``)."""
+    return register_spiece_tokenizer("umt5", UMT5Tokenizer, model_bytes)
 
 
 def umt5_tokenizer_name(source: WeightSource, slot_tokenizer: str = "umt5") -> str:
     """The tokenizer name of the umT5 encoder in `source` (``encoder_arch.EncoderArch.tokenizer``),
     registered on the way."""
-    return register_umt5_tokenizer(spiece_model_bytes(source))
+    return register_umt5_tokenizer(spiece_model_bytes(source, "umT5", "ComfyUI's umt5_xxl files"))

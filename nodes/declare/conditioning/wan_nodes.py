@@ -12,6 +12,13 @@ from mixgraph.nodes.helpers.video import latent_ops as video_latent_ops
 from mixgraph.nodes.helpers.precision import effective
 
 
+# the frame-size inputs most Wan nodes share (ComfyUI's defaults: 832x480, 81 frames)
+WIDTH = Int(832, min=16, max=MAX_RESOLUTION, step=16)
+HEIGHT = Int(480, min=16, max=MAX_RESOLUTION, step=16)
+LENGTH = Int(81, min=1, max=MAX_RESOLUTION, step=4)
+BATCH = Int(1, min=1, max=4096)
+
+
 def _encoder(ctx, vae):
     policy = effective(ctx, vae, "VAE")
     return lambda pixels: vae.encode(pixels, policy)
@@ -20,10 +27,10 @@ def _encoder(ctx, vae):
 @node(category="conditioning/video_models", outputs=("CONDITIONING", "CONDITIONING", "LATENT"),
       output_names=("positive", "negative", "latent"))
 def WanImageToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"), vae=Socket("VAE"),
-                    width=Int(832, min=16, max=MAX_RESOLUTION, step=16),
-                    height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
-                    length=Int(81, min=1, max=MAX_RESOLUTION, step=4),
-                    batch_size=Int(1, min=1, max=4096),
+                    width=WIDTH,
+                    height=HEIGHT,
+                    length=LENGTH,
+                    batch_size=BATCH,
                     clip_vision_output=Socket("CLIP_VISION_OUTPUT", optional=True),
                     start_image=Socket("IMAGE", optional=True)):
     return video_latent_ops.image_to_video(positive, negative, _encoder(ctx, vae), width, height, length, batch_size,
@@ -34,10 +41,10 @@ def WanImageToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDI
       output_names=("positive", "negative", "latent"))
 def WanFirstLastFrameToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"),
                              vae=Socket("VAE"),
-                             width=Int(832, min=16, max=MAX_RESOLUTION, step=16),
-                             height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
-                             length=Int(81, min=1, max=MAX_RESOLUTION, step=4),
-                             batch_size=Int(1, min=1, max=4096),
+                             width=WIDTH,
+                             height=HEIGHT,
+                             length=LENGTH,
+                             batch_size=BATCH,
                              clip_vision_start_image=Socket("CLIP_VISION_OUTPUT", optional=True),
                              clip_vision_end_image=Socket("CLIP_VISION_OUTPUT", optional=True),
                              start_image=Socket("IMAGE", optional=True),
@@ -50,10 +57,10 @@ def WanFirstLastFrameToVideo(ctx, positive=Socket("CONDITIONING"), negative=Sock
 @node(category="conditioning/video_models", outputs=("CONDITIONING", "CONDITIONING", "LATENT"),
       output_names=("positive", "negative", "latent"))
 def WanFunInpaintToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"), vae=Socket("VAE"),
-                         width=Int(832, min=16, max=MAX_RESOLUTION, step=16),
-                         height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
-                         length=Int(81, min=1, max=MAX_RESOLUTION, step=4),
-                         batch_size=Int(1, min=1, max=4096),
+                         width=WIDTH,
+                         height=HEIGHT,
+                         length=LENGTH,
+                         batch_size=BATCH,
                          clip_vision_output=Socket("CLIP_VISION_OUTPUT", optional=True),
                          start_image=Socket("IMAGE", optional=True),
                          end_image=Socket("IMAGE", optional=True)):
@@ -66,10 +73,10 @@ def WanFunInpaintToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("
 @node(category="conditioning/video_models", outputs=("CONDITIONING", "CONDITIONING", "LATENT"),
       output_names=("positive", "negative", "latent"))
 def WanFunControlToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"), vae=Socket("VAE"),
-                         width=Int(832, min=16, max=MAX_RESOLUTION, step=16),
-                         height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
-                         length=Int(81, min=1, max=MAX_RESOLUTION, step=4),
-                         batch_size=Int(1, min=1, max=4096),
+                         width=WIDTH,
+                         height=HEIGHT,
+                         length=LENGTH,
+                         batch_size=BATCH,
                          clip_vision_output=Socket("CLIP_VISION_OUTPUT", optional=True),
                          start_image=Socket("IMAGE", optional=True),
                          control_video=Socket("IMAGE", optional=True)):
@@ -80,10 +87,10 @@ def WanFunControlToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("
 @node(category="conditioning/video_models", outputs=("CONDITIONING", "CONDITIONING", "LATENT", "INT"),
       output_names=("positive", "negative", "latent", "trim_latent"))
 def WanVaceToVideo(ctx, positive=Socket("CONDITIONING"), negative=Socket("CONDITIONING"), vae=Socket("VAE"),
-                   width=Int(832, min=16, max=MAX_RESOLUTION, step=16),
-                   height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
-                   length=Int(81, min=1, max=MAX_RESOLUTION, step=4),
-                   batch_size=Int(1, min=1, max=4096),
+                   width=WIDTH,
+                   height=HEIGHT,
+                   length=LENGTH,
+                   batch_size=BATCH,
                    strength=Float(1.0, min=0.0, max=1000.0, step=0.01),
                    control_video=Socket("IMAGE", optional=True),
                    control_masks=Socket("MASK", optional=True),
@@ -97,7 +104,7 @@ def Wan22ImageToVideoLatent(ctx, vae=Socket("VAE"),
                             width=Int(1280, min=32, max=MAX_RESOLUTION, step=32),
                             height=Int(704, min=32, max=MAX_RESOLUTION, step=32),
                             length=Int(49, min=1, max=MAX_RESOLUTION, step=4),
-                            batch_size=Int(1, min=1, max=4096),
+                            batch_size=BATCH,
                             start_image=Socket("IMAGE", optional=True)):
     return (video_latent_ops.wan22_image_to_video_latent(_encoder(ctx, vae), width, height, length, batch_size,
                                                          start_image),)
