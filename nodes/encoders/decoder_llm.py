@@ -37,6 +37,7 @@ from mixgraph.nodes.encoders.encoder_set import EncodedText, OutputRule
 from mixgraph.nodes.models.attention import attention
 
 __all__ = ["DecoderShape", "RMSNorm", "rope_cos_sin", "apply_rope", "DecoderAttention", "GatedMLP",
+           "PreNormBlock", "PreNormDecoder",
            "DecoderTextEncoder", "count_layers", "resolve_layer", "shape_from", "padding_mask", "causal_padding_mask"]
 
 
@@ -177,6 +178,35 @@ class GatedMLP(nn.Module):
         g = self.gate_proj(x)
         g = F.gelu(g, approximate="tanh") if self.tanh_gelu else F.silu(g)
         return self.down_proj(g * self.up_proj(x))
+
+
+class PreNormBlock(nn.Module):
+    """A Qwen-style decoder layer: ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` with a SiLU
+    gated MLP (Qwen3: q/k norms, ``qk_norm_eps``; Qwen2 / Qwen2.5: ``qkv_bias``). Keys:
+    input_layernorm, self_attn.*, post_attention_layernorm, mlp.*."""
+
+    def __init__(self, shape: DecoderShape, eps: float, theta: float, qk_norm_eps: float | None = None,
+                 qkv_bias: bool = False) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.hidden, eps)
+        self.self_attn = DecoderAttention(shape, theta, qk_norm_eps=qk_norm_eps, qkv_bias=qkv_bias)
+        self.post_attention_layernorm = RMSNorm(shape.hidden, eps)
+        self.mlp = GatedMLP(shape, "silu")
+
+    def forward(self, x: Tensor, mask: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class PreNormDecoder(nn.Module):
+    """A file's ``model.`` part for ``PreNormBlock`` decoders: the token table, the layers
+    (``block(i)`` builds layer i) and the final norm."""
+
+    def __init__(self, shape: DecoderShape, eps: float, block: Callable[[int], nn.Module]) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden)
+        self.layers = nn.ModuleList(block(i) for i in range(shape.layers))
+        self.norm = RMSNorm(shape.hidden, eps)
 
 
 def resolve_layer(requested: int | None, rule: OutputRule, n_layers: int) -> int | None:

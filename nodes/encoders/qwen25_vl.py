@@ -26,11 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from mixgraph.nodes.encoders.decoder_llm import (DecoderAttention, DecoderShape, DecoderTextEncoder, GatedMLP,
-                                                 RMSNorm, causal_padding_mask, padding_mask, resolve_layer,
-                                                 shape_from)
+from mixgraph.nodes.encoders.decoder_llm import (DecoderShape, DecoderTextEncoder, PreNormBlock, PreNormDecoder,
+                                                 causal_padding_mask, padding_mask, resolve_layer, shape_from)
 from mixgraph.nodes.encoders.encoder_set import EncodedText, OutputRule
 from mixgraph.nodes.encoders.qwen25_vl_vision import VisionConfig, VisionTower, preprocess_image, vision_config
 
@@ -95,28 +94,9 @@ def mrope_positions(length: int, images: Sequence[tuple[int, int, int]]) -> Tens
     return pos
 
 
-class Qwen25Block(nn.Module):
-    def __init__(self, cfg: Qwen25VLConfig) -> None:
-        super().__init__()
-        s = cfg.shape
-        self.input_layernorm = RMSNorm(s.hidden, cfg.eps)
-        self.self_attn = DecoderAttention(s, cfg.rope_theta, qkv_bias=True)
-        self.post_attention_layernorm = RMSNorm(s.hidden, cfg.eps)
-        self.mlp = GatedMLP(s, "silu")
-
-    def forward(self, x: Tensor, mask: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class Qwen25Inner(nn.Module):
+def Qwen25Inner(cfg: Qwen25VLConfig) -> PreNormDecoder:
     """The file's ``model.`` part."""
-
-    def __init__(self, cfg: Qwen25VLConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.shape.vocab_size, cfg.shape.hidden)
-        self.layers = nn.ModuleList(Qwen25Block(cfg) for _ in range(cfg.shape.layers))
-        self.norm = RMSNorm(cfg.shape.hidden, cfg.eps)
+    return PreNormDecoder(cfg.shape, cfg.eps, lambda i: PreNormBlock(cfg.shape, cfg.eps, cfg.rope_theta, qkv_bias=True))
 
 
 @dataclass(frozen=True, eq=False)

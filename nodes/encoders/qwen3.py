@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from mixgraph.nodes.encoders.decoder_llm import (DecoderAttention, DecoderShape, DecoderTextEncoder, GatedMLP,
-                                                 RMSNorm, causal_padding_mask, rope_cos_sin, shape_from)
+from mixgraph.nodes.encoders.decoder_llm import (DecoderShape, DecoderTextEncoder, PreNormBlock, PreNormDecoder,
+                                                 causal_padding_mask, rope_cos_sin, shape_from)
 
 __all__ = ["Qwen3Config", "Qwen3TextModel", "is_qwen3", "qwen3_config"]
 
@@ -48,28 +48,9 @@ def qwen3_config(shapes: Mapping[str, tuple[int, ...]], prefix: str = "") -> Qwe
     return Qwen3Config(shape_from(shapes, prefix, head_dim))
 
 
-class Qwen3Block(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
-        super().__init__()
-        s = cfg.shape
-        self.input_layernorm = RMSNorm(s.hidden, cfg.eps)
-        self.self_attn = DecoderAttention(s, cfg.rope_theta, qk_norm_eps=cfg.eps)
-        self.post_attention_layernorm = RMSNorm(s.hidden, cfg.eps)
-        self.mlp = GatedMLP(s, "silu")
-
-    def forward(self, x: Tensor, mask: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class Qwen3Inner(nn.Module):
+def Qwen3Inner(cfg: Qwen3Config) -> PreNormDecoder:
     """The file's ``model.`` part."""
-
-    def __init__(self, cfg: Qwen3Config) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.shape.vocab_size, cfg.shape.hidden)
-        self.layers = nn.ModuleList(Qwen3Block(cfg) for _ in range(cfg.shape.layers))
-        self.norm = RMSNorm(cfg.shape.hidden, cfg.eps)
+    return PreNormDecoder(cfg.shape, cfg.eps, lambda i: PreNormBlock(cfg.shape, cfg.eps, cfg.rope_theta, qk_norm_eps=cfg.eps))
 
 
 class Qwen3TextModel(DecoderTextEncoder):
