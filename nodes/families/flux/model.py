@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mixgraph.nodes.models.latent_tokens import PATCH, patchify, unpatchify
 from mixgraph.nodes.models.attention import attention as sdpa
 
 __all__ = ["FluxConfig", "Flux", "DoubleStreamBlock", "SingleStreamBlock", "LastLayer", "MLPEmbedder",
            "timestep_embedding", "rope", "image_ids", "patchify", "unpatchify", "default_axes_dim", "PATCH",
            "joint_mask", "key_mask", "run_blocks"]
 
-PATCH = 2
 TIME_DIM = 256  # width of the sinusoidal timestep / guidance embedding
 
 
@@ -135,25 +135,6 @@ def image_ids(h_len: int, w_len: int, batch: int, *, index: float = 0.0, h_offse
     ids[..., 1] = torch.arange(h_len, device=device, dtype=torch.float32)[:, None] + h_offset
     ids[..., 2] = torch.arange(w_len, device=device, dtype=torch.float32)[None, :] + w_offset
     return ids.reshape(1, h_len * w_len, 3).expand(batch, -1, -1)
-
-
-def patchify(x: Tensor) -> Tensor:
-    """[B, C, H, W] -> [B, (H/2)·(W/2), C·2·2] (odd sizes padded circularly first, as ComfyUI)."""
-    pad_h, pad_w = (-x.shape[-2]) % PATCH, (-x.shape[-1]) % PATCH
-    if pad_h or pad_w:
-        x = F.pad(x, (0, pad_w, 0, pad_h), mode="circular")
-    b, c, h, w = x.shape
-    x = x.reshape(b, c, h // PATCH, PATCH, w // PATCH, PATCH)  # [B, C, h, p, w, p]
-    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
-
-
-def unpatchify(tokens: Tensor, h: int, w: int) -> Tensor:
-    """[B, h_len·w_len, C·2·2] -> [B, C, h, w] (cropping any padding)."""
-    h_len, w_len = -(-h // PATCH), -(-w // PATCH)
-    b, _, d = tokens.shape
-    c = d // (PATCH * PATCH)
-    x = tokens.reshape(b, h_len, w_len, c, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)  # [B, C, h, p, w, p]
-    return x.reshape(b, c, h_len * PATCH, w_len * PATCH)[:, :, :h, :w]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,12 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mixgraph.nodes.models.latent_tokens import PATCH, patchify, token_grid, unpatchify
 from mixgraph.nodes.models.attention import attention
 
 __all__ = ["QwenImageConfig", "QwenImage", "REF_METHODS", "PATCH", "timestep_embedding", "rope_angles",
            "token_positions"]
 
-PATCH = 2
 TIME_DIM = 256  # width of the sinusoidal timestep features
 TIME_SCALE = 1000.0  # the features see 1000·σ (diffusers' Timesteps(scale=1000))
 #: ComfyUI's ``reference_latents_method`` values the Qwen model reads (``uxo`` is placed as "offset")
@@ -147,31 +147,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 # tokens and positions
 
 
-def _grid(h: int, w: int) -> tuple[int, int]:
-    """Token rows and columns of an h x w latent (odd sizes padded by one)."""
-    return -(-h // PATCH), -(-w // PATCH)
-
-
-def patchify(x: Tensor) -> Tensor:
-    """[B, C, H, W] -> [B, (H/2)·(W/2), C·2·2], channel-major within a token (odd sizes padded
-    circularly first, ComfyUI's ``pad_to_patch_size``)."""
-    pad_h, pad_w = (-x.shape[-2]) % PATCH, (-x.shape[-1]) % PATCH
-    if pad_h or pad_w:
-        x = F.pad(x, (0, pad_w, 0, pad_h), mode="circular")
-    b, c, h, w = x.shape
-    x = x.reshape(b, c, h // PATCH, PATCH, w // PATCH, PATCH)  # [B, C, h, p, w, p]
-    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
-
-
-def unpatchify(tokens: Tensor, h: int, w: int) -> Tensor:
-    """[B, h_len·w_len, C·2·2] -> [B, C, h, w] (cropping any padding)."""
-    h_len, w_len = _grid(h, w)
-    b, _, d = tokens.shape
-    c = d // (PATCH * PATCH)
-    x = tokens.reshape(b, h_len, w_len, c, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)  # [B, C, h, p, w, p]
-    return x.reshape(b, c, h_len * PATCH, w_len * PATCH)[:, :, :h, :w]
-
-
 def image_positions(h_len: int, w_len: int, index: int = 0, h_offset: int = 0, w_offset: int = 0,
                     device=None) -> Tensor:
     """(frame, row, column) of each token of an h_len x w_len grid, rows first, centred on the
@@ -188,7 +163,7 @@ def token_positions(latent_hw: tuple[int, int], ref_hws: Sequence[tuple[int, int
     """Positions [T + N, 3] of the text tokens, the sampled image's and each reference's, in
     sequence order (text first). ``latent_hw`` / ``ref_hws``: latent sizes (see the module
     docstring for the reference methods)."""
-    h_len, w_len = _grid(*latent_hw)
+    h_len, w_len = token_grid(*latent_hw)
     parts = [image_positions(h_len, w_len, device=device)]
     index = placed_h = placed_w = 0
     for rh, rw in ref_hws:
@@ -202,7 +177,7 @@ def token_positions(latent_hw: tuple[int, int], ref_hws: Sequence[tuple[int, int
             else:
                 h_off = placed_h
             placed_h, placed_w = max(placed_h, rh + h_off), max(placed_w, rw + w_off)
-        parts.append(image_positions(*_grid(rh, rw), index=index, h_offset=(h_off + PATCH // 2) // PATCH,
+        parts.append(image_positions(*token_grid(rh, rw), index=index, h_offset=(h_off + PATCH // 2) // PATCH,
                                      w_offset=(w_off + PATCH // 2) // PATCH, device=device))
     start = max(h_len // 2, w_len // 2)
     txt = torch.arange(start, start + n_txt, device=device, dtype=torch.float32)[:, None].expand(n_txt, 3)
