@@ -559,3 +559,57 @@ def test_editor_runs_the_wan_text_to_video_template(tmp_path):
     (video,) = sorted((tmp_path / "output").rglob("*.mp4"))
     with av.open(str(video)) as f:
         assert len(list(f.decode(video=0))) == LENGTH
+
+
+def test_editor_runs_the_qwen_image_template(tmp_path):
+    """ComfyUI's Qwen-Image text-to-image template (its graph inside a subgraph: UNETLoader, CLIPLoader
+    type qwen_image, the Lightning LoRA, ModelSamplingAuraFlow, EmptySD3LatentImage, KSampler whose
+    steps come from primitives through switches) loaded into the editor with tiny stand-ins under its
+    file names, the latent shrunk in the subgraph's widgets, and queued with the Run button: the
+    prompt succeeds and its picture appears in the Save Image node."""
+    from tests.fixtures.tiny_video_templates import write_standin
+    from tests.test_video_templates import ALL, MODELS
+
+    sync_playwright = _browser_or_skip()
+    deadline = time.monotonic() + 240
+    graph = json.loads(json.dumps(ALL["templates_image_qwen_image.json"]))
+    for rel in ("diffusion_models/qwen_image_fp8_e4m3fn.safetensors", "vae/qwen_image_vae.safetensors",
+                "text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors",
+                "loras/Qwen-Image-Lightning-8steps-V1.0.safetensors"):
+        write_standin(tmp_path / "models" / rel, MODELS[rel])
+    for sub in graph["definitions"]["subgraphs"]:
+        for n in sub["nodes"]:
+            if n["type"] == "EmptySD3LatentImage":
+                n["widgets_values"][:3] = [64, 64, 1]
+    proc, url = _start_server(tmp_path, time.monotonic() + 30)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.set_default_timeout(60_000)
+                page.goto(url + "/", wait_until="domcontentloaded")
+                page.wait_for_function("() => !!(window.app?.graph && window.mixgraph?.loaded"
+                                       " && window.LiteGraph?.registered_node_types?.ModelSamplingAuraFlow)")
+                page.evaluate("(g) => window.app.loadGraphData(g)", graph)
+                page.wait_for_function("() => window.app.graph.nodes.some(n => n.type === 'SaveImage')")
+                page.evaluate("""() => {
+                    const api = window.comfyAPI.api.api;
+                    const finish = (e) => { window.__qwenDone ??= e.detail; };
+                    api.addEventListener('execution_success', finish);
+                    api.addEventListener('execution_error', finish);
+                }""")
+                page.get_by_role("button", name="Run", exact=True).first.click()
+                left = max(1.0, deadline - time.monotonic()) * 1000
+                detail = page.wait_for_function("() => window.__qwenDone", timeout=left).json_value()
+                assert "exception_message" not in detail, detail
+                save = page.evaluate("() => window.app.graph.nodes.find(n => n.type === 'SaveImage').id")
+                page.wait_for_function(f"() => (window.app.graph.getNodeById({save}).imgs || []).length > 0")
+            finally:
+                browser.close()
+    finally:
+        _stop(proc)
+    from PIL import Image
+
+    (saved,) = sorted((tmp_path / "output").rglob("*.png"))
+    assert Image.open(saved).size == (64, 64)

@@ -189,27 +189,38 @@ def test_video_templates_run_end_to_end(executor, dirs, name):
 WAN_T2V = "templates_text_to_video_wan.json"
 
 
-def test_wan_t2v_template_through_mixgraph_run(dirs, tmp_path):
-    """`mixgraph run` on the Wan 2.1 text-to-video template (UI format, as the editor saves it):
-    exit 0 and one MP4 of LENGTH frames of SIZE²."""
+THROUGH = (WAN_T2V, "templates_video_wan2_2_14B_t2v.json", "templates_image_qwen_image.json",
+           "templates_image_qwen_image_edit_2509.json")
+
+
+@pytest.mark.parametrize("name", THROUGH)
+def test_templates_through_mixgraph_run(dirs, tmp_path, name):
+    """`mixgraph run` on a Wan 2.1 text-to-video, the Wan 2.2 two-expert, a Qwen-Image and a
+    Qwen-Image-Edit template (UI format, as the editor saves them): exit 0; the Wan ones write one
+    MP4 of SIZE² frames (LENGTH, or the length the template computes), the Qwen ones one PNG."""
     from mixgraph.ui.cli import main
 
-    wf = tmp_path / "wan_t2v.json"
-    wf.write_text(json.dumps(ALL[WAN_T2V]))
-    argv = ["run", str(wf), "--models", str(dirs / "models"), "--output", str(tmp_path / "out"), "--quiet"]
-    for k, v in small_sets(_prompt(WAN_T2V)).items():
+    wf = tmp_path / name
+    wf.write_text(json.dumps(ALL[name]))
+    argv = ["run", str(wf), "--models", str(dirs / "models"), "--input", str(dirs / "input"),
+            "--output", str(tmp_path / "out"), "--quiet"]
+    for k, v in small_sets(_prompt(name)).items():
         argv += ["--set", f"{k}={v}"]
     assert main(argv) == 0
+    if "wan" not in name:
+        assert len(sorted((tmp_path / "out").rglob("*.png"))) == 1
+        return
     (video,) = sorted((tmp_path / "out").rglob("*.mp4"))
     with av.open(str(video)) as f:
         frames = list(f.decode(video=0))
-    assert len(frames) == LENGTH and (frames[0].width, frames[0].height) == (SIZE, SIZE)
+    assert len(frames) in (LENGTH, 81) and (frames[0].width, frames[0].height) == (SIZE, SIZE)
 
 
-def test_wan_t2v_template_through_the_server(dirs, tmp_path):
-    """ComfyUI's HTTP API on the Wan 2.1 text-to-video template: `POST /prompt` with the API form the
-    editor sends; `/history` lists SaveVideo's file the way the editor shows a video
-    (`images` + `animated: [true]`), and `/view` serves it as video/mp4."""
+@pytest.mark.parametrize("name", (WAN_T2V, "templates_image_qwen_image_edit_2509.json"))
+def test_templates_through_the_server(dirs, tmp_path, name):
+    """ComfyUI's HTTP API on the Wan 2.1 text-to-video and a Qwen-Image-Edit template: `POST /prompt`
+    with the API form the editor sends; `/history` lists the saved file the way the editor shows it
+    (a video: `images` + `animated: [true]`), and `/view` serves it (video/mp4, image/png)."""
     import asyncio
     import time
 
@@ -218,7 +229,8 @@ def test_wan_t2v_template_through_the_server(dirs, tmp_path):
     from mixgraph.graph.formats.workflow import dump_api
     from mixgraph.ui.server.server import create_app
 
-    wf = api.set_inputs(load_workflow(ALL[WAN_T2V], api.default_registry()), small_sets(_prompt(WAN_T2V)))
+    wf = api.set_inputs(load_workflow(ALL[name], api.default_registry()), small_sets(_prompt(name)))
+    video = "wan" in name
     env = Env.from_args(models=dirs / "models", input=dirs / "input", output=tmp_path / "out")
     ex = Executor(api.default_registry(), env, cache=OutputCache(max_bytes=1 << 30))
 
@@ -235,19 +247,22 @@ def test_wan_t2v_template_through_the_server(dirs, tmp_path):
                     break
                 await asyncio.sleep(0.2)
             else:
-                raise AssertionError("the Wan template did not finish within 600 s")
+                raise AssertionError(f"{name} did not finish within 600 s")
             entry = body[pid]
             assert entry["status"]["status_str"] == "success", entry["status"]
-            (shown,) = [o for o in entry["outputs"].values() if o.get("animated")]
-            assert shown["animated"] == [True] and len(shown["images"]) == 1
+            (shown,) = [o for o in entry["outputs"].values() if o.get("images")]
+            assert shown.get("animated") == ([True] if video else None) and len(shown["images"]) == 1
             item = shown["images"][0]
             view = await c.get("/view", params={"filename": item["filename"], "subfolder": item["subfolder"],
                                                 "type": item["type"]})
-            assert view.status == 200 and view.content_type == "video/mp4"
+            assert view.status == 200 and view.content_type == ("video/mp4" if video else "image/png")
             return await view.read()
 
     data = asyncio.run(go())
     import io
 
-    with av.open(io.BytesIO(data)) as f:
-        assert len(list(f.decode(video=0))) == LENGTH
+    if video:
+        with av.open(io.BytesIO(data)) as f:
+            assert len(list(f.decode(video=0))) == LENGTH
+    else:
+        assert Image.open(io.BytesIO(data)).size[0] > 0
