@@ -60,3 +60,22 @@ def test_frame_count_and_ssim_cover_every_frame():
     b[4] = 1 - b[4]
     assert frame_count([a, a[:1]]) == 6
     assert ssim(a, a) == pytest.approx(1.0) and ssim(a, b) < 0.9
+
+
+def test_bench_video_builds_the_full_size_shapes():
+    """benchmarks/bench_video.py's models are the real architectures (meta device, no memory):
+    Wan 2.1 1.3B's 1.42 B parameters, Qwen-Image's 20.4 B at 60 blocks (its txt_in 64 wide, as
+    the script says) and 0.34 B per block, the unit of its extrapolation."""
+    import importlib.util
+    import math
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_video.py"
+    spec = importlib.util.spec_from_file_location("bench_video", path)
+    bench_video = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_video)
+    count = lambda shapes: sum(math.prod(s) for s in shapes.values())  # noqa: E731
+    assert count(bench_video._wan_shapes()) == pytest.approx(1.419e9, rel=1e-3)
+    assert count(bench_video._qwen_shapes(60)) == pytest.approx(20.42e9, rel=1e-3)
+    assert sum(v.numel() for v in bench_video._qwen_block_shapes().values()) == pytest.approx(0.3398e9, rel=1e-3)
+    assert bench_video._store_bytes("fp8_e4m3fn:bf16") == 1 and bench_video._store_bytes("bf16") == 2
