@@ -23,7 +23,7 @@ s/frame: the DiT's `s_per_step / frames` (per sampling step: a 30-step video cos
 VAEDecode node time / frames; frames = the decoded frame count (1 + 4 (T - 1) for T latent frames).
 Each run is a child process (its peak RSS is its own), one at a time. A DiT run whose estimate
 exceeds `--max-gib` (default 18), or that `mixgraph run` would refuse, is skipped with the reason
-printed instead of risking the OOM killer; a VAE run is guarded by `_vae_bound` instead (the
+printed instead of risking the OOM killer; a VAE run is guarded by `vae_bound` instead (the
 estimate of a video decode was far too high when this was written: it is reported, not trusted).
 
     nice -n 10 python benchmarks/bench_video.py [--parts wan,vae,qwen] [--size 256x256] [--length 9]
@@ -53,14 +53,14 @@ QWEN_FULL_BLOCKS = 60
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8_e4m3fn": 1, "fp8_e5m2": 1}
 
 
-def _wan_shapes() -> dict:
+def wan_shapes() -> dict:
     from mixgraph.nodes.families.wan.family import WAN
     from mixgraph.nodes.families.wan.model import WanConfig
 
     return module_shapes(lambda: WAN.build(WanConfig()))   # defaults: Wan 2.1 1.3B t2v
 
 
-def _qwen_shapes(blocks: int) -> dict:
+def qwen_shapes(blocks: int) -> dict:
     from mixgraph.nodes.families.qwen_image.family import QWEN_IMAGE
     from mixgraph.nodes.families.qwen_image.model import QwenImageConfig
 
@@ -79,7 +79,7 @@ def ensure_files(models: Path, parts: list[str], qwen_blocks: int) -> None:
     todo = []
     if "wan" in parts:
         todo.append((models / "diffusion_models" / "bench_wan21_1.3b_bf16.safetensors",
-                     lambda p: write_random_file(p, _wan_shapes(), bf16_all, seed=0)))
+                     lambda p: write_random_file(p, wan_shapes(), bf16_all, seed=0)))
         todo.append((models / "text_encoders" / "bench_umt5_4096.safetensors", lambda p: save_file(
             {**tiny_umt5_state_dict(1, d_model=4096, layers=2, heads=4, d_kv=64, d_ff=256, vocab=256),
              "spiece_model": umt5_spiece_tensor()}, str(p))))
@@ -88,7 +88,7 @@ def ensure_files(models: Path, parts: list[str], qwen_blocks: int) -> None:
             {k: v.to(torch.bfloat16).contiguous() for k, v in wan_vae_state_dict(WanVAEConfig(), 2).items()}, str(p))))
     if "qwen" in parts:
         todo.append((models / "diffusion_models" / f"bench_qwen_image_{qwen_blocks}blocks_bf16.safetensors",
-                     lambda p: write_random_file(p, _qwen_shapes(qwen_blocks), bf16_all, seed=3)))
+                     lambda p: write_random_file(p, qwen_shapes(qwen_blocks), bf16_all, seed=3)))
         todo.append((models / "text_encoders" / "bench_qwen25_vl_tiny.safetensors",
                      lambda p: write_qwen25_vl(p, seed=4, vision=False)))
     for path, write in todo:
@@ -148,7 +148,7 @@ def child(cfg: dict) -> None:
                       | {"peak_rss_bytes": peak_rss_bytes(), "base_rss_bytes": base})
 
 
-def _store_bytes(spec: str) -> int:
+def store_bytes(spec: str) -> int:
     """Bytes per weight of the MODEL storage a SPEC gives (the extrapolation's missing blocks)."""
     store = spec.split(",")[-1].split("=")[-1].split(":")[0].split("+")[0]
     return _BYTES.get(store, 4)
@@ -174,7 +174,7 @@ def bench(parts: list[str], runs: list[str], w: int, h: int, length: int, steps:
             est = estimate(wf, reg, env, spec)
             row.update(estimate_bytes=est["peak_bytes"], estimate_node=est["peak_node"])
             if is_vae:   # the estimate of a video decode is far too high (see the README); a bound instead
-                bound = _vae_bound(w, h, spec)
+                bound = vae_bound(w, h, spec)
                 why = (f"the decode bound {fmt_bytes(bound)} exceeds --max-gib {max_bytes / 2**30:.0f}"
                        if bound > max_bytes else None)
             else:
@@ -199,7 +199,7 @@ def bench(parts: list[str], runs: list[str], w: int, h: int, length: int, steps:
             row["estimate_error"] = row["estimate_bytes"] / row["peak_rss_bytes"] - 1
             if "Qwen" in name and row.get("s_per_step"):
                 missing = QWEN_FULL_BLOCKS - qwen_blocks
-                per_block = sum(v.numel() for k, v in _qwen_block_shapes().items()) * _store_bytes(spec)
+                per_block = sum(v.numel() for k, v in qwen_block_shapes().items()) * store_bytes(spec)
                 row["s_per_step_full"] = row["s_per_step"] * QWEN_FULL_BLOCKS / qwen_blocks
                 row["peak_full_bytes"] = row["peak_rss_bytes"] + missing * per_block
             rows.append(row)
@@ -208,7 +208,7 @@ def bench(parts: list[str], runs: list[str], w: int, h: int, length: int, steps:
     return rows
 
 
-def _vae_bound(w: int, h: int, spec: str) -> int:
+def vae_bound(w: int, h: int, spec: str) -> int:
     """A generous bound on a chunked Wan 2.1 VAE decode's peak: 2 GB (interpreter, f32 weights) plus
     32 full-resolution maps of the decoder's widest width (384) for one 4-frame chunk in the compute
     dtype. The decode runs one latent frame at a time with a temporal cache, so the frame count
@@ -217,9 +217,9 @@ def _vae_bound(w: int, h: int, spec: str) -> int:
     return 2 * 10**9 + 32 * 384 * w * h * 4 * per
 
 
-def _qwen_block_shapes() -> dict:
+def qwen_block_shapes() -> dict:
     """One Qwen-Image block's parameter shapes (as meta tensors)."""
-    shapes = _qwen_shapes(1)
+    shapes = qwen_shapes(1)
     return {k: torch.empty(s, device="meta") for k, s in shapes.items() if k.startswith("transformer_blocks.0.")}
 
 

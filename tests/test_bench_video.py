@@ -17,15 +17,17 @@ from tests.fixtures import tiny_video_templates
 
 pytest.importorskip("av")
 
-from tests.test_video_templates import ALL, LENGTH, MODELS, WAN_T2V, _model_files, _prompt, small_sets  # noqa: E402
+from tests.test_video_templates import ALL, LENGTH, LOADERS, MODELS, WAN_T2V, small_sets  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def wan_t2v(tmp_path_factory):
     """(workflow file in API format, models folder) for the shrunk Wan 2.1 t2v template."""
     root = tmp_path_factory.mktemp("bench_video")
-    prompt = _prompt(WAN_T2V)
-    for rel in sorted(_model_files(prompt)):
+    prompt = load_workflow(ALL[WAN_T2V], api.default_registry()).prompt
+    files = {f"{LOADERS[(c.class_type, k)]}/{v}" for c in prompt.values() for k, v in c.inputs.items()
+             if (c.class_type, k) in LOADERS and isinstance(v, str)}
+    for rel in sorted(files):
         tiny_video_templates.write_standin(root / "models" / rel, MODELS[rel])
     wf = api.set_inputs(load_workflow(ALL[WAN_T2V], api.default_registry()), small_sets(prompt))
     path = root / "wan_t2v.json"
@@ -75,7 +77,7 @@ def test_bench_video_builds_the_full_size_shapes():
     bench_video = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_video)
     count = lambda shapes: sum(math.prod(s) for s in shapes.values())  # noqa: E731
-    assert count(bench_video._wan_shapes()) == pytest.approx(1.419e9, rel=1e-3)
-    assert count(bench_video._qwen_shapes(60)) == pytest.approx(20.42e9, rel=1e-3)
-    assert sum(v.numel() for v in bench_video._qwen_block_shapes().values()) == pytest.approx(0.3398e9, rel=1e-3)
-    assert bench_video._store_bytes("fp8_e4m3fn:bf16") == 1 and bench_video._store_bytes("bf16") == 2
+    assert count(bench_video.wan_shapes()) == pytest.approx(1.419e9, rel=1e-3)
+    assert count(bench_video.qwen_shapes(60)) == pytest.approx(20.42e9, rel=1e-3)
+    assert sum(v.numel() for v in bench_video.qwen_block_shapes().values()) == pytest.approx(0.3398e9, rel=1e-3)
+    assert bench_video.store_bytes("fp8_e4m3fn:bf16") == 1 and bench_video.store_bytes("bf16") == 2
