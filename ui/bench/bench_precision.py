@@ -14,9 +14,11 @@ everything else f32. `;` may separate runs explicitly: `MODEL=bf16,VAE=f32;bf16`
 
 Per run: `seconds` (the executor's run time, loading included), `s_per_step` (sampler steps after
 the first, so weight loading is excluded; the whole sampler node time when a sampler ran one step),
-`peak_rss_bytes` (the child's peak resident set: weights, activations, interpreter), `psnr_db` and
-`ssim` of the images reaching output nodes against the f32 run (PSNR is `inf` for identical
-images), and `nan_fallbacks` (nodes the NaN guard re-ran in f32).
+`frames` (the frames reaching output nodes: a video workflow's decoded frame count, VIDEO values'
+frames included; an image workflow's image count) and `s_per_frame` (`seconds` / `frames`, loading
+included), `peak_rss_bytes` (the child's peak resident set: weights, activations, interpreter),
+`psnr_db` and `ssim` of the images (all frames of a video) reaching output nodes against the f32
+run (PSNR is `inf` for identical images), and `nan_fallbacks` (nodes the NaN guard re-ran in f32).
 
 SSIM is written here (Wang et al., "Image quality assessment: from error visibility to
 structural similarity", IEEE TIP 2004: 11x11 Gaussian window, sigma 1.5, K1 = 0.01, K2 = 0.03),
@@ -40,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["parse_precision_list", "rss_bytes", "peak_rss_bytes", "run_child", "emit_child_result",
-           "psnr", "ssim", "format_table", "output_images", "run_measured", "bench_precision",
+           "psnr", "ssim", "format_table", "output_images", "frame_count", "run_measured", "bench_precision",
            "cli_main"]
 
 _MARK = "@@mixgraph-bench@@"
@@ -178,8 +180,20 @@ def parse_precision_list(text: str | None) -> list[str]:
     return runs
 
 
+def _frames_of(value: Any, socket_type: str) -> torch.Tensor | None:
+    """The frames an output node's input carries: an IMAGE tensor [N, H, W, 3] as it is, a VIDEO
+    value's frames (its `components().images`, [N, H, W, 3]); None for anything else."""
+    if socket_type == "IMAGE" and isinstance(value, torch.Tensor):
+        return value
+    if socket_type == "VIDEO" and hasattr(value, "components"):
+        images = value.components().images
+        return images if isinstance(images, torch.Tensor) else None
+    return None
+
+
 def output_images(workflow: Any, values: dict, registry: Any) -> list[torch.Tensor]:
-    """The IMAGE tensors fed to the workflow's output nodes, in node order."""
+    """The IMAGE tensors (and VIDEO frames, [N, H, W, 3]) fed to the workflow's output nodes, in
+    node order."""
     from mixgraph.graph.prompt import Link
 
     images = []
@@ -189,11 +203,19 @@ def output_images(workflow: Any, values: dict, registry: Any) -> list[torch.Tens
             continue
         types = spec.input_map
         for name, value in call.inputs.items():
-            if isinstance(value, Link) and name in types and types[name].type == "IMAGE":
+            if isinstance(value, Link) and name in types and types[name].type in ("IMAGE", "VIDEO"):
                 out = values.get(value.node_id)
-                if out is not None and value.slot < len(out) and isinstance(out[value.slot], torch.Tensor):
-                    images.append(out[value.slot])
+                if out is not None and value.slot < len(out):
+                    frames = _frames_of(out[value.slot], types[name].type)
+                    if frames is not None:
+                        images.append(frames)
     return images
+
+
+def frame_count(images: Sequence[torch.Tensor]) -> int:
+    """Frames the output nodes received: the sum of N over IMAGE [N, H, W, 3] batches and VIDEO
+    frames (a video workflow's decoded frame count; an image workflow's image count)."""
+    return sum(int(i.shape[0]) for i in images if i.ndim == 4)
 
 
 def run_measured(workflow: Any, spec: str | None, *, executor: Any = None, env_kw: dict | None = None,
@@ -236,16 +258,20 @@ def run_measured(workflow: Any, spec: str | None, *, executor: Any = None, env_k
         else:
             step_s += marks[0][0] - node_start.get(node_id, marks[0][0])
             steps += marks[0][1]
+    images = output_images(wf, report.values, ex.registry)
+    frames = frame_count(images)
     return {
         "seconds": seconds,
         "s_per_step": step_s / steps if steps else None,
+        "frames": frames,
+        "s_per_frame": seconds / frames if frames else None,
         "steps": sum(m[-1][1] for m in ticks.values()),
         "executed": report.executed,
         "cached": report.cached,
         "node_seconds": {k: v.seconds for k, v in report.nodes.items() if v.status == "executed"},
         "nan_fallbacks": [k for k, v in report.nodes.items() if v.nan_fallback],
         "warnings": list(report.warnings),
-        "images": output_images(wf, report.values, ex.registry),
+        "images": images,
     }
 
 
@@ -304,6 +330,7 @@ def bench_precision(workflow: str, precisions: Sequence[str], *, models: str | N
             if reference is None:
                 reference = images
             row.update(status="ok", seconds=res["seconds"], s_per_step=res["s_per_step"],
+                       frames=res["frames"], s_per_frame=res["s_per_frame"],
                        steps=res["steps"], peak_rss_bytes=res["peak_rss_bytes"],
                        nan_fallbacks=res["nan_fallbacks"], warnings=res["warnings"])
             if images and len(images) == len(reference) and all(a.shape == b.shape for a, b in zip(images, reference)):
@@ -320,6 +347,8 @@ COLUMNS = [
     ("precision", "precision", str),
     ("seconds", "time", fmt_s),
     ("s_per_step", "s/step", lambda x: f"{x:.3f}"),
+    ("frames", "frames", str),
+    ("s_per_frame", "s/frame", lambda x: f"{x:.3f}"),
     ("peak_rss_bytes", "peak RSS", fmt_bytes),
     ("psnr_db", "PSNR vs f32", lambda x: "identical" if math.isinf(x) else f"{x:.1f} dB"),
     ("ssim", "SSIM", lambda x: f"{x:.4f}"),
