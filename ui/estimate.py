@@ -156,16 +156,23 @@ def _policy_key(p: Policy) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _model_peak(family_name: str, config: Any, pkey: tuple, batch: int, h: int, w: int) -> int:
-    """The traced peak of one diffusion model call on an h x w latent (latent pixels): the
-    model class and its dummy inputs are the family's (``build``, ``trace_inputs``)."""
+def _model_peak(family_name: str, config: Any, pkey: tuple, batch: int, h: int, w: int, t: int | None = None,
+                refs: tuple[tuple[int, int], ...] = ()) -> int:
+    """The traced peak of one diffusion model call on an h x w latent (latent pixels), of `t`
+    latent frames for a video latent (None: an image): the model class and its dummy inputs are
+    the family's (``build``, ``trace_inputs``). `refs`: the (h, w) latent sizes of reference
+    latents (edit models), given to a family whose ``trace_inputs`` takes ``refs``."""
+    import inspect
+
     from mixgraph.nodes.families import registry as families
 
     family = families.get(family_name)
     policy = Policy(*pkey)
+    shape = (h, w) if t is None else (t, h, w)
+    extra = {"refs": refs} if refs and "refs" in inspect.signature(family.trace_inputs).parameters else {}
 
     def run(m):
-        args, kwargs = family.trace_inputs(config, (h, w), batch)
+        args, kwargs = family.trace_inputs(config, shape, batch, **extra)
         return m(*args, **kwargs)
     return trace_peak(lambda: family.build(config), policy, run)
 
@@ -401,6 +408,75 @@ class _Graph:
                 return up
         return None
 
+    def frames(self, link: Any, depth: int = 0) -> int | None:
+        """Pixel frames of a video LATENT output (``length`` of the node that made it, less what
+        TrimVideoLatent cut, or the IMAGE batch a video VAE encoded); None for an image latent
+        or an IMAGE (whose frames are its batch)."""
+        if not isinstance(link, Link) or depth > 200:
+            return None
+        call = self.wf.prompt.get(link.node_id)
+        if call is None:
+            return None
+        ins, ct = call.inputs, call.class_type
+        if self.output_type(link) != "LATENT":
+            return None
+        if _is_video_source(ins):
+            return int(ins["length"])
+        if ct == "TrimVideoLatent":
+            up = self.frames(ins.get("samples"), depth + 1)
+            trim = ins.get("trim_amount", 0)
+            return None if up is None else max(1, up - TIME_DOWNSCALE * int(trim if isinstance(trim, int) else 0))
+        if ct in _VAE_NODES and _VAE_NODES[ct][1] == "encode":
+            comp = self._vae(link.node_id)
+            if comp is not None and _is_video_vae(comp.handle):
+                return self.size(ins.get(_VAE_NODES[ct][0]), depth + 1)[0]
+            return None
+        for name, value in ins.items():
+            if isinstance(value, Link) and self.input_type(link.node_id, name) == "LATENT":
+                return self.frames(value, depth + 1)
+        return None
+
+    def output_type(self, link: Link) -> str | None:
+        spec = self.registry.get(self.wf.prompt[link.node_id].class_type)
+        outs = getattr(spec, "outputs", None) if spec is not None else None
+        try:
+            out = outs[link.slot]
+        except (TypeError, IndexError):
+            return None
+        return getattr(out, "type", out)
+
+    def _vae(self, nid: str) -> _Component | None:
+        vae = self.wf.prompt[nid].inputs.get("vae")
+        if not isinstance(vae, Link):
+            return None
+        try:
+            return self.component(vae, "VAE")
+        except (ValueError, OSError, KeyError):
+            return None
+
+    def references(self, link: Any, depth: int = 0) -> tuple[tuple[int, int], ...]:
+        """(height, width) in pixels of each reference latent a CONDITIONING carries (ComfyUI's
+        ``reference_latents``: ReferenceLatent, TextEncodeQwenImageEdit(Plus) given a VAE)."""
+        if not isinstance(link, Link) or depth > 200:
+            return ()
+        call = self.wf.prompt.get(link.node_id)
+        if call is None:
+            return ()
+        ins, ct, found = call.inputs, call.class_type, []
+        if ct == "ReferenceLatent" and isinstance(ins.get("latent"), Link):
+            _, h, w, _ = self.size(ins["latent"])
+            found.append((h, w))
+        elif ct.startswith("TextEncodeQwenImageEdit") and isinstance(ins.get("vae"), Link):
+            for name in ("image", "image1", "image2", "image3"):
+                if isinstance(ins.get(name), Link):
+                    _, h, w, _ = self.size(ins[name])
+                    s = (QWEN_EDIT_AREA / max(1, h * w)) ** 0.5   # scaled to about 1 megapixel
+                    found.append((max(1, round(h * s)), max(1, round(w * s))))
+        for name, value in ins.items():
+            if isinstance(value, Link) and self.input_type(link.node_id, name) == "CONDITIONING":
+                found.extend(self.references(value, depth + 1))
+        return tuple(found)
+
     def size(self, link: Any, depth: int = 0) -> tuple[int, int, int, bool]:
         """(batch, height px, width px, assumed) of a LATENT or IMAGE output."""
         if not isinstance(link, Link) or depth > 200:
@@ -426,8 +502,18 @@ class _Graph:
                     return self.size(value, depth + 1)
             return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
 
-        if ct in ("EmptyLatentImage", "EmptySD3LatentImage"):  # the 16-channel one: the same sizes
+        if ct in ("EmptyLatentImage", "EmptySD3LatentImage") or _is_video_source(ins):
+            # the 16-channel one and the video latents (EmptyHunyuanLatentVideo, WanImageToVideo,
+            # ...: `length` frames, see `frames`): the same sizes
             return int(num("batch_size", 1)), int(num("height", 512)), int(num("width", 512)), False
+        if ct in ("VAEDecode", "VAEDecodeTiled"):      # a video's frames become IMAGE rows
+            b, h, w, a = upstream()
+            frames = self.frames(ins.get("samples"), depth + 1)
+            return (b if frames is None else b * _decoded(frames)), h, w, a
+        if ct in ("VAEEncode", "VAEEncodeTiled"):      # a video VAE encodes the frames as one video
+            b, h, w, a = upstream()
+            comp = self._vae(link.node_id)
+            return (1 if comp is not None and _is_video_vae(comp.handle) else b), h, w, a
         if ct in ("LatentUpscale", "ImageScale"):
             b, h, w, a = upstream()
             nw, nh = int(num("width", 0)), int(num("height", 0))
@@ -452,6 +538,32 @@ class _Graph:
             except (OSError, ValueError):
                 return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
         return upstream()
+
+
+#: TIME_DOWNSCALE of the video VAEs (nodes/vae/video_latent_formats.py): 1 + 4k frames make
+#: 1 + k latent frames; QWEN_EDIT_AREA: the pixel area TextEncodeQwenImageEdit scales to
+TIME_DOWNSCALE = 4
+QWEN_EDIT_AREA = 1024 * 1024
+
+
+def _is_video_source(ins: dict) -> bool:
+    """A node that makes a video latent from widgets (EmptyHunyuanLatentVideo, WanImageToVideo,
+    WanFirstLastFrameToVideo, WanVaceToVideo, Wan22ImageToVideoLatent, the Fun nodes)."""
+    return all(isinstance(ins.get(k), (int, float)) for k in ("width", "height", "length"))
+
+
+def _is_video_vae(handle: Any) -> bool:
+    """A VAE with a time axis (the Wan 2.1 / 2.2 VAEs: an IMAGE batch is one video)."""
+    return getattr(handle, "arch", "kl") == "wan"
+
+
+def _latent_frames(frames: int) -> int:
+    return (max(1, frames) - 1) // TIME_DOWNSCALE + 1
+
+
+def _decoded(frames: int) -> int:
+    """Frames a video VAE decodes from the latent of `frames` pixel frames."""
+    return TIME_DOWNSCALE * (_latent_frames(frames) - 1) + 1
 
 
 def _replace(c: _Component, **kw: Any) -> _Component:
@@ -510,8 +622,12 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 cfg = call.inputs.get("cfg", 8.0)
                 batch = b * (1 if cfg == 1 else 2)
                 down = getattr(getattr(comp.handle, "latent_format", None), "downscale", 8)
+                frames = graph.frames(call.inputs.get(_SAMPLERS[ct]))
+                t = None if frames is None else _latent_frames(frames)
+                refs = tuple((max(1, rh // down), max(1, rw // down)) for rh, rw in sorted(set(
+                    graph.references(call.inputs.get("positive")) + graph.references(call.inputs.get("negative")))))
                 act = _model_peak(getattr(comp.handle, "family", "sd"), comp.handle.config, pkey, batch,
-                                  max(1, h // down), max(1, w // down))
+                                  max(1, h // down), max(1, w // down), t, refs)
                 for cn_nid, cn in controls:
                     cpol = resolve(resolver.policy(cn_nid, "CONTROL_NET"), pinned=cn.pinned)
                     ckey = (cn.loader, "CONTROL_NET", cpol.storage, cpol.int8, cn.patched)
@@ -525,11 +641,21 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 if assumed:
                     entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
                 channels = getattr(getattr(comp.handle, "latent_format", None), "channels", 4)
-                outputs += b * channels * (h // down) * (w // down) * 4
+                outputs += b * channels * (t or 1) * (h // down) * (w // down) * 4
+                if t is not None:
+                    entry["frames"] = frames
             elif socket == "VAE" and ct in _VAE_NODES:
                 inp, mode = _VAE_NODES[ct]
                 b, h, w, assumed = graph.size(call.inputs.get(inp))
                 vdown = getattr(comp.handle, "downscale", 8)
+                if _is_video_vae(comp.handle):
+                    act, out_bytes = _video_vae_bytes(comp.handle, pkey, graph, call, mode, b, h, w)
+                    activation += act
+                    outputs += out_bytes
+                    entry["size"] = [b, h, w]
+                    if assumed:
+                        entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
+                    continue
                 if ct.endswith("Tiled"):
                     tile = int(call.inputs.get("tile_size", 512))
                     th, tw = min(h, tile), min(w, tile)
@@ -541,7 +667,8 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 entry["size"] = [b, h, w]
                 if assumed:
                     entry["assumed"] = f"size unknown: {DEFAULT_SIDE}x{DEFAULT_SIDE} assumed"
-                outputs += b * h * w * 3 * 4 if mode == "decode" else b * 4 * (h // vdown) * (w // vdown) * 4
+                channels = getattr(comp.handle, "latent_channels", 4)
+                outputs += b * h * w * 3 * 4 if mode == "decode" else b * channels * (h // vdown) * (w // vdown) * 4
         resident = held.resident()
         held.end_node()
         node_peak = BASE_BYTES + resident + outputs + int(ACTIVATION_FACTOR * activation)
@@ -555,6 +682,30 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
     return {"peak_bytes": peak, "peak_node": peak_node, "base_bytes": BASE_BYTES,
             "weights_bytes": sum(held.loaded.values()), "precision": precision or "workflow",
             "resolved": resolver.describe(), "nodes": nodes}
+
+
+def _video_vae_bytes(handle: Any, pkey: tuple, graph: _Graph, call: Any, mode: str, b: int, h: int,
+                     w: int) -> tuple[int, int]:
+    """(activations, output bytes) of a video VAE node (the Wan VAEs). The VAE runs a chunk of
+    latent frames at a time with a frame cache (``nodes/vae/wan_arch.py``), so its traced peak
+    (two latent frames) does not grow with the frame count; what does: the decoded IMAGE
+    [N, H, W, 3] (written frame by frame into one tensor), and for an encode the f32 video
+    [1, 3, N, H, W] and its [-1, 1] copy besides the latent [1, C, 1 + (N-1)/4, h, w]. `b`, h, w:
+    the latent's batch and pixel size for a decode, the IMAGE's for an encode."""
+    config, arch = handle.config, getattr(handle, "arch", "kl")
+    f = getattr(handle, "downscale", 8)
+    channels = getattr(handle, "latent_channels", 16)
+    if mode == "decode":
+        frames = graph.frames(call.inputs.get("samples"))
+        n = b * (1 if frames is None else _decoded(frames))
+        peak = _vae_peak(config, pkey, 1, h, w, mode, f, arch)
+        if call.class_type.endswith("Tiled"):
+            tile = int(call.inputs.get("tile_size", 512))
+            peak = _vae_peak(config, pkey, 1, min(h, tile), min(w, tile), mode, f, arch)
+        return peak, n * h * w * 3 * 4
+    peak = _vae_peak(config, pkey, 1, h, w, mode, f, arch)
+    latent = channels * _latent_frames(b) * (h // f) * (w // f) * 4
+    return peak + 2 * b * h * w * 3 * 4, latent
 
 
 def estimate_presets(wf: Workflow, registry: Any, env: Any, caps: DeviceCaps | None = None,
@@ -678,7 +829,7 @@ def _upper_bound(wf: Workflow, registry: Any, env: Any, order: Sequence[str] | N
         for name, value in call.inputs.items():
             if isinstance(value, Link) and graph.input_type(nid, name) in ("LATENT", "IMAGE"):
                 b, h, w, _ = graph.size(value)
-                pixels = max(pixels, b * h * w)
+                pixels = max(pixels, b * h * w * (graph.frames(value) or 1))
     return BASE_BYTES + 4 * files + 16384 * 2 * pixels
 
 

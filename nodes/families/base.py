@@ -31,7 +31,9 @@ What a family says, and who asks:
 * ``text_encoders(variant)``: the named encoders the family pairs with (``TextEncoderSlot``).
 * ``precision_roles``: which precision role each part runs under (presets decide per role).
 * ``trace_inputs(config, latent_shape, batch)``: dummy inputs for the memory estimate's traced
-  forward, so the estimate knows no model class.
+  forward, so the estimate knows no model class. ``latent_shape`` is (h, w), or (t, h, w) for a
+  video latent of t latent frames; a family whose edit models take reference latents may accept
+  ``refs`` (their (h, w) latent sizes), which the estimate then passes.
 * optional, for saving (``weights/save.py``; a family without them cannot be saved as a
   single-file checkpoint, and saving it says so): ``checkpoint_layout(variant)`` ->
   ``CheckpointLayout`` (where each part's keys go), and ``checkpoint_extras(handle, dtype)``, the

@@ -12,6 +12,9 @@ Rules:
   matrices and embedding tables are stored in `policy.storage`. Vectors (biases, norm affine
   params) are stored in the storage dtype too, except under fp8 storage: there they are kept in
   the compute dtype (~0.1% of the bytes, and 3 mantissa bits would distort them).
+- Other layers (3-D convolutions such as the Wan VAE's `CausalConv3d`, custom norm gains) keep
+  the dtype the weight store gave them, which is `policy.storage` unless kept f32
+  (`store.dtype_rule`); such a layer casts its weights to its input's dtype itself.
 - Each cast layer casts its input to its compute dtype, so layers of different dtypes can follow
   each other (a keep-f32 layer feeding a bf16 one).
 - `keep_f32`: a class attribute (tuple of fnmatch patterns over dotted module names, relative to
@@ -427,7 +430,8 @@ def weight_bytes(module: nn.Module) -> int:
 
 def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
     """(held, per_use): the bytes of weights the weight store holds for `module` under `policy`
-    (storage dtype; keep-f32 parts f32; `keep_stored` tables 0, since they stay lazily paged views
+    (storage dtype, also for parameters of layers that are no cast layers (3-D convolutions,
+    custom norms), as the store holds them; keep-f32 parts f32; `keep_stored` tables 0, since they stay lazily paged views
     of the file and only looked-up rows are read), and the bytes `apply_precision` adds on each
     use (int8 layers and their scales; fp8 storage's vectors in the compute dtype). Reads shapes
     only, so a module built on the meta device answers for a full-size model without weights.
@@ -448,8 +452,13 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
             n = p.numel()
             if name in as_stored and type(m) is nn.Embedding:
                 continue
-            if name in kept or type(m) not in _CAST_CLASSES:
+            if name in kept:
                 held += n * 4
+            elif type(m) not in _CAST_CLASSES:
+                # the store holds it in the storage dtype (`store.dtype_rule`) and apply_precision
+                # leaves it as stored: the Wan VAE's CausalConv3d weights, custom norm gains; the
+                # module casts it itself where it uses it
+                held += n * size[storage]
             elif name in int8_names:
                 held += n * 4  # the store keeps the f32 weights the int8 copy is made from
                 if pname == "weight" and type(m) is nn.Linear:

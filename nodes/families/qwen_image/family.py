@@ -90,10 +90,15 @@ class QwenImageFamily:
         ``lora_unet_<name with _>`` matches the model's own names already."""
         return {name[: -len(".weight")]: LoraTarget(name) for name in _weight_names(config)}
 
-    def trace_inputs(self, config: QwenImageConfig, latent_shape: tuple[int, ...], batch: int) -> tuple[tuple, dict]:
+    def trace_inputs(self, config: QwenImageConfig, latent_shape: tuple[int, ...], batch: int,
+                     refs: tuple[tuple[int, int], ...] = ()) -> tuple[tuple, dict]:
+        """`refs`: the (h, w) latent sizes of the Edit model's reference latents, whose tokens
+        join the image tokens in every block."""
         h, w = latent_shape[-2:]
+        kwargs = {"ref_latents": [torch.empty(1, config.in_channels, rh, rw) for rh, rw in refs],
+                  "ref_method": "index"} if refs else {}
         return (torch.empty(batch, config.in_channels, h, w), torch.empty(batch),
-                torch.empty(batch, TRACE_TOKENS, config.context_dim)), {}
+                torch.empty(batch, TRACE_TOKENS, config.context_dim)), kwargs
 
 
 def _weight_names(config: QwenImageConfig) -> list[str]:
