@@ -502,7 +502,7 @@ class _Graph:
                     return self.size(value, depth + 1)
             return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
 
-        if ct in ("EmptyLatentImage", "EmptySD3LatentImage") or _is_video_source(ins):
+        if ct in ("EmptyLatentImage", "EmptySD3LatentImage", "EmptyImage") or _is_video_source(ins):
             # the 16-channel one and the video latents (EmptyHunyuanLatentVideo, WanImageToVideo,
             # ...: `length` frames, see `frames`): the same sizes
             return int(num("batch_size", 1)), int(num("height", 512)), int(num("width", 512)), False
