@@ -152,6 +152,15 @@ async def ray_client(env):
     app = create_app(env, registry=list_nodes.registry(), user_dir=env.output.parent / "user",
                      ray=RayConfig(workers=2, registry=list_nodes.registry))
     async with TestServer(app) as server, TestClient(server) as c:
+        # A prompt splits only over the workers ready when it starts: on a loaded machine the
+        # second worker may still be starting, so wait for both (generous deadline).
+        deadline = time.monotonic() + 300
+        while True:
+            ws = (await (await c.get("/system_stats")).json())["mixgraph_workers"]
+            if len(ws) == 2 and all(w["state"] == "ready" and w["running"] is None for w in ws):
+                break
+            assert time.monotonic() < deadline, f"the two Ray workers did not start: {ws}"
+            await asyncio.sleep(0.1)
         yield c
 
 
