@@ -30,7 +30,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Sequence
+from typing import Any, BinaryIO, Iterator, Sequence
 
 from PIL import Image
 
@@ -38,8 +38,7 @@ from mixgraph.nodes.models import memory_budget
 
 __all__ = ["OverBudget", "ImageHeader", "tensor_bytes", "over_budget", "check_bytes", "check_tensor",
            "image_header", "image_decode_bytes", "image_problem", "check_image", "open_image",
-           "video_decode_bytes", "video_problem", "describe_bytes", "HOW_TO_RAISE", "latent_size",
-           "image_size"]
+           "video_decode_bytes", "video_problem", "bomb_limit_lifted", "describe_bytes", "HOW_TO_RAISE"]
 
 #: what every refusal says about raising the budget
 HOW_TO_RAISE = "raise it with --memory-budget GIB (or MIXGRAPH_MEMORY_BUDGET_GIB)"
@@ -99,7 +98,7 @@ _pil_lock = threading.RLock()
 
 
 @contextlib.contextmanager
-def _unbounded() -> Iterator[None]:
+def bomb_limit_lifted() -> Iterator[None]:
     """PIL's decompression-bomb limit lifted for this block (the budget is the limit here)."""
     with _pil_lock:
         saved = Image.MAX_IMAGE_PIXELS
@@ -135,7 +134,7 @@ def _fp(source: Source) -> Any:
 def image_header(source: Source) -> ImageHeader:
     """Width, height, frame count and mode from the header; OSError / ValueError (PIL's) when it
     is no image. Never a DecompressionBombError: the size is what the caller judges."""
-    with _unbounded(), Image.open(_fp(source)) as im:
+    with bomb_limit_lifted(), Image.open(_fp(source)) as im:
         return ImageHeader(int(im.width), int(im.height), int(getattr(im, "n_frames", 1) or 1), im.mode)
 
 
@@ -182,7 +181,7 @@ def open_image(source: Source, what: str) -> Iterator[Image.Image]:
     check_image(source, what)
     if hasattr(source, "seek"):
         source.seek(0)
-    with _unbounded(), Image.open(_fp(source)) as im:
+    with bomb_limit_lifted(), Image.open(_fp(source)) as im:
         im.load()
         yield im
 
@@ -204,53 +203,3 @@ def video_problem(width: int, height: int, frames: int, what: str) -> str | None
               f"[{frames}, {height}, {width}, 3] float32")
     return over_budget(video_decode_bytes(width, height, frames), what, detail)
 
-
-# --------------------------------------------------------------------------------------------
-# node validators: the size a node allocates from its own inputs, refused when the prompt is
-# validated (ComfyUI's node error, naming the node) rather than allocated or traced by the
-# estimate first. The same check runs where the tensor is made (`check_tensor`), for a size that
-# reaches the node through a link.
-
-
-def _ints(inputs: dict, *names: str) -> tuple[int, ...] | None:
-    values = [inputs.get(n) for n in names]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        return None     # linked (checked when the tensor is made) or not given
-    return tuple(values)
-
-
-def latent_size(node: str, channels: int, video: bool = False, downscale: int = 8,
-                time_downscale: int = 4) -> Callable[..., list[str]]:
-    """A node validator: the zeros [B, C, H/8, W/8] (video: [B, C, 1 + (length-1)/4, H/8, W/8])
-    the node makes from width, height (length) and batch_size, against the budget."""
-    def validate(env: Any, **inputs: Any) -> list[str]:
-        got = _ints(inputs, "width", "height", "batch_size")
-        if got is None:
-            return []
-        w, h, b = got
-        shape: tuple[int, ...] = (b, channels, h // downscale, w // downscale)
-        what = f"{node} {w}x{h} batch {b}"
-        if video:
-            length = inputs.get("length", 1)
-            if not isinstance(length, int):
-                return []
-            shape = (b, channels, (max(1, length) - 1) // time_downscale + 1, h // downscale, w // downscale)
-            what = f"{node} {w}x{h} x {length} frames, batch {b}"
-        problem = over_budget(tensor_bytes(shape), what,
-                                            f"the latent, a float32 tensor {list(shape)},")
-        return [problem] if problem else []
-    return validate
-
-
-def image_size(node: str) -> Callable[..., list[str]]:
-    """A node validator: the IMAGE [B, H, W, 3] float32 the node makes, against the budget."""
-    def validate(env: Any, **inputs: Any) -> list[str]:
-        got = _ints(inputs, "width", "height", "batch_size")
-        if got is None:
-            return []
-        w, h, b = got
-        shape = (b, h, w, 3)
-        problem = over_budget(tensor_bytes(shape), f"{node} {w}x{h} batch {b}",
-                                            f"the IMAGE, a float32 tensor {list(shape)},")
-        return [problem] if problem else []
-    return validate

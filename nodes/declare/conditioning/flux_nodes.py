@@ -8,7 +8,6 @@ from __future__ import annotations
 from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Socket, node, replace_spec
 from mixgraph.graph.registry import REGISTRY
 from mixgraph.nodes.helpers import cond_ops, image_ops, latent_ops
-from mixgraph.nodes.media import memory_guards
 
 FLUX_CATEGORY = "advanced/conditioning/flux"
 FLUX_LATENT_CHANNELS = 16  # the Flux / SD3 autoencoders' latent
@@ -58,8 +57,7 @@ def ReferenceLatent(conditioning=Socket("CONDITIONING"), latent=Socket("LATENT",
     return (cond_ops.set_model_inputs(conditioning, {"reference_latents": [latent.samples]}, append=True),)
 
 
-@node(category="latent/sd3", outputs=("LATENT",),
-      validate=memory_guards.latent_size("EmptySD3LatentImage", FLUX_LATENT_CHANNELS))
+@node(category="latent/sd3", outputs=("LATENT",))
 def EmptySD3LatentImage(width=Int(1024, min=16, max=MAX_RESOLUTION, step=16),
                         height=Int(1024, min=16, max=MAX_RESOLUTION, step=16),
                         batch_size=Int(1, min=1, max=4096)):

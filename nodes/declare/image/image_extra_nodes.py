@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Socket, node
 from mixgraph.nodes.helpers import image_ops
-from mixgraph.nodes.media import memory_guards
 from mixgraph.nodes.declare.image.image_nodes import IMAGE_UPSCALE_METHODS
 
 
@@ -20,7 +19,7 @@ def ImageBatch(image1=Socket("IMAGE"), image2=Socket("IMAGE")):
     return (image_ops.batch(image1, image2),)
 
 
-@node(category="image", outputs=("IMAGE",), validate=memory_guards.image_size("EmptyImage"))
+@node(category="image", outputs=("IMAGE",))
 def EmptyImage(width=Int(512, min=1, max=MAX_RESOLUTION, step=1),
                height=Int(512, min=1, max=MAX_RESOLUTION, step=1),
                batch_size=Int(1, min=1, max=4096),

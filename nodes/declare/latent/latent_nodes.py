@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Socket, node
 from mixgraph.nodes.helpers import latent_ops
-from mixgraph.nodes.media import memory_guards
 from mixgraph.nodes.payloads.latent import Latent
 from mixgraph.nodes.helpers.precision import effective
 
@@ -12,8 +11,7 @@ LATENT_UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "bisle
 CROP = ("disabled", "center")
 
 
-@node(category="latent", outputs=("LATENT",), display_name="Empty Latent Image",
-      validate=memory_guards.latent_size("EmptyLatentImage", latent_ops.LATENT_CHANNELS))
+@node(category="latent", outputs=("LATENT",), display_name="Empty Latent Image")
 def EmptyLatentImage(width=Int(512, min=16, max=MAX_RESOLUTION, step=8),
                      height=Int(512, min=16, max=MAX_RESOLUTION, step=8),
                      batch_size=Int(1, min=1, max=4096)):

@@ -5,12 +5,10 @@ latents are [B, C, T, H, W] (``nodes/helpers/video/latent_ops.py``)."""
 from __future__ import annotations
 
 from mixgraph.graph.node import MAX_RESOLUTION, Int, Socket, node
-from mixgraph.nodes.media import memory_guards
 from mixgraph.nodes.helpers.video import latent_ops as video_latent_ops
 
 
-@node(category="latent/video", outputs=("LATENT",),
-      validate=memory_guards.latent_size("EmptyHunyuanLatentVideo", 16, video=True))
+@node(category="latent/video", outputs=("LATENT",))
 def EmptyHunyuanLatentVideo(width=Int(848, min=16, max=MAX_RESOLUTION, step=16),
                             height=Int(480, min=16, max=MAX_RESOLUTION, step=16),
                             length=Int(25, min=1, max=MAX_RESOLUTION, step=4),
