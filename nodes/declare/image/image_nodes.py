@@ -44,7 +44,7 @@ def _image_exists(env: Any, image: str | None = None, **_: Any) -> list[str]:
 
 def _fits(path: Path, image: str) -> list[str]:
     """The image's decode checked against the memory budget from its header (no pixel read)."""
-    problem = memory_guards.image_problem(path, f"image {image!r}")
+    problem = memory_guards.image_problem(path, f"{image!r}")
     return [("image", problem)] if problem else []
 
 

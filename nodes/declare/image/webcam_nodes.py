@@ -41,7 +41,7 @@ def _frame_exists(env: Any, image: Any = _LINKED, **_: Any) -> list[str]:
         return [str(e)]
     if not path.is_file():
         return [folders.missing_image(image, path)]
-    problem = memory_guards.image_problem(path, f"webcam frame {image!r}")
+    problem = memory_guards.image_problem(path, f"{image!r}")
     return [("image", problem)] if problem else []
 
 
