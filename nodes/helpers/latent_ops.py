@@ -24,7 +24,8 @@ def empty_latent(width: int, height: int, batch_size: int, channels: int = LATEN
     (`memory_guards.OverBudget`; sampling needs several copies of it, so one that does not fit
     can never run)."""
     shape = (batch_size, channels, height // 8, width // 8)
-    memory_guards.check_tensor(shape, f"a {width}x{height} latent of batch {batch_size}")
+    memory_guards.check_tensor(shape, f"a {width}x{height} latent of batch {batch_size}",
+                               fix="lower width, height or batch_size")
     return Latent(torch.zeros(shape))
 
 

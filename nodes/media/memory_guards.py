@@ -49,8 +49,9 @@ PIL_PIXEL_BYTES = 4
 IMAGE_PIXEL_BYTES = 3 * 4
 
 
-class OverBudget(ValueError):
-    """A file or tensor whose decoded / allocated size alone is over the memory budget."""
+class OverBudget(ValueError, MemoryError):
+    """A file or tensor whose decoded / allocated size alone is over the memory budget (a
+    MemoryError raised before the memory is asked for; a ValueError: the input is what is wrong)."""
 
 
 def describe_bytes(n: float) -> str:
@@ -68,27 +69,27 @@ def tensor_bytes(shape: Sequence[int], itemsize: int = 4) -> int:
     return n
 
 
-def over_budget(needed: int, what: str, detail: str) -> str | None:
+def over_budget(needed: int, what: str, detail: str, fix: str = "use a smaller size") -> str | None:
     """The refusal when `needed` bytes are over the CPU budget, else None. `what` names the
-    thing (file, node input), `detail` its size and what the bytes are."""
+    thing (file, node input), `detail` its size and what the bytes are, `fix` the other way out."""
     b = memory_budget.budget("cpu")
     if needed <= b.nbytes:
         return None
     return (f"{what}: {detail} needs {describe_bytes(needed)}, over the memory budget of "
-            f"{describe_bytes(b.nbytes)} ({b.origin}); {HOW_TO_RAISE}, or use a smaller size")
+            f"{describe_bytes(b.nbytes)} ({b.origin}); {HOW_TO_RAISE}, or {fix}")
 
 
-def check_bytes(needed: int, what: str, detail: str) -> None:
-    problem = over_budget(needed, what, detail)
+def check_bytes(needed: int, what: str, detail: str, fix: str = "use a smaller size") -> None:
+    problem = over_budget(needed, what, detail, fix)
     if problem:
         raise OverBudget(problem)
 
 
-def check_tensor(shape: Sequence[int], what: str, itemsize: int = 4) -> None:
+def check_tensor(shape: Sequence[int], what: str, itemsize: int = 4, fix: str = "use a smaller size") -> None:
     """OverBudget before allocating a tensor of `shape` whose bytes alone are over the budget."""
     shape = tuple(int(s) for s in shape)
     check_bytes(tensor_bytes(shape, itemsize), what,
-                f"a float32 tensor {list(shape)}" if itemsize == 4 else f"a tensor {list(shape)}")
+                f"a float32 tensor {list(shape)}" if itemsize == 4 else f"a tensor {list(shape)}", fix)
 
 
 # --------------------------------------------------------------------------------------------

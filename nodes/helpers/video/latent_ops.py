@@ -45,7 +45,8 @@ def empty_video_latent(width: int, height: int, length: int, batch_size: int, ch
     """Zeros [B, channels, T, height / downscale, width / downscale] (EmptyHunyuanLatentVideo:
     16 channels, 8x). Refused before allocating when the tensor alone is over the memory budget."""
     shape = (batch_size, channels, latent_frames(length), height // downscale, width // downscale)
-    memory_guards.check_tensor(shape, f"a {width}x{height} video latent of {length} frames, batch {batch_size}")
+    memory_guards.check_tensor(shape, f"a {width}x{height} video latent of {length} frames, batch {batch_size}",
+                               fix="lower width, height, length or batch_size")
     return Latent(torch.zeros(shape))
 
 
