@@ -166,6 +166,8 @@ def test_video_header_frames_and_decode_refused_before_decoding(tmp_path, budget
     path = tiny_mp4(tmp_path / "v.mp4")
     info = video_codec.probe(path)
     assert (info.width, info.height, info.frames) == (128, 128, 16)
+    video_codec.encode_webm(tmp_path / "v.webm", torch.rand(12, 32, 48, 3), "vp9", 8.0, 32, None)
+    assert video_codec.probe(tmp_path / "v.webm").frames == 12     # WebM: duration x rate
     budget(1)
     assert video_codec.decode(path).images.shape == (16, 128, 128, 3)
     budget(0.005)                                              # 5 MiB < 16 x 128 x 128 x 30 bytes

@@ -19,7 +19,8 @@ PIL's decompression-bomb limit (`Image.MAX_IMAGE_PIXELS`, 89 MP warning, 179 MP 
 fixed guess at the same danger; where mixgraph decodes a file itself the budget replaces it:
 `image_header` and `open_image` lift the limit for their own call (under a lock, restoring it)
 after or while checking the budget, so a 200-MP image within the budget loads and one over it is
-refused with this module's message instead of an unhandled DecompressionBombError.
+refused with this module's message instead of an unhandled DecompressionBombError. (The limit
+is a PIL global: while one of these calls runs, another thread's `Image.open` sees it lifted too.)
 """
 
 from __future__ import annotations
