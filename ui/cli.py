@@ -298,8 +298,10 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
     from mixgraph.graph.validate import validate
     v = validate(wf.prompt, registry, env)
     if v.clean:
-        from mixgraph.ui.estimate import refusal
-        problem = refusal(wf, registry, env, args.precision, order=v.order)
+        from mixgraph.ui.estimate import refusal, size_refusal
+        # a tensor alone over the memory budget first: milliseconds, no tracing
+        problem = size_refusal(wf, registry, env, order=v.order) or \
+            refusal(wf, registry, env, args.precision, order=v.order)
         if problem:     # refused before it runs, rather than killed by the OOM killer mid-run
             print(f"error: {problem}", file=sys.stderr)
             return EXIT_INVALID
@@ -358,6 +360,17 @@ def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:
             print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     ok = v.clean
+    if ok:          # a tensor alone over the memory budget (milliseconds: no estimate)
+        from mixgraph.ui.estimate import size_refusal
+        problem = size_refusal(wf, registry, env, order=v.order)
+        if problem:
+            if args.json:
+                print(json.dumps({"error": {"type": "insufficient_memory", "message": problem,
+                                            "details": "", "extra_info": {}}, "node_errors": {}},
+                                 indent=2))
+            else:
+                print(f"error: {problem}", file=sys.stderr)
+            return EXIT_INVALID
     if args.json:
         body = {"outputs": list(v.outputs), "node_errors": {}} if ok else \
             {"error": v.error, "node_errors": v.node_errors}

@@ -52,7 +52,7 @@ from mixgraph.graph.prompt import Link, Workflow, WorkflowError
 
 __all__ = ["estimate", "estimate_presets", "trace_peak", "available_bytes", "BASE_BYTES",
            "ACTIVATION_FACTOR", "refusal", "format_estimate", "memory_section", "system_section",
-           "InsufficientMemory", "cli_main", "weights_needed"]
+           "InsufficientMemory", "cli_main", "weights_needed", "size_refusal"]
 
 #: RSS of a process that has imported torch and the node library and run nothing (measured:
 #: 0.40-0.45 GiB on x86-64 Linux with torch 2.13 CPU).
@@ -531,12 +531,19 @@ class _Graph:
             s = num("scale_by", 1.0)
             return b, round(h * s), round(w * s), a
         if ct in ("LoadImage", "LoadImageMask") and isinstance(ins.get("image"), str):
-            try:
-                from PIL import Image
-                with Image.open(Path(self.env.input) / ins["image"]) as im:
-                    return 1, im.height, im.width, False
-            except (OSError, ValueError):
+            try:    # the header only, whatever its size (no decompression-bomb error here)
+                from mixgraph.nodes.media.memory_guards import image_header
+                h = image_header(Path(self.env.input) / ins["image"])
+                return 1, h.height, h.width, False
+            except Exception:  # noqa: BLE001 - PIL raises many types for what is no image
                 return 1, DEFAULT_SIDE, DEFAULT_SIDE, True
+        if ct in ("RepeatImageBatch", "RepeatLatentBatch"):
+            b, h, w, a = upstream()
+            return b * max(1, int(num("amount", 1))), h, w, a
+        if ct == "ImageScaleToTotalPixels":
+            b, h, w, a = upstream()
+            s = (num("megapixels", 1.0) * 1024 * 1024 / max(1, h * w)) ** 0.5
+            return b, max(1, round(h * s)), max(1, round(w * s)), a
         return upstream()
 
 
@@ -856,6 +863,87 @@ def format_estimate(est: dict, presets: dict[str, int] | None, available: int | 
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------
+# the size guard: one tensor alone over the budget, found from the graph in milliseconds
+
+#: latent channels of the nodes that make a latent from a size (others: 4, an SD latent)
+_LATENT_CHANNELS = {"EmptySD3LatentImage": 16, "EmptyHunyuanLatentVideo": 16}
+#: nodes that take a VIDEO without decoding its frames (a file is copied packet by packet)
+_VIDEO_KEEPERS = ("SaveVideo", "PreviewVideo")
+
+
+def size_refusal(wf: Workflow, registry: Any, env: Any, order: Sequence[str] | None = None) -> str | None:
+    """A message when one LATENT or IMAGE a node makes, or one video a node decodes, is alone
+    over the memory budget (`nodes/models/memory_budget.py`), else None. From the sizes the graph
+    states (`_Graph.size`: node inputs, image headers, scale factors, batches) and video headers,
+    without tracing: it runs before the estimate, which would take a minute to trace an absurd
+    size only to refuse it. Sizes stated by a node (EmptyLatentImage, EmptyImage, the video
+    latents) and the ones that grow along links (ImageScaleBy, RepeatImageBatch, VAEDecode of a
+    big latent) alike; LoadVideo's frames where a node decodes them. (LoadImage's file is
+    refused by the node's own validation; the helpers that allocate check again when they run,
+    for a size that comes through a link this cannot follow.)"""
+    from mixgraph.nodes.media import memory_guards
+
+    graph = _Graph(wf, registry, env)
+    for nid in (wf.prompt if order is None else order):
+        call = wf.prompt[nid]
+        spec = registry.get(call.class_type)
+        outs = getattr(spec, "outputs", None) or ()
+        try:
+            for slot, out in enumerate(outs):
+                kind = getattr(out, "type", out)
+                if kind not in ("LATENT", "IMAGE"):
+                    continue
+                link = Link(nid, slot)
+                b, h, w, assumed = graph.size(link)
+                if assumed:
+                    continue
+                if kind == "IMAGE":
+                    shape = (b, h, w, 3)
+                else:
+                    frames = graph.frames(link)
+                    channels = _LATENT_CHANNELS.get(call.class_type, 16 if _is_video_source(call.inputs) else 4)
+                    shape = (b, channels, *(() if frames is None else (_latent_frames(frames),)), h // 8, w // 8)
+                problem = memory_guards.over_budget(
+                    memory_guards.tensor_bytes(shape), f"node {nid} ({call.class_type}) output {kind}",
+                    f"a float32 tensor {list(shape)}")
+                if problem:
+                    return f"not enough memory: {problem}"
+            problem = _video_refusal(wf, graph, nid, call)
+        except (ValueError, OSError, KeyError, TypeError):
+            continue    # what cannot be followed is the estimate's and the run's to say
+        if problem:
+            return f"not enough memory: {problem}"
+    return None
+
+
+def _video_refusal(wf: Workflow, graph: _Graph, nid: str, call: Any) -> str | None:
+    """A node that decodes a LoadVideo's file (GetVideoComponents, Video Slice, ...): the frames
+    from the file's header against the budget."""
+    if call.class_type in _VIDEO_KEEPERS:
+        return None
+    from mixgraph.nodes.helpers.video.files import video_path
+    from mixgraph.nodes.media import memory_guards, video_codec
+
+    for name, value in call.inputs.items():
+        if not (isinstance(value, Link) and graph.input_type(nid, name) == "VIDEO"):
+            continue
+        up = wf.prompt.get(value.node_id)
+        if up is None or up.class_type != "LoadVideo" or not isinstance(up.inputs.get("file"), str):
+            continue
+        file = up.inputs["file"]
+        try:
+            info = video_codec.probe(video_path(graph.env, file), f"LoadVideo file {file!r}")
+        except video_codec.VideoFileError:
+            continue    # LoadVideo says what is wrong with the file when it runs
+        problem = memory_guards.video_problem(info.width, info.height, info.frames,
+                                              f"node {nid} ({call.class_type}) decoding LoadVideo "
+                                              f"{value.node_id}'s file {file!r}")
+        if problem:
+            return problem
+    return None
+
+
 class InsufficientMemory(WorkflowError):
     """A prompt refused at validation because its estimated peak memory exceeds what is
     available; the message names the estimate and a preset that would fit."""
@@ -868,6 +956,9 @@ def memory_section(wf: Workflow, registry: Any, env: Any, precision: str | None 
     """The estimate as `validate --json` and `POST /mixgraph/estimate` give it: `peak_bytes`
     at the top, per-node figures, each preset's peak and the available memory; an estimate that
     cannot be made is `{"error": ...}`."""
+    problem = size_refusal(wf, registry, env, order)
+    if problem:     # a tensor alone over the budget: answered without tracing anything
+        return {"error": problem}
     try:
         est = estimate(wf, registry, env, precision, order=order)
         presets = estimate_presets(wf, registry, env, order=order)

@@ -17,6 +17,7 @@ from PIL import Image
 from mixgraph.nodes.helpers.imaging import match_alpha, upscale
 from mixgraph.nodes.helpers.mask_ops import paste
 from mixgraph.nodes.helpers.resize_ops import fit_side
+from mixgraph.nodes.media import memory_guards
 
 BLEND_MODES = ("normal", "multiply", "screen", "overlay", "soft_light", "difference")
 DITHERS = ("none", "floyd-steinberg", "bayer-2", "bayer-4", "bayer-8", "bayer-16")
@@ -43,6 +44,7 @@ def batch(image1: torch.Tensor, image2: torch.Tensor) -> torch.Tensor:
 def empty(width: int, height: int, batch_size: int, color: int) -> torch.Tensor:
     """EmptyImage: a solid 0xRRGGBB colour, each channel byte / 255."""
     rgb = [((color >> shift) & 0xFF) / 0xFF for shift in (16, 8, 0)]
+    memory_guards.check_tensor((batch_size, height, width, 3), f"EmptyImage {width}x{height} batch {batch_size}")
     return torch.tensor(rgb, dtype=torch.float32).expand(batch_size, height, width, 3).clone()
 
 
@@ -93,6 +95,7 @@ def crop(image: torch.Tensor, width: int, height: int, x: int, y: int) -> torch.
 
 
 def repeat_batch(image: torch.Tensor, amount: int) -> torch.Tensor:
+    memory_guards.check_tensor((image.shape[0] * amount, *image.shape[1:]), f"RepeatImageBatch x{amount}")
     return image.repeat(amount, 1, 1, 1)
 
 

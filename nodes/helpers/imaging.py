@@ -7,10 +7,11 @@ follows ComfyUI's SaveImage: `uint8(clip(255 x))` (truncation, not rounding), co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -18,64 +19,66 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps, ImageSequence, PngImagePlugin
 
 from mixgraph.graph.env import writable_folder
+from mixgraph.nodes.media import memory_guards
 from mixgraph.nodes.models.resize import center_crop, upscale  # noqa: F401  (re-exported)
-
-MAX_PIXELS = 16384 * 16384
 
 
 class ImageFileError(ValueError):
     pass
 
 
-def _open(path: Path) -> Image.Image:
+@contextlib.contextmanager
+def _open(path: Path, what: str | None = None) -> Iterator[Image.Image]:
+    """The image at `path`, opened for a decode inside the block: its header checked against the
+    memory budget first (`memory_guards`: OverBudget, an ImageFileError's sibling ValueError, names
+    the file, size and budget), PIL's fixed decompression-bomb limit replaced by that check."""
+    what = what or str(path)
     try:
-        img = Image.open(path)
-        if img.width * img.height > MAX_PIXELS:
-            raise ImageFileError(f"{path}: {img.width}x{img.height} is larger than the "
-                                 f"{MAX_PIXELS} pixel limit")
-        img.load()
-        return img
-    except ImageFileError:
+        with memory_guards.open_image(path, what) as img:
+            yield img
+    except (memory_guards.OverBudget, ImageFileError):
         raise
-    except (OSError, Image.DecompressionBombError, ValueError) as e:
+    except (OSError, Image.DecompressionBombError, ValueError, SyntaxError) as e:
         raise ImageFileError(f"{path}: cannot be read as an image ({e})") from e
 
 
-def load_image(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """LoadImage: RGB frames [B,H,W,3] and MASK = 1 - alpha [B,H,W] (zeros 64x64 without alpha)."""
-    img = _open(path)
+def load_image(path: Path, what: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LoadImage: RGB frames [B,H,W,3] and MASK = 1 - alpha [B,H,W] (zeros 64x64 without alpha).
+    `what` names the file in errors (default its path)."""
     images, masks = [], []
     size = None
-    for frame in ImageSequence.Iterator(img):
-        frame = ImageOps.exif_transpose(frame)
-        if frame.mode == "I":
-            frame = frame.point(lambda v: v * (1 / 255))
-        rgb = frame.convert("RGB")
-        if size is None:
-            size = rgb.size
-        elif rgb.size != size:
-            continue  # ComfyUI skips frames whose size differs from the first
-        images.append(torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0))
-        if "A" in frame.getbands():
-            alpha = np.asarray(frame.getchannel("A"), dtype=np.float32) / 255.0
-            masks.append(1.0 - torch.from_numpy(alpha))
-        else:
-            masks.append(torch.zeros(64, 64, dtype=torch.float32))
+    with _open(path, what) as img:
+        for frame in ImageSequence.Iterator(img):
+            frame = ImageOps.exif_transpose(frame)
+            if frame.mode == "I":
+                frame = frame.point(lambda v: v * (1 / 255))
+            rgb = frame.convert("RGB")
+            if size is None:
+                size = rgb.size
+            elif rgb.size != size:
+                continue  # ComfyUI skips frames whose size differs from the first
+            images.append(torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0))
+            if "A" in frame.getbands():
+                alpha = np.asarray(frame.getchannel("A"), dtype=np.float32) / 255.0
+                masks.append(1.0 - torch.from_numpy(alpha))
+            else:
+                masks.append(torch.zeros(64, 64, dtype=torch.float32))
     image = torch.stack(images)  # [B, H, W, 3]
     if any(m.shape != masks[0].shape for m in masks):
         masks = [torch.zeros(64, 64) for _ in masks]
     return image, torch.stack(masks)  # [B, H, W]
 
 
-def load_image_mask(path: Path, channel: str) -> torch.Tensor:
+def load_image_mask(path: Path, channel: str, what: str | None = None) -> torch.Tensor:
     """LoadImageMask: one channel as MASK [1,H,W]; alpha is inverted (1 - a), as in ComfyUI."""
-    img = ImageOps.exif_transpose(_open(path))
-    if img.getbands() != ("R", "G", "B", "A"):
-        img = img.convert("RGBA") if "A" in img.getbands() or channel != "alpha" else img
-    band = {"alpha": "A", "red": "R", "green": "G", "blue": "B"}[channel]
-    if band not in img.getbands():
-        return torch.zeros(1, 64, 64, dtype=torch.float32)
-    mask = torch.from_numpy(np.asarray(img.getchannel(band), dtype=np.float32) / 255.0)
+    with _open(path, what) as opened:
+        img = ImageOps.exif_transpose(opened)
+        if img.getbands() != ("R", "G", "B", "A"):
+            img = img.convert("RGBA") if "A" in img.getbands() or channel != "alpha" else img
+        band = {"alpha": "A", "red": "R", "green": "G", "blue": "B"}[channel]
+        if band not in img.getbands():
+            return torch.zeros(1, 64, 64, dtype=torch.float32)
+        mask = torch.from_numpy(np.asarray(img.getchannel(band), dtype=np.float32) / 255.0)
     if band == "A":
         mask = 1.0 - mask
     return mask.unsqueeze(0)

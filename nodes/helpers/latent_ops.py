@@ -9,36 +9,23 @@ import torch
 from mixgraph.nodes.helpers.image_ops import gaussian_kernel
 from mixgraph.nodes.helpers.imaging import grow_mask, repeat_to_batch, scaled_size, upscale
 from mixgraph.nodes.helpers.mask_ops import paste
+from mixgraph.nodes.media import memory_guards
 from mixgraph.nodes.payloads.conditioning import Cond
 from mixgraph.nodes.payloads.latent import Latent
 
 LATENT_CHANNELS = 4
 
 
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def empty_latent(width: int, height: int, batch_size: int, channels: int = LATENT_CHANNELS) -> Latent:
     """Zeros [B,C,H/8,W/8] (C = 4; EmptySD3LatentImage: 16): the sampler leaves an all-zero
     latent unscaled (ComfyUI).
 
-    A latent bigger than the free memory is refused up front with a clear error (sampling needs
-    several copies of it, so even one copy that does not fit can never run)."""
+    A latent whose tensor alone is over the memory budget is refused before it is allocated
+    (`memory_guards.OverBudget`; sampling needs several copies of it, so one that does not fit
+    can never run)."""
     shape = (batch_size, channels, height // 8, width // 8)
-    needed = 4 * batch_size * channels * (height // 8) * (width // 8)
-    available = _available_bytes()
-    if available is not None and needed > available:
-        raise MemoryError(f"a {width}x{height} latent batch of {batch_size} needs {needed / 2**30:.1f} "
-                          f"GiB, more than the {available / 2**30:.1f} GiB of memory available; "
-                          f"lower width, height or batch_size")
+    memory_guards.check_tensor(shape, f"a {width}x{height} latent of batch {batch_size}",
+                               fix="lower width, height or batch_size")
     return Latent(torch.zeros(shape))
 
 
@@ -154,6 +141,8 @@ def repeat_batch(latent: Latent, amount: int) -> Latent:
     if index is not None:
         offset = max(index) - min(index) + 1
         index = tuple(index) + tuple(x + i * offset for i in range(1, amount) for x in index)
+    memory_guards.check_tensor((latent.samples.shape[0] * amount, *latent.samples.shape[1:]),
+                               f"RepeatLatentBatch x{amount}")
     return Latent(latent.samples.repeat(amount, 1, 1, 1), mask, index)
 
 

@@ -31,6 +31,8 @@ import av
 import numpy as np
 import torch
 
+from mixgraph.nodes.media import memory_guards
+
 __all__ = ["VIDEO_EXTENSIONS", "WEBM_CODECS", "VideoFileError", "VideoInfo", "DecodedVideo", "probe",
            "decode", "encode_mp4", "encode_webm", "remux", "is_video_name"]
 
@@ -58,6 +60,21 @@ class VideoInfo:
     codec: str  # the video stream's codec ("h264", "vp9", ...)
     container: str  # FFmpeg's format names, comma-separated ("mov,mp4,m4a,3gp,3g2,mj2")
     has_audio: bool
+    #: frames of the video stream as the container states them (its frame count, else duration x
+    #: rate); 0 when it states neither. What the memory guard judges before a decode.
+    frames: int = 0
+
+
+def _header_frames(container: Any, stream: Any, rate: Fraction) -> int:
+    """The stream's frame count from the container, decoding nothing: the count it stores (MP4,
+    MOV), else the stream's or the container's duration x the frame rate (WebM, MKV)."""
+    if stream.frames:
+        return int(stream.frames)
+    if stream.duration and stream.time_base:
+        return max(1, math.ceil(stream.duration * stream.time_base * rate))
+    if container.duration:
+        return max(1, math.ceil(Fraction(container.duration, av.time_base) * rate))
+    return 0
 
 
 @dataclass(frozen=True)
@@ -103,14 +120,20 @@ def probe(source: Source, what: str = "video") -> VideoInfo:
             raise VideoFileError(f"{what}: frames of {width}x{height} px refused (sides must be 1..{MAX_SIDE})")
         rate = Fraction(stream.average_rate) if stream.average_rate else Fraction(1)
         return VideoInfo(width, height, rate, stream.codec_context.name, container.format.name,
-                         bool(container.streams.audio))
+                         bool(container.streams.audio), _header_frames(container, stream, rate))
 
 
 def decode(source: Source, what: str = "video") -> DecodedVideo:
-    """Every frame, the frame rate, the first audio stream and the container's metadata."""
+    """Every frame, the frame rate, the first audio stream and the container's metadata. The
+    frames' bytes are checked against the memory budget from the header first
+    (`memory_guards.OverBudget`, before a frame is decoded)."""
     with _open(source, what) as container:
         stream = _video_stream(container, what)
         rate = Fraction(stream.average_rate) if stream.average_rate else Fraction(1)
+        width, height = int(stream.codec_context.width), int(stream.codec_context.height)
+        problem = memory_guards.video_problem(width, height, _header_frames(container, stream, rate), what)
+        if problem:
+            raise memory_guards.OverBudget(problem)
         try:
             frames = [torch.from_numpy(f.to_ndarray(format="rgb24")) for f in container.decode(video=0)]
         except av.FFmpegError as e:

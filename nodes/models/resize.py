@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from mixgraph.nodes.media import memory_guards
+
 
 def center_crop(samples: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """Crop [B,C,H,W] to the aspect ratio of width:height around the centre (ComfyUI "center")."""
@@ -25,7 +27,9 @@ def center_crop(samples: torch.Tensor, width: int, height: int) -> torch.Tensor:
 
 
 def upscale(samples: torch.Tensor, width: int, height: int, method: str, crop: str) -> torch.Tensor:
-    """Resize channels-first [B,C,H,W] as ComfyUI's common_upscale (methods and centre crop)."""
+    """Resize channels-first [B,C,H,W] as ComfyUI's common_upscale (methods and centre crop).
+    A result whose tensor alone is over the memory budget is refused before resizing."""
+    memory_guards.check_tensor((*samples.shape[:-2], height, width), f"resizing to {width}x{height} px")
     if crop == "center":
         samples = center_crop(samples, width, height)
     if method == "lanczos":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from mixgraph.nodes.media import memory_guards
 from mixgraph.nodes.media.video_codec import VideoFileError, is_video_name, probe
 from mixgraph.ui.server.security import SecurityError, check_image, unique_name
 
@@ -25,9 +26,12 @@ def header_safe(name: str) -> str:
 def convert_image(path: Path, channel: str, preview: str | None) -> tuple[bytes, str] | None:
     """`/view` conversions: channel rgb|a, preview "webp;90" / "jpeg;90". None: not an image."""
     from PIL import Image
+    if memory_guards.image_problem(path, str(path)):
+        return None     # a decode over the memory budget: /view returns the file itself
     try:
-        im = Image.open(path)
-        im.load()
+        with memory_guards.bomb_limit_lifted():
+            im = Image.open(path)
+            im.load()
     except Exception:  # noqa: BLE001 - not an image: /view returns the file itself
         return None
     if channel == "rgb":
@@ -81,12 +85,12 @@ def merge_mask(original: Path, mask_png: bytes) -> bytes:
     kept)."""
     from PIL import Image, PngImagePlugin
     check_image(original.read_bytes())
-    with Image.open(original) as im:
+    with memory_guards.bomb_limit_lifted(), Image.open(original) as im:
         info = PngImagePlugin.PngInfo()
         for key, value in (getattr(im, "text", None) or {}).items():
             info.add_text(key, str(value))
         base = im.convert("RGBA")
-    with Image.open(io.BytesIO(mask_png)) as m:
+    with memory_guards.bomb_limit_lifted(), Image.open(io.BytesIO(mask_png)) as m:
         if "A" not in m.getbands():
             raise SecurityError("the mask upload has no alpha channel")
         alpha = m.getchannel("A")

@@ -31,7 +31,6 @@ import hmac
 import io
 import ipaddress
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -280,20 +279,22 @@ async def read_limited(part, limit: int) -> bytes:
 
 def check_image(data: bytes) -> tuple[str, tuple[int, int]]:
     """(PIL format, (width, height)) of an image file's bytes; SecurityError if it does not decode
-    as an image or is absurdly large."""
+    as an image, is absurdly large, or would take more than the memory budget to decode (judged
+    from its header: `memory_guards`, which takes the place of PIL's decompression-bomb limit)."""
     from PIL import Image
+
+    from mixgraph.nodes.media import memory_guards
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as im:
-                fmt, size = im.format, im.size
-                im.verify()
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise SecurityError(f"image refused: {e}") from None
+        with memory_guards.bomb_limit_lifted(), Image.open(io.BytesIO(data)) as im:
+            fmt, size = im.format, im.size
+            im.verify()
     except Exception as e:  # noqa: BLE001 - PIL raises many types for undecodable data
         raise SecurityError(f"not a readable image ({type(e).__name__}: {e})") from None
     if max(size) > MAX_IMAGE_SIDE or min(size) < 1:
         raise SecurityError(f"image of {size[0]}x{size[1]} px refused (sides must be 1..{MAX_IMAGE_SIDE})")
+    problem = memory_guards.image_problem(data, "image refused")
+    if problem:
+        raise SecurityError(problem)
     return fmt or "", size
 
 

@@ -192,9 +192,10 @@ class Server:
         v = validate(wf.prompt, self.registry, self.env, targets)
         if v.ok:        # refuse, with the estimate and a preset that fits, what cannot fit
             from mixgraph.nodes.weights import store
-            from mixgraph.ui.estimate import InsufficientMemory, refusal
-            problem = refusal(wf, self.registry, self.env, order=v.order,
-                              held_bytes=store.stats().bytes)
+            from mixgraph.ui.estimate import InsufficientMemory, refusal, size_refusal
+            # a tensor alone over the memory budget first: milliseconds, no tracing
+            problem = size_refusal(wf, self.registry, self.env, order=v.order) or \
+                refusal(wf, self.registry, self.env, order=v.order, held_bytes=store.stats().bytes)
             if problem:
                 raise InsufficientMemory(problem)
         return wf, v

@@ -11,6 +11,7 @@ from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Result, Socket, String, node
 from mixgraph.graph.spec import Hidden
 from mixgraph.nodes.helpers import folders, imaging, latent_ops
+from mixgraph.nodes.media import memory_guards
 
 IMAGE_UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")
 
@@ -34,23 +35,31 @@ def _image_exists(env: Any, image: str | None = None, **_: Any) -> list[str]:
         path = _image_path(env, image)
     except folders.FolderError as e:
         return [str(e)]
-    return [] if path.is_file() else [folders.missing_image(
-        image, path, f"put it in the input folder {os.path.abspath(env.input)} (--input DIR) "
-                     f"or upload it in the editor")]
+    if not path.is_file():
+        return [folders.missing_image(
+            image, path, f"put it in the input folder {os.path.abspath(env.input)} (--input DIR) "
+                         f"or upload it in the editor")]
+    return _fits(path, image)
+
+
+def _fits(path: Path, image: str) -> list[str]:
+    """The image's decode checked against the memory budget from its header (no pixel read)."""
+    problem = memory_guards.image_problem(path, f"{image!r}")
+    return [("image", problem)] if problem else []
 
 
 @node(category="image", outputs=("IMAGE", "MASK"), display_name="Load Image",
       fingerprint=_image_fingerprint, validate=_image_exists)
 def LoadImage(ctx, image=Combo(folders.list_images, image_upload=True)):
     """An image from the input folder: RGB as IMAGE, 1 - alpha as MASK."""
-    return imaging.load_image(_image_path(ctx.env, image))
+    return imaging.load_image(_image_path(ctx.env, image), f"LoadImage image {image!r}")
 
 
 @node(category="mask", outputs=("MASK",), display_name="Load Image (as Mask)",
       fingerprint=_image_fingerprint, validate=_image_exists)
 def LoadImageMask(ctx, image=Combo(folders.list_images, image_upload=True),
                   channel=Combo(("alpha", "red", "green", "blue"))):
-    return (imaging.load_image_mask(_image_path(ctx.env, image), channel),)
+    return (imaging.load_image_mask(_image_path(ctx.env, image), channel, f"LoadImageMask image {image!r}"),)
 
 
 @node(category="image", outputs=(), output_node=True, display_name="Save Image")
@@ -121,7 +130,7 @@ def _output_image_exists(env: Any, image: str | None = None, **_: Any) -> list[s
         path = _output_image_path(env, str(image))
     except folders.FolderError as e:
         return [str(e)]
-    return [] if path.is_file() else [folders.missing_image(str(image), path)]
+    return _fits(path, str(image)) if path.is_file() else [folders.missing_image(str(image), path)]
 
 
 @node(category="image", outputs=("IMAGE", "MASK"), display_name="Load Image (from Outputs)",
@@ -131,4 +140,4 @@ def _output_image_exists(env: Any, image: str | None = None, **_: Any) -> list[s
 def LoadImageOutput(ctx, image=Combo(_list_output_images, image_upload=True, image_folder="output",
                                      remote={"route": "/internal/files/output", "refresh_button": True,
                                              "control_after_refresh": "first"})):
-    return imaging.load_image(_output_image_path(ctx.env, image))
+    return imaging.load_image(_output_image_path(ctx.env, image), f"LoadImageOutput image {image!r}")

@@ -12,6 +12,7 @@ from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Int, node
 from mixgraph.graph.spec import Input
 from mixgraph.nodes.helpers import folders, imaging
+from mixgraph.nodes.media import memory_guards
 
 
 _LINKED = object()  # the validator's default: `image` comes from a link, not a literal
@@ -38,7 +39,10 @@ def _frame_exists(env: Any, image: Any = _LINKED, **_: Any) -> list[str]:
         path = folders.annotated_path(env, str(image))
     except folders.FolderError as e:
         return [str(e)]
-    return [] if path.is_file() else [folders.missing_image(image, path)]
+    if not path.is_file():
+        return [folders.missing_image(image, path)]
+    problem = memory_guards.image_problem(path, f"{image!r}")
+    return [("image", problem)] if problem else []
 
 
 @node(category="image", outputs=("IMAGE",), display_name="Webcam Capture",
@@ -48,4 +52,4 @@ def WebcamCapture(ctx, image=Input("WEBCAM"),
                   height=Int(0, min=0, max=MAX_RESOLUTION, step=1),
                   capture_on_queue=Boolean(True)):
     """The captured webcam frame (uploaded by the editor) as an IMAGE."""
-    return (imaging.load_image(folders.annotated_path(ctx.env, str(image)))[0],)
+    return (imaging.load_image(folders.annotated_path(ctx.env, str(image)), f"WebcamCapture image {image!r}")[0],)

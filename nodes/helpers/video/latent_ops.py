@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mixgraph.nodes.helpers import cond_ops
+from mixgraph.nodes.media import memory_guards
 from mixgraph.nodes.models.resize import upscale
 from mixgraph.nodes.payloads.conditioning import Conditioning
 from mixgraph.nodes.payloads.latent import Latent
@@ -42,8 +43,11 @@ def latent_frames(length: int) -> int:
 def empty_video_latent(width: int, height: int, length: int, batch_size: int, channels: int = 16,
                        downscale: int = 8) -> Latent:
     """Zeros [B, channels, T, height / downscale, width / downscale] (EmptyHunyuanLatentVideo:
-    16 channels, 8x)."""
-    return Latent(torch.zeros(batch_size, channels, latent_frames(length), height // downscale, width // downscale))
+    16 channels, 8x). Refused before allocating when the tensor alone is over the memory budget."""
+    shape = (batch_size, channels, latent_frames(length), height // downscale, width // downscale)
+    memory_guards.check_tensor(shape, f"a {width}x{height} video latent of {length} frames, batch {batch_size}",
+                               fix="lower width, height, length or batch_size")
+    return Latent(torch.zeros(shape))
 
 
 def as_video(latent: Tensor) -> Tensor:
