@@ -182,13 +182,13 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return int(e.code or 0)
     try:
+        if getattr(args, "memory_budget", None) is not None:
+            from mixgraph.nodes.models.memory_budget import set_budget
+            set_budget(getattr(args, "device", None) or "cpu", args.memory_budget)
         if args.command == "run":
             return _cmd_run(args, registry)
         if args.command == "validate":
             return _cmd_validate(args, registry)
-        if getattr(args, "memory_budget", None) is not None:
-            from mixgraph.nodes.models.memory_budget import set_budget
-            set_budget(getattr(args, "device", None) or "cpu", args.memory_budget)
         if args.command == "nodes" and args.system:
             from mixgraph.ui.estimate import system_section
             print(json.dumps(system_section(args.device or "cpu"), indent=1))
