@@ -217,3 +217,43 @@ def test_estimate_counts_the_streamed_footprint_and_refusal_names_the_budget(tmp
     assert "memory budget of 0.00 GiB (--memory-budget 0.001)" in msg and "--memory-budget 1 would fit" in msg
     memory_budget.set_budget("cpu", 4)
     assert refusal(wf, reg, env, "f32", available=64 * GIB) is None
+
+
+def _fp8_scaled(sd: dict, layers: list[str]) -> dict:
+    """``sd`` with ``layers``' weights in ComfyUI's scaled-fp8 layout (per-tensor scale)."""
+    out = dict(sd)
+    for layer in layers:
+        w = sd[f"{layer}.weight"]
+        scale = (w.abs().amax() / torch.finfo(torch.float8_e4m3fn).max).float()
+        out[f"{layer}.weight"] = (w / scale).to(torch.float8_e4m3fn)
+        out[f"{layer}.scale_weight"] = scale
+    out["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    return out
+
+
+def test_scaled_fp8_and_gguf_files_stream_as_they_load(tmp_path):
+    """Quantised files stream through the same read path: scaled fp8 kept fp8 with its scale under
+    an fp8 storage (dequantised under f32), GGUF weights kept quantised; each equals its resident run."""
+    import gguf
+
+    from tests.gguf_fixtures import write_gguf
+
+    usd = write_unet(tmp_path / "u.safetensors", "sd15", seed=6)
+    layers = [k[: -len(".weight")] for k in usd if k.endswith(".weight") and usd[k].ndim >= 2
+              and (".attn" in k or ".proj_" in k or "in_layers.2" in k)]
+    save_state_dict(tmp_path / "fp8.safetensors", _fp8_scaled(usd, layers))
+    write_gguf(tmp_path / "q8.gguf", usd, gguf.GGMLQuantizationType.Q8_0)
+    config = tiny_unet_config("sd15")
+    cases = [("fp8.safetensors", Policy(torch.float8_e4m3fn, torch.float32, False, True, False)),
+             ("fp8.safetensors", Policy(torch.float32, torch.float32, False, True, False)),
+             ("q8.gguf", Policy(torch.float32, torch.float32, False, True, False)),
+             ("q8.gguf", Policy(torch.bfloat16, torch.bfloat16, False, True, False))]
+    for name, policy in cases:
+        source = WeightSource.from_file(tmp_path / name)
+        store.clear()
+        resident, _ = _run(UNetModel, config, source, policy, _unet_inputs(), stream=False)
+        store.clear()
+        before = streaming.snapshot()
+        out, was = _run(UNetModel, config, source, policy, _unet_inputs(), stream=True)
+        assert was and torch.equal(out, resident), (name, policy)
+        assert streaming.since(before)["bytes_streamed"] > 0
