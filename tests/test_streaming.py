@@ -5,7 +5,6 @@ budget, with the cost reported; the CLI flag, the estimate and its refusal follo
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -227,7 +227,10 @@ class StreamSource:
         ready = self.pending.pop(prefix, None)
         if ready is None:
             ready = self._copy(prefix)
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)
+        for t in ready.values():  # made on the side stream, used (and freed) on this one
+            (t.raw if is_quantized(t) else t).record_stream(current)
         return ready
 
     def prefetch(self, prefix: str | None) -> None:
