@@ -13,7 +13,7 @@ UNet call on a batch of 2 (the cond and uncond of CFG), latent 32x32, 77 tokens 
 (the resident part read from disk); `streamed` the bytes the step read again. The output tensor is
 saved and compared with the resident run's (`torch.equal`). No timed assertions.
 
-    python benchmarks/bench_stream.py [--budgets 3,6,12] [--models DIR] [--json] [--tiny]
+    python benchmarks/bench_stream.py [--budgets 3,6,12] [--arch sdxl|sd15] [--models DIR] [--json] [--tiny]
 
 `--tiny` runs the same path on the tiny SDXL UNet with budgets of 30 %, 60 % and 90 % of its
 weights (seconds; a check that the script works). The full-size run needs about 11 GB of disk.
@@ -39,17 +39,19 @@ import torch  # noqa: E402
 GIB = 1 << 30
 
 
-def _config(tiny: bool):
-    from mixgraph.nodes.weights.synthetic import SDXL_UNET, TINY_SDXL_UNET
+def _config(tiny: bool, arch: str = "sdxl"):
+    from mixgraph.nodes.weights.synthetic import SD15_UNET, SDXL_UNET, TINY_SDXL_UNET, TINY_UNET
+    if arch == "sd15":
+        return TINY_UNET if tiny else SD15_UNET
     return TINY_SDXL_UNET if tiny else SDXL_UNET
 
 
-def _write(path: Path, tiny: bool) -> int:
+def _write(path: Path, tiny: bool, arch: str) -> int:
     """The random UNet file (written unless there); returns the model's f32 bytes."""
     from bench_dit import write_random_file
     from mixgraph.nodes.families.sd.unet import UNetModel
     from mixgraph.nodes.weights.synthetic import module_shapes
-    shapes = module_shapes(lambda: UNetModel(_config(tiny)))
+    shapes = module_shapes(lambda: UNetModel(_config(tiny, arch)))
     if not path.exists():
         write_random_file(path, shapes, lambda key, shape: torch.float32, seed=7)
     return sum(4 * int(torch.tensor(s).prod()) if s else 4 for s in shapes.values())
@@ -72,7 +74,7 @@ def child(spec: dict) -> dict:
     from mixgraph.nodes.weights.safetensors_io import WeightSource
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    config = _config(spec["tiny"])
+    config = _config(spec["tiny"], spec["arch"])
     if spec["budget"] is not None:
         memory_budget.set_budget("cpu", spec["budget"])
     stream = None if spec["budget"] is not None else False
@@ -108,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", metavar="DIR", help="keep the random UNet file here")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--arch", choices=("sdxl", "sd15"), default="sdxl",
+                    help="the UNet (default sdxl; sd15: 3.4 GB, a quicker full-size check)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -115,14 +119,15 @@ def main(argv=None) -> int:
         return 0
     folder = Path(args.models) if args.models else Path(tempfile.mkdtemp(prefix="bench_stream_"))
     try:
-        path = folder / ("sdxl_unet_tiny.safetensors" if args.tiny else "sdxl_unet_random.safetensors")
-        total = _write(path, args.tiny)
+        path = folder / f"{args.arch}_unet_{'tiny' if args.tiny else 'random'}.safetensors"
+        total = _write(path, args.tiny, args.arch)
         budgets = ([round(f * total / 0.75 / GIB, 6) for f in (0.3, 0.6, 0.9)] if args.tiny
                    else [float(b) for b in args.budgets.split(",") if b])
         rows = []
         for budget in [None, *budgets]:
             out = folder / f"out_{budget}.pt"
-            spec = {"path": str(path), "budget": budget, "tiny": args.tiny, "size": args.size, "out": str(out)}
+            spec = {"path": str(path), "budget": budget, "tiny": args.tiny, "arch": args.arch, "size": args.size,
+                    "out": str(out)}
             env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
             proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
                                   text=True, env=env)
@@ -132,11 +137,11 @@ def main(argv=None) -> int:
             row = json.loads(proc.stdout.strip().splitlines()[-1])
             row["identical"] = bool(torch.equal(torch.load(out), torch.load(folder / "out_None.pt")))
             rows.append(row)
-        result = {"model_bytes_f32": total, "size": args.size, "tiny": args.tiny, "runs": rows}
+        result = {"arch": args.arch, "model_bytes_f32": total, "size": args.size, "tiny": args.tiny, "runs": rows}
         if args.json:
             print(json.dumps(result, indent=1))
         else:
-            print(f"SDXL UNet{' (tiny)' if args.tiny else ''}, f32 {total / GIB:.2f} GiB, 1 step at "
+            print(f"{args.arch.upper()} UNet{' (tiny)' if args.tiny else ''}, f32 {total / GIB:.2f} GiB, 1 step at "
                   f"{args.size}x{args.size} (batch 2)")
             print(f"{'budget':>10} {'streamed':>8} {'peak RSS':>10} {'load s':>8} {'s/step':>8} "
                   f"{'GiB/step':>9} {'identical':>9}")
