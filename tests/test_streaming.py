@@ -256,3 +256,48 @@ def test_scaled_fp8_and_gguf_files_stream_as_they_load(tmp_path):
         out, was = _run(UNetModel, config, source, policy, _unet_inputs(), stream=True)
         assert was and torch.equal(out, resident), (name, policy)
         assert streaming.since(before)["bytes_streamed"] > 0
+
+
+def _header_only(path, shapes: dict, dtype: str = "F32") -> None:
+    """A safetensors file of these shapes whose data is a hole (sparse): the estimate reads
+    headers only, so a full-size model costs no disk."""
+    import struct
+
+    header, offset = {}, 0
+    item = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+    for k, s in shapes.items():
+        n = item * int(torch.Size(s).numel())
+        header[k] = {"dtype": dtype, "shape": list(s), "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + offset)
+
+
+def test_full_size_sdxl_over_the_machine_is_refused_naming_the_budget_that_streams_it(tmp_path):
+    """A header-only full-size SDXL checkpoint (13.9 GB in f32) on a machine with 10 GiB free:
+    held whole it does not fit, streamed within a smaller budget it does, and the refusal says
+    which budget; with that budget the estimate counts the UNet streamed and fits."""
+    from mixgraph.nodes.weights.synthetic import sdxl_parts
+    from mixgraph.ui.estimate import BASE_BYTES, estimate, refusal
+
+    shapes = {prefix + k: v for prefix, sh, _seed in sdxl_parts("full", 0) for k, v in sh.items()}
+    shapes["conditioner.embedders.1.model.logit_scale"] = ()
+    models = tmp_path / "models"
+    _header_only(models / "checkpoints" / "xl.safetensors", shapes)
+    wf = api.set_inputs(api.load("workflows/txt2img_sd15.json"),
+                        {"4.ckpt_name": "xl.safetensors", "5.width": 64, "5.height": 64, "3.steps": 1})
+    reg, env = api.default_registry(), Env.from_args(models=str(models))
+    memory_budget.set_budget("cpu", 64)
+    msg = refusal(wf, reg, env, "f32", available=10 * GIB)
+    assert msg is not None and "not enough memory" in msg and "would fit (model blocks stream within it)" in msg
+    gib = int(msg.split("--memory-budget ")[1].split()[0])
+    assert 1 <= gib <= 10
+    memory_budget.set_budget("cpu", gib)
+    est = estimate(wf, reg, env, "f32")
+    assert est["nodes"]["3"]["streamed"] == ["MODEL"]
+    assert est["peak_bytes"] <= 10 * GIB + BASE_BYTES and est["peak_bytes"] - BASE_BYTES <= gib * GIB
+    assert refusal(wf, reg, env, "f32", available=10 * GIB) is None

@@ -310,9 +310,10 @@ def _weight_bytes(socket: str, handle: Any, pkey: tuple) -> tuple[int, int]:
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-def _store_budget() -> int:
+def _store_budget(memory_bytes: int | None = None) -> int:
+    """The weight store's LRU bound (under a memory budget of `memory_bytes`, default the one in force)."""
     from mixgraph.nodes.weights import store
-    return store.STORE.budget_bytes
+    return store.STORE.budget_bytes if memory_bytes is None else store.STORE.budget_for(memory_bytes)
 
 
 class _Held:
@@ -591,7 +592,7 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
     resolver = Resolver(wf.precision, types, default, device, caps=caps)
     graph = _Graph(wf, registry, env)
     controls: list[tuple[str, _Component]] = []
-    held = _Held(_store_budget())                 # the weight store's entries
+    held = _Held(_store_budget(budget.nbytes))    # the weight store's entries
     outputs = 0
     nodes: dict[str, dict] = {}
     peak, peak_node = BASE_BYTES, None
@@ -811,6 +812,9 @@ def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
     hint = (f"--precision {fitting[0]} would fit ({_gib(presets[fitting[0]])})" if fitting else
             f"no preset fits (the smallest: memory, {_gib(presets['memory'])}); use a smaller "
             f"size or batch, or VAEDecodeTiled")
+    smaller = _fitting_budget(wf, registry, env, precision, order, budget, room)
+    if smaller is not None and smaller * 2**30 < budget.nbytes:
+        hint = f"--memory-budget {smaller} would fit (model blocks stream within it); " + hint
     node = est["peak_node"]
     where = f" at node {node} ({wf.prompt[node].class_type})" if node else ""
     return (f"not enough memory: this run needs about {_gib(est['peak_bytes'])}{where}, "
@@ -868,22 +872,36 @@ def _budget_refusal(wf: Workflow, registry: Any, env: Any, precision: str | None
                     order: Sequence[str] | None, est: dict, budget: Any, room: int) -> str:
     """The refusal of a run that fits the machine but not the memory budget even streamed,
     naming the smallest whole-GiB budget it would run in (within the machine's room)."""
-    from mixgraph.nodes.models import memory_budget
 
     need = f"this run needs about {_gib(est['peak_bytes'] - BASE_BYTES)}"
     node = est["peak_node"]
     where = f" at node {node} ({wf.prompt[node].class_type})" if node else ""
     head = (f"not enough memory: {need}{where} even with model blocks streamed, over the memory "
             f"budget of {_gib(budget.nbytes)} ({budget.origin})")
+    gib = _fitting_budget(wf, registry, env, precision, order, budget, room)
+    if gib is not None:
+        return f"{head}; --memory-budget {gib} would fit"
+    return f"{head}; no budget this machine can give fits: use a smaller size or batch, or another precision"
+
+
+def _fitting_budget(wf: Workflow, registry: Any, env: Any, precision: str | None,
+                    order: Sequence[str] | None, budget: Any, room: int) -> int | None:
+    """The smallest whole number of GiB whose budget the run fits in, streaming what does not
+    fit (its peak less the process within the budget, and within the machine's `room`); None
+    when none does."""
+    from mixgraph.nodes.models import memory_budget
+
     for gib in range(1, int(room // memory_budget.GIB) + 2):
         trial = memory_budget.Budget(budget.device, gib * memory_budget.GIB, "trial", budget.mode)
         try:
             peak = estimate(wf, registry, env, precision, order=order, budget=trial)["peak_bytes"]
         except (PrecisionError, ValueError, OSError):
-            break
-        if peak - BASE_BYTES <= trial.nbytes and peak <= room:
-            return f"{head}; --memory-budget {gib} would fit"
-    return f"{head}; no budget this machine can give fits: use a smaller size or batch, or another precision"
+            return None
+        if peak > room:
+            return None     # a larger budget only holds more
+        if peak - BASE_BYTES <= trial.nbytes:
+            return gib
+    return None
 
 
 def _upper_bound(wf: Workflow, registry: Any, env: Any, order: Sequence[str] | None = None) -> float:

@@ -256,6 +256,14 @@ class WeightStore:
         """The LRU's bound: the configured one, else env / the memory budget (``_default_budget``)."""
         return _default_budget() if self._budget is None else self._budget
 
+    def budget_for(self, memory_bytes: int) -> int:
+        """The LRU's bound were the memory budget ``memory_bytes`` (the estimate's trial budgets):
+        the configured bound or env ``MIXGRAPH_WEIGHT_CACHE_BYTES`` when set, else that budget."""
+        if self._budget is not None:
+            return self._budget
+        env = os.environ.get(CACHE_ENV)
+        return int(env) if env else int(memory_bytes)
+
     # -- public ------------------------------------------------------------------------------
 
     def materialize(
