@@ -358,7 +358,8 @@ def attach(module: nn.Module, streamed: Iterable[str], read: Callable[[str], dic
            resident_bytes: int, name: str) -> nn.Module:
     """Install the hooks on ``module``'s ``streamed`` units (module names, whose parameters are
     meta placeholders); ``read(prefix)`` gives a unit's tensors as the weight store holds them."""
-    order = [u for u in stream_units(module) if u in set(streamed)]
+    streamed = set(streamed)
+    order = [u for u in stream_units(module) if u in streamed]
     source = StreamSource(name, read, resident_bytes, order[0] + "." if order else None)
     for i, unit_name in enumerate(order):
         unit_module = module.get_submodule(unit_name)
