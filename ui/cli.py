@@ -363,12 +363,14 @@ def memory_report(device: str, streamed: dict) -> dict:
 
 def streaming_line(s: dict) -> str:
     """One line saying what weight streaming cost in a run (``streaming.since``)."""
-    gib = 1 << 30
-    line = (f"streamed {s['models']} model(s) within the memory budget: {s['bytes_streamed'] / gib:.2f} GiB "
+    def size(n: float) -> str:
+        return f"{n / 2**30:.2f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.1f} MiB"
+
+    line = (f"streamed {s['models']} model(s) within the memory budget: {size(s['bytes_streamed'])} "
             f"read in {s['load_seconds']:.2f} s over {s['passes']} pass(es)")
     if s.get("passes"):
-        line += f" ({s['bytes_per_pass'] / gib:.2f} GiB, {s['seconds_per_pass']:.2f} s per pass)"
-    return line + f"; peak weights held {s['peak_weight_bytes'] / gib:.2f} GiB"
+        line += f" ({size(s['bytes_per_pass'])}, {s['seconds_per_pass']:.2f} s per pass)"
+    return line + f"; peak weights held {size(s['peak_weight_bytes'])}"
 
 
 def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:

@@ -26,7 +26,7 @@ one computes (``inflight`` 2). That path is written to the same rules but has no
 yet; mixgraph's models run on the CPU today.
 
 What it cost is counted in ``STATS`` (bytes streamed, seconds loading, units loaded, passes: the
-times a model's first streamed unit came in, i.e. forward passes; the peak of weights held by
+times a model's units start over, i.e. forward passes; the peak of weights held by
 streamed models); ``snapshot()`` before and after a run gives the run's share (``mixgraph run``
 prints it and writes it in the report).
 """
@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -165,25 +165,34 @@ class StreamStats:
     passes: int = 0           # times a streamed model's first streamed unit came in (forward passes)
     models: int = 0           # models materialized streamed
     peak_bytes: int = 0       # most weight bytes one streamed model held at once (resident + loaded)
+    # per model ("unet weights from x.safetensors"): [bytes streamed, load seconds, passes]
+    by_model: dict = field(default_factory=dict)
 
 
 STATS = StreamStats()
 _STATS_LOCK = threading.Lock()
 
 
+def _copy(stats: StreamStats) -> StreamStats:
+    out = StreamStats(**asdict(stats))
+    out.by_model = {k: list(v) for k, v in stats.by_model.items()}
+    return out
+
+
 def snapshot() -> StreamStats:
     """A copy of ``STATS`` (the peak reset for what follows, so ``since`` gives a run's own)."""
     with _STATS_LOCK:
-        out = StreamStats(**asdict(STATS))
+        out = _copy(STATS)
         STATS.peak_bytes = 0
         return out
 
 
 def since(before: StreamStats) -> dict:
     """What streaming cost since ``before`` (``snapshot()``), as the run report's ``streaming``
-    section; per pass = per forward of a streamed model (one per sampling step and batch of conds)."""
+    section; per pass = per forward of a streamed model (one per sampling step and batch of conds),
+    also per model (``models``: bytes, seconds, passes)."""
     with _STATS_LOCK:
-        now = StreamStats(**asdict(STATS))
+        now = _copy(STATS)
     passes = now.passes - before.passes
     out = {"models": now.models - before.models, "bytes_streamed": now.bytes_streamed - before.bytes_streamed,
            "load_seconds": round(now.load_seconds - before.load_seconds, 4), "loads": now.loads - before.loads,
@@ -191,6 +200,14 @@ def since(before: StreamStats) -> dict:
     if passes:
         out["bytes_per_pass"] = out["bytes_streamed"] // passes
         out["seconds_per_pass"] = round(out["load_seconds"] / passes, 4)
+    per_model = {}
+    for name, (nbytes, seconds, n) in now.by_model.items():
+        b0, s0, n0 = before.by_model.get(name, (0, 0.0, 0))
+        if nbytes - b0:
+            per_model[name] = {"bytes_streamed": nbytes - b0, "load_seconds": round(seconds - s0, 4),
+                               "passes": n - n0}
+    if per_model:
+        out["by_model"] = per_model
     return out
 
 
@@ -202,11 +219,10 @@ class StreamSource:
     """Where one streamed model's units come from, shared by every copy of the module
     (``apply_precision`` deep-copies it; this object is not copied)."""
 
-    def __init__(self, name: str, read: Callable[[str], dict[str, Tensor]], resident_bytes: int,
-                 first: str | None):
+    def __init__(self, name: str, read: Callable[[str], dict[str, Tensor]], resident_bytes: int):
         self.name = name
         self.read = read            # unit prefix "blocks.3." -> the store's tensors of that unit
-        self.first = first          # the first streamed unit in call order (counts passes)
+        self.seen: set[int] = set()  # units loaded in this pass: loading one again starts the next
         self.lock = threading.RLock()
         self.loaded: list[_Unit] = []
         self.resident_bytes = resident_bytes
@@ -277,8 +293,10 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
 class _Unit:
     """The forward pre-hook of one streamed unit (and the state of its load)."""
 
-    def __init__(self, source: StreamSource, module: nn.Module, prefix: str, next_prefix: str | None):
+    def __init__(self, source: StreamSource, module: nn.Module, prefix: str, next_prefix: str | None,
+                 index: int):
         self.source = source
+        self.index = index
         self.module = module
         self.prefix = prefix
         self.next_prefix = next_prefix
@@ -323,12 +341,20 @@ class _Unit:
             self.nbytes = sum(storage_nbytes(t) for t in tensors.values())
             src.loaded.append(self)
             src.held += self.nbytes
+            seconds, first = time.perf_counter() - start, not src.seen or self.index in src.seen
+            if first:
+                src.seen = set()
+            src.seen.add(self.index)
             with _STATS_LOCK:
                 STATS.bytes_streamed += self.nbytes
                 STATS.loads += 1
-                STATS.load_seconds += time.perf_counter() - start
-                STATS.passes += self.prefix == src.first
+                STATS.load_seconds += seconds
+                STATS.passes += first
                 STATS.peak_bytes = max(STATS.peak_bytes, src.held)
+                mine = STATS.by_model.setdefault(src.name, [0, 0.0, 0])
+                mine[0] += self.nbytes
+                mine[1] += seconds
+                mine[2] += first
 
     def release(self) -> None:
         src = self.source
@@ -360,11 +386,11 @@ def attach(module: nn.Module, streamed: Iterable[str], read: Callable[[str], dic
     meta placeholders); ``read(prefix)`` gives a unit's tensors as the weight store holds them."""
     streamed = set(streamed)
     order = [u for u in stream_units(module) if u in streamed]
-    source = StreamSource(name, read, resident_bytes, order[0] + "." if order else None)
+    source = StreamSource(name, read, resident_bytes)
     for i, unit_name in enumerate(order):
         unit_module = module.get_submodule(unit_name)
         nxt = order[i + 1] + "." if i + 1 < len(order) else None
-        unit = _Unit(source, unit_module, unit_name + ".", nxt)
+        unit = _Unit(source, unit_module, unit_name + ".", nxt, i)
         unit_module.register_forward_pre_hook(unit)
         unit_module.register_forward_hook(_Release(unit))
         for _sub_name, sub in unit_module.named_modules():
