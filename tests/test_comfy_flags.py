@@ -47,7 +47,6 @@ def test_comfy_flags_map_folders_device_upload_preview_and_note_cuda_flags(tmp_p
     assert opts["device"] == "cpu" and opts["max_upload"] == 512 * 1024
     assert opts["settings"] == {"preview_method": "taesd"}
     assert notes == [
-        "note: --lowvram has no effect on this build (mixgraph manages model memory itself)",
         "note: --fast has no effect on this build (precision is per workflow here: precision tags "
         "on groups and subgraphs, or `mixgraph run --precision`)",
         "note: --disable-xformers has no effect on this build (attention always uses PyTorch's "
@@ -226,4 +225,34 @@ def test_comfy_flags_serve_with_comfyui_arguments_end_to_end(tmp_path):
     assert (u / "mixgraph" / "jobs.sqlite3").is_file()
     assert not (tmp_path / "user").exists() and not (tmp_path / "output").exists()
     assert "note: --disable-xformers has no effect on this build" in err
-    assert "note: --lowvram has no effect on this build" in err
+    assert "note: --lowvram: memory mode 'low'" in err
+    assert "memory budget: " in err
+
+
+def test_comfy_memory_flags_set_the_budget_mode_reserve_and_release(tmp_path):
+    """--lowvram / --novram / --highvram / --gpu-only set the memory budget's mode (on a CPU too),
+    --reserve-vram the reserve, --disable-smart-memory releases models after each prompt; two
+    VRAM modes at once are refused, as ComfyUI's exclusive group does."""
+    from mixgraph.nodes.models import memory_budget
+    from mixgraph.ui.comfy.comfy_flags import apply_memory, memory_from_args
+
+    def memory(*argv):
+        return memory_from_args(build_parser().parse_args(["serve", *argv]))
+
+    for flag, mode in (("--lowvram", "low"), ("--novram", "none"), ("--highvram", "high"),
+                       ("--gpu-only", "gpu_only"), ("--normalvram", "normal")):
+        flags, notes = memory(flag)
+        assert flags.mode == mode and notes[0].startswith(f"note: {flag}: memory mode {mode!r}")
+        assert not any("has no effect" in n for n in notes)
+    with pytest.raises(FlagError, match="--lowvram and --novram disagree"):
+        memory("--lowvram", "--novram")
+    flags, notes = memory("--reserve-vram", "3", "--novram", "--disable-smart-memory")
+    assert (flags.reserve_gib, flags.mode, flags.release_models) == (3.0, "none", True)
+    assert "note: --disable-smart-memory: models are released after each prompt" in notes
+    assert _options("--disable-smart-memory")[0]["settings"] == {"release_models": True}
+    try:
+        b = apply_memory(memory("--memory-budget", "2.5", "--lowvram")[0], "cpu")
+        assert (b.nbytes, b.mode, b.origin) == (int(2.5 * 2**30), "low", "--memory-budget 2.5")
+        assert memory_budget.budget("cpu") == b
+    finally:
+        memory_budget.reset()

@@ -23,6 +23,7 @@ from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.models import memory_budget
 from mixgraph.ui import api
 from mixgraph.ui.estimate import estimate, refusal
 from tests.fixtures import tiny_video_templates
@@ -151,14 +152,19 @@ def test_huge_video_is_estimated_fast_and_refused_by_name(models, tmp_path):
     reg = api.default_registry()
     wf = api.load(t2v(1280, 720, 161, unet="wan14b.safetensors"), reg)
     start = time.perf_counter()
-    est = estimate(wf, reg, _env(root), "bf16")
+    roomy = memory_budget.Budget("cpu", 64 * 2**30, "test")   # the 28 GB model held whole
+    est = estimate(wf, reg, _env(root), "bf16", budget=roomy)
     assert time.perf_counter() - start < 30
     node = est["nodes"]["3"]
     assert node["frames"] == 161 and node["weights_bytes"] >= 2 * 14e9 * 0.99
+    # within a 16 GiB budget its blocks stream: counted at the streamed footprint
+    tight = estimate(wf, reg, _env(root), "bf16", budget=memory_budget.Budget("cpu", 16 * 2**30, "test"))
+    assert tight["nodes"]["3"]["streamed"] == ["MODEL"] and tight["nodes"]["3"]["weights_bytes"] < 12 * 2**30
     # 41 latent frames x 45 x 80 tokens of 5120 (bf16), batch 2 for CFG: GiBs of activations
     tokens = 41 * 45 * 80
     assert node["activation_bytes"] > 2 * tokens * cfg.dim * 2
-    small = estimate(api.load(t2v(320, 192, 17, unet="wan14b.safetensors"), reg), reg, _env(root), "bf16")
+    small = estimate(api.load(t2v(320, 192, 17, unet="wan14b.safetensors"), reg), reg, _env(root), "bf16",
+                     budget=roomy)
     # (both carry the emulated-bf16 working copies of the weights on a CPU without native bf16)
     assert node["activation_bytes"] - small["nodes"]["3"]["activation_bytes"] > tokens * cfg.dim * 2
     start = time.perf_counter()

@@ -36,7 +36,7 @@ from mixgraph.graph.prompt import Link, NodeCall, PrecisionConfig, Region, Workf
 from mixgraph.graph.validate import Validation, validate
 from mixgraph.graph.formats.workflow import load_workflow
 
-__all__ = ["load", "run", "RunResult", "Graph", "NodeRef", "set_inputs", "parse_set",
+__all__ = ["load", "run", "RunResult", "Graph", "NodeRef", "set_inputs", "parse_set", "set_memory_budget",
            "default_executor", "default_registry", "load_node_library", "enable_output_cache"]
 
 _lock = threading.Lock()
@@ -165,10 +165,14 @@ def run(workflow: Any, *, models: str | os.PathLike | None = None, input: str | 
         output: str | os.PathLike | None = None, precision: str | None = None,
         set: Mapping[str, Any] | Iterable[str] | None = None, executor: Executor | None = None,
         device: str | None = None, targets: Iterable[str] | None = None,
-        on_event: Callable | None = None) -> RunResult:
+        on_event: Callable | None = None, memory_budget: float | None = None) -> RunResult:
     """Run a workflow (path, dict, Workflow, or a `Graph`). Raises ValidationFailed, NodeError or
-    Interrupted (mixgraph.graph.executor), each carrying `.report`."""
+    Interrupted (mixgraph.graph.executor), each carrying `.report`. `memory_budget`: GiB the run
+    may hold on its device (sets the process's budget, as `set_memory_budget`; models that do not
+    fit stream their blocks)."""
     ex = executor or default_executor()
+    if memory_budget is not None:
+        set_memory_budget(memory_budget, device=device or ex.env.device or "cpu")
     if isinstance(workflow, Graph):
         workflow = workflow.build()
     wf = load(workflow, ex.registry)
@@ -183,6 +187,15 @@ def run(workflow: Any, *, models: str | os.PathLike | None = None, input: str | 
         device=device or base.device)
     report = ex.run(wf, targets=targets, precision=precision, env=env, on_event=on_event)
     return RunResult(report.values, report, report.ui)
+
+
+def set_memory_budget(gib: float | None, device: str = "cpu", *, reserve_gib: float | None = None,
+                      mode: str = "normal") -> Any:
+    """Set the memory budget of `device` for this process (`--memory-budget GIB`; None: the
+    default, keeping `reserve_gib` free); `mode` is ComfyUI's VRAM mode ("normal", "low", "none":
+    stream every block, "high" / "gpu_only": never stream). Returns the budget in force."""
+    from mixgraph.nodes.models.memory_budget import set_budget
+    return set_budget(device, gib, reserve_gib=reserve_gib, mode=mode)
 
 
 # --- building a graph in code --------------------------------------------------------------------

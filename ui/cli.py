@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mixgraph.graph.env import check_device
-from mixgraph.ui.comfy.comfy_flags import add_cache_flags, add_comfy_flags, cache_from_args
+from mixgraph.ui.comfy.comfy_flags import add_cache_flags, add_comfy_flags, add_memory_flag, cache_from_args
 
 EXIT_OK, EXIT_NODE_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write the run report as JSON")
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N, mps (default cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_memory_flag(p)
     _custom_nodes(p)
     add_cache_flags(p)
 
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", action="store_true", help="instead: the system section (memory, "
                    "native bf16/f16/int8 per device, what auto and each preset resolve to)")
     p.add_argument("--device", metavar="D", help="device for --system (default cpu)")
+    add_memory_flag(p)
     _common(p)
     _custom_nodes(p)
 
@@ -101,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="ID.INPUT=VALUE")
     p.add_argument("--json", action="store_true")
     p.add_argument("--device", metavar="D")
+    add_memory_flag(p)
     _common(p)
     _custom_nodes(p)
 
@@ -138,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "workers when the images stay the same (per prompt: extra_data "
                         "mixgraph_fan_out)")
     add_cache_flags(p)
+    add_memory_flag(p)
     _common(p)
     add_comfy_flags(p)  # ComfyUI's own server flags (ui/comfy/comfy_flags.py), --base-directory too
     _custom_nodes(p, base_directory=False)
@@ -178,6 +182,9 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return int(e.code or 0)
     try:
+        if getattr(args, "memory_budget", None) is not None:
+            from mixgraph.nodes.models.memory_budget import set_budget
+            set_budget(getattr(args, "device", None) or "cpu", args.memory_budget)
         if args.command == "run":
             return _cmd_run(args, registry)
         if args.command == "validate":
@@ -306,7 +313,9 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
             print(f"error: {problem}", file=sys.stderr)
             return EXIT_INVALID
     from mixgraph.ui.progress import ProgressBar
+    from mixgraph.nodes.weights import streaming
     bar = ProgressBar(disable=args.quiet)
+    streamed_before = streaming.snapshot()
     report = None
     code = EXIT_OK
     try:
@@ -325,10 +334,13 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
         report, code = e.report, EXIT_INTERRUPTED
     finally:
         bar.close()
+    streamed = streaming.since(streamed_before)
     if args.report and report is not None:
         try:
             writable_folder(Path(args.report).parent, "report folder")
-            Path(args.report).write_text(json.dumps(report.to_json(), indent=2))
+            body = report.to_json()
+            body["memory"] = memory_report(getattr(args, "device", None) or "cpu", streamed)
+            Path(args.report).write_text(json.dumps(body, indent=2))
         except OSError as e:
             print(f"error: cannot write the report {args.report}: {e.strerror or e}",
                   file=sys.stderr)
@@ -339,7 +351,28 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
         cached = len(report.cached)
         print(f"done in {report.seconds:.2f} s: {len(report.executed)} node(s) executed"
               + (f", {cached} cached" if cached else ""), file=sys.stderr)
+        if streamed["models"] or streamed["loads"]:
+            print(streaming_line(streamed), file=sys.stderr)
     return code
+
+
+def memory_report(device: str, streamed: dict) -> dict:
+    """The run report's ``memory`` section: the budget in force and what streaming cost."""
+    from mixgraph.nodes.models.memory_budget import budget
+    b = budget(device)
+    return {"budget_bytes": b.nbytes, "budget_origin": b.origin, "mode": b.mode, "streaming": streamed}
+
+
+def streaming_line(s: dict) -> str:
+    """One line saying what weight streaming cost in a run (``streaming.since``)."""
+    def size(n: float) -> str:
+        return f"{n / 2**30:.2f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.1f} MiB"
+
+    line = (f"streamed {s['models']} model(s) within the memory budget: {size(s['bytes_streamed'])} "
+            f"read in {s['load_seconds']:.2f} s over {s['passes']} pass(es)")
+    if s.get("passes"):
+        line += f" ({size(s['bytes_per_pass'])}, {s['seconds_per_pass']:.2f} s per pass)"
+    return line + f"; peak weights held {size(s['peak_weight_bytes'])}"
 
 
 def _cmd_validate(args: argparse.Namespace, registry: Any) -> int:

@@ -10,8 +10,9 @@ The model of one run's peak resident memory:
                                            dtype and LoRA stack: `cast.precision_bytes`, from
                                            shapes only), least recently used ones dropped as the
                                            store does when a load takes it over its budget
-                                           (`store.STORE.budget_bytes`, half the RAM by default:
-                                           SDXL in f32 is over it)
+                                           (`store.STORE.budget_bytes`, the memory budget by
+                                           default); a model over the memory budget is counted
+                                           at its streamed footprint (`_streamed_parts`)
          + ACTIVATION_FACTOR * activations the largest live set of tensors while the node's model
                                            runs at the workflow's size and batch, traced on fake
                                            tensors (no memory, no arithmetic: `trace_peak`), plus
@@ -52,7 +53,7 @@ from mixgraph.graph.prompt import Link, Workflow, WorkflowError
 
 __all__ = ["estimate", "estimate_presets", "trace_peak", "available_bytes", "BASE_BYTES",
            "ACTIVATION_FACTOR", "refusal", "format_estimate", "memory_section", "system_section",
-           "InsufficientMemory", "cli_main", "weights_needed", "size_refusal"]
+           "InsufficientMemory", "cli_main", "weights_needed", "size_refusal", "budget_section"]
 
 #: RSS of a process that has imported torch and the node library and run nothing (measured:
 #: 0.40-0.45 GiB on x86-64 Linux with torch 2.13 CPU).
@@ -309,9 +310,10 @@ def _weight_bytes(socket: str, handle: Any, pkey: tuple) -> tuple[int, int]:
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-def _store_budget() -> int:
+def _store_budget(memory_bytes: int | None = None) -> int:
+    """The weight store's LRU bound (under a memory budget of `memory_bytes`, default the one in force)."""
     from mixgraph.nodes.weights import store
-    return store.STORE.budget_bytes
+    return store.STORE.budget_bytes if memory_bytes is None else store.STORE.budget_for(memory_bytes)
 
 
 class _Held:
@@ -583,17 +585,21 @@ def _replace(c: _Component, **kw: Any) -> _Component:
 
 
 def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
-             caps: DeviceCaps | None = None, order: Sequence[str] | None = None) -> dict:
+             caps: DeviceCaps | None = None, order: Sequence[str] | None = None,
+             budget: Any = None) -> dict:
     """The predicted peak memory of running `wf` under `precision` (a `--precision` argument,
     None: the workflow's own settings), per node and in total. `order` is the validated run order
     (default: the prompt's order). Raises PrecisionError for a bad SPEC, FolderError for a missing
-    file (validation reports those first)."""
+    file (validation reports those first). `budget`: the memory budget the run streams within
+    (`memory_budget.Budget`; default the one in force): a model that does not fit is counted at
+    its streamed footprint (`_streamed_parts`), and its node lists it under `streamed`."""
     device = env.device or "cpu"
+    budget = _run_budget() if budget is None else budget
     default, types = parse_precision_arg(precision, device)
     resolver = Resolver(wf.precision, types, default, device, caps=caps)
     graph = _Graph(wf, registry, env)
     controls: list[tuple[str, _Component]] = []
-    held = _Held(_store_budget())                 # the weight store's entries
+    held = _Held(_store_budget(budget.nbytes))    # the weight store's entries
     outputs = 0
     nodes: dict[str, dict] = {}
     peak, peak_node = BASE_BYTES, None
@@ -619,7 +625,10 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
                 continue
             store_key = (comp.loader, socket, policy.storage, policy.int8, comp.patched)
             w_held, w_use = _weight_bytes(socket, comp.handle, pkey)
-            for part, (p_held, _, p_counted) in enumerate(_weight_parts(socket, comp.handle, pkey)):
+            parts, streamed = _streamed_parts(socket, comp.handle, pkey, budget)
+            if streamed:
+                entry.setdefault("streamed", []).append(socket)
+            for part, (p_held, _, p_counted) in enumerate(parts):
                 entry["weights_bytes"] += held.use(store_key + (part,), p_held, p_counted)
             activation += w_use
             if policy.is_half and not resolver.caps.native(policy.compute):
@@ -687,6 +696,7 @@ def estimate(wf: Workflow, registry: Any, env: Any, precision: str | None = None
         if node_peak > peak:
             peak, peak_node = node_peak, nid
     return {"peak_bytes": peak, "peak_node": peak_node, "base_bytes": BASE_BYTES,
+            "budget_bytes": budget.nbytes,
             "weights_bytes": sum(held.loaded.values()), "precision": precision or "workflow",
             "resolved": resolver.describe(), "nodes": nodes}
 
@@ -793,23 +803,112 @@ def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
     if available is None:
         return None
     room = available + held_bytes + BASE_BYTES    # this process already holds its base
-    if _upper_bound(wf, registry, env, order) <= room:
+    budget = _run_budget()
+    if _upper_bound(wf, registry, env, order) <= min(room, BASE_BYTES + budget.nbytes):
         return None     # fits even by a coarse bound: no tracing needed
     try:
-        est = estimate(wf, registry, env, precision, order=order)
+        est = estimate(wf, registry, env, precision, order=order, budget=budget)
     except (PrecisionError, ValueError, OSError):
         return None  # validation reports bad SPECs and missing files itself
-    if est["peak_bytes"] <= room:
+    if est["peak_bytes"] <= room and est["peak_bytes"] - BASE_BYTES <= budget.nbytes:
         return None
+    if est["peak_bytes"] <= room:   # fits the machine, not the budget, even streamed
+        return _budget_refusal(wf, registry, env, precision, order, est, budget, room)
     presets = estimate_presets(wf, registry, env, order=order)
     fitting = [p for p in ("balanced", "memory", "fast", "quality") if presets[p] <= room]
     hint = (f"--precision {fitting[0]} would fit ({_gib(presets[fitting[0]])})" if fitting else
             f"no preset fits (the smallest: memory, {_gib(presets['memory'])}); use a smaller "
             f"size or batch, or VAEDecodeTiled")
+    smaller = _fitting_budget(wf, registry, env, precision, order, budget, room)
+    if smaller is not None and smaller * 2**30 < budget.nbytes:
+        hint = f"--memory-budget {smaller} would fit (model blocks stream within it); " + hint
     node = est["peak_node"]
     where = f" at node {node} ({wf.prompt[node].class_type})" if node else ""
     return (f"not enough memory: this run needs about {_gib(est['peak_bytes'])}{where}, "
             f"{_gib(room)} is available; {hint}")
+
+
+def _run_budget() -> Any:
+    """The CPU memory budget in force (models are materialized, and stream, on the CPU)."""
+    from mixgraph.nodes.models import memory_budget
+    return memory_budget.budget("cpu")
+
+
+@functools.lru_cache(maxsize=256)
+def _stream_units(socket: str, handle: Any, storage: torch.dtype) -> tuple:
+    """Per module the handle materializes: (units that can stream, bytes of the rest), from
+    shapes on the meta device (``streaming.units_of``)."""
+    from mixgraph.nodes.weights import store, streaming
+
+    out = []
+    for build, _source in _modules(socket, handle):
+        with torch.device("meta"):
+            module = build()
+        out.append(streaming.units_of(module, store.dtype_rule(module), storage))
+    return tuple(out)
+
+
+def _streamed_parts(socket: str, handle: Any, pkey: tuple, budget: Any) -> tuple[tuple, bool]:
+    """`_weight_parts` as the weight store will hold them under `budget`: a module whose weights
+    do not fit (``streaming.choose``) counted at its streamed footprint (resident part + the
+    block held at once). Unit sizes are scaled to `_weight_parts`' total (a GGUF file's blocks,
+    keep-f32 parts). Returns (parts, whether any streams)."""
+    from mixgraph.nodes.weights import streaming
+
+    parts = _weight_parts(socket, handle, pkey)
+    if budget is None or pkey[4]:   # int8 weights do not stream (refused at run time)
+        return parts, False
+    out, any_streamed = [], False
+    allowance = streaming.weights_allowance(budget)
+    for (p_held, use, counted), (units, fixed) in zip(parts, _stream_units(socket, handle, pkey[0])):
+        dense = fixed + sum(u.nbytes for u in units)
+        ratio = p_held / dense if dense else 1.0
+        scaled = [streaming.Unit(u.name, (), int(u.nbytes * ratio)) for u in units]
+        rest = p_held - sum(u.nbytes for u in scaled)
+        streamed = streaming.choose(scaled, rest, allowance, budget.mode)
+        if streamed:
+            held_now = streaming.footprint(scaled, rest, streamed)
+            out.append((held_now, use, counted - p_held + held_now))
+            any_streamed = True
+        else:
+            out.append((p_held, use, counted))
+    return tuple(out), any_streamed
+
+
+def _budget_refusal(wf: Workflow, registry: Any, env: Any, precision: str | None,
+                    order: Sequence[str] | None, est: dict, budget: Any, room: int) -> str:
+    """The refusal of a run that fits the machine but not the memory budget even streamed,
+    naming the smallest whole-GiB budget it would run in (within the machine's room)."""
+
+    need = f"this run needs about {_gib(est['peak_bytes'] - BASE_BYTES)}"
+    node = est["peak_node"]
+    where = f" at node {node} ({wf.prompt[node].class_type})" if node else ""
+    head = (f"not enough memory: {need}{where} even with model blocks streamed, over the memory "
+            f"budget of {_gib(budget.nbytes)} ({budget.origin})")
+    gib = _fitting_budget(wf, registry, env, precision, order, budget, room)
+    if gib is not None:
+        return f"{head}; --memory-budget {gib} would fit"
+    return f"{head}; no budget this machine can give fits: use a smaller size or batch, or another precision"
+
+
+def _fitting_budget(wf: Workflow, registry: Any, env: Any, precision: str | None,
+                    order: Sequence[str] | None, budget: Any, room: int) -> int | None:
+    """The smallest whole number of GiB whose budget the run fits in, streaming what does not
+    fit (its peak less the process within the budget, and within the machine's `room`); None
+    when none does."""
+    from mixgraph.nodes.models import memory_budget
+
+    for gib in range(1, int(room // memory_budget.GIB) + 2):
+        trial = memory_budget.Budget(budget.device, gib * memory_budget.GIB, "trial", budget.mode)
+        try:
+            peak = estimate(wf, registry, env, precision, order=order, budget=trial)["peak_bytes"]
+        except (PrecisionError, ValueError, OSError):
+            return None
+        if peak > room:
+            return None     # a larger budget only holds more
+        if peak - BASE_BYTES <= trial.nbytes:
+            return gib
+    return None
 
 
 def _upper_bound(wf: Workflow, registry: Any, env: Any, order: Sequence[str] | None = None) -> float:
@@ -977,7 +1076,15 @@ def system_section(device: str = "cpu") -> dict:
     import sys
     return {"system": {"python_version": sys.version, "pytorch_version": torch.__version__,
                        "available_bytes": available_bytes(device)},
+            "memory_budget": budget_section(device),
             "devices": [{"name": device, "mixgraph_precision": hardware_section(device)}]}
+
+
+def budget_section(device: str = "cpu") -> dict:
+    """The memory budget in force for `device` and where it comes from (`nodes --system`)."""
+    from mixgraph.nodes.models import memory_budget
+    b = memory_budget.budget(device)
+    return {"device": b.device, "bytes": b.nbytes, "gib": round(b.gib, 2), "origin": b.origin, "mode": b.mode}
 
 
 def cli_main(args: Any, registry: Any) -> int:

@@ -95,7 +95,7 @@ def _base_state_dict(model) -> dict[str, Tensor]:
     policy = getattr(model, "policy", None)
     storage = policy.storage if policy is not None else torch.float32
     merged, _ = lora_bypass.split(handle.patches)  # bypass LoRAs are forward hooks, not weights
-    module = store.materialize("unet", handle.source, handle.config, storage, merged, UNetModel)
+    module = store.materialize("unet", handle.source, handle.config, storage, merged, UNetModel, stream=False)
     return {k: v.detach() for k, v in plain_state_dict(module).items()
             if k.startswith(("input_blocks.", "middle_block.", "time_embed.", "label_emb."))}
 

@@ -50,7 +50,7 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -582,6 +582,7 @@ def apply_patches(
     state_dict: Mapping[str, Tensor], patches: Iterable[LoraPatch], *, target: str | None = None,
     others: Mapping[MergePatch, Mapping[str, Tensor]] | None = None,
     scales: Mapping[str, Tensor] | None = None,
+    only: Callable[[str], bool] | None = None,
 ) -> dict[str, Tensor]:
     """A new state dict with every patch merged, in order (the input is not modified).
 
@@ -595,6 +596,9 @@ def apply_patches(
     ``scales``: key -> the scale of an fp8 weight kept quantised (``nodes.weights.quantized``): that
     weight is dequantised (W · s) before the merge and re-quantised with the same scale after it
     (W32 / s, clamped to the fp8 range, rounded to nearest; ComfyUI rounds stochastically).
+    ``only``: the keys ``state_dict`` is a part of (weight streaming merges one block at a time,
+    ``nodes/weights/streaming.py``): a LoRA key outside them is skipped, not refused; each key's
+    merge is the same arithmetic as in a whole-model merge.
     """
     work: dict[str, list[tuple[float, Adapter | None, LoraPatch | ScalePatch]]] = {}
     for p in patches:
@@ -623,6 +627,8 @@ def apply_patches(
         if p.strength == 0.0:
             continue
         for key, ad in p.lora.adapters.get(p.target, {}).items():
+            if key not in state_dict and only is not None and not only(key):
+                continue  # another block's weight (streaming): merged when that block is read
             if key not in state_dict:
                 raise ValueError(
                     f"LoRA {p.lora.name!r} ({p.target}) patches {key!r}, which this model does not have "

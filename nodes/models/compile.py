@@ -42,6 +42,10 @@ def _device_of(module: torch.nn.Module):
 
 def compiled(module: torch.nn.Module, backend: str) -> torch.nn.Module:
     """``module`` wrapped by ``torch.compile`` with ``backend`` (made once per module)."""
+    if any(p.is_meta for p in module.parameters()):
+        raise NotImplementedError(
+            "TorchCompileModel on a model whose blocks stream (it does not fit in the memory budget) is "
+            "not supported yet; raise --memory-budget or leave TorchCompileModel out")
     check_backend(backend, _device_of(module))
     per_module = _COMPILED.setdefault(module, {})
     if backend not in per_module:

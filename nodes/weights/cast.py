@@ -358,6 +358,9 @@ def apply_precision(module: nn.Module, policy: PolicyLike) -> nn.Module:
     kept = _keep_f32_names(module)
     as_stored = matched_names(module, "keep_stored")
     int8_names = _int8_names(module, policy)
+    if int8_names and any(p.is_meta for p in module.parameters()):
+        raise NotImplementedError("int8 weights for a model whose blocks stream (it does not fit in the memory "
+                                  "budget) are not supported yet; raise --memory-budget or use another precision")
     vector_dtype = compute if storage in FP8_DTYPES else storage
     to_half_cpu = compute in HALF_DTYPES
 

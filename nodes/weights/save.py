@@ -57,7 +57,7 @@ def unet_state_dict(model, dtype: torch.dtype) -> dict[str, Tensor]:
     (Materialization runs in inference mode, as every consumer's does: cached entries built
     there are inference tensors, which a module outside it may not take.)"""
     build = families.get(model.family).build
-    m = store.materialize("unet", model.source, model.config, dtype, model.patches, build)
+    m = store.materialize("unet", model.source, model.config, dtype, model.patches, build, stream=False)
     return _plain(module_state_dict(m))
 
 
@@ -78,14 +78,15 @@ def clip_state_dicts(clip, dtype: torch.dtype) -> dict[str, dict[str, Tensor]]:
     out = {}
     for e in clip.encoders:
         patches = tuple(p for p in clip.patches if getattr(p, "target", e.name) == e.name)
-        m = store.materialize(e.name, e.source, e.config, dtype, patches, e.build)
+        m = store.materialize(e.name, e.source, e.config, dtype, patches, e.build, stream=False)
         out[e.name] = _plain({k: v for k, v in module_state_dict(m).items() if not k.endswith("position_ids")})
     return out
 
 
 @torch.inference_mode()
 def vae_state_dict(vae, dtype: torch.dtype) -> dict[str, Tensor]:
-    m = store.materialize("vae", vae.source, vae.config, dtype, (), getattr(vae, "build", AutoencoderKL))
+    m = store.materialize("vae", vae.source, vae.config, dtype, (), getattr(vae, "build", AutoencoderKL),
+                          stream=False)
     return _plain(module_state_dict(m))
 
 

@@ -3,8 +3,9 @@
 ``materialize(kind, source, config, storage_dtype, patches, build)`` returns an ``nn.Module``
 whose parameters are the cached tensors for ``(source, storage dtype, patches)``:
 
-- The cache holds **state dicts** (tensors), in an LRU bounded by a byte budget (default half the
-  machine's RAM; ``configure(budget_bytes=...)`` or env ``MIXGRAPH_WEIGHT_CACHE_BYTES``). Each call
+- The cache holds **state dicts** (tensors), in an LRU bounded by a byte budget (default the CPU
+  memory budget, ``memory_budget.budget("cpu")``, followed as it changes; ``configure(budget_bytes=...)``
+  or env ``MIXGRAPH_WEIGHT_CACHE_BYTES``). Each call
   builds a fresh module on the ``meta`` device and assigns the cached tensors to it (cheap: no
   allocation, no random init), so callers may wrap or re-cast the module (``apply_precision``)
   without touching what others share. Cached tensors must never be modified in place.
@@ -32,6 +33,11 @@ whose parameters are the cached tensors for ``(source, storage dtype, patches)``
   cast layers dequantise them per forward. A LoRA or merge patch on such a weight works on its
   dequantised float32 values, as ComfyUI-GGUF applies patches to the dequantised weight, and the
   patched weight is held dense in its storage dtype. Their entries are never derived to another dtype.
+- A model whose weights do not fit in the memory budget is materialized **streamed**
+  (``streaming.py``): the store holds the rest of the model and the blocks that fit (one entry,
+  its key's patches ending in ``_Partial``), and the other blocks are read through this same path
+  (``_read_part``: rename, dtype rule, quantised handling, layout step, LoRA merge for their keys)
+  each time they run, and dropped after. ``materialize(stream=False)`` never streams (saving).
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixgraph.nodes.weights.gguf_file import is_gguf
+from mixgraph.nodes.models import memory_budget
+from mixgraph.nodes.weights import streaming
+from mixgraph.nodes.weights.gguf_file import is_gguf, quantised_sizes
 from mixgraph.nodes.weights.gguf_tensor import is_quantized, storage_nbytes
 from mixgraph.nodes.weights.layouts import reader_for_source
 from mixgraph.nodes.adapters.lora import apply_patches
@@ -72,14 +80,24 @@ _EXACT: dict[torch.dtype, set[torch.dtype]] = {
 }
 
 
+CACHE_ENV = "MIXGRAPH_WEIGHT_CACHE_BYTES"
+
+
 def _default_budget() -> int:
-    env = os.environ.get("MIXGRAPH_WEIGHT_CACHE_BYTES")
+    """The LRU's bound when none was configured: env ``MIXGRAPH_WEIGHT_CACHE_BYTES`` (tests),
+    else the CPU memory budget in force (``memory_budget.budget``), read at each eviction so a
+    budget set later (``--memory-budget``) applies."""
+    env = os.environ.get(CACHE_ENV)
     if env:
         return int(env)
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.5)
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
+    return memory_budget.budget("cpu").nbytes
+
+
+@dataclass(frozen=True)
+class _Partial:
+    """The last element of a cache key's patches for the resident part of a streamed model:
+    the units it leaves out (``streaming.py``)."""
+    streamed: tuple[str, ...]
 
 
 @dataclass
@@ -161,11 +179,14 @@ def _build_meta(build: Callable[[Any], nn.Module], config: Any) -> nn.Module:
         return build(config)
 
 
-def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, what: str) -> nn.Module:
+def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, what: str,
+            streamed: Mapping[str, torch.dtype] | None = None) -> nn.Module:
     """Load ``sd`` into a meta-built module by assignment (no copy); the scales of kept fp8
-    weights are attached to their layers (``quantized.attach_scales``)."""
+    weights are attached to their layers (``quantized.attach_scales``). ``streamed``: keys left
+    out of ``sd`` (units that stream), each made a meta placeholder of the dtype it will have."""
+    streamed = streamed or {}
     sd = attach_scales(module, sd)
-    expected = module.state_dict()
+    expected = {k: v for k, v in module.state_dict().items() if k not in streamed}
     missing = [k for k in expected if k not in sd]
     if missing:
         raise ValueError(
@@ -186,8 +207,15 @@ def _assign(module: nn.Module, sd: Mapping[str, torch.Tensor], build, config, wh
     extra = [k for k in sd if k not in expected and not k.endswith(("position_ids", "spiece_model"))]
     if extra:
         log.warning("%s: %d keys not used by the model, e.g. %s", what, len(extra), extra[:5])
-    module.load_state_dict({k: sd[k] for k in expected}, strict=True, assign=True)
-    leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    module.load_state_dict({k: sd[k] for k in expected}, strict=not streamed, assign=True)
+    for key, dtype in streamed.items():
+        owner_name, _, attr = key.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        slots = owner._parameters if attr in owner._parameters else owner._buffers
+        ph = torch.empty(slots[attr].shape, dtype=dtype, device="meta")
+        slots[attr] = nn.Parameter(ph, requires_grad=False) if slots is owner._parameters else ph
+    leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers())
+                if t.is_meta and n not in streamed]
     if leftover:
         # non-persistent buffers (computed in __init__, not saved): take them from a real build
         real = build(config)
@@ -218,10 +246,23 @@ class WeightStore:
     """An LRU of state dicts keyed by (kind, source identity, storage dtype, patches)."""
 
     def __init__(self, budget_bytes: int | None = None):
-        self.budget_bytes = _default_budget() if budget_bytes is None else int(budget_bytes)
+        self._budget = None if budget_bytes is None else int(budget_bytes)
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self._lock = threading.RLock()
         self.stats = StoreStats()
+
+    @property
+    def budget_bytes(self) -> int:
+        """The LRU's bound: the configured one, else env / the memory budget (``_default_budget``)."""
+        return _default_budget() if self._budget is None else self._budget
+
+    def budget_for(self, memory_bytes: int) -> int:
+        """The LRU's bound were the memory budget ``memory_bytes`` (the estimate's trial budgets):
+        the configured bound or env ``MIXGRAPH_WEIGHT_CACHE_BYTES`` when set, else that budget."""
+        if self._budget is not None:
+            return self._budget
+        env = os.environ.get(CACHE_ENV)
+        return int(env) if env else int(memory_bytes)
 
     # -- public ------------------------------------------------------------------------------
 
@@ -234,16 +275,26 @@ class WeightStore:
         patches: tuple = (),
         build: Callable[[Any], nn.Module] | None = None,
         rename: Callable[[str], str | None] | None = None,
+        stream: bool | None = None,
     ) -> nn.Module:
         """A module of ``build(config)`` holding ``source``'s weights in ``storage_dtype`` with
         ``patches`` merged. ``rename`` maps stored keys to module keys (default: the loader's
-        converter for ``source.layout``)."""
+        converter for ``source.layout``). ``stream``: None streams the model's blocks when it
+        does not fit in the memory budget (``streaming.py``), True streams every block, False
+        never (callers that read the weights rather than run the module: saving)."""
         if build is None:
             raise TypeError("materialize: build(config) -> nn.Module is required")
         module = _build_meta(build, config)
-        sd = self.state_dict(kind, source, config, storage_dtype, tuple(patches), dtype_rule(module), rename,
-                             keep_scaled_rule(module))
-        return _assign(module, sd, build, config, f"{kind} weights from {source.name}")
+        patches = tuple(patches)
+        rule, keep_scaled = dtype_rule(module), keep_scaled_rule(module)
+        what = f"{kind} weights from {source.name}"
+        if stream is not False:
+            streamed = self._stream_plan(kind, source, config, storage_dtype, patches, module, rule, rename, stream)
+            if streamed:
+                return self._materialize_streamed(kind, source, config, storage_dtype, patches, build, module,
+                                                  rule, rename, keep_scaled, streamed, what)
+        sd = self.state_dict(kind, source, config, storage_dtype, patches, rule, rename, keep_scaled)
+        return _assign(module, sd, build, config, what)
 
     def state_dict(
         self,
@@ -299,10 +350,77 @@ class WeightStore:
             return list(dict.fromkeys((ident[1], dtype) for (_kind, ident, _cfg, dtype, _p)
                                       in self._entries if ident[0] == "file"))
 
-    def configure(self, budget_bytes: int) -> None:
+    def configure(self, budget_bytes: int | None) -> None:
+        """Bound the LRU by ``budget_bytes`` (None: follow the memory budget again)."""
         with self._lock:
-            self.budget_bytes = int(budget_bytes)
+            self._budget = None if budget_bytes is None else int(budget_bytes)
             self._evict()
+
+    # -- streaming (``streaming.py``) ---------------------------------------------------------
+
+    def _stream_plan(self, kind, source, config, dtype, patches, module, rule, rename, stream) -> frozenset[str]:
+        """The units of ``module`` to stream (empty: materialize it resident)."""
+        with self._lock:
+            if stream is None and (kind, source.identity, config, dtype, patches) in self._entries:
+                return frozenset()  # already held whole: streaming it would only add reads
+        units, fixed = streaming.units_of(module, rule, dtype, _quantised_sizes(source, rename))
+        budget = memory_budget.budget("cpu")
+        mode = "none" if stream else budget.mode
+        return streaming.choose(units, fixed, streaming.weights_allowance(budget), mode)
+
+    def _materialize_streamed(self, kind, source, config, dtype, patches, build, module, rule, rename,
+                              keep_scaled, streamed, what) -> nn.Module:
+        if any(isinstance(p, MergePatch) and p.target == kind for p in patches):
+            raise NotImplementedError(
+                f"{what}: the model does not fit in the memory budget and carries a model merge; "
+                f"streaming a merged model is not supported yet (raise --memory-budget)")
+        prefixes = tuple(sorted(u + "." for u in streamed))
+        key = (kind, source.identity, config, dtype, patches + (_Partial(prefixes),))
+        with self._lock:
+            entry = self._get(key)
+            if entry is not None:
+                self.stats.hits += 1
+                sd = entry.tensors
+            else:
+                sd = self._read_part(kind, source, dtype, patches, rule, rename, keep_scaled,
+                                     lambda k: not k.startswith(prefixes))
+                self._put(key, _Entry(sd, nbytes(sd), exact=False))
+        placeholders = {k: rule(k, dtype) for k in module.state_dict() if k.startswith(prefixes)}
+        module = _assign(module, sd, build, config, what, placeholders)
+
+        def read(prefix: str) -> dict[str, torch.Tensor]:
+            return self._read_part(kind, source, dtype, patches, rule, rename, keep_scaled,
+                                   lambda k: k.startswith(prefix), count=False)
+
+        return streaming.attach(module, streamed, read, nbytes(sd), what)
+
+    def _read_part(self, kind, source, dtype, patches, rule, rename, keep_scaled, want, count=True):
+        """The store's tensors of the module keys ``want`` accepts, read from ``source`` as
+        ``_read`` reads the whole (same rename, dtype rule, quantised handling, layout step) with
+        ``patches`` merged as ``state_dict`` merges them; what streaming reads a unit with."""
+        post = None
+        if rename is None:
+            rename, post = reader_for_source(source)
+        if post is not None:
+            keep_scaled = None
+
+        def wanted(k: str) -> str | None:
+            new = rename(k) if rename is not None else k
+            return new if new is not None and want(new) else None
+
+        tensors = read_source(source, lambda k: rule(k, dtype), wanted, keep_scaled)
+        if post is not None:
+            tensors = {k: v for k, v in post(tensors).items() if want(k)}
+        if count:
+            self.stats.loads += 1
+            self.stats.bytes_read += nbytes(tensors)
+            ident = source.identity
+            self.stats.reads_by_source[ident] = self.stats.reads_by_source.get(ident, 0) + 1
+        if patches:
+            scales = scales_of(tensors)
+            merged = apply_patches(tensors, patches, target=kind, scales=scales or None, only=want)
+            tensors = _patched_gguf_in_storage(tensors, merged, rule, dtype)
+        return tensors
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -319,8 +437,9 @@ class WeightStore:
 
     def _evict(self, keep: tuple | None = None) -> None:
         total = sum(e.nbytes for e in self._entries.values())
+        bound = self.budget_bytes
         for k in list(self._entries):
-            if total <= self.budget_bytes:
+            if total <= bound:
                 break
             if k == keep:
                 continue
@@ -374,19 +493,34 @@ class WeightStore:
         return tensors, not quantised and stored <= _EXACT.get(dtype, {dtype})
 
 
+def _quantised_sizes(source: WeightSource, rename) -> dict[str, int] | None:
+    """Module key -> bytes held, for a GGUF file's quantised tensors (header only); None else."""
+    if source.path is None or not is_gguf(source.path):
+        return None
+    if rename is None:
+        rename, _post = reader_for_source(source)
+    out = {}
+    for k, (held_bytes, _n) in quantised_sizes(source.path, source.prefix).items():
+        new = rename(k) if rename is not None else k
+        if new is not None:
+            out[new] = held_bytes
+    return out
+
+
 STORE = WeightStore()
 
 
-def materialize(kind, source, config, storage_dtype, patches=(), build=None, rename=None) -> nn.Module:
+def materialize(kind, source, config, storage_dtype, patches=(), build=None, rename=None,
+                stream: bool | None = None) -> nn.Module:
     """``STORE.materialize``: see the module docstring."""
-    return STORE.materialize(kind, source, config, storage_dtype, patches, build, rename)
+    return STORE.materialize(kind, source, config, storage_dtype, patches, build, rename, stream)
 
 
 def clear() -> None:
     STORE.clear()
 
 
-def configure(budget_bytes: int) -> None:
+def configure(budget_bytes: int | None) -> None:
     STORE.configure(budget_bytes)
 
 

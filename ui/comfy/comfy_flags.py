@@ -21,8 +21,16 @@ What they do here:
   `*` would let any web page drive the server, so it needs `--token` or `--insecure`.
 * `--max-upload-size MB` (float, as ComfyUI); `--preview-method none|auto|latent2rgb|taesd` and
   `--preview-size N` are carried in `Env.settings` for the preview code.
-* Flags about CUDA, VRAM management, attention kernels, global precision and other ComfyUI
-  internals are accepted and each prints one `note:` line to stderr saying why it has no effect.
+* Memory (`memory_from_args`, applied by `apply_memory`): `--memory-budget GIB` (mixgraph's own)
+  sets the budget of the run's device (`nodes/models/memory_budget.py`); `--reserve-vram GB`
+  keeps GB free below the device's memory instead of the default reserve; `--lowvram` (blocks
+  that do not fit stream: the default behaviour, said explicitly), `--novram` (every model's
+  blocks stream), `--highvram` / `--gpu-only` (models stay resident, never streamed),
+  `--normalvram` (the default) set the budget's mode, on a CPU as on CUDA; each prints a `note:`
+  saying what it does. `--disable-smart-memory` releases the weight store's models after each
+  prompt (`Env.settings["release_models"]`).
+* Flags about CUDA allocators, attention kernels, global precision and other ComfyUI internals
+  are accepted and each prints one `note:` line to stderr saying why it has no effect.
 
 The cache flags (`add_cache_flags`, `cache_from_args`: ComfyUI's `--cache-*` modes, and the
 persistent output cache `--output-cache DIR [--output-cache-gb N]` behind them) are added to
@@ -32,6 +40,7 @@ persistent output cache `--output-cache DIR [--output-cache-gb N]` behind them) 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +60,8 @@ _CUDA = "a CUDA allocator setting"
 
 #: Flags accepted for compatibility that change nothing here: flag -> (argparse kwargs, reason).
 NO_EFFECT: dict[str, tuple[dict[str, Any], str]] = {
-    **{f: ({}, _MEMORY) for f in ("--gpu-only", "--highvram", "--normalvram", "--lowvram", "--novram",
-                                  "--disable-smart-memory", "--async-offload", "--cpu-vae",
+    **{f: ({}, _MEMORY) for f in ("--async-offload", "--cpu-vae",
                                   "--disable-mmap", "--mmap-torch-files", "--force-channels-last")},
-    "--reserve-vram": ({"type": float, "metavar": "GB"}, _MEMORY),
     **{f: ({}, _PRECISION) for f in (
         "--force-fp32", "--force-fp16", "--fp32-unet", "--fp64-unet", "--bf16-unet", "--fp16-unet",
         "--fp8_e4m3fn-unet", "--fp8_e5m2-unet", "--fp8_e8m0fnu-unet", "--fp16-vae", "--fp32-vae",
@@ -90,6 +97,77 @@ NO_EFFECT: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
+#: ComfyUI's VRAM flags -> the memory budget's mode (``memory_budget.MODES``) and what it does here
+VRAM_MODES: dict[str, tuple[str, str]] = {
+    "--gpu-only": ("gpu_only", "models stay resident, never streamed"),
+    "--highvram": ("high", "models stay resident, never streamed"),
+    "--normalvram": ("normal", "blocks of a model that does not fit the budget stream"),
+    "--lowvram": ("low", "blocks of a model that does not fit the budget stream"),
+    "--novram": ("none", "every model's blocks stream, only the rest stays resident"),
+}
+
+
+def _gib(flag: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (0 < value < 1 << 20):
+            raise argparse.ArgumentTypeError(
+                f"{flag} needs a positive number of GiB (e.g. 6 or 7.5), not {text!r}")
+        return value
+    return parse
+
+
+def add_memory_flag(p: argparse.ArgumentParser) -> None:
+    """`--memory-budget GIB` (run, serve, estimate): the memory one run may hold on its device."""
+    p.add_argument("--memory-budget", type=_gib("--memory-budget"), metavar="GIB",
+                   help="memory a run may hold on its device, in GiB (default: the machine's RAM "
+                        "or free VRAM less a reserve); models that do not fit stream their blocks")
+
+
+@dataclass(frozen=True)
+class MemoryFlags:
+    """What the memory flags ask: a budget in GiB (None: the default), the reserve kept free
+    (``--reserve-vram``), the mode, whether models are released after each prompt."""
+    gib: float | None = None
+    reserve_gib: float | None = None
+    mode: str = "normal"
+    release_models: bool = False
+
+
+def memory_from_args(args: argparse.Namespace) -> tuple[MemoryFlags, list[str]]:
+    """The memory flags of `run` / `serve` and the notes saying what each does here; FlagError
+    for flags that disagree."""
+    given = [f for f in VRAM_MODES if getattr(args, _dest(f), None)]
+    if len(given) > 1:
+        raise FlagError(f"{' and '.join(given)} disagree; give one of them (as in ComfyUI)")
+    notes, mode = [], "normal"
+    for f in given:
+        mode, what = VRAM_MODES[f]
+        notes.append(f"note: {f}: memory mode {mode!r} ({what})")
+    gib = getattr(args, "memory_budget", None)
+    reserve = getattr(args, _dest("--reserve-vram"), None)
+    if reserve is not None and not (0 <= reserve < 1 << 20):
+        raise FlagError(f"--reserve-vram {reserve}: give a size in GB of at least 0")
+    if reserve is not None and gib is not None:
+        notes.append("note: --reserve-vram has no effect with --memory-budget (the budget is given)")
+    elif reserve is not None:
+        notes.append(f"note: --reserve-vram {reserve:g}: the memory budget keeps {reserve:g} GiB free")
+    release = bool(getattr(args, _dest("--disable-smart-memory"), False))
+    if release:
+        notes.append("note: --disable-smart-memory: models are released after each prompt")
+    return MemoryFlags(gib, reserve if gib is None else None, mode, release), notes
+
+
+def apply_memory(flags: MemoryFlags, device: str | None) -> Any:
+    """Set the memory budget of ``device`` (default cpu) from ``flags``; returns the budget."""
+    from mixgraph.nodes.models import memory_budget
+    return memory_budget.set_budget(device or "cpu", flags.gib, reserve_gib=flags.reserve_gib,
+                                    mode=flags.mode)
+
+
 def add_comfy_flags(p: argparse.ArgumentParser) -> None:
     """Add ComfyUI's server flags to the `serve` parser (it already has --port, --models,
     --input, --output, --device)."""
@@ -114,6 +192,12 @@ def add_comfy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-upload-size", type=float, metavar="MB", help="largest upload in MB")
     g.add_argument("--preview-method", choices=PREVIEW_METHODS, help="sampler previews")
     g.add_argument("--preview-size", type=int, metavar="N", help="largest preview side (512)")
+    for flag, (mode, what) in VRAM_MODES.items():
+        g.add_argument(flag, dest=_dest(flag), action="store_true", help=f"memory mode {mode}: {what}")
+    g.add_argument("--reserve-vram", dest=_dest("--reserve-vram"), type=float, metavar="GB",
+                   help="GB kept free below the device's memory (instead of the default reserve)")
+    g.add_argument("--disable-smart-memory", dest=_dest("--disable-smart-memory"), action="store_true",
+                   help="release models after each prompt")
     ignored = p.add_argument_group("ComfyUI flags accepted with no effect here (a note says why)")
     for flag, (kwargs, _) in NO_EFFECT.items():
         ignored.add_argument(flag, dest=_dest(flag), default=None,
@@ -200,6 +284,8 @@ def serve_options(args: argparse.Namespace, cuda_available: bool | None = None
         settings["preview_size"] = args.preview_size
     if base is not None:
         settings["custom_nodes"] = str(base / "custom_nodes")
+    if getattr(args, _dest("--disable-smart-memory"), False):
+        settings["release_models"] = True
 
     options: dict[str, Any] = {
         "host": getattr(args, "listen", None) or args.host,

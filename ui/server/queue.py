@@ -35,6 +35,7 @@ from mixgraph.graph import events as ev
 from mixgraph.graph.context import Interrupted
 from mixgraph.graph.executor import ExecutionFailed, NodeError, ValidationFailed
 from mixgraph.graph.formats.workflow import load_workflow
+from mixgraph.nodes.weights import store
 from mixgraph.ui.server.jobstore import MAX_HISTORY, JobStore, JobStoreError
 
 __all__ = ["QueueItem", "PromptQueue", "MAX_HISTORY", "SENSITIVE_KEYS", "STOPPED_MESSAGE",
@@ -392,6 +393,8 @@ class PromptQueue:
                 log.exception("could not send %s for prompt %s", type_, item.prompt_id)
 
         report, status = self._run_item(item, on_event)
+        if dict(getattr(self.executor.env, "settings", ()) or ()).get("release_models"):
+            store.clear()   # --disable-smart-memory: models released after each prompt
         self._store(item, report, messages, status, self._note(item))
         for event in held:
             send(event)

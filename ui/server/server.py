@@ -771,9 +771,12 @@ def serve(host: str = "127.0.0.1", port: int = 8188, models: str | None = None,
 def cli_main(args: Any) -> int:
     """`mixgraph serve` (ui/cli.py calls this with its parsed arguments, ComfyUI's flags
     included: `ui.comfy.comfy_flags.serve_options` maps them; the cache flags pick the cache mode)."""
-    from mixgraph.ui.comfy.comfy_flags import FlagError, cache_from_args, serve_options
+    from mixgraph.ui.comfy.comfy_flags import FlagError, apply_memory, cache_from_args, memory_from_args, serve_options
     try:
         options, notes = serve_options(args)
+        memory, memory_notes = memory_from_args(args)
+        notes += memory_notes
+        budget = apply_memory(memory, options.get("device"))
         cache = cache_from_args(args)
         limits = limits_from_args(args)
         ray = None
@@ -788,6 +791,8 @@ def cli_main(args: Any) -> int:
         return 2
     for note in notes:
         print(note, file=sys.stderr)
+    print(f"memory budget: {budget.gib:.2f} GiB on {budget.device} ({budget.origin}; mode {budget.mode})",
+          file=sys.stderr)
     return serve(**options, cache=cache, token=getattr(args, "token", None),
                  insecure=bool(getattr(args, "insecure", False)),
                  max_history=getattr(args, "max_history", None) or MAX_HISTORY,
