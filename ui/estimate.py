@@ -940,6 +940,8 @@ def _upper_bound(wf: Workflow, registry: Any, env: Any, order: Sequence[str] | N
 
 
 def _gib(n: float) -> str:
+    if abs(n) < 2**30 / 10:     # small budgets and runs: MiB, so two sizes never read alike
+        return f"{n / 2**20:.1f} MiB"
     return f"{n / 2**30:.2f} GiB"
 
 
