@@ -12,7 +12,8 @@ from mixgraph.nodes.declare.conditioning import (camera_angle_nodes, clip_vision
                                                  photomaker_nodes, qwen_image_nodes, stable3d_nodes,
                                                  upscale_diffusion_nodes, wan_nodes)
 from mixgraph.nodes.declare.image import (batch_nodes, bg_removal_nodes, color_transfer_nodes,  # noqa: F401
-                                          crop_nodes, image_compare_nodes, image_extra_nodes, image_filter_nodes, image_nodes,
+                                          crop_nodes, curve_nodes, image_compare_nodes, image_extra_nodes,
+                                          image_filter_nodes, image_nodes,
                                           mask_nodes, resize_nodes, save_image_nodes, sdpose_nodes,
                                           text_overlay_nodes, tile_nodes, upscale_nodes, video_nodes,
                                           webcam_nodes)
