@@ -32,3 +32,4 @@ from mixgraph.nodes.declare.model_patches import (attention_backend_nodes, conte
 from mixgraph.nodes.declare.sampling import (custom_sampling_nodes, sampler_extra_nodes,  # noqa: F401
                                              sampling_nodes)
 from mixgraph.nodes.helpers import persistable  # noqa: F401  (declares the payloads the output cache keeps)
+from mixgraph.nodes import refused_nodes  # noqa: F401  (ComfyUI nodes known by name, not run: why)

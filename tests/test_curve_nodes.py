@@ -14,7 +14,7 @@ from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.graph.validate import validate
-from mixgraph.nodes.helpers import curve_ops
+from mixgraph.nodes.helpers.colour import curve_ops
 from mixgraph.ui import api
 
 REG = api.default_registry()
@@ -120,3 +120,40 @@ def test_ui_format_template_shape(ex):
     result = api.run(wf, executor=ex)
     assert result.report.ui["3"]["histogram"][0] == 48           # 16 black pixels x 3 channels
     assert result.outputs["3"][0]["points"][1] == [0.39, 0.53]
+
+
+def test_seed_and_colour_picker(ex):
+    info = REG.object_info()
+    seed = info["SeedNode"]
+    assert (seed["display_name"], seed["output"], seed["output_name"]) == ("Seed", ["INT"], ["seed"])
+    assert seed["input"]["required"]["seed"][1]["control_after_generate"] is True
+    pick = info["ColorToRGBInt"]
+    assert pick["display_name"] == "Color Picker"
+    assert (pick["output"], pick["output_name"]) == (["INT", "COLOR", "FLOAT"], ["rgb_int", "hex", "alpha"])
+    assert pick["input"]["required"]["color"] == ["COLOR", {"default": "#ffffff"}]
+    wf = {"1": call("ColorToRGBInt", color="#ff8000"), "2": call("ColorToRGBInt", color="#00000080"),
+          "3": call("SeedNode", seed=42),
+          "4": call("PreviewAny", source=["1", 0]), "5": call("PreviewAny", source=["2", 2]),
+          "6": call("PreviewAny", source=["3", 0])}
+    result = api.run(wf, executor=ex)
+    assert result.outputs["1"] == (0xFF8000, "#ff8000", 1.0)
+    assert result.outputs["2"][0] == 0 and result.outputs["2"][2] == pytest.approx(128 / 255)
+    assert result.outputs["3"] == (42,)
+    v = validate(load_workflow({"1": call("ColorToRGBInt", color="#12"),
+                                "2": call("PreviewAny", source=["1", 0])}, REG).prompt, REG)
+    assert not v.clean and "colour '#12'" in json.dumps(v.node_errors["1"])
+
+
+def test_nodes_known_by_name_are_refused_with_the_reason():
+    def error(ct):
+        v = validate(load_workflow({"1": call(ct), "2": call("PreviewAny", source=["1", 0])}, REG).prompt, REG)
+        return v.node_errors["1"]["errors"][0]
+    e = error("FluxProUltraImageNode")
+    assert e["type"] == "invalid_prompt"
+    assert e["message"].startswith("Cannot execute because node FluxProUltraImageNode is not supported yet: "
+                                   "it is a ComfyUI partner (API) node")
+    assert "OpenGL" in error("GLSLShader")["message"]
+    assert "LTX-Video" in error("LTXVConditioning")["message"]
+    assert "audio" in error("LoadAudio")["message"]
+    assert error("NoSuchNode")["message"] == "Cannot execute because node NoSuchNode does not exist."
+    assert REG.refusal("KSampler") is None                       # registered names are never refused

@@ -6,14 +6,14 @@ The local ComfyUI mirror (Oct 2025) predates them; the facts are the template's 
 outputs, the widget value `{points, interpolation}`), the frontend's i18n node definitions
 (display names, input and output names) and its curve widget (`CURVE_INTERPOLATIONS`,
 `isCurveData`, the default curve, the `histogram` key it reads from the node's output). The
-categories and the luminance weights are mixgraph's choice (helpers/curve_ops.py says which).
+categories and the luminance weights are mixgraph's choice (helpers/colour/curve_ops.py says which).
 """
 
 from __future__ import annotations
 
 from mixgraph.graph.node import Result, Socket, Widget, node
 from mixgraph.graph.spec import Output
-from mixgraph.nodes.helpers import curve_ops
+from mixgraph.nodes.helpers.colour import curve_ops
 
 _HISTOGRAMS = ("rgb", "luminance", "red", "green", "blue")
 
