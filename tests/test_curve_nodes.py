@@ -157,3 +157,25 @@ def test_nodes_known_by_name_are_refused_with_the_reason():
     assert "audio" in error("LoadAudio")["message"]
     assert error("NoSuchNode")["message"] == "Cannot execute because node NoSuchNode does not exist."
     assert REG.refusal("KSampler") is None                       # registered names are never refused
+
+
+def test_save_and_preview_nodes_pass_their_input_on(ex):
+    """Today's ComfyUI gives its save / preview nodes an output that passes the input on (the
+    frontend's node definitions; templates link SaveImage -> ImageCompare, SaveVideo ->
+    GetVideoComponents)."""
+    info = REG.object_info()
+    for name, out, out_name in (("SaveImage", "IMAGE", "images"), ("PreviewImage", "IMAGE", "images"),
+                                ("SaveAnimatedWEBP", "IMAGE", "images"), ("SaveAnimatedPNG", "IMAGE", "images"),
+                                ("SaveWEBM", "IMAGE", "images"), ("SaveVideo", "VIDEO", "video"),
+                                ("SaveLatent", "LATENT", "samples")):
+        assert (info[name]["output"], info[name]["output_name"]) == ([out], [out_name]), name
+        assert info[name]["output_node"] is True
+    wf = {"1": call("EmptyImage", width=4, height=4, batch_size=1, color=0x00FF00),
+          "2": call("SaveImage", images=["1", 0], filename_prefix="pass"),
+          "3": call("PreviewImage", images=["2", 0]),
+          "4": call("ImageInvert", image=["3", 0]),
+          "5": call("PreviewAny", source=["4", 0])}
+    result = api.run(wf, executor=ex)
+    assert result.outputs["2"][0] is result.outputs["1"][0]
+    assert result.report.ui["2"]["images"][0]["type"] == "output"
+    assert torch.equal(result.outputs["4"][0][0, 0, 0], torch.tensor([1.0, 0.0, 1.0]))
