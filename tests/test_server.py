@@ -537,6 +537,7 @@ def test_server_object_info_system_and_model_listings(env):
         assert r.status == 404
         assert (await c.get("/models/bogus")).status == 404
         assert await (await c.get("/features")).json() == {"supports_preview_metadata": True,
+                                                           "supports_progress_text_metadata": True,
                                                            "max_upload_size": 50 * 1024 * 1024}
         assert isinstance(await (await c.get("/extensions")).json(), list)
     run(body, env)
