@@ -13,7 +13,7 @@ declaration cannot say what ComfyUI's dict literally says, and the rendering tha
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from mixgraph.graph.dynamic import output_types
 from mixgraph.graph.spec import Input, NodeSpec
@@ -72,6 +72,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._specs: dict[str, NodeSpec] = {}
+        self._refused: dict[str, str] = {}
 
     def add(self, spec: NodeSpec) -> NodeSpec:
         if spec.name in self._specs:
@@ -83,6 +84,17 @@ class Registry:
 
     def get(self, name: str) -> NodeSpec | None:
         return self._specs.get(name)
+
+    def refuse(self, names: Iterable[str], reason: str) -> None:
+        """Node types known by name that this registry does not run, and why (one sentence).
+        Validation names the reason instead of "does not exist"; a node registered under one of
+        the names (a custom pack's) takes precedence."""
+        for name in names:
+            self._refused[name] = reason
+
+    def refusal(self, name: str) -> str | None:
+        """Why `name` is not run (see `refuse`), or None when it is registered or unknown."""
+        return None if name in self._specs else self._refused.get(name)
 
     def names(self) -> list[str]:
         return list(self._specs)

@@ -15,7 +15,9 @@ report; the differences:
   cycle (`extra_info`: `cycle`, `cycle_length`), so a 20,000-node cycle gives a small error body;
 * the upstream nodes of a mismatched link are still validated, so their problems show too;
 * unknown classes and nodes without `class_type` abort the prompt (`invalid_prompt`, as ComfyUI)
-  but are listed in `node_errors` too, so an editor can highlight them.
+  but are listed in `node_errors` too, so an editor can highlight them; a class the registry
+  refuses by name (`Registry.refuse`: a ComfyUI node mixgraph knows of but does not run) says
+  why instead of "does not exist".
 
 Coercion is ComfyUI's: `int()`, `float()`, `str()`, `bool()` on the literal. So `int(3.9) == 3`,
 `int("3.5")` fails, and `bool("false")` is True (Python truthiness; the frontend always sends JSON
@@ -123,8 +125,11 @@ def _validate(prompt, registry, env, targets, extra_checks) -> Validation:
         if spec is _MISSING:
             spec = by_class[ct] = registry.get(ct)
         if spec is None:
-            fatal.append(Problem(nid, ct, "invalid_prompt", f"Cannot execute because "
-                                 f"node {ct} does not exist.", f"Node ID '#{nid}'"))
+            refusal = getattr(registry, "refusal", None)
+            why = refusal(ct) if refusal is not None else None
+            said = f"node {ct} is not supported yet: {why}" if why else f"node {ct} does not exist."
+            fatal.append(Problem(nid, ct, "invalid_prompt", f"Cannot execute because {said}",
+                                 f"Node ID '#{nid}'"))
         else:
             specs[nid] = spec
     wanted = None if targets is None else {str(t) for t in targets}

@@ -12,7 +12,8 @@ from mixgraph.nodes.declare.conditioning import (camera_angle_nodes, clip_vision
                                                  photomaker_nodes, qwen_image_nodes, stable3d_nodes,
                                                  upscale_diffusion_nodes, wan_nodes)
 from mixgraph.nodes.declare.image import (batch_nodes, bg_removal_nodes, color_transfer_nodes,  # noqa: F401
-                                          crop_nodes, image_compare_nodes, image_extra_nodes, image_filter_nodes, image_nodes,
+                                          crop_nodes, curve_nodes, image_compare_nodes, image_extra_nodes,
+                                          image_filter_nodes, image_nodes,
                                           mask_nodes, resize_nodes, save_image_nodes, sdpose_nodes,
                                           text_overlay_nodes, tile_nodes, upscale_nodes, video_nodes,
                                           webcam_nodes)
@@ -31,3 +32,4 @@ from mixgraph.nodes.declare.model_patches import (attention_backend_nodes, conte
 from mixgraph.nodes.declare.sampling import (custom_sampling_nodes, sampler_extra_nodes,  # noqa: F401
                                              sampling_nodes)
 from mixgraph.nodes.helpers import persistable  # noqa: F401  (declares the payloads the output cache keeps)
+from mixgraph.nodes import refused_nodes  # noqa: F401  (ComfyUI nodes known by name, not run: why)

@@ -23,12 +23,13 @@ MODEL_SOCKETS = ("MODEL", "CLIP", "VAE", "CONTROL_NET", "CLIP_VISION", "UPSCALE_
                  "STYLE_MODEL")
 #: Socket types whose values travel only over links and hold no model.
 LINK_SOCKETS = ("CONDITIONING", "LATENT", "IMAGE", "MASK", "CLIP_VISION_OUTPUT", "GLIGEN",
-                "NOISE", "SAMPLER", "SIGMAS", "GUIDER", "VIDEO", "AUDIO")
+                "NOISE", "SAMPLER", "SIGMAS", "GUIDER", "VIDEO", "AUDIO", "HISTOGRAM")
 #: ComfyUI V3's own widget types the library's nodes use: BOUNDING_BOX (`{"x", "y", "width",
 #: "height"}` ints), COLOR (`"#rrggbb"`) and WEBCAM (WebcamCapture: the annotated file name of
 #: the frame the editor uploaded), IMAGECOMPARE (ImageCompare's slider view; the editor sends no
-#: value). Their literals reach the body uncoerced.
-WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE")
+#: value), CURVE (CurveEditor's `{"points", "interpolation"}`). Their literals reach the body
+#: uncoerced.
+WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE", "CURVE")
 
 #: How the presets treat each kind of model (`graph.precision.preset_spec` has the presets):
 #: - unet, the denoiser (and a ControlNet, which runs beside it every step): native half

@@ -121,6 +121,34 @@ def test_client_messages_local_pack_frames_like_comfyui(env):
     assert not any(m["type"] in ("executing", "executed") for m in seen)
 
 
+def test_client_messages_progress_text_carries_the_prompt_id_for_clients_that_ask(env):
+    """Today's editor announces `supports_progress_text_metadata` and, when the server's flags
+    say it too, reads the prompt id in front of the node id; other clients get the plain form."""
+    reg = fresh_registry()
+    report = custom_nodes.load_packs([PACKS], reg, env)
+
+    async def main():
+        app = create_app(env, registry=reg, user_dir=env.output.parent / "user",
+                         custom_nodes=report)
+        async with TestServer(app) as server, TestClient(server) as c:
+            ws = await c.ws_connect("/ws?clientId=cn")
+            await ws.receive_json()
+            await ws.send_json({"type": "feature_flags", "data": {"supports_progress_text_metadata": True}})
+            flags = await ws.receive_json()
+            status, r = await post_prompt(c, PROMPT, client_id="cn")
+            assert status == 200, r
+            msgs = await until_done(ws, r["prompt_id"])
+            await ws.close()
+            return flags, r["prompt_id"], msgs
+
+    flags, pid, msgs = asyncio.run(main())
+    assert flags["type"] == "feature_flags" and flags["data"]["supports_progress_text_metadata"] is True
+    text = [m for m in msgs if isinstance(m, bytes) and m[:4] == struct.pack(">I", client_messages.TEXT)]
+    assert text == [struct.pack(">II", client_messages.TEXT, len(pid)) + pid.encode()
+                    + struct.pack(">I", 1) + b"2" + b"hi!"]
+    assert client_messages.progress_text("hi!", "2", pid) == text[0][4:]
+
+
 def test_client_messages_normalize_is_idempotent_and_refuses_str_binary():
     image = Image.new("RGBA", (4, 4))
     once = client_messages.normalize(2, ("JPEG", image, None))

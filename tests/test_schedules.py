@@ -10,6 +10,7 @@ import torch
 from mixgraph.nodes.sampling.schedules import (
     SCHEDULER_NAMES,
     DiscreteSchedule,
+    beta_scheduler,
     calculate_sigmas,
 )
 
@@ -130,3 +131,18 @@ def test_percent_to_sigma_round_trip(sched):
     assert sched.percent_to_sigma(0.0) > 1e8 and sched.percent_to_sigma(1.0) == 0.0
     for p in (0.1, 0.5, 0.9):
         assert sched.sigma_to_percent(sched.percent_to_sigma(p)) == pytest.approx(p, abs=1e-6)
+
+
+@pytest.mark.parametrize("alpha,beta", [(0.6, 0.6), (0.1, 2.0), (3.7, 0.3), (50.0, 50.0)])
+def test_beta_scheduler_matches_scipy_stats_beta_ppf_bit_for_bit(sched, alpha, beta):
+    """The schedule uses scipy.special.betaincinv (a cheaper import than scipy.stats); it must
+    give exactly the timesteps of scipy.stats.beta.ppf, ComfyUI's call."""
+    for steps in (1, 2, 7, 20, 150, 1000):
+        q = 1 - np.linspace(0, 1, steps, endpoint=False)
+        ts = np.rint(scipy.stats.beta.ppf(q, alpha, beta) * 999)
+        expect, last = [], -1
+        for t in ts:
+            if t != last:
+                expect.append(float(sched.sigmas[int(t)]))
+            last = t
+        assert beta_scheduler(sched, steps, alpha, beta)[:-1].tolist() == expect

@@ -311,7 +311,8 @@ def test_server_ws_message_sequence_for_a_run(env):
                          "data": {"status": {"exec_info": {"queue_remaining": 0}}, "sid": "abc"}}
         _, r = await post_prompt(c, diamond(), client_id="abc")
         pid = r["prompt_id"]
-        msgs = [m for m in await ws_until_done(ws, pid) if m["type"] != "status"]
+        everything = await ws_until_done(ws, pid)
+        msgs = [m for m in everything if m["type"] not in ("status", "progress_state")]
         kinds = [(m["type"], m["data"].get("node")) for m in msgs]
         assert kinds == [("execution_start", None), ("execution_cached", None),
                          ("executing", "1"), ("executing", "2"), ("executing", "3"),
@@ -321,11 +322,26 @@ def test_server_ws_message_sequence_for_a_run(env):
         assert msgs[7]["data"] == {"node": "5", "display_node": "5", "output": {"text": ["16"]},
                                    "prompt_id": pid}
         assert msgs[2]["data"] == {"node": "1", "display_node": "1", "prompt_id": pid}
+        # today's editor's progress_state: each node running before its `executing`, finished
+        # once the next starts (or after its `executed`), every started node in each message
+        states = [(m["type"], m["data"].get("node")) if m["type"] != "progress_state" else
+                  ("state", {n: s["state"] for n, s in m["data"]["nodes"].items()})
+                  for m in everything if m["type"] != "status"]
+        assert states[2:6] == [("state", {"1": "running"}), ("executing", "1"),
+                               ("state", {"1": "finished", "2": "running"}), ("executing", "2")]
+        assert states[-4:-1] == [("executed", "5"), ("state", {str(i): "finished" for i in range(1, 6)}),
+                                 ("execution_success", None)]
+        one = next(m for m in everything if m["type"] == "progress_state")["data"]
+        assert one == {"prompt_id": pid, "nodes": {"1": {
+            "value": 0.0, "max": 1.0, "state": "running", "node_id": "1", "prompt_id": pid,
+            "display_node_id": "1", "parent_node_id": None, "real_node_id": "1"}}}
         # Run again: everything cached, the output node still reports its UI output.
         _, r = await post_prompt(c, diamond(), client_id="abc")
         msgs = [m for m in await ws_until_done(ws, r["prompt_id"]) if m["type"] != "status"]
         assert [m["type"] for m in msgs] == ["execution_start", "execution_cached", "executed",
-                                             "execution_success", "executing"]
+                                             "progress_state", "execution_success", "executing"]
+        assert msgs[3]["data"]["nodes"]["5"]["state"] == "finished"
+        msgs = [m for m in msgs if m["type"] != "progress_state"]
         assert sorted(msgs[1]["data"]["nodes"]) == ["1", "2", "3", "4", "5"]
         # Feature flags are answered.
         await ws.send_json({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
@@ -521,6 +537,7 @@ def test_server_object_info_system_and_model_listings(env):
         assert r.status == 404
         assert (await c.get("/models/bogus")).status == 404
         assert await (await c.get("/features")).json() == {"supports_preview_metadata": True,
+                                                           "supports_progress_text_metadata": True,
                                                            "max_upload_size": 50 * 1024 * 1024}
         assert isinstance(await (await c.get("/extensions")).json(), list)
     run(body, env)

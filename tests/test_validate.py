@@ -106,6 +106,20 @@ def test_validate_invalid_prompt_missing_and_unknown_class():
     assert v.node_errors["2"]["dependent_outputs"] == ["3"]
 
 
+def test_validate_names_the_reason_of_a_class_refused_by_name():
+    reg = Registry()
+    for spec in REG.specs():
+        reg.add(spec)
+    reg.refuse(["Nope", "Sink"], "it needs a thing this engine lacks")
+    v = validate({"2": C("Nope"), "3": C("Sink", value=Link("2", 0), label="z")}, reg)
+    assert v.error["type"] == "invalid_prompt"
+    assert v.error["message"] == ("Cannot execute because node Nope is not supported yet: it needs a "
+                                  "thing this engine lacks")
+    assert v.error["details"] == "Node ID '#2'"
+    assert reg.refusal("Sink") is None and "3" not in v.node_errors    # registered wins
+    assert validate({"2": C("Nope")}, REG).error["message"].endswith("does not exist.")
+
+
 def test_validate_prompt_no_outputs():
     v = validate({"1": C("Num", value=1)}, REG)
     assert v.error == {"type": "prompt_no_outputs", "message": "Prompt has no outputs", "details": "",

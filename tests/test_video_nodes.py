@@ -50,7 +50,9 @@ def test_video_nodes_specs_match_comfyui():
     save = INFO["SaveVideo"]["input"]["required"]
     assert save["filename_prefix"][1]["default"] == "video/ComfyUI"
     assert save["format"][0] == ["auto", "mp4"] and save["codec"][0] == ["auto", "h264"]
-    assert INFO["SaveVideo"]["output_node"] is True and INFO["SaveVideo"]["output"] == []
+    # today's ComfyUI passes the saved video on ("The input video, unchanged.")
+    assert INFO["SaveVideo"]["output_node"] is True and INFO["SaveVideo"]["output"] == ["VIDEO"]
+    assert INFO["SaveVideo"]["output_name"] == ["video"] and INFO["SaveWEBM"]["output"] == ["IMAGE"]
     webm = INFO["SaveWEBM"]["input"]["required"]
     assert webm["codec"][0] == ["vp9", "av1"] and webm["filename_prefix"][1]["default"] == "ComfyUI"
     assert webm["fps"][1]["default"] == 24.0 and webm["crf"][1]["default"] == 32.0

@@ -205,7 +205,9 @@ def main(argv: Sequence[str] | None = None, registry: Any = None) -> int:
             from mixgraph.ui.bench.bench_precision import cli_main
             return int(cli_main(args) or 0)
         if args.command == "serve":
-            from mixgraph.ui.server.server import cli_main
+            from mixgraph.graph.validate import gc_paused
+            with gc_paused():    # start-up's objects live on: no collector passes over them
+                from mixgraph.ui.server.server import cli_main
             return int(cli_main(args) or 0)
         if args.command == "demo":
             from mixgraph.ui.demo import cli_main

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.stats
+import scipy.special
 import torch
 
 __all__ = [
@@ -222,7 +222,10 @@ def beta_scheduler(
     rounded to integers, consecutive duplicates removed."""
     total = len(schedule.sigmas) - 1
     ts = 1 - np.linspace(0, 1, steps, endpoint=False)
-    ts = np.rint(scipy.stats.beta.ppf(ts, alpha, beta) * total)
+    # Beta(α, β).ppf(q) is the inverse regularised incomplete beta function; scipy.special's
+    # gives the same bits as scipy.stats.beta.ppf (checked over α, β in 0.01..50 and 1..10000
+    # steps) without scipy.stats' 0.3 s import, which `mixgraph serve` pays before it listens
+    ts = np.rint(scipy.special.betaincinv(alpha, beta, ts) * total)
     sigs = []
     last_t = -1
     for t in ts:

@@ -25,6 +25,7 @@ data or bytes, never a PIL image; normalizing twice changes nothing.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import json
 import logging
@@ -79,11 +80,35 @@ def normalize(event: Any, data: Any) -> tuple[Any, Any]:
     return event, data
 
 
-def progress_text(text: str | bytes, node_id: str) -> bytes:
-    """The payload of ComfyUI's TEXT frame: 4-byte node id length, the node id, the text."""
+def progress_text(text: str | bytes, node_id: str, prompt_id: str | None = None) -> bytes:
+    """The payload of ComfyUI's TEXT frame: 4-byte node id length, the node id, the text; with a
+    `prompt_id`, newer ComfyUI's form for clients whose feature flags say
+    `supports_progress_text_metadata`: 4-byte prompt id length and the prompt id in front."""
     raw = text.encode() if isinstance(text, str) else bytes(text)
     node = str(node_id).encode()
-    return struct.pack(">I", len(node)) + node + raw
+    plain = struct.pack(">I", len(node)) + node + raw
+    return plain if prompt_id is None else with_prompt_id(plain, prompt_id)
+
+
+def with_prompt_id(plain: bytes, prompt_id: str) -> bytes:
+    """A plain TEXT payload with the prompt id in front (the metadata form)."""
+    pid = str(prompt_id).encode()
+    return struct.pack(">I", len(pid)) + pid + plain
+
+
+# the prompt whose worker message `deliver` is handing to the front's sink (Ray)
+_delivering: contextvars.ContextVar[str | None] = contextvars.ContextVar("mixgraph_delivering",
+                                                                         default=None)
+
+
+def _prompt_now() -> str | None:
+    """The prompt a pack's message belongs to: the one delivered from a worker, else the
+    running pack node's."""
+    pid = _delivering.get()
+    if pid is None:
+        now = rt.running()
+        pid = now.prompt_id if now is not None else None
+    return pid
 
 
 def hub_sink(hub: Any) -> Callable[[Any, Any, str | None], None]:
@@ -93,7 +118,11 @@ def hub_sink(hub: Any) -> Callable[[Any, Any, str | None], None]:
     def sink(event: Any, data: Any, sid: str | None = None) -> None:
         try:
             event, data = normalize(event, data)
-            if isinstance(data, bytes):
+            text_sender = getattr(hub, "send_progress_text", None)
+            pid = _prompt_now() if event == TEXT and isinstance(data, bytes) else None
+            if pid is not None and text_sender is not None:   # each client in its flags' form
+                text_sender(data, pid, sid)
+            elif isinstance(data, bytes):
                 hub.send_bytes(event, data, sid)
             else:
                 hub.send(event, data, sid)
@@ -142,4 +171,8 @@ def deliver(message: PackMessage) -> None:
     (none when the server serves no custom nodes: then it goes nowhere, as a local run's)."""
     sink = rt.STATE.sink
     if sink is not None:
-        sink(message.event, message.data, message.sid)
+        token = _delivering.set(message.prompt_id)
+        try:
+            sink(message.event, message.data, message.sid)
+        finally:
+            _delivering.reset(token)

@@ -72,6 +72,10 @@ class Running:
     def node_id(self) -> str:
         return self.ctx.node_id
 
+    @property
+    def prompt_id(self) -> str | None:
+        return getattr(getattr(self.ctx, "_run", None), "prompt_id", None)
+
 
 # The running pack node: a context variable, so each thread and each asyncio task (an async
 # pack node awaited on the engine's loop while others run) sees its own.

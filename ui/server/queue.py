@@ -37,6 +37,7 @@ from mixgraph.graph.executor import ExecutionFailed, NodeError, ValidationFailed
 from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.nodes.weights import store
 from mixgraph.ui.server.jobstore import MAX_HISTORY, JobStore, JobStoreError
+from mixgraph.ui.server.progress_state import ProgressStates
 
 __all__ = ["QueueItem", "PromptQueue", "MAX_HISTORY", "SENSITIVE_KEYS", "STOPPED_MESSAGE",
            "recovered_entry", "execute"]
@@ -367,6 +368,7 @@ class PromptQueue:
         # The prompt's last event, `executing {node: null}`, is what a client waits for before it
         # reads /history/{prompt_id}: it (and anything after it) is sent once the entry is stored.
         held: list[ev.Event] = []
+        states = ProgressStates(item.prompt_id)      # today's editor's `progress_state` messages
 
         def on_event(event: ev.Event) -> None:
             type_, data = event.to_comfy()
@@ -385,10 +387,14 @@ class PromptQueue:
         def send(event: ev.Event) -> None:
             type_, data = event.to_comfy()
             try:       # a client that cannot be told must never fail the run
+                for state_type, state in states.before(event):
+                    self.emit(state_type, state, client_id)
                 if isinstance(event, ev.Progress) and event.preview is not None:
                     self._preview(event, item.prompt_id, client_id)
                 target = None if isinstance(event, ev.ExecutionInterrupted) else client_id
                 self.emit(type_, data, target)
+                for state_type, state in states.after(event):
+                    self.emit(state_type, state, client_id)
             except Exception:  # noqa: BLE001
                 log.exception("could not send %s for prompt %s", type_, item.prompt_id)
 

@@ -3,7 +3,9 @@
 Text frames are `{"type", "data"}`; binary frames start with a 4-byte big-endian event type
 (1: preview image, then a 4-byte image type, 1 = JPEG, 2 = PNG, then the bytes; 4: preview with
 metadata, then a 4-byte JSON length, the JSON, the bytes, for clients whose `feature_flags`
-say `supports_preview_metadata`). Messages go to
+say `supports_preview_metadata`; 3: a node's progress text, the node id's length and the node id,
+then the text, with the prompt id's length and the prompt id in front for clients whose flags say
+`supports_progress_text_metadata`). Messages go to
 the client that submitted the prompt; a prompt without a client id, `status` and
 `execution_interrupted` go to everyone.
 
@@ -29,12 +31,12 @@ __all__ = ["Hub", "PREVIEW_IMAGE", "PREVIEW_IMAGE_WITH_METADATA", "JPEG", "PNG",
 
 log = logging.getLogger("mixgraph.ui")
 
-PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA = 1, 4
+PREVIEW_IMAGE, TEXT, PREVIEW_IMAGE_WITH_METADATA = 1, 3, 4
 JPEG, PNG = 1, 2
 _CLOSE = object()
 
 #: Feature flags sent in reply to a client's `feature_flags` message.
-SERVER_FEATURES = {"supports_preview_metadata": True}
+SERVER_FEATURES = {"supports_preview_metadata": True, "supports_progress_text_metadata": True}
 
 
 class _Client:
@@ -82,7 +84,16 @@ class Hub:
         head = json.dumps(meta).encode()
         plain = struct.pack(">II", PREVIEW_IMAGE, JPEG) + jpeg
         rich = struct.pack(">II", PREVIEW_IMAGE_WITH_METADATA, len(head)) + head + jpeg
-        self._dispatch((plain, rich), client_id)
+        self._dispatch((plain, rich, "supports_preview_metadata"), client_id)
+
+    def send_progress_text(self, plain: bytes, prompt_id: str, client_id: str | None = None) -> None:
+        """A TEXT frame (event 3; `plain`: node id length, node id, text): with the prompt id
+        in front to clients whose feature flags say `supports_progress_text_metadata` (today's
+        editor reads it so only when the server's flags say so too), plain to the others."""
+        pid = str(prompt_id).encode()
+        plain_frame = struct.pack(">I", TEXT) + plain
+        rich = struct.pack(">II", TEXT, len(pid)) + pid + plain
+        self._dispatch((plain_frame, rich, "supports_progress_text_metadata"), client_id)
 
     def broadcast_status(self) -> None:
         self.send("status", {"status": self.status()})
@@ -110,8 +121,8 @@ class Hub:
             client = self._clients.get(client_id)
             targets = [client] if client is not None else []
         for client in targets:
-            if isinstance(message, tuple):        # (plain, with metadata) preview frames
-                rich = client.features.get("supports_preview_metadata")
+            if isinstance(message, tuple):        # (plain, with metadata, the flag that picks it)
+                rich = client.features.get(message[2])
                 client.queue.put_nowait(message[1] if rich else message[0])
             else:
                 client.queue.put_nowait(message)

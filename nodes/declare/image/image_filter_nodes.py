@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mixgraph.graph.node import MAX_RESOLUTION, Boolean, Combo, Float, Int, Result, Socket, String, node
-from mixgraph.graph.spec import Hidden
+from mixgraph.graph.spec import Hidden, Output
 from mixgraph.nodes.helpers import image_animation, image_filters
 
 
@@ -69,20 +69,20 @@ def ResizeAndPadImage(image=Socket("IMAGE"), target_width=Int(512, min=1, max=MA
     return (image_filters.resize_and_pad(image, target_width, target_height, padding_color, interpolation),)
 
 
-@node(category="image/animation", outputs=(), output_node=True)
+@node(category="image/animation", outputs=(Output("IMAGE", "images"),), output_node=True)
 def SaveAnimatedWEBP(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"),
                      fps=Float(6.0, min=0.01, max=1000.0, step=0.01), lossless=Boolean(True),
                      quality=Int(80, min=0, max=100), method=Combo(tuple(image_animation.WEBP_METHODS)),
                      prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
     saved = image_animation.save_animated_webp(images, Path(ctx.env.output), filename_prefix, fps, lossless,
                                                quality, method, prompt=prompt, extra_pnginfo=extra_pnginfo)
-    return Result(ui={"images": saved, "animated": (len(images) != 1,)})
+    return Result((images,), ui={"images": saved, "animated": (len(images) != 1,)})
 
 
-@node(category="image/animation", outputs=(), output_node=True)
+@node(category="image/animation", outputs=(Output("IMAGE", "images"),), output_node=True)
 def SaveAnimatedPNG(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"),
                     fps=Float(6.0, min=0.01, max=1000.0, step=0.01), compress_level=Int(4, min=0, max=9),
                     prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
     saved = image_animation.save_animated_png(images, Path(ctx.env.output), filename_prefix, fps, compress_level,
                                               prompt=prompt, extra_pnginfo=extra_pnginfo)
-    return Result(ui={"images": saved, "animated": (True,)})
+    return Result((images,), ui={"images": saved, "animated": (True,)})

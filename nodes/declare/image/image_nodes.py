@@ -9,7 +9,7 @@ from typing import Any
 
 from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import MAX_RESOLUTION, Combo, Float, Int, Result, Socket, String, node
-from mixgraph.graph.spec import Hidden
+from mixgraph.graph.spec import Hidden, Output
 from mixgraph.nodes.helpers import folders, imaging, latent_ops
 from mixgraph.nodes.media import memory_guards
 
@@ -62,23 +62,23 @@ def LoadImageMask(ctx, image=Combo(folders.list_images, image_upload=True),
     return (imaging.load_image_mask(_image_path(ctx.env, image), channel, f"LoadImageMask image {image!r}"),)
 
 
-@node(category="image", outputs=(), output_node=True, display_name="Save Image")
+@node(category="image", outputs=(Output("IMAGE", "images"),), output_node=True, display_name="Save Image")
 def SaveImage(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"),
               prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
     """Writes PNGs `<prefix>_<counter:05>_.png` with the workflow in their text chunks."""
     saved = imaging.save_images(images, Path(ctx.env.output), filename_prefix, kind="output",
                                 prompt=prompt, extra_pnginfo=extra_pnginfo, compress_level=4)
-    return Result(ui={"images": saved})
+    return Result((images,), ui={"images": saved})
 
 
-@node(category="image", outputs=(), output_node=True, display_name="Preview Image",
+@node(category="image", outputs=(Output("IMAGE", "images"),), output_node=True, display_name="Preview Image",
       deterministic=False)
 def PreviewImage(ctx, images=Socket("IMAGE"), prompt=Hidden("PROMPT"),
                  extra_pnginfo=Hidden("EXTRA_PNGINFO")):
     prefix = "ComfyUI_temp_" + "".join(secrets.choice("abcdefghijklmnopqrstupvxyz") for _ in range(5))
     saved = imaging.save_images(images, Path(ctx.env.temp), prefix, kind="temp", prompt=prompt,
                                 extra_pnginfo=extra_pnginfo, compress_level=1)
-    return Result(ui={"images": saved})
+    return Result((images,), ui={"images": saved})
 
 
 @node(category="image/upscaling", outputs=("IMAGE",), display_name="Upscale Image")

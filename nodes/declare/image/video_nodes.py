@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mixgraph.graph.node import Boolean, Combo, Float, Result, Socket, String, node
-from mixgraph.graph.spec import Hidden
+from mixgraph.graph.spec import Hidden, Output
 from mixgraph.nodes.helpers.video import files as video_files
 from mixgraph.nodes.media.video_codec import WEBM_CODECS
 from mixgraph.nodes.payloads.video import VIDEO_CODECS, VIDEO_FORMATS
@@ -38,7 +38,7 @@ def GetVideoComponents(video=Socket("VIDEO", tooltip="The video to extract compo
     return video_files.video_outputs(video)
 
 
-@node(category="image/video", outputs=(), output_node=True, display_name="Save Video",
+@node(category="image/video", outputs=(Output("VIDEO", "video"),), output_node=True, display_name="Save Video",
       description="Saves the input images to your ComfyUI output directory.")
 def SaveVideo(ctx, video=Socket("VIDEO", tooltip="The video to save."),
               filename_prefix=String("video/ComfyUI", tooltip="The prefix for the file to save. This may include "
@@ -49,10 +49,10 @@ def SaveVideo(ctx, video=Socket("VIDEO", tooltip="The video to save."),
               prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
     saved = video_files.save_video(video, Path(ctx.env.output), filename_prefix, format, codec,
                                    prompt=prompt, extra_pnginfo=extra_pnginfo)
-    return Result(ui=video_files.preview_ui(saved))
+    return Result((video,), ui=video_files.preview_ui(saved))
 
 
-@node(category="image/video", outputs=(), output_node=True)
+@node(category="image/video", outputs=(Output("IMAGE", "images"),), output_node=True)
 def SaveWEBM(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"), codec=Combo(tuple(WEBM_CODECS)),
              fps=Float(24.0, min=0.01, max=1000.0, step=0.01),
              crf=Float(32.0, min=0, max=63.0, step=1, tooltip="Higher crf means lower quality with a smaller file "
@@ -60,7 +60,7 @@ def SaveWEBM(ctx, images=Socket("IMAGE"), filename_prefix=String("ComfyUI"), cod
              prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
     saved = video_files.save_webm(images, Path(ctx.env.output), filename_prefix, codec, fps, crf,
                                   prompt=prompt, extra_pnginfo=extra_pnginfo)
-    return Result(ui=video_files.preview_ui(saved))
+    return Result((images,), ui=video_files.preview_ui(saved))
 
 
 @node(name="Video Slice", category="image/video", outputs=("VIDEO",), display_name="Video Slice")

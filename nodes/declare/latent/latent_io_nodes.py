@@ -9,6 +9,7 @@ from typing import Any
 from mixgraph.graph.env import writable_folder
 from mixgraph.graph.fingerprint import fingerprint_file
 from mixgraph.graph.node import Combo, Hidden, Int, Result, Socket, String, node
+from mixgraph.graph.spec import Output
 from mixgraph.nodes.helpers import folders, latent_ops
 from mixgraph.nodes.helpers.imaging import next_counter
 from mixgraph.nodes.weights import latent_file, save
@@ -45,7 +46,7 @@ def _latent_exists(env: Any, latent: str | None = None, **_: Any) -> list[str]:
     return [] if ok else [f"Invalid latent file: {latent}"]
 
 
-@node(category="_for_testing", outputs=(), output_node=True)
+@node(category="_for_testing", outputs=(Output("LATENT", "samples"),), output_node=True)
 def SaveLatent(ctx, samples=Socket("LATENT"), filename_prefix=String("latents/ComfyUI"),
                prompt=Hidden("PROMPT"), extra_pnginfo=Hidden("EXTRA_PNGINFO")):
     """Writes ``<prefix>_<counter:05>_.latent`` (format version 0) under the output folder."""
@@ -56,7 +57,8 @@ def SaveLatent(ctx, samples=Socket("LATENT"), filename_prefix=String("latents/Co
     name = f"{stem}_{next_counter(folder, stem):05}_.latent"
     latent_file.save_latent(folder / name, samples.samples, save.prompt_metadata(prompt, extra_pnginfo))
     sub = folder.relative_to(root).as_posix()
-    return Result(ui={"latents": [{"filename": name, "subfolder": "" if sub == "." else sub, "type": "output"}]})
+    return Result((samples,), ui={"latents": [{"filename": name, "subfolder": "" if sub == "." else sub,
+                                              "type": "output"}]})
 
 
 @node(category="_for_testing", outputs=("LATENT",), fingerprint=_latent_fingerprint, validate=_latent_exists)

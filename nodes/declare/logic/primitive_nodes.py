@@ -1,12 +1,13 @@
-"""ComfyUI's primitive value nodes (comfy_extras/nodes_primitive.py) and text nodes
-(comfy_extras/nodes_string.py)."""
+"""ComfyUI's primitive value nodes (comfy_extras/nodes_primitive.py, and the newer `SeedNode` and
+`ColorToRGBInt` of the official templates) and text nodes (comfy_extras/nodes_string.py)."""
 
 from __future__ import annotations
 
 import sys
 
-from mixgraph.graph.node import Boolean, Combo, Float, Int, String, node
+from mixgraph.graph.node import Boolean, Combo, Float, Int, String, Widget, node
 from mixgraph.nodes.helpers import resize_ops, text_ops
+from mixgraph.nodes.helpers.colour import colour_ops
 
 
 @node(category="utils/primitive", outputs=("STRING",), display_name="String")
@@ -109,3 +110,28 @@ def ResolutionSelector(aspect_ratio=Combo(tuple(resize_ops.ASPECT_RATIOS), defau
     """Width and height (multiples of 8) for an aspect ratio and a megapixel target, e.g. for an
     empty latent (ComfyUI comfy_extras/nodes_resolution.py)."""
     return resize_ops.resolution_for(aspect_ratio, megapixels)
+
+
+@node(category="utils/primitive", outputs=(("INT", "seed"),), display_name="Seed")
+def SeedNode(seed=Int(0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True)):
+    """A seed widget with the editor's control after generate, as an INT (newer ComfyUI core;
+    the ACE-Step templates use it; inputs and output from the frontend's node definitions)."""
+    return (seed,)
+
+
+def _check_colour(env, color=None) -> list[tuple[str, str]]:
+    if color is None:   # linked: checked when the node runs
+        return []
+    try:
+        colour_ops.rgb_int_and_alpha(color)
+    except ValueError as e:
+        return [("color", str(e))]
+    return []
+
+
+@node(category="utils/primitive", outputs=(("INT", "rgb_int"), ("COLOR", "hex"), ("FLOAT", "alpha")),
+      display_name="Color Picker", validate=_check_colour)
+def ColorToRGBInt(color=Widget("COLOR", "#ffffff")):
+    """Return a color RGB integer value and hexadecimal representation."""
+    rgb, alpha = colour_ops.rgb_int_and_alpha(color)
+    return (rgb, color, alpha)

@@ -52,7 +52,7 @@ class PromptServer:
     @property
     def last_prompt_id(self) -> str | None:
         now = _rt.running()
-        return getattr(getattr(now.ctx, "_run", None), "prompt_id", None) if now else None
+        return now.prompt_id if now is not None else None
 
     def send_sync(self, event: Any, data: Any, sid: str | None = None) -> None:
         sink = _rt.STATE.sink

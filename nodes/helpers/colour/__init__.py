@@ -1,0 +1,1 @@
+"""Colour values of the editor's newer widgets: curves and histograms (CurveEditor, ImageHistogram), colour-picker values (ColorToRGBInt)."""
