@@ -1,9 +1,9 @@
 """Precision and memory for the video and Qwen-Image families (issue 23): the memory estimate grows
 with frames x resolution as a Wan run does (the DiT on [B, C, T, H, W], the Wan VAE by chunks of
 frames plus the frames it writes), a huge video is estimated from the file header in seconds and
-refused by name; the NaN guard re-runs an overflowing f16 Wan DiT in f32 by itself; per-component
-precision (bf16 DiT, f32 VAE, fp8 text encoder; bf16 first steps, f32 last) runs each part in the
-dtype asked for.
+refused by name, the refusal naming the longest video length that fits. The NaN guard on an
+overflowing f16 Wan DiT and per-component precision (bf16 first steps, f32 last; a bf16 DiT with an
+f32 VAE) are in tests/test_video_precision_runs.py.
 
 The models are the tiny stand-ins of the template tests (tests/fixtures/tiny_video_templates.py)
 under the templates' file names."""
