@@ -1,9 +1,9 @@
 """Precision and memory for the video and Qwen-Image families (issue 23): the memory estimate grows
 with frames x resolution as a Wan run does (the DiT on [B, C, T, H, W], the Wan VAE by chunks of
 frames plus the frames it writes), a huge video is estimated from the file header in seconds and
-refused by name; the NaN guard re-runs an overflowing f16 Wan DiT in f32 by itself; per-component
-precision (bf16 DiT, f32 VAE, fp8 text encoder; bf16 first steps, f32 last) runs each part in the
-dtype asked for.
+refused by name, the refusal naming the longest video length that fits. The NaN guard on an
+overflowing f16 Wan DiT and per-component precision (bf16 first steps, f32 last; a bf16 DiT with an
+f32 VAE) are in tests/test_video_precision_runs.py.
 
 The models are the tiny stand-ins of the template tests (tests/fixtures/tiny_video_templates.py)
 under the templates' file names."""
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import struct
 import time
 from pathlib import Path
@@ -172,3 +173,47 @@ def test_huge_video_is_estimated_fast_and_refused_by_name(models, tmp_path):
     msg = refusal(wf, reg, _env(root), "bf16", available=24 * 2**30)
     assert time.perf_counter() - start < 60
     assert msg is not None and "not enough memory" in msg and "KSampler" in msg
+
+
+def test_refused_video_suggests_a_length_that_fits(models, tmp_path):
+    """A Wan 2.1 14B run (header only) of 161 frames at 832x480 with memory between what 1 frame
+    and 161 frames need: the refusal names the longest length (1 + 4k frames) that fits under the
+    same precision and the `--set` that asks for it, and the estimate agrees: that length fits,
+    four frames more do not. A video no length of which fits says so; an image run gets no
+    length hint."""
+    from mixgraph.nodes.families.wan.model import WanConfig, WanModel
+    from mixgraph.ui.estimate import BASE_BYTES
+
+    cfg = WanConfig(dim=5120, ffn_dim=13824, num_layers=40, text_dim=4096)
+    with torch.device("meta"):
+        shapes = {"model.diffusion_model." + k: tuple(v.shape) for k, v in WanModel(cfg).state_dict().items()}
+    root = tmp_path / "models"
+    _write_header_only(root / "diffusion_models" / "wan14b.safetensors", shapes)
+    for rel in (f"text_encoders/{UMT5}", f"vae/{VAE}"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes((models / rel).read_bytes())
+    reg = api.default_registry()
+
+    def peak(length: int) -> int:
+        return estimate(api.load(t2v(832, 480, length, unet="wan14b.safetensors"), reg), reg, _env(root),
+                        "bf16")["peak_bytes"]
+
+    one, full = peak(1), peak(161)
+    assert one < full
+    room = (one + full) // 2
+    wf = api.load(t2v(832, 480, 161, unet="wan14b.safetensors"), reg)
+    msg = refusal(wf, reg, _env(root), "bf16", available=room - BASE_BYTES)
+    assert msg is not None and "not enough memory" in msg
+    found = re.search(r"or a shorter video under this precision: length (\d+) would fit .*--set 5\.length=(\d+)", msg)
+    assert found, msg
+    n = int(found.group(1))
+    assert int(found.group(2)) == n and (n - 1) % 4 == 0 and 1 <= n < 161
+    assert peak(n) <= room < peak(n + 4)
+
+    tight = refusal(wf, reg, _env(root), "bf16", available=one - BASE_BYTES - 2**30)
+    assert tight is not None and "not even one frame fits at this size" in tight
+    image = api.load(t2v(832, 480, 1, unet="wan14b.safetensors"), reg)
+    image.prompt["5"] = dataclasses.replace(image.prompt["5"], class_type="EmptySD3LatentImage", inputs={
+        "width": 832, "height": 480, "batch_size": 1})
+    flat = refusal(image, reg, _env(root), "bf16", available=one // 2)
+    assert flat is not None and "length" not in flat

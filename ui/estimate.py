@@ -825,7 +825,53 @@ def refusal(wf: Workflow, registry: Any, env: Any, precision: str | None = None,
     node = est["peak_node"]
     where = f" at node {node} ({wf.prompt[node].class_type})" if node else ""
     return (f"not enough memory: this run needs about {_gib(est['peak_bytes'])}{where}, "
-            f"{_gib(room)} is available; {hint}")
+            f"{_gib(room)} is available; {hint}{_length_hint(wf, registry, env, precision, order, room)}")
+
+
+def _length_hint(wf: Workflow, registry: Any, env: Any, precision: str | None,
+                 order: Sequence[str] | None, room: int) -> str:
+    """For a video run that does not fit: the longest video (a `length` of 1 + 4k frames, what
+    the video VAEs make whole latent frames of) that fits in `room` under the same precision, as
+    a clause to add to the refusal (with the `--set` that asks for it); "" for a run with no
+    video latent node or whose estimate fails. Video latents are made by the nodes with `width`,
+    `height` and `length` widgets (`_is_video_source`); each gets at most the suggested length.
+    The estimate grows with the frames, so a binary search over the latent frame count finds it
+    in a few estimates."""
+    lengths = {nid: int(c.inputs["length"]) for nid, c in wf.prompt.items()
+               if (order is None or nid in order) and _is_video_source(c.inputs)}
+    if not lengths:
+        return ""
+    import dataclasses
+
+    def shortened(n: int) -> Workflow:
+        prompt = dict(wf.prompt)
+        for nid, length in lengths.items():
+            if length > n:
+                prompt[nid] = dataclasses.replace(prompt[nid], inputs={**prompt[nid].inputs, "length": n})
+        return dataclasses.replace(wf, prompt=prompt)
+
+    peaks: dict[int, int] = {}
+
+    def fits(k: int) -> bool:  # whether 1 + 4k frames fit
+        if k not in peaks:
+            peaks[k] = estimate(shortened(TIME_DOWNSCALE * k + 1), registry, env, precision,
+                                order=order)["peak_bytes"]
+        return peaks[k] <= room
+
+    lo, hi = 0, _latent_frames(max(lengths.values())) - 1     # k of 1 + 4k frames; hi does not fit
+    if hi <= 0:
+        return ""
+    try:
+        if not fits(0):
+            return "; not even one frame fits at this size"
+        while hi - lo > 1:                      # fits(lo), not fits(hi)
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    except (PrecisionError, ValueError, OSError):
+        return ""
+    n = TIME_DOWNSCALE * lo + 1
+    sets = " ".join(f"--set {nid}.length={n}" for nid, length in lengths.items() if length > n)
+    return f"; or a shorter video under this precision: length {n} would fit ({_gib(peaks[lo])}: {sets})"
 
 
 def _run_budget() -> Any:
