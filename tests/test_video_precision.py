@@ -210,6 +210,16 @@ def test_refused_video_suggests_a_length_that_fits(models, tmp_path):
     assert int(found.group(2)) == n and (n - 1) % 4 == 0 and 1 <= n < 161
     assert peak(n) <= room < peak(n + 4)
 
+    # over the memory budget while the machine has room: the budget's refusal names a length too
+    memory_budget.set_budget("cpu", max(1.0, (one + full) / 2 / 2**30 - 1.0))
+    try:
+        over = refusal(wf, reg, _env(root), "bf16", available=2 * full)
+    finally:
+        memory_budget.reset()
+    assert over is not None and "even with model blocks streamed" in over, over
+    assert re.search(r"--memory-budget \d+ would fit; or a shorter video under this precision: length \d+ "
+                     r"would fit|not even one frame fits", over), over
+
     tight = refusal(wf, reg, _env(root), "bf16", available=one - BASE_BYTES - 2**30)
     assert tight is not None and "not even one frame fits at this size" in tight
     image = api.load(t2v(832, 480, 1, unet="wan14b.safetensors"), reg)

@@ -932,9 +932,11 @@ def _budget_refusal(wf: Workflow, registry: Any, env: Any, precision: str | None
     head = (f"not enough memory: {need}{where} even with model blocks streamed, over the memory "
             f"budget of {_gib(budget.nbytes)} ({budget.origin})")
     gib = _fitting_budget(wf, registry, env, precision, order, budget, room)
+    length = _length_hint(wf, registry, env, precision, order, min(room, BASE_BYTES + budget.nbytes))
     if gib is not None:
-        return f"{head}; --memory-budget {gib} would fit"
-    return f"{head}; no budget this machine can give fits: use a smaller size or batch, or another precision"
+        return f"{head}; --memory-budget {gib} would fit{length}"
+    return (f"{head}; no budget this machine can give fits: use a smaller size or batch, or another "
+            f"precision{length}")
 
 
 def _fitting_budget(wf: Workflow, registry: Any, env: Any, precision: str | None,
@@ -944,17 +946,31 @@ def _fitting_budget(wf: Workflow, registry: Any, env: Any, precision: str | None
     when none does."""
     from mixgraph.nodes.models import memory_budget
 
-    for gib in range(1, int(room // memory_budget.GIB) + 2):
-        trial = memory_budget.Budget(budget.device, gib * memory_budget.GIB, "trial", budget.mode)
-        try:
-            peak = estimate(wf, registry, env, precision, order=order, budget=trial)["peak_bytes"]
-        except (PrecisionError, ValueError, OSError):
+    peaks: dict[int, int] = {}
+
+    def peak(gib: int) -> int:
+        if gib not in peaks:
+            trial = memory_budget.Budget(budget.device, gib * memory_budget.GIB, "trial", budget.mode)
+            peaks[gib] = estimate(wf, registry, env, precision, order=order, budget=trial)["peak_bytes"]
+        return peaks[gib]
+
+    def within(gib: int) -> bool:   # the run's peak (less the process) within a budget of `gib`
+        return peak(gib) - BASE_BYTES <= gib * memory_budget.GIB
+
+    # A larger budget keeps more blocks resident but never more than its own allowance, so once
+    # a budget holds the run every larger one does: a binary search (a few estimates, not one
+    # per GiB), then the machine's room decides.
+    top = int(room // memory_budget.GIB) + 1
+    try:
+        if not within(top):
             return None
-        if peak > room:
-            return None     # a larger budget only holds more
-        if peak - BASE_BYTES <= trial.nbytes:
-            return gib
-    return None
+        lo, hi = 0, top                 # within(hi); a budget of 0 holds nothing
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if within(mid) else (mid, hi)
+        return hi if peak(hi) <= room else None
+    except (PrecisionError, ValueError, OSError):
+        return None
 
 
 def _upper_bound(wf: Workflow, registry: Any, env: Any, order: Sequence[str] | None = None) -> float:
