@@ -216,7 +216,7 @@ def test_estimate_counts_the_streamed_footprint_and_refusal_names_the_budget(tmp
     memory_budget.set_budget("cpu", 0.001)
     msg = refusal(wf, reg, env, "f32", available=64 * GIB)
     assert msg is not None and "even with model blocks streamed" in msg
-    assert "memory budget of 0.00 GiB (--memory-budget 0.001)" in msg and "--memory-budget 1 would fit" in msg
+    assert "memory budget of 1.0 MiB (--memory-budget 0.001)" in msg and "--memory-budget 1 would fit" in msg
     memory_budget.set_budget("cpu", 4)
     assert refusal(wf, reg, env, "f32", available=64 * GIB) is None
 
