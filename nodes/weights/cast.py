@@ -67,7 +67,9 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import functools
 import inspect
+import os
 import threading
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -268,16 +270,63 @@ def int8_conv_gemm_shape(conv: nn.Conv2d) -> tuple[int, int]:
     return -(-k // 8) * 8, -(-conv.out_channels // 8) * 8
 
 
+#: Environment variable that replaces the CPU flags the runtime sees (`graph.precision` reads the
+#: same one for its decision table), so the test suite pins which int8 kernel runs.
+CPU_FLAGS_ENV = "MIXGRAPH_CPU_FLAGS"
+#: CPU flags with native int8 dot products: oneDNN's u8 x s8 convolution accumulates exactly in
+#: int32 there; without them (AVX2/AVX-512 vpmaddubsw) its pair sums saturate at int16.
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+@functools.lru_cache(maxsize=4)
+def _onednn_int8_conv(flags_env: str | None) -> bool:
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qconv2d_pointwise")):
+        return False
+    if flags_env is not None:
+        flags = set(flags_env.replace(",", " ").lower().split())
+    else:
+        probe = getattr(getattr(torch._C, "_cpu", None), "_get_cpu_capability", None)
+        try:
+            flags = {k for k, v in (probe() if probe is not None else {}).items() if v is True}
+        except Exception:  # noqa: BLE001 - a torch without the probe: the portable path
+            flags = set()
+    return bool(flags & set(INT8_DOT_FLAGS))
+
+
+def onednn_int8_conv_available() -> bool:
+    """Whether `Int8Conv2d` runs oneDNN's int8 convolution on CPU (`kernel="auto"`): torch built
+    with oneDNN's quantized ops, on a CPU with native int8 dot products (`INT8_DOT_FLAGS`, from
+    torch's CPU probe or `MIXGRAPH_CPU_FLAGS`)."""
+    return _onednn_int8_conv(os.environ.get(CPU_FLAGS_ENV))
+
+
 class Int8Conv2d(nn.Module):
-    """nn.Conv2d (groups 1, zero padding) as one int8 GEMM per chunk of output pixels: weights
-    [K, N] int8 (K = C_in*kh*kw in `F.unfold`'s order, per-output-channel absmax scale),
-    activations unfolded (im2col) and quantized per output pixel (its receptive field, absmax
-    symmetric), int32 accumulation via `torch._int_mm`, rescaled in f32 by row scale x column
-    scale, returned in `compute_dtype`. The unfolded f32 patches of one chunk stay within
-    `chunk_bytes` (so the int8 copy within a quarter of it): im2col multiplies an activation by
-    kh*kw, which unchunked would be the largest tensor of a forward."""
+    """nn.Conv2d (groups 1, zero padding) with int8 weights (per-output-channel absmax scale)
+    and dynamic int8 activations, in one of two kernels (`kernel`; "auto" picks per call):
+
+    - "onednn" (CPU with native int8 dot products, `onednn_int8_conv_available`): oneDNN's int8
+      convolution (`torch.ops.onednn.qconv2d_pointwise`, the kernel torch's x86 quantization
+      backend lowers to) on the whole activation, quantized asymmetric uint8 per tensor (scale
+      (max - min) / 255 over a range that includes 0, zero point -min / scale: GroupNorm + SiLU
+      outputs are lopsided, so the asymmetric range gives them ~2x the levels of a symmetric
+      one), channels_last; it returns f32 (channels_last) directly. No im2col: the cost is the
+      int8 GEMM plus one quantising pass. Per-pixel scales cannot be given to it (oneDNN takes
+      one source scale), which costs ~1 dB per conv against "gemm" (measured 37 vs 38 dB SNR on
+      Gaussian data); the whole-image PSNR is in benchmarks/README.md.
+    - "gemm" (any device): im2col + `torch._int_mm`, one int8 GEMM per chunk of output pixels:
+      activations unfolded (in `F.unfold`'s K order) and quantized per output pixel (its
+      receptive field, absmax symmetric), int32 accumulation, rescaled in f32 by row scale x
+      column scale. The unfolded f32 patches of one chunk stay within `chunk_bytes` (so the int8
+      copy within a quarter of it): im2col multiplies an activation by kh*kw, which unchunked
+      would be the largest tensor of a forward. The im2col and quantisation cost 70-90% of its
+      time on CPU (issue 27), which is why "onednn" exists.
+
+    The weights are held once, as the GEMM matrix `weight_int8` [Kp, Np] (K = C_in*kh*kw, both
+    padded to multiples of 8); the oneDNN kernel's packed copy is made from it on first use and
+    is not part of the state. Output in `compute_dtype`."""
 
     chunk_bytes: int = 64 << 20
+    kernel: str = "auto"  # "auto" | "onednn" | "gemm"
 
     def __init__(self, conv: nn.Conv2d, compute_dtype: torch.dtype):
         super().__init__()
@@ -298,9 +347,53 @@ class Int8Conv2d(nn.Module):
         self.register_buffer("weight_scale", scale)
         bias = conv.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self._packed: Tensor | None = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_packed"] = None  # oneDNN's opaque packed weight: remade on first use
+        return state
+
+    def _use_onednn(self, x: Tensor) -> bool:
+        if self.kernel == "auto":
+            return x.device.type == "cpu" and onednn_int8_conv_available()
+        if self.kernel not in ("onednn", "gemm"):
+            raise ValueError(f"Int8Conv2d.kernel must be 'auto', 'onednn' or 'gemm', not {self.kernel!r}")
+        return self.kernel == "onednn"
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.float()
+        if self._use_onednn(x):
+            return self._forward_onednn(x).to(self.compute_dtype)
+        return self._forward_gemm(x)
+
+    def quantize_input(self, x: Tensor) -> tuple[Tensor, float, int]:
+        """The "onednn" kernel's activation quantisation: (uint8 x, scale, zero point) with
+        x ~ (q - zero_point) * scale, q = clamp(round(x / scale + zero_point), 0, 255)."""
+        lo, hi = torch.aminmax(x)
+        lo, hi = min(lo.item(), 0.0), max(hi.item(), 0.0)
+        scale = max((hi - lo) / 255.0, 1e-12)
+        zero = min(max(round(-lo / scale), 0), 255)
+        q = torch.div(x, scale).add_(zero).round_().clamp_(0, 255).to(torch.uint8)
+        return q.contiguous(memory_format=torch.channels_last), scale, zero
+
+    def _forward_onednn(self, x: Tensor) -> Tensor:
+        packed = self._packed
+        if packed is None:
+            kh, kw = self.kernel_size
+            k = self.in_channels * kh * kw
+            w4 = self.weight_int8[:k, : self.out_channels].t().reshape(  # [K, N] -> [C_out, C_in, kh, kw]
+                self.out_channels, self.in_channels, kh, kw).contiguous()
+            packed = self._packed = torch.ops.onednn.qconv_prepack(
+                w4, self.weight_scale, 1.0, 0, list(self.stride), list(self.padding),
+                list(self.dilation), 1, None)
+        q, scale, zero = self.quantize_input(x)
+        zeros = torch.zeros(self.out_channels, dtype=torch.int64)
+        return torch.ops.onednn.qconv2d_pointwise(
+            q, scale, zero, packed, self.weight_scale, zeros, self.bias, list(self.stride),
+            list(self.padding), list(self.dilation), 1, 1.0, 0, torch.float32, "none", [], "")
+
+    def _forward_gemm(self, x: Tensor) -> Tensor:
         b, _, h, w = x.shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
         ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
