@@ -22,9 +22,10 @@ Resolution for one node and one model socket type, most specific first (DESIGN Â
      picture (`preset_spec` evaluates it). Native arithmetic is detected per device
      (`device_caps`: CUDA compute capability, MPS, a CPU's flags: AVX512-BF16/AMX-BF16 for bf16,
      AVX512-FP16/AMX-FP16 for f16, VNNI/AMX-INT8 for int8). CUDA: bf16 from 8.0, else
-     f16+upcast; a CPU with native bf16: bf16 for the roles that ask for it (the node library's
-     UNet/ControlNet), f32 for the others (VAE, text encoders); a CPU without it (half precision
-     emulated, slower than f32): f32. A preset in any place a SPEC goes (default, region,
+     f16+upcast; a CPU whose row of `CPU_INT8_TABLE` says int8 measured faster than the
+     alternative: int8 for the roles that ask for it (the node library's UNet/ControlNet); else
+     a CPU with native bf16: bf16 for those roles, f32 for the others (VAE, text encoders); a CPU
+     without it (half precision emulated, slower than f32): f32. A preset in any place a SPEC goes (default, region,
      `TYPE=`) resolves per socket type there, through the socket type's precision role.
 
 Which socket types hold models and what each preset gives each of them is not known here: the
@@ -339,6 +340,37 @@ CPU_NATIVE_FLAGS = {
 CPU_FLAGS_ENV = "MIXGRAPH_CPU_FLAGS"
 
 
+#: When the presets may pick int8 on a CPU: rows (flags all present, int8 picked, evidence), the
+#: first row whose flags the CPU has decides; a CPU matching no row keeps int8 out of the presets
+#: (an explicit `int8` SPEC still runs it). A row says True only where int8 (`Int8Conv2d`'s oneDNN
+#: kernel, `Int8Linear`'s `torch._int_mm`) was measured faster than what the preset would give the
+#: role otherwise (native bf16 where there is one, else f32) with the picture held (>= 40 dB PSNR
+#: against f32; benchmarks/README.md, "int8 on a VNNI CPU"). This is data, not a timing at run
+#: time, so a preset resolves alike on every run of one machine.
+CPU_INT8_TABLE: tuple[tuple[tuple[str, ...], bool, str], ...] = (
+    (("amx_int8", "amx_bf16"), False,
+     "AMX: int8 tiles not measured against AMX-BF16 (bf16 kept)"),
+    (("avx512_vnni", "avx512_bf16"), True,
+     "AVX512-VNNI with AVX512-BF16 (measured, AMD EPYC Zen 4): int8 convolutions 3-4x f32 and "
+     "~2x bf16, int8 Linears ~1.7x bf16, SD1.5 step faster than bf16, PSNR >= 40 dB"),
+    (("avx512_vnni",), True,
+     "AVX512-VNNI without bf16 (Cascade Lake, issue 27): the int8 GEMM runs 2.7-3.6x the f32 one; "
+     "the same oneDNN int8 kernels as the measured row"),
+)
+
+
+def cpu_int8_row(flags: frozenset[str] | set[str]) -> tuple[bool, str]:
+    """(whether the presets pick int8 on a CPU with `flags`, why): `CPU_INT8_TABLE`'s first
+    matching row; no row: not picked."""
+    for needed, picked, evidence in CPU_INT8_TABLE:
+        if set(needed) <= set(flags):
+            return picked, evidence
+    native = sorted(set(CPU_NATIVE_FLAGS["int8"]) & set(flags))
+    if native:
+        return False, f"int8 native ({', '.join(native)}) but not measured faster here (no row)"
+    return False, "no native int8"
+
+
 @dataclass(frozen=True)
 class DeviceCaps:
     """What one device computes natively. `why` names the evidence (flags, compute capability)."""
@@ -349,6 +381,9 @@ class DeviceCaps:
     native_int8: bool = False
     name: str = ""
     why: str = ""
+    #: the presets pick int8 for the roles that ask for it (CPUs: `CPU_INT8_TABLE`)
+    preset_int8: bool = False
+    int8_why: str = ""
 
     def native(self, compute: torch.dtype) -> bool:
         """Whether half compute in `compute` is native (f32 always is)."""
@@ -360,7 +395,8 @@ class DeviceCaps:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "native_bf16": self.native_bf16,
-                "native_f16": self.native_f16, "native_int8": self.native_int8, "why": self.why}
+                "native_f16": self.native_f16, "native_int8": self.native_int8, "why": self.why,
+                "preset_int8": self.preset_int8, "int8_why": self.int8_why}
 
 
 def cpu_flags(cpuinfo: str | None = None, env: Mapping[str, str] | None = None) -> frozenset[str]:
@@ -402,7 +438,8 @@ def cpu_caps_from_flags(flags: frozenset[str] | set[str], name: str = "cpu",
                         onednn: bool = True) -> DeviceCaps:
     """The decision table for a CPU: bf16 is native with AVX512-BF16 or AMX-BF16, f16 with
     AVX512-FP16 or AMX-FP16, int8 with VNNI (AVX512 or AVX) or AMX-INT8. Half precision needs
-    torch's oneDNN (mkldnn) backend too: without it the same flags buy nothing."""
+    torch's oneDNN (mkldnn) backend too: without it the same flags buy nothing. Whether the
+    presets pick int8 is `CPU_INT8_TABLE`'s row (`preset_int8`, `int8_why`)."""
     got = {what: sorted(set(names) & set(flags)) for what, names in CPU_NATIVE_FLAGS.items()}
     bf16 = bool(got["bf16"]) and onednn
     f16 = bool(got["f16"]) and onednn
@@ -411,7 +448,11 @@ def cpu_caps_from_flags(flags: frozenset[str] | set[str], name: str = "cpu",
                     for what, names in got.items())
     if not onednn:
         why += "; torch built without oneDNN"
-    return DeviceCaps("cpu", native_bf16=bf16, native_f16=f16, native_int8=int8, name=name, why=why)
+    picked, int8_why = cpu_int8_row(flags)
+    if not onednn and picked:
+        picked, int8_why = False, "torch built without oneDNN (its int8 convolution is what was measured)"
+    return DeviceCaps("cpu", native_bf16=bf16, native_f16=f16, native_int8=int8, name=name, why=why,
+                      preset_int8=picked, int8_why=int8_why)
 
 
 def _cpu_name() -> str:
@@ -487,6 +528,8 @@ def _candidate(choice: str, caps: DeviceCaps) -> str | None:
         return "f16" if caps.native_f16 else None
     if choice == "native_bf16":
         return "bf16" if caps.native_bf16 else None
+    if choice == "cpu_int8":
+        return "int8" if caps.kind == "cpu" and caps.preset_int8 else None
     return choice
 
 
@@ -506,6 +549,9 @@ def preset_spec(preset: str, socket: str | None, caps: DeviceCaps, *, role: str 
     memory   the smallest storage that keeps the picture: 16-bit weights everywhere (fp8 costs
              visible detail), computing natively in half where the role asks for it, else
              `bf16:f32`.
+    On a CPU whose `CPU_INT8_TABLE` row picks int8, the roles that name `cpu_int8` (a
+    denoiser, under balanced and fast) get `int8` before native half.
+
     fast     the fastest native compute everywhere: native half (bf16, f16+upcast on CUDA
              without bf16), or f16 first where the role prefers it (an image decoder: the NaN
              guard is its fallback), else f32.

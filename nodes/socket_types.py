@@ -33,7 +33,9 @@ WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE")
 #: How the presets treat each kind of model (`graph.precision.preset_spec` has the presets):
 #: - unet, the denoiser (and a ControlNet, which runs beside it every step): native half
 #:   precision wherever there is one (the NaN guard re-runs a non-finite step in f32); under
-#:   `memory` it computes in it too, else it stores bf16 and computes f32.
+#:   `memory` it computes in it too, else it stores bf16 and computes f32. On a CPU where int8
+#:   measured faster than native half (or f32) with the picture held (`cpu_int8`: the CPU's row
+#:   of `graph.precision.CPU_INT8_TABLE`), `balanced` and `fast` give it int8 instead.
 #: - text, a text encoder: it runs once per prompt, so `balanced` keeps it f32 off accelerators
 #:   (nothing to win); `fast` gives it native half.
 #: - text_large, a text encoder of billions of weights (T5-XXL 4.7 B, Qwen3-4B, Gemma 2 2B: the
@@ -46,8 +48,9 @@ WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE")
 #:   fallback). Socket types with no role (CLIP vision, upscalers, style models) get the same
 #:   careful treatment (`graph.roles.DEFAULT_PRESETS`).
 ROLE_PRESETS = {
-    "unet": RolePresets(quality=("f32",), balanced=("native_half", "f32"),
-                        memory=("native_half", "bf16:f32"), fast=("native_half", "f32")),
+    "unet": RolePresets(quality=("f32",), balanced=("accelerator_half", "cpu_int8", "native_half", "f32"),
+                        memory=("native_half", "bf16:f32"),
+                        fast=("accelerator_half", "cpu_int8", "native_half", "f32")),
     "text": RolePresets(quality=("f32",), balanced=("accelerator_half", "f32"),
                         memory=("bf16:f32",), fast=("native_half", "f32")),
     "text_large": RolePresets(quality=("f32",), balanced=("accelerator_half", "bf16:f32"),
