@@ -71,7 +71,7 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -293,11 +293,11 @@ def _onednn_int8_conv(flags_env: str | None) -> bool:
     return bool(flags & set(INT8_DOT_FLAGS))
 
 
-def onednn_int8_conv_available() -> bool:
+def onednn_int8_conv_available(env: Mapping[str, str] | None = None) -> bool:
     """Whether `Int8Conv2d` runs oneDNN's int8 convolution on CPU (`kernel="auto"`): torch built
     with oneDNN's quantized ops, on a CPU with native int8 dot products (`INT8_DOT_FLAGS`, from
-    torch's CPU probe or `MIXGRAPH_CPU_FLAGS`)."""
-    return _onednn_int8_conv(os.environ.get(CPU_FLAGS_ENV))
+    `MIXGRAPH_CPU_FLAGS` in `env` (default os.environ) when set, else torch's CPU probe)."""
+    return _onednn_int8_conv((os.environ if env is None else env).get(CPU_FLAGS_ENV))
 
 
 class Int8Conv2d(nn.Module):

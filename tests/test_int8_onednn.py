@@ -1,0 +1,211 @@
+"""int8 on CPUs with native int8 dot products: `Int8Conv2d`'s oneDNN kernel against its own
+reference quantisation and against f32, `Int8Linear` against an integer reference, what the
+int8 policy leaves f32 in the SD UNet, and the preset rows of `CPU_INT8_TABLE`.
+
+The suite pins `MIXGRAPH_CPU_FLAGS` to a CPU without VNNI (conftest.py), so `kernel="auto"`
+takes the im2col path in every other test; here the oneDNN kernel is asked for by name, and
+skipped where this machine's CPU (torch's probe, `env={}`) has no native int8 or torch no
+oneDNN int8 convolution."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mixgraph.graph.precision import (CPU_INT8_TABLE, DeviceCaps, cpu_caps_from_flags,
+                                      cpu_int8_row, emulation_warning, parse_spec, preset_spec,
+                                      preset_table)
+from mixgraph.nodes.weights.cast import (Int8Conv2d, Int8Linear, apply_precision,
+                                         onednn_int8_conv_available)
+from tests.fixtures.tiny_unet import tiny_unet, tiny_unet_config
+from tests.test_cast import Policy as CastPolicy
+
+F32, F64 = torch.float32, torch.float64
+
+needs_onednn = pytest.mark.skipif(not onednn_int8_conv_available(env={}),
+                                  reason="no native int8 dot products (VNNI/AMX-INT8) or no oneDNN int8 conv")
+
+CASES = {  # name -> (Conv2d args, kwargs, input [N, C, H, W])
+    "1x1": ((16, 24, 1), {}, (2, 16, 9, 7)),
+    "3x3_s1_p1": ((16, 24, 3), {"padding": 1}, (2, 16, 9, 7)),
+    "3x3_s2_p1_downsample": ((16, 16, 3), {"stride": 2, "padding": 1}, (2, 16, 9, 8)),
+    "3x3_s2_p0_no_bias": ((8, 12, 3), {"stride": 2, "bias": False}, (3, 8, 11, 10)),
+    "3x1_dilated_uneven": ((5, 6, (3, 1)), {"stride": (1, 2), "padding": (2, 0), "dilation": 2}, (1, 5, 7, 9)),
+    "4_to_4": ((4, 4, 3), {"padding": 1}, (2, 4, 8, 8)),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _conv(seed: int, *args, **kwargs) -> nn.Conv2d:
+    conv = nn.Conv2d(*args, **kwargs)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * 0.1)
+        if conv.bias is not None:
+            conv.bias.copy_(torch.randn(conv.bias.shape, generator=g) * 0.1)
+    return conv
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _onednn(conv: nn.Conv2d) -> Int8Conv2d:
+    q = Int8Conv2d(conv, F32)
+    q.kernel = "onednn"
+    return q
+
+
+# --- the oneDNN convolution ---------------------------------------------------------------------
+
+@needs_onednn
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_onednn_conv_is_exactly_the_dequantised_convolution(case):
+    """The kernel against our own quantisation: uint8 x (quantize_input) and int8 weights,
+    dequantised and convolved in f64. The products are exact in int32, so what is left is the
+    f32 rescale of each output (relative 2^-24 per operation): bound 1e-5 relative."""
+    args, kwargs, shape = CASES[case]
+    conv = _conv(1, *args, **kwargs)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2)) * 2 + 0.5
+    q = _onednn(conv)
+    qx, scale, zero = q.quantize_input(x)
+    assert qx.dtype == torch.uint8 and 0 <= zero <= 255
+    xd = (qx.double() - zero) * scale
+    assert (xd - x.double()).abs().max() <= scale / 2 + 1e-6  # round to nearest, range holds 0
+    k = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
+    wd = (q.weight_int8[:k, : conv.out_channels].t().double() * q.weight_scale.double()[:, None])
+    wd = wd.reshape(conv.weight.shape)  # [C_out, K] -> [C_out, C_in, kh, kw]
+    bias = None if conv.bias is None else conv.bias.double()
+    ref = F.conv2d(xd, wd, bias, conv.stride, conv.padding, conv.dilation)
+    out = q(x)
+    assert out.dtype == F32 and out.shape == ref.shape
+    assert _rel(out, ref) < 1e-5
+
+
+@needs_onednn
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_onednn_conv_matches_f32_within_int8_error(case):
+    """Against the f32 convolution. Per-tensor uint8 over a range of ~7 sigma (the extremes of
+    a few thousand Gaussian values, shifted) has a step of ~7/255 sigma, rounding RMS step /
+    sqrt(12) = 0.8% of the input's RMS; int8 weights per output channel (absmax ~3 sigma of
+    K = 16..144 values) add ~0.7%; in quadrature ~1.1% on the output. Bound: twice that, 0.025
+    (the im2col path's test allows 0.02 with per-pixel scales)."""
+    args, kwargs, shape = CASES[case]
+    conv = _conv(1, *args, **kwargs)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2)) + 0.3
+    rel = _rel(_onednn(conv)(x), conv(x))
+    assert 1e-4 < rel < 0.025, rel
+
+
+@needs_onednn
+@torch.no_grad()
+def test_onednn_conv_packs_once_survives_deepcopy_and_keeps_compute_dtype():
+    conv = _conv(3, 8, 8, 3, padding=1)
+    q = _onednn(conv)
+    x = torch.randn(1, 8, 6, 6)
+    first = q(x)
+    assert q._packed is not None and "_packed" not in q.state_dict()
+    twin = copy.deepcopy(q)  # the opaque packed weight is not copied; the twin packs its own
+    assert twin._packed is None and torch.equal(twin(x), first)
+    q.compute_dtype = torch.bfloat16
+    assert q(x).dtype == torch.bfloat16
+
+
+def test_kernel_auto_follows_the_pinned_flags_and_rejects_unknown_names():
+    assert not onednn_int8_conv_available(env={"MIXGRAPH_CPU_FLAGS": "avx2 fma"})
+    q = Int8Conv2d(_conv(0, 4, 4, 1), F32)
+    q.kernel = "fbgemm"
+    with pytest.raises(ValueError, match="kernel"):
+        q(torch.randn(1, 4, 3, 3))
+
+
+# --- Linear -------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def test_int8_linear_is_exactly_its_integer_product_rescaled():
+    """`torch._int_mm` against the same per-row / per-column quantisation multiplied in int64:
+    the int32 accumulation is exact, the rescale is f32 (bound 1e-6 relative)."""
+    g = torch.Generator().manual_seed(4)
+    lin = nn.Linear(96, 40)
+    x = torch.randn(3, 17, 96, generator=g)
+    q = Int8Linear(lin, F32)
+    x2 = x.reshape(-1, 96)  # [3, 17, 96] -> [51, 96]
+    xs = x2.abs().amax(dim=1, keepdim=True) / 127.0
+    xq = torch.round(x2 / xs).clamp(-127, 127).long()
+    acc = xq @ q.weight_int8.long()  # [51, 40], exact
+    ref = acc.double() * xs.double() * q.weight_scale.double() + lin.bias.double()
+    assert _rel(q(x).reshape(-1, 40), ref) < 1e-6
+
+
+# --- what int8 leaves f32 in the SD UNet ---------------------------------------------------------
+
+@torch.no_grad()
+def test_int8_policy_keeps_the_unet_attention_query_key_projections_f32():
+    model = tiny_unet("sd15")
+    cast = apply_precision(model, CastPolicy(int8=True))
+    qk = {n for n, _ in model.named_modules() if n.rsplit(".", 2)[-2:] in (["attn1", "to_q"], ["attn1", "to_k"],
+                                                                         ["attn2", "to_q"], ["attn2", "to_k"])}
+    int8_linears = {n for n, m in cast.named_modules() if isinstance(m, Int8Linear)}
+    assert qk and not (qk & int8_linears)
+    assert any(n.endswith("attn1.to_v") for n in int8_linears)  # the value/output projections are int8
+    cfg = tiny_unet_config("sd15")
+    g = torch.Generator().manual_seed(3)
+    args = (torch.randn(2, cfg.in_channels, 8, 8, generator=g), torch.tensor([999.0, 37.0]),
+            torch.randn(2, 6, cfg.context_dim, generator=g))
+    assert _rel(cast(*args), model(*args)) < 0.1
+
+
+# --- the preset rows ----------------------------------------------------------------------------
+
+ZEN4 = cpu_caps_from_flags({"avx512f", "avx512_bf16", "avx512_vnni"})
+CASCADE_LAKE = cpu_caps_from_flags({"avx512f", "avx512_vnni"})
+SAPPHIRE = cpu_caps_from_flags({"avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"})
+ALDER_LAKE = cpu_caps_from_flags({"avx2", "avx_vnni"})
+ZEN3 = cpu_caps_from_flags({"avx2", "fma"})
+AMPERE = DeviceCaps("cuda", native_bf16=True, native_f16=True, native_int8=True)
+
+
+def test_int8_rows_pick_int8_where_measured_faster():
+    assert ZEN4.preset_int8 and "AVX512-BF16" in ZEN4.int8_why
+    assert CASCADE_LAKE.preset_int8 and "Cascade Lake" in CASCADE_LAKE.int8_why
+    assert not SAPPHIRE.preset_int8 and "AMX" in SAPPHIRE.int8_why      # first row wins
+    assert not ALDER_LAKE.preset_int8 and "not measured" in ALDER_LAKE.int8_why
+    assert ALDER_LAKE.native_int8                                       # native, but no row
+    assert not ZEN3.preset_int8 and cpu_int8_row({"avx2"}) == (False, "no native int8")
+    no_onednn = cpu_caps_from_flags({"avx512_vnni", "avx512_bf16"}, onednn=False)
+    assert not no_onednn.preset_int8 and "oneDNN" in no_onednn.int8_why
+    assert all(isinstance(flags, tuple) and flags for flags, _, _ in CPU_INT8_TABLE)
+
+
+def test_balanced_and_fast_give_the_denoiser_int8_on_those_cpus_only():
+    for caps in (ZEN4, CASCADE_LAKE):
+        for preset in ("balanced", "fast"):
+            table = preset_table(caps=caps)[preset]
+            assert table["MODEL"] == table["CONTROL_NET"] == "int8"
+            assert table["CLIP"] != "int8" and table["VAE"] != "int8"
+        assert preset_table(caps=caps)["memory"]["MODEL"] != "int8"    # int8 adds copies to f32
+        assert preset_table(caps=caps)["quality"]["MODEL"] == "f32"
+    assert preset_spec("balanced", "MODEL", SAPPHIRE) == "bf16"
+    assert preset_spec("fast", "MODEL", ALDER_LAKE) == "f32"
+    assert preset_spec("balanced", "MODEL", AMPERE) == "bf16"           # accelerators first
+    assert preset_spec("balanced", "MODEL", ZEN3) == "f32"
+    assert parse_spec(preset_spec("fast", "MODEL", ZEN4)).int8
+    assert emulation_warning(parse_spec("int8"), "cpu", ZEN4) is None
+
+
+def test_system_report_says_why():
+    js = ZEN4.to_json()
+    assert js["preset_int8"] is True and "measured" in js["int8_why"]
