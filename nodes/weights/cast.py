@@ -33,14 +33,18 @@ Rules:
 - `int8`: every nn.Linear not kept f32 becomes an `Int8Linear`: symmetric per-output-channel int8
   weights, dynamic per-row int8 activations, int32 accumulation via `torch._int_mm`, f32 rescale
   (LLM.int8()-style absmax quantization without the outlier split; Dettmers et al.,
-  arXiv:2208.07339). Every nn.Conv2d not kept f32 becomes an `Int8Conv2d`, the same scheme over
-  im2col patches (one row per output pixel, in bounded chunks); convolutions are most of an SD
-  UNet's FLOPs (62% at 256 px, 55% at 512 px for SD1.5; the Linears 34% / 29%). Grouped convs,
-  non-zero padding modes and string padding stay cast layers (`int8_conv_supported`).
+  arXiv:2208.07339). Every nn.Conv2d not kept f32 becomes an `Int8Conv2d`: on a CPU with native
+  int8 dot products (VNNI / AMX-INT8) oneDNN's int8 convolution with per-tensor asymmetric
+  uint8 activations (no im2col; 3-4x the f32 convolution), elsewhere the per-row scheme above
+  over im2col patches (one row per output pixel, in bounded chunks); convolutions are most of an
+  SD UNet's FLOPs (62% at 256 px, 55% at 512 px for SD1.5; the Linears 34% / 29%). Grouped
+  convs, non-zero padding modes and string padding stay cast layers (`int8_conv_supported`).
 - `int8_skip`: a class attribute (patterns as above) naming Linear/Conv2d modules that `int8`
   leaves as cast layers (f32, since int8 computes in f32): the whole VAE, whose int8 convs cost
-  most of int8's PSNR on the embedded model. The UNet's first and last convs are converted: kept
-  f32 they gave no measurable gain there (and a tenth less error on the tiny test UNet).
+  most of int8's PSNR on the embedded model; the SD UNet's attention query/key projections,
+  whose errors pass through the softmax's exponent. The UNet's first and last convs are
+  converted: kept f32 they gave no measurable gain there (and a tenth less error on the tiny
+  test UNet).
 - Quantised fp8 weights (ComfyUI's scaled fp8 / mixed-precision files, `quantized.py`): a layer
   the weight store gave an fp8 weight with a `weight_scale` buffer keeps that weight as it is (in
   the file's fp8 type) and multiplies the weight it casts by the scale on every forward (ComfyUI's
