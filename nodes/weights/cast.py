@@ -533,12 +533,14 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
     use (int8 layers and their scales; fp8 storage's vectors in the compute dtype). Reads shapes
     only, so a module built on the meta device answers for a full-size model without weights.
     `mixgraph estimate` builds its weight figures from this; the rules mirror `apply_precision`
-    and `store.dtype_rule`."""
+    and `store.dtype_rule` (and, for int8 convolutions, the kernel this machine runs:
+    `onednn_int8_conv_available`)."""
     kept = _keep_f32_names(module)
     as_stored = matched_names(module, "keep_stored")
     int8_names = _int8_names(module, policy)
     storage, compute = policy.storage, policy.compute
     size = {dt: torch.empty((), dtype=dt).element_size() for dt in (*STORAGE_DTYPES,)}
+    onednn_conv = bool(int8_names) and onednn_int8_conv_available()
     held = per_use = 0
     seen: set[int] = set()
     for name, m in module.named_modules():
@@ -563,6 +565,8 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
                 elif pname == "weight":
                     k, n_out = int8_conv_gemm_shape(m)
                     per_use += k * n_out + m.out_channels * 4  # padded int8 matrix, f32 scales
+                    if onednn_conv:  # oneDNN's packed copy of the int8 weights, made on first use
+                        per_use += m.in_channels * m.kernel_size[0] * m.kernel_size[1] * m.out_channels
             elif storage in FP8_DTYPES and (isinstance(m, _NORMS) or p.ndim < 2):
                 held += n * size[storage]
                 per_use += n * size[compute]
