@@ -209,3 +209,14 @@ def test_balanced_and_fast_give_the_denoiser_int8_on_those_cpus_only():
 def test_system_report_says_why():
     js = ZEN4.to_json()
     assert js["preset_int8"] is True and "measured" in js["int8_why"]
+
+
+def test_onednn_conv_traces_on_fake_tensors_for_the_estimate():
+    """`mixgraph estimate` traces models on fake tensors, which oneDNN's ops cannot take: the
+    kernel then only allocates what it would (uint8 input copy, f32 output)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q = _onednn(_conv(0, 8, 12, 3, stride=2, padding=1))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        y = q(torch.empty(2, 8, 9, 10))
+    assert y.shape == (2, 12, 5, 5) and y.dtype == F32

@@ -81,6 +81,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 from mixgraph.nodes.weights.gguf_tensor import is_quantized
 
@@ -368,8 +369,22 @@ class Int8Conv2d(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x.float()
         if self._use_onednn(x):
+            if x.device.type == "meta" or is_fake(x):  # `mixgraph estimate`'s trace: shapes only
+                return self._onednn_like(x).to(self.compute_dtype)
             return self._forward_onednn(x).to(self.compute_dtype)
         return self._forward_gemm(x)
+
+    def _out_hw(self, h: int, w: int) -> tuple[int, int]:
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
+        return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+
+    def _onednn_like(self, x: Tensor) -> Tensor:
+        """What the oneDNN kernel allocates (a uint8 copy of x, the f32 output), without running
+        it: its ops have no fake-tensor implementation, and the estimate traces on fake tensors."""
+        torch.empty_like(x, dtype=torch.uint8, memory_format=torch.channels_last)
+        ho, wo = self._out_hw(x.shape[2], x.shape[3])
+        return torch.empty((x.shape[0], self.out_channels, ho, wo), dtype=torch.float32,
+                           device=x.device).contiguous(memory_format=torch.channels_last)
 
     def quantize_input(self, x: Tensor) -> tuple[Tensor, float, int]:
         """The "onednn" kernel's activation quantisation: (uint8 x, scale, zero point) with
@@ -400,8 +415,7 @@ class Int8Conv2d(nn.Module):
     def _forward_gemm(self, x: Tensor) -> Tensor:
         b, _, h, w = x.shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
-        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        ho, wo = self._out_hw(h, w)
         out = torch.empty(b, self.out_channels, ho, wo, dtype=self.compute_dtype, device=x.device)
         k = self.in_channels * kh * kw
         rows = max(1, self.chunk_bytes // (wo * k * 4))  # output rows per chunk (f32 patches)
