@@ -33,9 +33,13 @@ WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE")
 #: How the presets treat each kind of model (`graph.precision.preset_spec` has the presets):
 #: - unet, the denoiser (and a ControlNet, which runs beside it every step): native half
 #:   precision wherever there is one (the NaN guard re-runs a non-finite step in f32); under
-#:   `memory` it computes in it too, else it stores bf16 and computes f32. On a CPU where int8
+#:   `memory` it computes in it too, else it stores bf16 and computes f32.
+#: - sd_unet, the SD 1.x / 2.x / SDXL UNet (the SD family's denoiser; a further role of MODEL
+#:   that the loaders ask for by the model's family): as unet, except that on a CPU where int8
 #:   measured faster than native half (or f32) with the picture held (`cpu_int8`: the CPU's row
-#:   of `graph.precision.CPU_INT8_TABLE`), `balanced` and `fast` give it int8 instead.
+#:   of `graph.precision.CPU_INT8_TABLE`) `balanced` and `fast` give it int8. Only the SD UNet
+#:   was measured so (benchmarks/README.md); the DiTs' int8 is not faster than their bf16 on
+#:   CPU (SD3.5-medium 11.1 vs 10.7 s/step) and fp8 files turn int8 off, so they keep unet.
 #: - text, a text encoder: it runs once per prompt, so `balanced` keeps it f32 off accelerators
 #:   (nothing to win); `fast` gives it native half.
 #: - text_large, a text encoder of billions of weights (T5-XXL 4.7 B, Qwen3-4B, Gemma 2 2B: the
@@ -48,9 +52,11 @@ WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE")
 #:   fallback). Socket types with no role (CLIP vision, upscalers, style models) get the same
 #:   careful treatment (`graph.roles.DEFAULT_PRESETS`).
 ROLE_PRESETS = {
-    "unet": RolePresets(quality=("f32",), balanced=("accelerator_half", "cpu_int8", "native_half", "f32"),
-                        memory=("native_half", "bf16:f32"),
-                        fast=("accelerator_half", "cpu_int8", "native_half", "f32")),
+    "unet": RolePresets(quality=("f32",), balanced=("native_half", "f32"),
+                        memory=("native_half", "bf16:f32"), fast=("native_half", "f32")),
+    "sd_unet": RolePresets(quality=("f32",), balanced=("accelerator_half", "cpu_int8", "native_half", "f32"),
+                           memory=("native_half", "bf16:f32"),
+                           fast=("accelerator_half", "cpu_int8", "native_half", "f32")),
     "text": RolePresets(quality=("f32",), balanced=("accelerator_half", "f32"),
                         memory=("bf16:f32",), fast=("native_half", "f32")),
     "text_large": RolePresets(quality=("f32",), balanced=("accelerator_half", "bf16:f32"),
@@ -62,7 +68,7 @@ ROLE_PRESETS = {
 #: summarised as one SPEC (a workflow default in `Resolver.describe`) is the denoiser's.
 SOCKET_ROLES = (("MODEL", "unet"), ("CONTROL_NET", "unet"), ("CLIP", "text"), ("VAE", "vae"))
 #: Roles a socket type's values may hold beside its own (a CLIP's large encoders).
-FURTHER_ROLES = (("CLIP", "text_large"),)
+FURTHER_ROLES = (("CLIP", "text_large"), ("MODEL", "sd_unet"))
 PRIMARY_SOCKET = "MODEL"
 
 

@@ -62,11 +62,10 @@ def test_hardware_section_names_native_arithmetic_and_presets():
 # --- the preset decision table ------------------------------------------------------------------
 
 def test_auto_on_native_bf16_cpu_is_bf16_unet_f32_vae_and_text():
-    table = preset_table(caps=SAPPHIRE)["balanced"]
+    table = preset_table(caps=ZEN4)["balanced"]
     assert table == {"MODEL": "bf16", "CONTROL_NET": "bf16", "CLIP": "f32", "VAE": "f32",
-                     "CLIP.text_large": "bf16:f32"}  # T5-XXL & co: bf16 storage, f32 arithmetic
-    # with AVX512-VNNI and no AMX the denoiser gets int8 (CPU_INT8_TABLE; tests/test_int8_onednn.py)
-    assert preset_table(caps=ZEN4)["balanced"] == {**table, "MODEL": "int8", "CONTROL_NET": "int8"}
+                     "CLIP.text_large": "bf16:f32",  # T5-XXL & co: bf16 storage, f32 arithmetic
+                     "MODEL.sd_unet": "int8"}  # the SD UNet: int8 with VNNI (tests/test_int8_onednn.py)
 
 
 def test_auto_without_native_half_is_f32_everywhere():
@@ -92,7 +91,8 @@ def test_presets_quality_memory_fast():
     assert preset_table(caps=ZEN3)["memory"]["MODEL"] == "bf16:f32"
     assert preset_table(caps=ZEN4)["memory"] == {"MODEL": "bf16", "CONTROL_NET": "bf16",
                                                  "CLIP": "bf16:f32", "VAE": "bf16:f32",
-                                                 "CLIP.text_large": "fp8_e4m3fn:f32"}
+                                                 "CLIP.text_large": "fp8_e4m3fn:f32",
+                                                 "MODEL.sd_unet": "bf16"}
     assert preset_spec("fast", "VAE", AMPERE) == "f16"        # the NaN guard is its fallback
     assert preset_spec("fast", "VAE", ZEN4) == "bf16"
     assert preset_spec("fast", "VAE", GRANITE) == "f16"
@@ -123,7 +123,7 @@ def test_parse_spec_resolves_presets_per_socket():
 
 
 def test_resolver_auto_per_socket_type_on_native_bf16_cpu():
-    r = Resolver(None, caps=SAPPHIRE)
+    r = Resolver(None, caps=ZEN4)
     assert [r.policy("1", s).spec for s in ("MODEL", "CONTROL_NET", "CLIP", "VAE")] == \
         ["bf16", "bf16", "f32", "f32"]
     assert r.warnings == [] and r.describe()["preset_types"]["VAE"] == "f32"
@@ -134,7 +134,7 @@ def test_resolver_preset_regions_and_type_defaults():
     cfg = PrecisionConfig("quality", (Region("fast part", frozenset({"2"}), "fast"),))
     r = Resolver(cfg, {"CLIP": "memory"}, caps=ZEN4)
     assert r.policy("1", "MODEL").spec == "f32" and r.policy("1", "CLIP").spec == "bf16:f32"
-    assert r.policy("2", "MODEL").spec == "int8" and r.policy("2", "VAE").spec == "bf16"
+    assert r.policy("2", "MODEL").spec == "bf16" and r.policy("2", "VAE").spec == "bf16"
     r = Resolver(cfg, caps=ZEN3)
     assert r.policy("2", "MODEL").spec == "f32" and r.warnings == []
 

@@ -190,20 +190,48 @@ def test_int8_rows_pick_int8_where_measured_faster():
     assert all(isinstance(flags, tuple) and flags for flags, _, _ in CPU_INT8_TABLE)
 
 
-def test_balanced_and_fast_give_the_denoiser_int8_on_those_cpus_only():
+def test_balanced_and_fast_give_the_sd_unet_int8_on_those_cpus_only():
+    """Only the SD UNet's role (`sd_unet`, a further role of MODEL) picks int8: the DiTs (role
+    unet) were not measured faster in int8 than in bf16."""
     for caps in (ZEN4, CASCADE_LAKE):
         for preset in ("balanced", "fast"):
             table = preset_table(caps=caps)[preset]
-            assert table["MODEL"] == table["CONTROL_NET"] == "int8"
-            assert table["CLIP"] != "int8" and table["VAE"] != "int8"
-        assert preset_table(caps=caps)["memory"]["MODEL"] != "int8"    # int8 adds copies to f32
-        assert preset_table(caps=caps)["quality"]["MODEL"] == "f32"
-    assert preset_spec("balanced", "MODEL", SAPPHIRE) == "bf16"
-    assert preset_spec("fast", "MODEL", ALDER_LAKE) == "f32"
-    assert preset_spec("balanced", "MODEL", AMPERE) == "bf16"           # accelerators first
-    assert preset_spec("balanced", "MODEL", ZEN3) == "f32"
-    assert parse_spec(preset_spec("fast", "MODEL", ZEN4)).int8
+            assert table["MODEL.sd_unet"] == "int8"
+            assert "int8" not in (table["MODEL"], table["CONTROL_NET"], table["CLIP"], table["VAE"])
+        assert preset_table(caps=caps)["memory"]["MODEL.sd_unet"] != "int8"  # int8 adds copies to f32
+        assert preset_table(caps=caps)["quality"]["MODEL.sd_unet"] == "f32"
+    assert preset_spec("balanced", "MODEL", SAPPHIRE, role="sd_unet") == "bf16"
+    assert preset_spec("fast", "MODEL", ALDER_LAKE, role="sd_unet") == "f32"
+    assert preset_spec("balanced", "MODEL", AMPERE, role="sd_unet") == "bf16"  # accelerators first
+    assert preset_spec("balanced", "MODEL", ZEN3, role="sd_unet") == "f32"
+    assert parse_spec(preset_spec("fast", "MODEL", ZEN4, role="sd_unet")).int8
     assert emulation_warning(parse_spec("int8"), "cpu", ZEN4) is None
+
+
+def test_effective_asks_for_the_role_the_model_family_names():
+    from mixgraph.graph.precision import Resolver
+    from mixgraph.nodes.helpers.precision import effective, family_role
+    from mixgraph.nodes.models.handles import ModelHandle
+
+    sd, flux = ModelHandle.__new__(ModelHandle), ModelHandle.__new__(ModelHandle)
+    object.__setattr__(sd, "family", "sd")
+    object.__setattr__(flux, "family", "flux")
+    assert family_role(sd, "MODEL") == "sd_unet" and family_role(flux, "MODEL") is None
+    assert family_role(sd, "VAE") is None and family_role(object(), "MODEL") is None
+
+    class Ctx:  # what effective needs of graph.context.Context
+        def __init__(self, caps):
+            self.resolver, self.used = Resolver(None, caps=caps), []
+
+        def policy_for(self, socket, *, role=None, **_pins):
+            return self.resolver.policy("1", socket, role)
+
+        def used_precision(self, policy):
+            self.used.append(policy)
+
+    for caps, sd_spec, flux_spec in ((ZEN4, "int8", "bf16"), (SAPPHIRE, "bf16", "bf16"), (ZEN3, "f32", "f32")):
+        assert effective(Ctx(caps), sd, "MODEL").spec == sd_spec
+        assert effective(Ctx(caps), flux, "MODEL").spec == flux_spec
 
 
 def test_system_report_says_why():

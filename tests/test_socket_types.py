@@ -171,7 +171,7 @@ def test_library_registers_comfyui_model_types_and_the_diffusion_roles():
     assert [ROLES.role_of(s) for s in ("MODEL", "CONTROL_NET", "CLIP", "VAE", "CLIP_VISION")] == \
         ["unet", "unet", "text", "vae", None]
     assert ROLES.primary == "MODEL"
-    assert Resolver(None, caps=ZEN4).describe()["default"] == "int8"   # the denoiser's auto (VNNI)
+    assert Resolver(None, caps=ZEN4).describe()["default"] == "bf16"   # the denoiser's auto
 
 
 def test_library_every_role_a_family_names_is_declared():
