@@ -22,10 +22,9 @@ Resolution for one node and one model socket type, most specific first (DESIGN Â
      picture (`preset_spec` evaluates it). Native arithmetic is detected per device
      (`device_caps`: CUDA compute capability, MPS, a CPU's flags: AVX512-BF16/AMX-BF16 for bf16,
      AVX512-FP16/AMX-FP16 for f16, VNNI/AMX-INT8 for int8). CUDA: bf16 from 8.0, else
-     f16+upcast; a CPU whose row of `CPU_INT8_TABLE` says int8 measured faster than the
-     alternative: int8 for the roles that ask for it (the node library's UNet/ControlNet); else
-     a CPU with native bf16: bf16 for those roles, f32 for the others (VAE, text encoders); a CPU
-     without it (half precision emulated, slower than f32): f32. A preset in any place a SPEC goes (default, region,
+     f16+upcast; a CPU with native bf16: bf16 for the roles that ask for it (the node library's
+     UNet/ControlNet), f32 for the others (VAE, text encoders); a CPU without it (half precision
+     emulated, slower than f32): f32. int8 only where `CPU_INT8_TABLE` lists the preset. A preset in any place a SPEC goes (default, region,
      `TYPE=`) resolves per socket type there, through the socket type's precision role.
 
 Which socket types hold models and what each preset gives each of them is not known here: the
@@ -340,35 +339,38 @@ CPU_NATIVE_FLAGS = {
 CPU_FLAGS_ENV = "MIXGRAPH_CPU_FLAGS"
 
 
-#: When the presets may pick int8 on a CPU: rows (flags all present, int8 picked, evidence), the
-#: first row whose flags the CPU has decides; a CPU matching no row keeps int8 out of the presets
-#: (an explicit `int8` SPEC still runs it). A row says True only where int8 (`Int8Conv2d`'s oneDNN
-#: kernel, `Int8Linear`'s `torch._int_mm`) was measured faster than what the preset would give the
-#: role otherwise (native bf16 where there is one, else f32) with the picture held (>= 40 dB PSNR
-#: against f32; benchmarks/README.md, "int8 on a VNNI CPU"). This is data, not a timing at run
-#: time, so a preset resolves alike on every run of one machine.
-CPU_INT8_TABLE: tuple[tuple[tuple[str, ...], bool, str], ...] = (
-    (("amx_int8", "amx_bf16"), False,
-     "AMX: int8 tiles not measured against AMX-BF16 (bf16 kept)"),
-    (("avx512_vnni", "avx512_bf16"), True,
-     "AVX512-VNNI with AVX512-BF16 (measured, AMD EPYC Zen 4): int8 convolutions 3-4x f32 and "
-     "~2x bf16, int8 Linears ~1.7x bf16, SD1.5 step faster than bf16, PSNR >= 40 dB"),
-    (("avx512_vnni",), True,
-     "AVX512-VNNI without bf16 (Cascade Lake, issue 27): the int8 GEMM runs 2.7-3.6x the f32 one; "
-     "the same oneDNN int8 kernels as the measured row"),
+#: Which presets pick int8 on a CPU: rows (flags all present, presets that pick int8, evidence);
+#: the first row whose flags the CPU has decides; a CPU matching no row keeps int8 out of every
+#: preset (an explicit `int8` SPEC still runs it). A preset is listed only where int8
+#: (`Int8Conv2d`'s oneDNN kernel, `Int8Linear`'s `torch._int_mm`) measured faster than what that
+#: preset gives the role otherwise (native bf16 where there is one, else f32), and `balanced`
+#: only where the picture holds too (>= 40 dB PSNR against f32 on random and trained weights);
+#: benchmarks/README.md, "int8 on a VNNI CPU", has the numbers. Data, not a timing at run time,
+#: so a preset resolves alike on every run of one machine. Only roles that name `cpu_int8` (the
+#: SD UNet's `sd_unet`) consult it.
+CPU_INT8_TABLE: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
+    (("amx_int8", "amx_bf16"), (),
+     "AMX: int8 tiles not measured against AMX-BF16; bf16 kept"),
+    (("avx512_vnni", "avx512_bf16"), (),
+     "AVX512-VNNI with AVX512-BF16 (measured, AMD EPYC Zen 4): the int8 SD1.5 UNet is no faster "
+     "than bf16 (256 px: 0.86 vs 0.82 s per call; 512 px: 4.7 vs 3.5 s) and loses PSNR; bf16 kept"),
+    (("avx512_vnni",), ("fast",),
+     "AVX512-VNNI without bf16: int8 UNet 2.5x (256 px) / 1.8x (512 px) the f32 one on a VNNI "
+     "CPU, int8 GEMM 2.7-3.6x f32 on Cascade Lake (issue 27): `fast`; `balanced` stays f32 "
+     "(int8 PSNR vs f32: 48.8 dB mean on the embedded model, 29 dB on random full-size weights)"),
 )
 
 
-def cpu_int8_row(flags: frozenset[str] | set[str]) -> tuple[bool, str]:
-    """(whether the presets pick int8 on a CPU with `flags`, why): `CPU_INT8_TABLE`'s first
-    matching row; no row: not picked."""
-    for needed, picked, evidence in CPU_INT8_TABLE:
+def cpu_int8_row(flags: frozenset[str] | set[str]) -> tuple[tuple[str, ...], str]:
+    """(the presets that pick int8 on a CPU with `flags`, why): `CPU_INT8_TABLE`'s first
+    matching row; no row: none."""
+    for needed, presets, evidence in CPU_INT8_TABLE:
         if set(needed) <= set(flags):
-            return picked, evidence
+            return presets, evidence
     native = sorted(set(CPU_NATIVE_FLAGS["int8"]) & set(flags))
     if native:
-        return False, f"int8 native ({', '.join(native)}) but not measured faster here (no row)"
-    return False, "no native int8"
+        return (), f"int8 native ({', '.join(native)}) but not measured faster (no row)"
+    return (), "no native int8"
 
 
 @dataclass(frozen=True)
@@ -381,8 +383,8 @@ class DeviceCaps:
     native_int8: bool = False
     name: str = ""
     why: str = ""
-    #: the presets pick int8 for the roles that ask for it (CPUs: `CPU_INT8_TABLE`)
-    preset_int8: bool = False
+    #: the presets that pick int8 for the roles that ask for it (CPUs: `CPU_INT8_TABLE`)
+    int8_presets: tuple[str, ...] = ()
     int8_why: str = ""
 
     def native(self, compute: torch.dtype) -> bool:
@@ -396,7 +398,7 @@ class DeviceCaps:
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "native_bf16": self.native_bf16,
                 "native_f16": self.native_f16, "native_int8": self.native_int8, "why": self.why,
-                "preset_int8": self.preset_int8, "int8_why": self.int8_why}
+                "int8_presets": list(self.int8_presets), "int8_why": self.int8_why}
 
 
 def cpu_flags(cpuinfo: str | None = None, env: Mapping[str, str] | None = None) -> frozenset[str]:
@@ -439,7 +441,7 @@ def cpu_caps_from_flags(flags: frozenset[str] | set[str], name: str = "cpu",
     """The decision table for a CPU: bf16 is native with AVX512-BF16 or AMX-BF16, f16 with
     AVX512-FP16 or AMX-FP16, int8 with VNNI (AVX512 or AVX) or AMX-INT8. Half precision needs
     torch's oneDNN (mkldnn) backend too: without it the same flags buy nothing. Whether the
-    presets pick int8 is `CPU_INT8_TABLE`'s row (`preset_int8`, `int8_why`)."""
+    presets pick int8 is `CPU_INT8_TABLE`'s row (`int8_presets`, `int8_why`)."""
     got = {what: sorted(set(names) & set(flags)) for what, names in CPU_NATIVE_FLAGS.items()}
     bf16 = bool(got["bf16"]) and onednn
     f16 = bool(got["f16"]) and onednn
@@ -448,11 +450,11 @@ def cpu_caps_from_flags(flags: frozenset[str] | set[str], name: str = "cpu",
                     for what, names in got.items())
     if not onednn:
         why += "; torch built without oneDNN"
-    picked, int8_why = cpu_int8_row(flags)
-    if not onednn and picked:
-        picked, int8_why = False, "torch built without oneDNN (its int8 convolution is what was measured)"
+    presets, int8_why = cpu_int8_row(flags)
+    if not onednn and presets:
+        presets, int8_why = (), "torch built without oneDNN (its int8 convolution is what was measured)"
     return DeviceCaps("cpu", native_bf16=bf16, native_f16=f16, native_int8=int8, name=name, why=why,
-                      preset_int8=picked, int8_why=int8_why)
+                      int8_presets=presets, int8_why=int8_why)
 
 
 def _cpu_name() -> str:
@@ -518,7 +520,7 @@ def _native_half(caps: DeviceCaps) -> str | None:
     return "bf16" if caps.native_bf16 else None
 
 
-def _candidate(choice: str, caps: DeviceCaps) -> str | None:
+def _candidate(choice: str, caps: DeviceCaps, preset: str = "") -> str | None:
     """One of a role's candidates on a device: a `DEVICE_CHOICES` name evaluated, or the SPEC."""
     if choice == "native_half":
         return _native_half(caps)
@@ -529,7 +531,7 @@ def _candidate(choice: str, caps: DeviceCaps) -> str | None:
     if choice == "native_bf16":
         return "bf16" if caps.native_bf16 else None
     if choice == "cpu_int8":
-        return "int8" if caps.kind == "cpu" and caps.preset_int8 else None
+        return "int8" if caps.kind == "cpu" and preset in caps.int8_presets else None
     return choice
 
 
@@ -549,8 +551,8 @@ def preset_spec(preset: str, socket: str | None, caps: DeviceCaps, *, role: str 
     memory   the smallest storage that keeps the picture: 16-bit weights everywhere (fp8 costs
              visible detail), computing natively in half where the role asks for it, else
              `bf16:f32`.
-    On a CPU whose `CPU_INT8_TABLE` row picks int8, the roles that name `cpu_int8` (a
-    denoiser, under balanced and fast) get `int8` before native half.
+    On a CPU whose `CPU_INT8_TABLE` row lists the preset, the roles that name `cpu_int8` (the
+    SD UNet) get `int8` before native half.
 
     fast     the fastest native compute everywhere: native half (bf16, f16+upcast on CUDA
              without bf16), or f16 first where the role prefers it (an image decoder: the NaN
@@ -561,7 +563,7 @@ def preset_spec(preset: str, socket: str | None, caps: DeviceCaps, *, role: str 
     if role is None:
         role = ROLES.role_of(socket if socket is not None else ROLES.primary)
     for choice in ROLES.presets(role).candidates(preset):
-        spec = _candidate(choice, caps)
+        spec = _candidate(choice, caps, preset)
         if spec is not None:
             return spec
     return "f32"

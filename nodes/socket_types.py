@@ -35,9 +35,9 @@ WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE")
 #:   precision wherever there is one (the NaN guard re-runs a non-finite step in f32); under
 #:   `memory` it computes in it too, else it stores bf16 and computes f32.
 #: - sd_unet, the SD 1.x / 2.x / SDXL UNet (the SD family's denoiser; a further role of MODEL
-#:   that the loaders ask for by the model's family): as unet, except that on a CPU where int8
-#:   measured faster than native half (or f32) with the picture held (`cpu_int8`: the CPU's row
-#:   of `graph.precision.CPU_INT8_TABLE`) `balanced` and `fast` give it int8. Only the SD UNet
+#:   that the samplers ask for by the model's family): as unet, except that `balanced` and
+#:   `fast` give it int8 where the CPU's row of `graph.precision.CPU_INT8_TABLE` lists that
+#:   preset (`cpu_int8`: int8 measured faster than the alternative there). Only the SD UNet
 #:   was measured so (benchmarks/README.md); the DiTs' int8 is not faster than their bf16 on
 #:   CPU (SD3.5-medium 11.1 vs 10.7 s/step) and fp8 files turn int8 off, so they keep unet.
 #: - text, a text encoder: it runs once per prompt, so `balanced` keeps it f32 off accelerators

@@ -65,7 +65,7 @@ def test_auto_on_native_bf16_cpu_is_bf16_unet_f32_vae_and_text():
     table = preset_table(caps=ZEN4)["balanced"]
     assert table == {"MODEL": "bf16", "CONTROL_NET": "bf16", "CLIP": "f32", "VAE": "f32",
                      "CLIP.text_large": "bf16:f32",  # T5-XXL & co: bf16 storage, f32 arithmetic
-                     "MODEL.sd_unet": "int8"}  # the SD UNet: int8 with VNNI (tests/test_int8_onednn.py)
+                     "MODEL.sd_unet": "bf16"}  # the SD UNet's role (tests/test_int8_onednn.py)
 
 
 def test_auto_without_native_half_is_f32_everywhere():
