@@ -20,7 +20,7 @@ from mixgraph.graph.precision import (CPU_INT8_TABLE, DeviceCaps, cpu_caps_from_
                                       cpu_int8_row, emulation_warning, parse_spec, preset_spec,
                                       preset_table)
 from mixgraph.nodes.weights.cast import (Int8Conv2d, Int8Linear, apply_precision,
-                                         onednn_int8_conv_available)
+                                         onednn_int8_conv_available, quantize_uint8)
 from tests.fixtures.tiny_unet import tiny_unet, tiny_unet_config
 from tests.test_cast import Policy as CastPolicy
 
@@ -142,12 +142,47 @@ def test_int8_linear_is_exactly_its_integer_product_rescaled():
     lin = nn.Linear(96, 40)
     x = torch.randn(3, 17, 96, generator=g)
     q = Int8Linear(lin, F32)
+    q.kernel = "int_mm"
     x2 = x.reshape(-1, 96)  # [3, 17, 96] -> [51, 96]
     xs = x2.abs().amax(dim=1, keepdim=True) / 127.0
     xq = torch.round(x2 / xs).clamp(-127, 127).long()
     acc = xq @ q.weight_int8.long()  # [51, 40], exact
     ref = acc.double() * xs.double() * q.weight_scale.double() + lin.bias.double()
     assert _rel(q(x).reshape(-1, 40), ref) < 1e-6
+
+
+@needs_onednn
+@torch.no_grad()
+def test_onednn_linear_is_the_dequantised_product_of_per_tensor_uint8_activations():
+    """oneDNN's dynamic Linear against our own quantisation (Int8Conv2d.quantize_input's per-tensor
+    uint8 scheme, the one the kernel computes) of the same input, multiplied in f64 with the
+    dequantised int8 weights. The kernel picks its own scale/zero point the same way up to
+    float rounding, so a few entries may land one level apart: bound 1e-3 relative (one level
+    is ~0.4% of the range, and only a rare entry moves)."""
+    g = torch.Generator().manual_seed(5)
+    lin = nn.Linear(96, 40)
+    x = torch.randn(3, 17, 96, generator=g) + 0.2
+    q = Int8Linear(lin, F32)
+    q.kernel = "onednn"
+    qx, scale, zero = quantize_uint8(x.reshape(-1, 96))  # [3, 17, 96] -> [51, 96] uint8
+    wd = q.weight_int8.double() * q.weight_scale.double()  # [in, out]
+    ref = ((qx.double() - zero) * scale) @ wd + lin.bias.double()
+    out = q(x)
+    assert out.shape == (3, 17, 40) and out.dtype == F32
+    assert _rel(out.reshape(-1, 40), ref) < 1e-3
+    assert 1e-4 < _rel(out, lin(x)) < 0.025  # against f32: the conv's error budget (see above)
+    twin = copy.deepcopy(q)
+    assert twin._packed is None and torch.equal(twin(x), out)
+
+
+@needs_onednn
+def test_onednn_linear_traces_on_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q = Int8Linear(nn.Linear(16, 8), F32)
+    q.kernel = "onednn"
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert q(torch.empty(2, 5, 16)).shape == (2, 5, 8)
 
 
 # --- what int8 leaves f32 in the SD UNet ---------------------------------------------------------
@@ -240,7 +275,7 @@ def test_effective_asks_for_the_role_the_model_family_names():
 
 def test_system_report_says_why():
     js = CASCADE_LAKE.to_json()
-    assert js["int8_presets"] == ["fast"] and "int8 UNet" in js["int8_why"]
+    assert js["int8_presets"] == ["fast"] and "faster than f32" in js["int8_why"]
     assert "bf16 kept" in ZEN4.to_json()["int8_why"]
 
 

@@ -356,6 +356,18 @@ def onednn_int8_conv_available(env: Mapping[str, str] | None = None) -> bool:
     return _onednn_int8_conv((os.environ if env is None else env).get(CPU_FLAGS_ENV))
 
 
+def quantize_uint8(x: Tensor) -> tuple[Tensor, float, int]:
+    """Per-tensor asymmetric uint8 quantisation, as oneDNN's dynamic kernels do it: (q, scale,
+    zero point) with x ~ (q - zero_point) * scale, q = clamp(round(x / scale + zero_point), 0,
+    255), over the range [min(x, 0), max(x, 0)] (0 is exact, as zero padding needs)."""
+    lo, hi = torch.aminmax(x)
+    lo, hi = min(lo.item(), 0.0), max(hi.item(), 0.0)
+    scale = max((hi - lo) / 255.0, 1e-12)
+    zero = min(max(round(-lo / scale), 0), 255)
+    q = torch.div(x, scale).add_(zero).round_().clamp_(0, 255).to(torch.uint8)
+    return q, scale, zero
+
+
 class Int8Conv2d(nn.Module):
     """nn.Conv2d (groups 1, zero padding) with int8 weights (per-output-channel absmax scale)
     and dynamic int8 activations, in one of two kernels (`kernel`; "auto" picks per call):
@@ -438,13 +450,8 @@ class Int8Conv2d(nn.Module):
                            device=x.device).contiguous(memory_format=torch.channels_last)
 
     def quantize_input(self, x: Tensor) -> tuple[Tensor, float, int]:
-        """The "onednn" kernel's activation quantisation: (uint8 x, scale, zero point) with
-        x ~ (q - zero_point) * scale, q = clamp(round(x / scale + zero_point), 0, 255)."""
-        lo, hi = torch.aminmax(x)
-        lo, hi = min(lo.item(), 0.0), max(hi.item(), 0.0)
-        scale = max((hi - lo) / 255.0, 1e-12)
-        zero = min(max(round(-lo / scale), 0), 255)
-        q = torch.div(x, scale).add_(zero).round_().clamp_(0, 255).to(torch.uint8)
+        """The "onednn" kernel's activation quantisation (`quantize_uint8`), channels_last."""
+        q, scale, zero = quantize_uint8(x)
         return q.contiguous(memory_format=torch.channels_last), scale, zero
 
     def _forward_onednn(self, x: Tensor) -> Tensor:
