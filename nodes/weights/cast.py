@@ -31,9 +31,10 @@ Rules:
 - `upcast_attention`: sets `upcast_attention = True` on every submodule that has the attribute
   (False leaves the model's own default).
 - `int8`: every nn.Linear not kept f32 becomes an `Int8Linear`: symmetric per-output-channel int8
-  weights, dynamic per-row int8 activations, int32 accumulation via `torch._int_mm`, f32 rescale
-  (LLM.int8()-style absmax quantization without the outlier split; Dettmers et al.,
-  arXiv:2208.07339). Every nn.Conv2d not kept f32 becomes an `Int8Conv2d`: on a CPU with native
+  weights and dynamic int8 activations; on a CPU with native int8 dot products oneDNN's dynamic
+  quantized Linear (per-tensor uint8 activations), elsewhere per-row int8 activations, int32
+  accumulation via `torch._int_mm`, f32 rescale (LLM.int8()-style absmax quantization without
+  the outlier split; Dettmers et al., arXiv:2208.07339). Every nn.Conv2d not kept f32 becomes an `Int8Conv2d`: on a CPU with native
   int8 dot products (VNNI / AMX-INT8) oneDNN's int8 convolution with per-tensor asymmetric
   uint8 activations (no im2col; 3-4x the f32 convolution), elsewhere the per-row scheme above
   over im2col patches (one row per output pixel, in bounded chunks); convolutions are most of an
@@ -634,6 +635,8 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
                 held += n * 4  # the store keeps the f32 weights the int8 copy is made from
                 if pname == "weight" and type(m) is nn.Linear:
                     per_use += n + m.out_features * 4  # int8 matrix, f32 scales
+                    if onednn_conv:  # oneDNN's packed copy of the int8 weights, made on first use
+                        per_use += n
                 elif pname == "weight":
                     k, n_out = int8_conv_gemm_shape(m)
                     per_use += k * n_out + m.out_channels * 4  # padded int8 matrix, f32 scales
