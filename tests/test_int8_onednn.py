@@ -288,3 +288,16 @@ def test_onednn_conv_traces_on_fake_tensors_for_the_estimate():
     with FakeTensorMode(allow_non_fake_inputs=True):
         y = q(torch.empty(2, 8, 9, 10))
     assert y.shape == (2, 12, 5, 5) and y.dtype == F32
+
+
+def test_precision_bytes_adds_onednn_packed_copies_where_that_kernel_runs(monkeypatch):
+    from mixgraph.nodes.weights.cast import precision_bytes
+
+    model = nn.Sequential(nn.Linear(16, 8), nn.Conv2d(4, 6, 3))
+    monkeypatch.setenv("MIXGRAPH_CPU_FLAGS", "avx2")
+    _, portable = precision_bytes(model, CastPolicy(int8=True))
+    monkeypatch.setenv("MIXGRAPH_CPU_FLAGS", "avx512_vnni")
+    if not onednn_int8_conv_available():
+        pytest.skip("torch without oneDNN int8 kernels")
+    _, onednn = precision_bytes(model, CastPolicy(int8=True))
+    assert onednn - portable == 16 * 8 + 4 * 9 * 6  # one packed int8 copy per layer
