@@ -24,7 +24,7 @@ Resolution for one node and one model socket type, most specific first (DESIGN Â
      AVX512-FP16/AMX-FP16 for f16, VNNI/AMX-INT8 for int8). CUDA: bf16 from 8.0, else
      f16+upcast; a CPU with native bf16: bf16 for the roles that ask for it (the node library's
      UNet/ControlNet), f32 for the others (VAE, text encoders); a CPU without it (half precision
-     emulated, slower than f32): f32. A preset in any place a SPEC goes (default, region,
+     emulated, slower than f32): f32. int8 only where `CPU_INT8_TABLE` lists the preset. A preset in any place a SPEC goes (default, region,
      `TYPE=`) resolves per socket type there, through the socket type's precision role.
 
 Which socket types hold models and what each preset gives each of them is not known here: the
@@ -339,6 +339,40 @@ CPU_NATIVE_FLAGS = {
 CPU_FLAGS_ENV = "MIXGRAPH_CPU_FLAGS"
 
 
+#: Which presets pick int8 on a CPU: rows (flags all present, presets that pick int8, evidence);
+#: the first row whose flags the CPU has decides; a CPU matching no row keeps int8 out of every
+#: preset (an explicit `int8` SPEC still runs it). A preset is listed only where int8
+#: (`Int8Conv2d`'s oneDNN kernel, `Int8Linear`'s `torch._int_mm`) measured faster than what that
+#: preset gives the role otherwise (native bf16 where there is one, else f32), and `balanced`
+#: only where the picture holds too (>= 40 dB PSNR against f32 on random and trained weights);
+#: benchmarks/README.md, "int8 on a VNNI CPU", has the numbers. Data, not a timing at run time,
+#: so a preset resolves alike on every run of one machine. Only roles that name `cpu_int8` (the
+#: SD UNet's `sd_unet`) consult it.
+CPU_INT8_TABLE: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
+    (("amx_int8", "amx_bf16"), (),
+     "AMX: int8 tiles not measured against AMX-BF16; bf16 kept"),
+    (("avx512_vnni", "avx512_bf16"), (),
+     "AVX512-VNNI with AVX512-BF16 (measured, AMD EPYC Zen 4): the int8 SD1.5 UNet runs at bf16's "
+     "speed (256 px: 0.72 vs 0.76 s per call; 512 px: 3.99 vs 3.68 s) with a lower PSNR; bf16 kept"),
+    (("avx512_vnni",), ("fast",),
+     "AVX512-VNNI without bf16: the int8 SD1.5 UNet 2.9x (256 px) / 1.8x (512 px) faster than "
+     "f32 on a VNNI CPU, int8 GEMM 2.7-3.6x f32 on Cascade Lake (issue 27): `fast`; `balanced` "
+     "stays f32 (int8 PSNR vs f32 ~48 dB mean on the embedded model, 29 dB on random weights)"),
+)
+
+
+def cpu_int8_row(flags: frozenset[str] | set[str]) -> tuple[tuple[str, ...], str]:
+    """(the presets that pick int8 on a CPU with `flags`, why): `CPU_INT8_TABLE`'s first
+    matching row; no row: none."""
+    for needed, presets, evidence in CPU_INT8_TABLE:
+        if set(needed) <= set(flags):
+            return presets, evidence
+    native = sorted(set(CPU_NATIVE_FLAGS["int8"]) & set(flags))
+    if native:
+        return (), f"int8 native ({', '.join(native)}) but not measured faster (no row)"
+    return (), "no native int8"
+
+
 @dataclass(frozen=True)
 class DeviceCaps:
     """What one device computes natively. `why` names the evidence (flags, compute capability)."""
@@ -349,6 +383,9 @@ class DeviceCaps:
     native_int8: bool = False
     name: str = ""
     why: str = ""
+    #: the presets that pick int8 for the roles that ask for it (CPUs: `CPU_INT8_TABLE`)
+    int8_presets: tuple[str, ...] = ()
+    int8_why: str = ""
 
     def native(self, compute: torch.dtype) -> bool:
         """Whether half compute in `compute` is native (f32 always is)."""
@@ -360,7 +397,8 @@ class DeviceCaps:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "native_bf16": self.native_bf16,
-                "native_f16": self.native_f16, "native_int8": self.native_int8, "why": self.why}
+                "native_f16": self.native_f16, "native_int8": self.native_int8, "why": self.why,
+                "int8_presets": list(self.int8_presets), "int8_why": self.int8_why}
 
 
 def cpu_flags(cpuinfo: str | None = None, env: Mapping[str, str] | None = None) -> frozenset[str]:
@@ -402,7 +440,8 @@ def cpu_caps_from_flags(flags: frozenset[str] | set[str], name: str = "cpu",
                         onednn: bool = True) -> DeviceCaps:
     """The decision table for a CPU: bf16 is native with AVX512-BF16 or AMX-BF16, f16 with
     AVX512-FP16 or AMX-FP16, int8 with VNNI (AVX512 or AVX) or AMX-INT8. Half precision needs
-    torch's oneDNN (mkldnn) backend too: without it the same flags buy nothing."""
+    torch's oneDNN (mkldnn) backend too: without it the same flags buy nothing. Whether the
+    presets pick int8 is `CPU_INT8_TABLE`'s row (`int8_presets`, `int8_why`)."""
     got = {what: sorted(set(names) & set(flags)) for what, names in CPU_NATIVE_FLAGS.items()}
     bf16 = bool(got["bf16"]) and onednn
     f16 = bool(got["f16"]) and onednn
@@ -411,7 +450,11 @@ def cpu_caps_from_flags(flags: frozenset[str] | set[str], name: str = "cpu",
                     for what, names in got.items())
     if not onednn:
         why += "; torch built without oneDNN"
-    return DeviceCaps("cpu", native_bf16=bf16, native_f16=f16, native_int8=int8, name=name, why=why)
+    presets, int8_why = cpu_int8_row(flags)
+    if not onednn and presets:
+        presets, int8_why = (), "torch built without oneDNN (its int8 convolution is what was measured)"
+    return DeviceCaps("cpu", native_bf16=bf16, native_f16=f16, native_int8=int8, name=name, why=why,
+                      int8_presets=presets, int8_why=int8_why)
 
 
 def _cpu_name() -> str:
@@ -477,7 +520,7 @@ def _native_half(caps: DeviceCaps) -> str | None:
     return "bf16" if caps.native_bf16 else None
 
 
-def _candidate(choice: str, caps: DeviceCaps) -> str | None:
+def _candidate(choice: str, caps: DeviceCaps, preset: str = "") -> str | None:
     """One of a role's candidates on a device: a `DEVICE_CHOICES` name evaluated, or the SPEC."""
     if choice == "native_half":
         return _native_half(caps)
@@ -487,6 +530,8 @@ def _candidate(choice: str, caps: DeviceCaps) -> str | None:
         return "f16" if caps.native_f16 else None
     if choice == "native_bf16":
         return "bf16" if caps.native_bf16 else None
+    if choice == "cpu_int8":
+        return "int8" if caps.kind == "cpu" and preset in caps.int8_presets else None
     return choice
 
 
@@ -506,6 +551,9 @@ def preset_spec(preset: str, socket: str | None, caps: DeviceCaps, *, role: str 
     memory   the smallest storage that keeps the picture: 16-bit weights everywhere (fp8 costs
              visible detail), computing natively in half where the role asks for it, else
              `bf16:f32`.
+    On a CPU whose `CPU_INT8_TABLE` row lists the preset, the roles that name `cpu_int8` (the
+    SD UNet) get `int8` before native half.
+
     fast     the fastest native compute everywhere: native half (bf16, f16+upcast on CUDA
              without bf16), or f16 first where the role prefers it (an image decoder: the NaN
              guard is its fallback), else f32.
@@ -515,7 +563,7 @@ def preset_spec(preset: str, socket: str | None, caps: DeviceCaps, *, role: str 
     if role is None:
         role = ROLES.role_of(socket if socket is not None else ROLES.primary)
     for choice in ROLES.presets(role).candidates(preset):
-        spec = _candidate(choice, caps)
+        spec = _candidate(choice, caps, preset)
         if spec is not None:
             return spec
     return "f32"

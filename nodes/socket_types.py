@@ -35,6 +35,12 @@ WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE", "CURVE")
 #: - unet, the denoiser (and a ControlNet, which runs beside it every step): native half
 #:   precision wherever there is one (the NaN guard re-runs a non-finite step in f32); under
 #:   `memory` it computes in it too, else it stores bf16 and computes f32.
+#: - sd_unet, the SD 1.x / 2.x / SDXL UNet (the SD family's denoiser; a further role of MODEL
+#:   that the samplers ask for by the model's family): as unet, except that `balanced` and
+#:   `fast` give it int8 where the CPU's row of `graph.precision.CPU_INT8_TABLE` lists that
+#:   preset (`cpu_int8`: int8 measured faster than the alternative there). Only the SD UNet
+#:   was measured so (benchmarks/README.md); the DiTs' int8 is not faster than their bf16 on
+#:   CPU (SD3.5-medium 11.1 vs 10.7 s/step) and fp8 files turn int8 off, so they keep unet.
 #: - text, a text encoder: it runs once per prompt, so `balanced` keeps it f32 off accelerators
 #:   (nothing to win); `fast` gives it native half.
 #: - text_large, a text encoder of billions of weights (T5-XXL 4.7 B, Qwen3-4B, Gemma 2 2B: the
@@ -49,6 +55,9 @@ WIDGET_SOCKETS = ("BOUNDING_BOX", "COLOR", "WEBCAM", "IMAGECOMPARE", "CURVE")
 ROLE_PRESETS = {
     "unet": RolePresets(quality=("f32",), balanced=("native_half", "f32"),
                         memory=("native_half", "bf16:f32"), fast=("native_half", "f32")),
+    "sd_unet": RolePresets(quality=("f32",), balanced=("accelerator_half", "cpu_int8", "native_half", "f32"),
+                           memory=("native_half", "bf16:f32"),
+                           fast=("accelerator_half", "cpu_int8", "native_half", "f32")),
     "text": RolePresets(quality=("f32",), balanced=("accelerator_half", "f32"),
                         memory=("bf16:f32",), fast=("native_half", "f32")),
     "text_large": RolePresets(quality=("f32",), balanced=("accelerator_half", "bf16:f32"),
@@ -60,7 +69,7 @@ ROLE_PRESETS = {
 #: summarised as one SPEC (a workflow default in `Resolver.describe`) is the denoiser's.
 SOCKET_ROLES = (("MODEL", "unet"), ("CONTROL_NET", "unet"), ("CLIP", "text"), ("VAE", "vae"))
 #: Roles a socket type's values may hold beside its own (a CLIP's large encoders).
-FURTHER_ROLES = (("CLIP", "text_large"),)
+FURTHER_ROLES = (("CLIP", "text_large"), ("MODEL", "sd_unet"))
 PRIMARY_SOCKET = "MODEL"
 
 

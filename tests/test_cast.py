@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mixgraph.nodes.weights.cast import (CastConv2d, CastGroupNorm, CastLayer, Int8Conv2d, Int8Linear,
-                                         apply_precision, int8_conv_gemm_shape, weight_bytes)
+                                         apply_precision, int8_conv_gemm_shape, matched_names,
+                                         weight_bytes)
 from mixgraph.nodes.families.sd.unet import CrossAttention, sdxl_adm
 from tests.fixtures.tiny_unet import TINY_POOLED, tiny_unet, tiny_unet_config
 
@@ -72,10 +73,13 @@ def kept(name: str) -> bool:
 def expected_bytes(model: nn.Module, policy: Policy) -> int:
     """Bytes the documented storage rules give, computed from the f32 model's parameters."""
     total = 0
+    skipped = matched_names(model, "int8_skip")  # UNetModel.int8_skip: attention q/k stay f32
     for mname, m in model.named_modules():
         for pname, p in m.named_parameters(recurse=False):
             n = p.numel()
             if kept(mname):
+                total += 4 * n
+            elif policy.int8 and mname in skipped:
                 total += 4 * n
             elif policy.int8 and type(m) is nn.Linear:
                 total += n + 4 * m.out_features if pname == "weight" else 4 * n  # int8 + f32 scale
@@ -114,8 +118,10 @@ def test_apply_precision_memory_ratios():
     assert 0.5 < ratio["bf16"] == ratio["f16"] == ratio["bf16_storage_f32_compute"] < 0.53
     assert 0.25 < ratio["fp8_e4m3fn_storage_bf16_compute"] < 0.28
     int8 = apply_precision(model, SPECS["int8"][0])
+    skipped = matched_names(model, "int8_skip")  # attention q/k: f32 under int8
     lin_f32 = sum(
-        m.weight.numel() * 4 for n, m in model.named_modules() if type(m) is nn.Linear and not kept(n)
+        m.weight.numel() * 4 for n, m in model.named_modules()
+        if type(m) is nn.Linear and not kept(n) and n not in skipped
     )
     lin_int8 = sum(
         m.weight_int8.numel() + 4 * m.weight_scale.numel() for m in int8.modules() if isinstance(m, Int8Linear)

@@ -64,7 +64,8 @@ def test_hardware_section_names_native_arithmetic_and_presets():
 def test_auto_on_native_bf16_cpu_is_bf16_unet_f32_vae_and_text():
     table = preset_table(caps=ZEN4)["balanced"]
     assert table == {"MODEL": "bf16", "CONTROL_NET": "bf16", "CLIP": "f32", "VAE": "f32",
-                     "CLIP.text_large": "bf16:f32"}  # T5-XXL & co: bf16 storage, f32 arithmetic
+                     "CLIP.text_large": "bf16:f32",  # T5-XXL & co: bf16 storage, f32 arithmetic
+                     "MODEL.sd_unet": "bf16"}  # the SD UNet's role (tests/test_int8_onednn.py)
 
 
 def test_auto_without_native_half_is_f32_everywhere():
@@ -90,7 +91,8 @@ def test_presets_quality_memory_fast():
     assert preset_table(caps=ZEN3)["memory"]["MODEL"] == "bf16:f32"
     assert preset_table(caps=ZEN4)["memory"] == {"MODEL": "bf16", "CONTROL_NET": "bf16",
                                                  "CLIP": "bf16:f32", "VAE": "bf16:f32",
-                                                 "CLIP.text_large": "fp8_e4m3fn:f32"}
+                                                 "CLIP.text_large": "fp8_e4m3fn:f32",
+                                                 "MODEL.sd_unet": "bf16"}
     assert preset_spec("fast", "VAE", AMPERE) == "f16"        # the NaN guard is its fallback
     assert preset_spec("fast", "VAE", ZEN4) == "bf16"
     assert preset_spec("fast", "VAE", GRANITE) == "f16"

@@ -15,17 +15,32 @@ from typing import Any
 
 from mixgraph.graph.precision import Policy
 from mixgraph.graph.roles import ROLES
+from mixgraph.nodes.families.registry import FAMILIES
 
 
 def effective(ctx: Any, handle: Any, socket: str, *, role: str | None = None) -> Policy:
     """The policy to run `handle` under in this node, reported to the engine via ctx. `role`:
     one of the socket type's further precision roles (nodes/socket_types.py), for one model of
     a handle that holds several (a text encoder of a set with a role of its own)."""
+    if role is None:
+        role = family_role(handle, socket)
     policy = ctx.policy_for(socket, role=role, pinned=getattr(handle, "precision", None),
                             storage=getattr(handle, "weight_dtype", None),
                             compute=getattr(handle, "compute_dtype", None))
     ctx.used_precision(policy)
     return policy
+
+
+def family_role(handle: Any, socket: str) -> str | None:
+    """The precision role a model handle's family names for its denoiser
+    (`Family.precision_roles["diffusion"]`: the SD UNet's "sd_unet"), when the node library
+    registered it as a further role of `socket`; else None (the socket type's own role)."""
+    name = getattr(handle, "family", None)
+    family = FAMILIES.get(name) if isinstance(name, str) else None
+    role = getattr(family, "precision_roles", {}).get("diffusion") if family is not None else None
+    if role is None or role == ROLES.role_of(socket) or role not in ROLES.roles_of(socket):
+        return None
+    return role
 
 
 def encoder_policies(ctx: Any, clip: Any, socket: str = "CLIP") -> dict[str, Policy]:

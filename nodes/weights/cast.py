@@ -31,16 +31,21 @@ Rules:
 - `upcast_attention`: sets `upcast_attention = True` on every submodule that has the attribute
   (False leaves the model's own default).
 - `int8`: every nn.Linear not kept f32 becomes an `Int8Linear`: symmetric per-output-channel int8
-  weights, dynamic per-row int8 activations, int32 accumulation via `torch._int_mm`, f32 rescale
-  (LLM.int8()-style absmax quantization without the outlier split; Dettmers et al.,
-  arXiv:2208.07339). Every nn.Conv2d not kept f32 becomes an `Int8Conv2d`, the same scheme over
-  im2col patches (one row per output pixel, in bounded chunks); convolutions are most of an SD
-  UNet's FLOPs (62% at 256 px, 55% at 512 px for SD1.5; the Linears 34% / 29%). Grouped convs,
-  non-zero padding modes and string padding stay cast layers (`int8_conv_supported`).
+  weights and dynamic int8 activations; on a CPU with native int8 dot products oneDNN's dynamic
+  quantized Linear (per-tensor uint8 activations), elsewhere per-row int8 activations, int32
+  accumulation via `torch._int_mm`, f32 rescale (LLM.int8()-style absmax quantization without
+  the outlier split; Dettmers et al., arXiv:2208.07339). Every nn.Conv2d not kept f32 becomes an `Int8Conv2d`: on a CPU with native
+  int8 dot products (VNNI / AMX-INT8) oneDNN's int8 convolution with per-tensor asymmetric
+  uint8 activations (no im2col; 3-4x the f32 convolution), elsewhere the per-row scheme above
+  over im2col patches (one row per output pixel, in bounded chunks); convolutions are most of an
+  SD UNet's FLOPs (62% at 256 px, 55% at 512 px for SD1.5; the Linears 34% / 29%). Grouped
+  convs, non-zero padding modes and string padding stay cast layers (`int8_conv_supported`).
 - `int8_skip`: a class attribute (patterns as above) naming Linear/Conv2d modules that `int8`
   leaves as cast layers (f32, since int8 computes in f32): the whole VAE, whose int8 convs cost
-  most of int8's PSNR on the embedded model. The UNet's first and last convs are converted: kept
-  f32 they gave no measurable gain there (and a tenth less error on the tiny test UNet).
+  most of int8's PSNR on the embedded model; the SD UNet's attention query/key projections,
+  whose errors pass through the softmax's exponent. The UNet's first and last convs are
+  converted: kept f32 they gave no measurable gain there (and a tenth less error on the tiny
+  test UNet).
 - Quantised fp8 weights (ComfyUI's scaled fp8 / mixed-precision files, `quantized.py`): a layer
   the weight store gave an fp8 weight with a `weight_scale` buffer keeps that weight as it is (in
   the file's fp8 type) and multiplies the weight it casts by the scale on every forward (ComfyUI's
@@ -67,14 +72,18 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import functools
 import inspect
+import os
 import threading
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 from mixgraph.nodes.weights.gguf_tensor import is_quantized
 
@@ -211,8 +220,21 @@ _NORMS = (nn.GroupNorm, nn.LayerNorm)
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear with int8 weights [in, out] (per-output-channel absmax scale) and dynamic per-row
-    int8 activations; the int32 product is rescaled in f32 and returned in `compute_dtype`."""
+    """nn.Linear with int8 weights [in, out] (per-output-channel absmax scale) and dynamic int8
+    activations, in one of two kernels (`kernel`; "auto" picks per call), returned in
+    `compute_dtype`:
+
+    - "onednn" (CPU with native int8 dot products, `onednn_int8_conv_available`): oneDNN's
+      dynamic quantized Linear (`quantized::linear_dynamic`, the x86 backend's kernel): the
+      input is quantized per tensor (asymmetric uint8, in the kernel), the bias added in f32.
+      1.4-2.6x faster than the "int_mm" kernel at 1024-4096 tokens (its quantisation is fused),
+      ~1 dB lower SNR per layer (benchmarks/README.md).
+    - "int_mm" (any device): per-row absmax int8 activations, `torch._int_mm`, f32 rescale.
+
+    The weights are held once, as `weight_int8`; oneDNN's packed copy is made from them on first
+    use and is not part of the state."""
+
+    kernel: str = "auto"  # "auto" | "onednn" | "int_mm"
 
     def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype):
         super().__init__()
@@ -225,10 +247,49 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_scale", scale)
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self._packed: Any = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_packed"] = None  # oneDNN's opaque packed weight: remade on first use
+        return state
+
+    def _use_onednn(self, x: Tensor) -> bool:
+        if self.kernel == "auto":
+            return (x.device.type == "cpu" and onednn_int8_conv_available()
+                    and "onednn" in torch.backends.quantized.supported_engines)
+        if self.kernel not in ("onednn", "int_mm"):
+            raise ValueError(f"Int8Linear.kernel must be 'auto', 'onednn' or 'int_mm', not {self.kernel!r}")
+        return self.kernel == "onednn"
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).float()  # [..., in] -> [N, in]
+        if self._use_onednn(x2):
+            if x2.device.type == "meta" or is_fake(x2):  # `mixgraph estimate`'s trace: shapes only
+                y = x2.new_empty(x2.shape[0], self.out_features)
+            else:
+                y = torch.ops.quantized.linear_dynamic(x2.contiguous(), self._onednn_packed(), False)
+        else:
+            y = self._forward_int_mm(x2)
+        return y.reshape(*lead, self.out_features).to(self.compute_dtype)  # [N, out] -> [..., out]
+
+    def _onednn_packed(self) -> Any:
+        if self._packed is None:
+            zeros = torch.zeros(self.out_features, dtype=torch.int64)
+            engine = torch.backends.quantized.engine
+            with warnings.catch_warnings():  # torch marks quantized tensors deprecated; the kernel needs one
+                warnings.simplefilter("ignore")
+                qw = torch._make_per_channel_quantized_tensor(
+                    self.weight_int8.t().contiguous(), self.weight_scale.double(), zeros, 0)  # [out, in]
+                try:
+                    torch.backends.quantized.engine = "onednn"
+                    self._packed = torch.ops.quantized.linear_prepack(qw, self.bias)
+                finally:
+                    torch.backends.quantized.engine = engine
+        return self._packed
+
+    def _forward_int_mm(self, x2: Tensor) -> Tensor:
         x_scale = x2.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0  # [N, 1]
         xq = torch.round(x2 / x_scale).clamp(-127, 127).to(torch.int8)
         n = xq.shape[0]
@@ -236,9 +297,7 @@ class Int8Linear(nn.Module):
             xq = F.pad(xq, (0, 0, 0, 17 - n))
         acc = torch._int_mm(xq, self.weight_int8)[:n]  # [N, out] int32
         y = acc.float() * x_scale * self.weight_scale[None]
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*lead, self.out_features).to(self.compute_dtype)  # [N, out] -> [..., out]
+        return y if self.bias is None else y + self.bias
 
 
 def _plain(t: Tensor) -> Tensor:
@@ -268,16 +327,75 @@ def int8_conv_gemm_shape(conv: nn.Conv2d) -> tuple[int, int]:
     return -(-k // 8) * 8, -(-conv.out_channels // 8) * 8
 
 
+#: Environment variable that replaces the CPU flags the runtime sees (`graph.precision` reads the
+#: same one for its decision table), so the test suite pins which int8 kernel runs.
+CPU_FLAGS_ENV = "MIXGRAPH_CPU_FLAGS"
+#: CPU flags with native int8 dot products: oneDNN's u8 x s8 convolution accumulates exactly in
+#: int32 there; without them (AVX2/AVX-512 vpmaddubsw) its pair sums saturate at int16.
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+@functools.lru_cache(maxsize=4)
+def _onednn_int8_conv(flags_env: str | None) -> bool:
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qconv2d_pointwise")):
+        return False
+    if flags_env is not None:
+        flags = set(flags_env.replace(",", " ").lower().split())
+    else:
+        probe = getattr(getattr(torch._C, "_cpu", None), "_get_cpu_capability", None)
+        try:
+            flags = {k for k, v in (probe() if probe is not None else {}).items() if v is True}
+        except Exception:  # noqa: BLE001 - a torch without the probe: the portable path
+            flags = set()
+    return bool(flags & set(INT8_DOT_FLAGS))
+
+
+def onednn_int8_conv_available(env: Mapping[str, str] | None = None) -> bool:
+    """Whether `Int8Conv2d` runs oneDNN's int8 convolution on CPU (`kernel="auto"`): torch built
+    with oneDNN's quantized ops, on a CPU with native int8 dot products (`INT8_DOT_FLAGS`, from
+    `MIXGRAPH_CPU_FLAGS` in `env` (default os.environ) when set, else torch's CPU probe)."""
+    return _onednn_int8_conv((os.environ if env is None else env).get(CPU_FLAGS_ENV))
+
+
+def quantize_uint8(x: Tensor) -> tuple[Tensor, float, int]:
+    """Per-tensor asymmetric uint8 quantisation, as oneDNN's dynamic kernels do it: (q, scale,
+    zero point) with x ~ (q - zero_point) * scale, q = clamp(round(x / scale + zero_point), 0,
+    255), over the range [min(x, 0), max(x, 0)] (0 is exact, as zero padding needs)."""
+    lo, hi = torch.aminmax(x)
+    lo, hi = min(lo.item(), 0.0), max(hi.item(), 0.0)
+    scale = max((hi - lo) / 255.0, 1e-12)
+    zero = min(max(round(-lo / scale), 0), 255)
+    q = torch.div(x, scale).add_(zero).round_().clamp_(0, 255).to(torch.uint8)
+    return q, scale, zero
+
+
 class Int8Conv2d(nn.Module):
-    """nn.Conv2d (groups 1, zero padding) as one int8 GEMM per chunk of output pixels: weights
-    [K, N] int8 (K = C_in*kh*kw in `F.unfold`'s order, per-output-channel absmax scale),
-    activations unfolded (im2col) and quantized per output pixel (its receptive field, absmax
-    symmetric), int32 accumulation via `torch._int_mm`, rescaled in f32 by row scale x column
-    scale, returned in `compute_dtype`. The unfolded f32 patches of one chunk stay within
-    `chunk_bytes` (so the int8 copy within a quarter of it): im2col multiplies an activation by
-    kh*kw, which unchunked would be the largest tensor of a forward."""
+    """nn.Conv2d (groups 1, zero padding) with int8 weights (per-output-channel absmax scale)
+    and dynamic int8 activations, in one of two kernels (`kernel`; "auto" picks per call):
+
+    - "onednn" (CPU with native int8 dot products, `onednn_int8_conv_available`): oneDNN's int8
+      convolution (`torch.ops.onednn.qconv2d_pointwise`, the kernel torch's x86 quantization
+      backend lowers to) on the whole activation, quantized asymmetric uint8 per tensor (scale
+      (max - min) / 255 over a range that includes 0, zero point -min / scale: GroupNorm + SiLU
+      outputs are lopsided, so the asymmetric range gives them ~2x the levels of a symmetric
+      one), channels_last; it returns f32 (channels_last) directly. No im2col: the cost is the
+      int8 GEMM plus one quantising pass. Per-pixel scales cannot be given to it (oneDNN takes
+      one source scale), which costs ~1 dB per conv against "gemm" (measured 37 vs 38 dB SNR on
+      Gaussian data); the whole-image PSNR is in benchmarks/README.md.
+    - "gemm" (any device): im2col + `torch._int_mm`, one int8 GEMM per chunk of output pixels:
+      activations unfolded (in `F.unfold`'s K order) and quantized per output pixel (its
+      receptive field, absmax symmetric), int32 accumulation, rescaled in f32 by row scale x
+      column scale. The unfolded f32 patches of one chunk stay within `chunk_bytes` (so the int8
+      copy within a quarter of it): im2col multiplies an activation by kh*kw, which unchunked
+      would be the largest tensor of a forward. The im2col and quantisation cost 70-90% of its
+      time on CPU (issue 27), which is why "onednn" exists.
+
+    The weights are held once, as the GEMM matrix `weight_int8` [Kp, Np] (K = C_in*kh*kw, both
+    padded to multiples of 8); the oneDNN kernel's packed copy is made from it on first use and
+    is not part of the state. Output in `compute_dtype`."""
 
     chunk_bytes: int = 64 << 20
+    kernel: str = "auto"  # "auto" | "onednn" | "gemm"
 
     def __init__(self, conv: nn.Conv2d, compute_dtype: torch.dtype):
         super().__init__()
@@ -298,13 +416,65 @@ class Int8Conv2d(nn.Module):
         self.register_buffer("weight_scale", scale)
         bias = conv.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self._packed: Tensor | None = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_packed"] = None  # oneDNN's opaque packed weight: remade on first use
+        return state
+
+    def _use_onednn(self, x: Tensor) -> bool:
+        if self.kernel == "auto":
+            return x.device.type == "cpu" and onednn_int8_conv_available()
+        if self.kernel not in ("onednn", "gemm"):
+            raise ValueError(f"Int8Conv2d.kernel must be 'auto', 'onednn' or 'gemm', not {self.kernel!r}")
+        return self.kernel == "onednn"
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.float()
+        if self._use_onednn(x):
+            if x.device.type == "meta" or is_fake(x):  # `mixgraph estimate`'s trace: shapes only
+                return self._onednn_like(x).to(self.compute_dtype)
+            return self._forward_onednn(x).to(self.compute_dtype)
+        return self._forward_gemm(x)
+
+    def _out_hw(self, h: int, w: int) -> tuple[int, int]:
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
+        return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+
+    def _onednn_like(self, x: Tensor) -> Tensor:
+        """What the oneDNN kernel allocates (a uint8 copy of x, the f32 output), without running
+        it: its ops have no fake-tensor implementation, and the estimate traces on fake tensors."""
+        torch.empty_like(x, dtype=torch.uint8, memory_format=torch.channels_last)
+        ho, wo = self._out_hw(x.shape[2], x.shape[3])
+        return torch.empty((x.shape[0], self.out_channels, ho, wo), dtype=torch.float32,
+                           device=x.device).contiguous(memory_format=torch.channels_last)
+
+    def quantize_input(self, x: Tensor) -> tuple[Tensor, float, int]:
+        """The "onednn" kernel's activation quantisation (`quantize_uint8`), channels_last."""
+        q, scale, zero = quantize_uint8(x)
+        return q.contiguous(memory_format=torch.channels_last), scale, zero
+
+    def _forward_onednn(self, x: Tensor) -> Tensor:
+        packed = self._packed
+        if packed is None:
+            kh, kw = self.kernel_size
+            k = self.in_channels * kh * kw
+            w4 = self.weight_int8[:k, : self.out_channels].t().reshape(  # [K, N] -> [C_out, C_in, kh, kw]
+                self.out_channels, self.in_channels, kh, kw).contiguous()
+            packed = self._packed = torch.ops.onednn.qconv_prepack(
+                w4, self.weight_scale, 1.0, 0, list(self.stride), list(self.padding),
+                list(self.dilation), 1, None)
+        q, scale, zero = self.quantize_input(x)
+        zeros = torch.zeros(self.out_channels, dtype=torch.int64)
+        return torch.ops.onednn.qconv2d_pointwise(
+            q, scale, zero, packed, self.weight_scale, zeros, self.bias, list(self.stride),
+            list(self.padding), list(self.dilation), 1, 1.0, 0, torch.float32, "none", [], "")
+
+    def _forward_gemm(self, x: Tensor) -> Tensor:
         b, _, h, w = x.shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
-        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        ho, wo = self._out_hw(h, w)
         out = torch.empty(b, self.out_channels, ho, wo, dtype=self.compute_dtype, device=x.device)
         k = self.in_channels * kh * kw
         rows = max(1, self.chunk_bytes // (wo * k * 4))  # output rows per chunk (f32 patches)
@@ -439,12 +609,14 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
     use (int8 layers and their scales; fp8 storage's vectors in the compute dtype). Reads shapes
     only, so a module built on the meta device answers for a full-size model without weights.
     `mixgraph estimate` builds its weight figures from this; the rules mirror `apply_precision`
-    and `store.dtype_rule`."""
+    and `store.dtype_rule` (and, for int8 convolutions, the kernel this machine runs:
+    `onednn_int8_conv_available`)."""
     kept = _keep_f32_names(module)
     as_stored = matched_names(module, "keep_stored")
     int8_names = _int8_names(module, policy)
     storage, compute = policy.storage, policy.compute
     size = {dt: torch.empty((), dtype=dt).element_size() for dt in (*STORAGE_DTYPES,)}
+    onednn_conv = bool(int8_names) and onednn_int8_conv_available()
     held = per_use = 0
     seen: set[int] = set()
     for name, m in module.named_modules():
@@ -466,9 +638,13 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
                 held += n * 4  # the store keeps the f32 weights the int8 copy is made from
                 if pname == "weight" and type(m) is nn.Linear:
                     per_use += n + m.out_features * 4  # int8 matrix, f32 scales
+                    if onednn_conv:  # oneDNN's packed copy of the int8 weights, made on first use
+                        per_use += n
                 elif pname == "weight":
                     k, n_out = int8_conv_gemm_shape(m)
                     per_use += k * n_out + m.out_channels * 4  # padded int8 matrix, f32 scales
+                    if onednn_conv:  # oneDNN's packed copy of the int8 weights, made on first use
+                        per_use += m.in_channels * m.kernel_size[0] * m.kernel_size[1] * m.out_channels
             elif storage in FP8_DTYPES and (isinstance(m, _NORMS) or p.ndim < 2):
                 held += n * size[storage]
                 per_use += n * size[compute]

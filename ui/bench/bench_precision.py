@@ -411,7 +411,8 @@ def cli_main(args: Any) -> int:
         print(f"{args.workflow} on {result['device']} ({result['threads']} threads); "
               f"PSNR/SSIM against the f32 run")
         print(f"native: bf16 {hw['native_bf16']}, f16 {hw['native_f16']}, int8 "
-              f"{hw['native_int8']} ({hw['why']}); auto: "
+              f"{hw['native_int8']} ({hw['why']}); presets picking int8: {', '.join(hw.get('int8_presets', ())) or 'none'}"
+              f" ({hw.get('int8_why', '')}); auto: "
               + ", ".join(f"{k}={v}" for k, v in hw["auto"].items()))
         print(format_table(result["runs"], COLUMNS))
         for row in result["runs"]:

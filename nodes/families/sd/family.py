@@ -51,7 +51,7 @@ class SDFamily:
     name = "sd"
     display = "SD 1.x, SD 2.x and SDXL"
     variants = VARIANTS
-    precision_roles: Mapping[str, str] = {"diffusion": "unet", "text": "text", "vae": "vae"}
+    precision_roles: Mapping[str, str] = {"diffusion": "sd_unet", "text": "text", "vae": "vae"}
 
     def detect(self, info: Mapping[str, Any], read: Callable[[str], Tensor] | None = None,
                source: WeightSource | None = None) -> Detection | None:

@@ -366,6 +366,11 @@ class UNetModel(nn.Module):
     # Time/label embeddings are <0.5% of the weights and run on one [B, C] vector per step, so f32
     # costs nothing; it keeps the timestep and SDXL size signals exact under fp8/half storage.
     keep_f32: tuple[str, ...] = ("time_embed", "label_emb")
+    #: Linears `int8` leaves f32 (`nodes.weights.cast`): the attention query/key projections,
+    #: whose errors go through the softmax's exponent. With them int8, one picture of twelve on
+    #: the embedded model fell to 33-37 dB against f32 (mean 48 dB); kept f32: worst 41 dB, mean
+    #: 49 dB (benchmarks/README.md). They are ~15% of a transformer block's Linear FLOPs.
+    int8_skip: tuple[str, ...] = ("*.attn1.to_q", "*.attn1.to_k", "*.attn2.to_q", "*.attn2.to_k")
     # forward inputs that apply_precision must not cast (bf16 cannot even represent t=999)
     keep_f32_inputs: tuple[str, ...] = ("timesteps", "y")
 
