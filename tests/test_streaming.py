@@ -19,6 +19,7 @@ from mixgraph.nodes.models import memory_budget
 from mixgraph.nodes.weights import store, streaming
 from mixgraph.nodes.weights.cast import apply_precision
 from mixgraph.nodes.weights.safetensors_io import WeightSource
+from mixgraph.nodes.weights.synthetic import write_header_only
 from mixgraph.ui import api
 from mixgraph.ui.cli import main
 from tests.fixtures.checkpoints import save_state_dict, write_sd15, write_unet
@@ -261,25 +262,6 @@ def test_scaled_fp8_and_gguf_files_stream_as_they_load(tmp_path):
         assert streaming.since(before)["bytes_streamed"] > 0
 
 
-def _header_only(path, shapes: dict, dtype: str = "F32") -> None:
-    """A safetensors file of these shapes whose data is a hole (sparse): the estimate reads
-    headers only, so a full-size model costs no disk."""
-    import struct
-
-    header, offset = {}, 0
-    item = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
-    for k, s in shapes.items():
-        n = item * int(torch.Size(s).numel())
-        header[k] = {"dtype": dtype, "shape": list(s), "data_offsets": [offset, offset + n]}
-        offset += n
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        f.truncate(8 + len(blob) + offset)
-
-
 def test_full_size_sdxl_over_the_machine_is_refused_naming_the_budget_that_streams_it(tmp_path):
     """A header-only full-size SDXL checkpoint (13.9 GB in f32) on a machine with 10 GiB free:
     held whole it does not fit, streamed within a smaller budget it does, and the refusal says
@@ -290,7 +272,7 @@ def test_full_size_sdxl_over_the_machine_is_refused_naming_the_budget_that_strea
     shapes = {prefix + k: v for prefix, sh, _seed in sdxl_parts("full", 0) for k, v in sh.items()}
     shapes["conditioner.embedders.1.model.logit_scale"] = ()
     models = tmp_path / "models"
-    _header_only(models / "checkpoints" / "xl.safetensors", shapes)
+    write_header_only(models / "checkpoints" / "xl.safetensors", shapes)
     wf = api.set_inputs(api.load("workflows/txt2img_sd15.json"),
                         {"4.ckpt_name": "xl.safetensors", "5.width": 64, "5.height": 64, "3.steps": 1})
     reg, env = api.default_registry(), Env.from_args(models=str(models))

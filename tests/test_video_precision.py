@@ -11,20 +11,16 @@ under the templates' file names."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-import struct
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from mixgraph.graph.cache import OutputCache
 from mixgraph.graph.env import Env
-from mixgraph.graph.executor import Executor
-from mixgraph.graph.formats.workflow import load_workflow
 from mixgraph.nodes.models import memory_budget
+from mixgraph.nodes.weights.synthetic import write_header_only
 from mixgraph.ui import api
 from mixgraph.ui.estimate import estimate, refusal
 from tests.fixtures import tiny_video_templates
@@ -118,38 +114,27 @@ def test_video_vae_encode_counts_its_latent_channels(models):
     assert est["nodes"]["3"]["size"] == [1, 64, 64]          # one video of 9 frames decoded
 
 
-def _write_header_only(path: Path, shapes: dict[str, tuple[int, ...]], dtype: str = "BF16") -> None:
-    """A safetensors file with these tensor shapes whose data is a hole (a sparse file): the
-    loaders read only the header, so a full-size model costs no disk."""
-    header, offset = {}, 0
-    item = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
-    for k, s in shapes.items():
-        n = item * int(torch.Size(s).numel())
-        header[k] = {"dtype": dtype, "shape": list(s), "data_offsets": [offset, offset + n]}
-        offset += n
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-    with open(path, "r+b") as f:
-        f.truncate(8 + len(blob) + offset)
-
-
-def test_huge_video_is_estimated_fast_and_refused_by_name(models, tmp_path):
-    """1280x720, 161 frames on a full-size Wan 2.1 14B t2v (header only): the estimate takes
-    seconds (fake tensors: no memory, no arithmetic, no per-token cost) and, in 24 GiB, the run is
-    refused with the estimate and what would fit."""
+def _wan14b_models(models: Path, tmp_path: Path):
+    """A models folder with a header-only full-size Wan 2.1 14B t2v (`wan14b.safetensors`) beside
+    the tiny umT5 and VAE: the estimate sees the real sizes, nothing is computed."""
     from mixgraph.nodes.families.wan.model import WanConfig, WanModel
 
     cfg = WanConfig(dim=5120, ffn_dim=13824, num_layers=40, text_dim=4096)
     with torch.device("meta"):
         shapes = {"model.diffusion_model." + k: tuple(v.shape) for k, v in WanModel(cfg).state_dict().items()}
     root = tmp_path / "models"
-    _write_header_only(root / "diffusion_models" / "wan14b.safetensors", shapes)
+    write_header_only(root / "diffusion_models" / "wan14b.safetensors", shapes)
     for rel in (f"text_encoders/{UMT5}", f"vae/{VAE}"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes((models / rel).read_bytes())
+    return cfg, root
+
+
+def test_huge_video_is_estimated_fast_and_refused_by_name(models, tmp_path):
+    """1280x720, 161 frames on a full-size Wan 2.1 14B t2v (header only): the estimate takes
+    seconds (fake tensors: no memory, no arithmetic, no per-token cost) and, in 24 GiB, the run is
+    refused with the estimate and what would fit."""
+    cfg, root = _wan14b_models(models, tmp_path)
     reg = api.default_registry()
     wf = api.load(t2v(1280, 720, 161, unet="wan14b.safetensors"), reg)
     start = time.perf_counter()
@@ -181,17 +166,9 @@ def test_refused_video_suggests_a_length_that_fits(models, tmp_path):
     same precision and the `--set` that asks for it, and the estimate agrees: that length fits,
     four frames more do not. A video no length of which fits says so; an image run gets no
     length hint."""
-    from mixgraph.nodes.families.wan.model import WanConfig, WanModel
     from mixgraph.ui.estimate import BASE_BYTES
 
-    cfg = WanConfig(dim=5120, ffn_dim=13824, num_layers=40, text_dim=4096)
-    with torch.device("meta"):
-        shapes = {"model.diffusion_model." + k: tuple(v.shape) for k, v in WanModel(cfg).state_dict().items()}
-    root = tmp_path / "models"
-    _write_header_only(root / "diffusion_models" / "wan14b.safetensors", shapes)
-    for rel in (f"text_encoders/{UMT5}", f"vae/{VAE}"):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes((models / rel).read_bytes())
+    cfg, root = _wan14b_models(models, tmp_path)
     reg = api.default_registry()
 
     def peak(length: int) -> int:

@@ -222,3 +222,24 @@ def write_sdxl_checkpoint(path: str | Path, size: str = "tiny", seed: int = 0,
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+def write_header_only(path: str | Path, shapes: dict[str, tuple[int, ...]], dtype: str = "BF16") -> None:
+    """A safetensors file with these tensor shapes whose data is a hole (a sparse file): loaders
+    and the memory estimate read only the header, so a full-size model costs no disk (tests of the
+    estimate and of refusals on 14B-class models)."""
+    import struct
+
+    header, offset = {}, 0
+    item = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+    for k, s in shapes.items():
+        n = item * math.prod(s)
+        header[k] = {"dtype": dtype, "shape": list(s), "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + offset)
