@@ -41,3 +41,14 @@ def pytest_sessionfinish(session, exitstatus):
         print(f"\nconftest: killing {child.name} (pid {child.pid}), left running by a test")
         child.kill()
         child.join(30)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-op tests: on a shared 2-core machine tiny ops are
+    ~50x faster on one thread (no OpenMP contention). Modules ask for it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -25,12 +25,7 @@ def Policy() -> CastPolicy:  # the int8 policy: f32 storage and compute
     return CastPolicy(int8=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _conv(seed: int, *args, **kwargs) -> nn.Conv2d:

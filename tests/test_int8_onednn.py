@@ -39,12 +39,7 @@ CASES = {  # name -> (Conv2d args, kwargs, input [N, C, H, W])
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _conv(seed: int, *args, **kwargs) -> nn.Conv2d:

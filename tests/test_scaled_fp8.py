@@ -36,12 +36,7 @@ class Policy:  # stands in for graph.precision.Policy (duck-typed seam)
     int8: bool = False
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class Tiny(nn.Module):

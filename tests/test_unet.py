@@ -18,13 +18,7 @@ PREFIX = "model.diffusion_model."
 ours_unet = functools.cache(tiny_unet)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops on a shared 2-core machine are ~50x faster on one thread (no OpenMP contention)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 # diffusers configs equal to the tiny kinds (attention_head_dim is diffusers' head *count*)
 DIFFUSERS_CONFIGS = {

@@ -29,12 +29,7 @@ FLUX_AE = VAEConfig(ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1, z_channels=16
 QUANT_AE = VAEConfig(ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1, z_channels=16, embed_dim=16, use_quant_conv=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _ldm(config: VAEConfig, seed: int) -> dict[str, torch.Tensor]:
