@@ -28,7 +28,7 @@ def Policy() -> CastPolicy:  # the int8 policy: f32 storage and compute
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def _conv(seed: int, *args, **kwargs) -> nn.Conv2d:
+def seeded_conv(seed: int, *args, **kwargs) -> nn.Conv2d:
     conv = nn.Conv2d(*args, **kwargs)  # its own init is replaced by seeded values
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -57,7 +57,7 @@ CASES = {  # name -> (Conv2d args, kwargs, input [N, C, H, W])
 @torch.no_grad()
 def test_int8_conv_matches_f32_conv_within_int8_error(case):
     args, kwargs, shape = CASES[case]
-    conv = _conv(1, *args, **kwargs)
+    conv = seeded_conv(1, *args, **kwargs)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
     ref = conv(x)
     q = Int8Conv2d(conv, F32)
@@ -71,7 +71,7 @@ def test_int8_conv_matches_f32_conv_within_int8_error(case):
 
 @torch.no_grad()
 def test_int8_conv_weights_are_int8_in_gemm_layout():
-    conv = _conv(3, 4, 4, 3, padding=1)  # K = 36 -> 40, N = 4 -> 8
+    conv = seeded_conv(3, 4, 4, 3, padding=1)  # K = 36 -> 40, N = 4 -> 8
     q = Int8Conv2d(conv, F32)
     assert int8_conv_gemm_shape(conv) == (40, 8)
     assert q.weight_int8.dtype == torch.int8 and q.weight_int8.shape == (40, 8)
@@ -86,7 +86,7 @@ def test_int8_conv_weights_are_int8_in_gemm_layout():
 @torch.no_grad()
 def test_int8_conv_chunking_gives_the_one_chunk_result(case):
     args, kwargs, shape = CASES[case]
-    q = Int8Conv2d(_conv(4, *args, **kwargs), F32)
+    q = Int8Conv2d(seeded_conv(4, *args, **kwargs), F32)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(5))
     whole = q(x)
     _, c, _, w = shape
@@ -102,7 +102,7 @@ def test_int8_conv_chunking_gives_the_one_chunk_result(case):
 @torch.no_grad()
 def test_int8_conv_default_chunk_bounds_the_unfolded_patches():
     # 1x1 conv of 64 channels on 2 x 384x384 images: 72 MiB of f32 patches, so at least 2 chunks
-    q = Int8Conv2d(_conv(6, 64, 8, 1), F32)
+    q = Int8Conv2d(seeded_conv(6, 64, 8, 1), F32)
     calls = []
     gemm = q._gemm
     q._gemm = lambda cols: calls.append(cols.numel() * cols.element_size()) or gemm(cols)

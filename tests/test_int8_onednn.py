@@ -23,6 +23,7 @@ from mixgraph.nodes.weights.cast import (Int8Conv2d, Int8Linear, apply_precision
                                          onednn_int8_conv_available, quantize_uint8)
 from tests.fixtures.tiny_unet import tiny_unet, tiny_unet_config
 from tests.test_cast import Policy as CastPolicy
+from tests.test_int8_conv import seeded_conv
 
 F32, F64 = torch.float32, torch.float64
 
@@ -40,16 +41,6 @@ CASES = {  # name -> (Conv2d args, kwargs, input [N, C, H, W])
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def _conv(seed: int, *args, **kwargs) -> nn.Conv2d:
-    conv = nn.Conv2d(*args, **kwargs)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * 0.1)
-        if conv.bias is not None:
-            conv.bias.copy_(torch.randn(conv.bias.shape, generator=g) * 0.1)
-    return conv
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -72,7 +63,7 @@ def test_onednn_conv_is_exactly_the_dequantised_convolution(case):
     dequantised and convolved in f64. The products are exact in int32, so what is left is the
     f32 rescale of each output (relative 2^-24 per operation): bound 1e-5 relative."""
     args, kwargs, shape = CASES[case]
-    conv = _conv(1, *args, **kwargs)
+    conv = seeded_conv(1, *args, **kwargs)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(2)) * 2 + 0.5
     q = _onednn(conv)
     qx, scale, zero = q.quantize_input(x)
@@ -99,7 +90,7 @@ def test_onednn_conv_matches_f32_within_int8_error(case):
     K = 16..144 values) add ~0.7%; in quadrature ~1.1% on the output. Bound: twice that, 0.025
     (the im2col path's test allows 0.02 with per-pixel scales)."""
     args, kwargs, shape = CASES[case]
-    conv = _conv(1, *args, **kwargs)
+    conv = seeded_conv(1, *args, **kwargs)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(2)) + 0.3
     rel = _rel(_onednn(conv)(x), conv(x))
     assert 1e-4 < rel < 0.025, rel
@@ -108,7 +99,7 @@ def test_onednn_conv_matches_f32_within_int8_error(case):
 @needs_onednn
 @torch.no_grad()
 def test_onednn_conv_packs_once_survives_deepcopy_and_keeps_compute_dtype():
-    conv = _conv(3, 8, 8, 3, padding=1)
+    conv = seeded_conv(3, 8, 8, 3, padding=1)
     q = _onednn(conv)
     x = torch.randn(1, 8, 6, 6)
     first = q(x)
@@ -121,7 +112,7 @@ def test_onednn_conv_packs_once_survives_deepcopy_and_keeps_compute_dtype():
 
 def test_kernel_auto_follows_the_pinned_flags_and_rejects_unknown_names():
     assert not onednn_int8_conv_available(env={"MIXGRAPH_CPU_FLAGS": "avx2 fma"})
-    q = Int8Conv2d(_conv(0, 4, 4, 1), F32)
+    q = Int8Conv2d(seeded_conv(0, 4, 4, 1), F32)
     q.kernel = "fbgemm"
     with pytest.raises(ValueError, match="kernel"):
         q(torch.randn(1, 4, 3, 3))
@@ -279,7 +270,7 @@ def test_onednn_conv_traces_on_fake_tensors_for_the_estimate():
     kernel then only allocates what it would (uint8 input copy, f32 output)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    q = _onednn(_conv(0, 8, 12, 3, stride=2, padding=1))
+    q = _onednn(seeded_conv(0, 8, 12, 3, stride=2, padding=1))
     with FakeTensorMode(allow_non_fake_inputs=True):
         y = q(torch.empty(2, 8, 9, 10))
     assert y.shape == (2, 12, 5, 5) and y.dtype == F32

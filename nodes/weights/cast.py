@@ -219,7 +219,17 @@ _CAST_CLASSES: dict[type, type] = {
 _NORMS = (nn.GroupNorm, nn.LayerNorm)
 
 
-class Int8Linear(nn.Module):
+class _PackedInt8(nn.Module):
+    """An int8 layer holding oneDNN's packed weight (`_packed`), made on first use: opaque,
+    so a copy or pickle drops it and the copy packs again."""
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_packed"] = None
+        return state
+
+
+class Int8Linear(_PackedInt8):
     """nn.Linear with int8 weights [in, out] (per-output-channel absmax scale) and dynamic int8
     activations, in one of two kernels (`kernel`; "auto" picks per call), returned in
     `compute_dtype`:
@@ -248,11 +258,6 @@ class Int8Linear(nn.Module):
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self._packed: Any = None
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_packed"] = None  # oneDNN's opaque packed weight: remade on first use
-        return state
 
     def _use_onednn(self, x: Tensor) -> bool:
         if self.kernel == "auto":
@@ -369,7 +374,7 @@ def quantize_uint8(x: Tensor) -> tuple[Tensor, float, int]:
     return q, scale, zero
 
 
-class Int8Conv2d(nn.Module):
+class Int8Conv2d(_PackedInt8):
     """nn.Conv2d (groups 1, zero padding) with int8 weights (per-output-channel absmax scale)
     and dynamic int8 activations, in one of two kernels (`kernel`; "auto" picks per call):
 
@@ -417,11 +422,6 @@ class Int8Conv2d(nn.Module):
         bias = conv.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self._packed: Tensor | None = None
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_packed"] = None  # oneDNN's opaque packed weight: remade on first use
-        return state
 
     def _use_onednn(self, x: Tensor) -> bool:
         if self.kernel == "auto":
