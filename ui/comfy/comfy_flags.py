@@ -320,11 +320,17 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
                    f"--output-cache, least recently used out first (default {DISK_DEFAULT_GB:g})")
 
 
-def cache_from_args(args: argparse.Namespace) -> Any:
+def cache_from_args(args: argparse.Namespace, device: str | None = None) -> Any:
     """The executor's output cache for the cache flags (ValueError for an unusable value): the
-    in-memory mode, behind which `--output-cache DIR` puts the persistent level."""
+    in-memory mode, behind which `--output-cache DIR` puts the persistent level. The default
+    mode's byte bound is a share (`graph.cache.BUDGET_SHARE`) of the memory budget of `device`
+    (default `--device`, else cpu), set before this is called (`apply_memory`); env
+    `MIXGRAPH_CACHE_BYTES` still wins."""
+    from mixgraph.nodes.models import memory_budget
+    budget = memory_budget.budget(device or getattr(args, "device", None) or "cpu")
     memory = make_cache(lru=getattr(args, "cache_lru", None),
-                        none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None))
+                        none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None),
+                        memory_bytes=budget.nbytes)
     directory, gb = getattr(args, "output_cache", None), getattr(args, "output_cache_gb", None)
     if directory is None:
         if gb is not None:
