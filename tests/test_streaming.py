@@ -244,7 +244,7 @@ def test_server_history_entry_has_the_runs_memory_section(tmp_path, monkeypatch)
     again = second["status"]["mixgraph"]["memory"]["streaming"]
     assert not any(name.startswith("clip_l") for name in again["by_model"])
     unet = next(name for name in cost["by_model"] if name.startswith("unet"))
-    assert again["by_model"][unet["bytes_streamed"] == cost["by_model"][unet]["bytes_streamed"]
+    assert again["by_model"][unet]["bytes_streamed"] == cost["by_model"][unet]["bytes_streamed"]
     assert all(e["status"]["mixgraph"]["memory"]["streaming"] for e in listed.values())
 
 
