@@ -260,7 +260,7 @@ def test_comfy_memory_flags_set_the_budget_mode_reserve_and_release(tmp_path):
 
 def test_output_cache_default_bound_is_a_share_of_the_memory_budget(monkeypatch):
     """The in-memory output cache counts against the memory budget: its default byte bound is
-    `BUDGET_SHARE` of the budget of the run's device; `MIXGRAPH_CACHE_BYTES`, an explicit
+    `BUDGET_SHARE` of the CPU budget; `MIXGRAPH_CACHE_BYTES`, an explicit
     `max_bytes` and the other cache modes keep their own bounds."""
     from mixgraph.graph.cache import BUDGET_SHARE, LruCountCache, make_cache
     from mixgraph.nodes.models import memory_budget
@@ -272,7 +272,7 @@ def test_output_cache_default_bound_is_a_share_of_the_memory_budget(monkeypatch)
                           (["serve", "--memory-budget", "6", "--cpu"], 6)):
             args = build_parser().parse_args(argv)
             apply_memory(memory_from_args(args)[0], "cpu")
-            cache = cache_from_args(args, "cpu")
+            cache = cache_from_args(args)
             assert type(cache) is OutputCache and cache.max_bytes == int(gib * 2**30 * BUDGET_SHARE)
         memory_budget.set_budget("cpu", 0.5)
         assert cache_from_args(build_parser().parse_args(["run", "x.json"])).max_bytes == 2**27

@@ -320,14 +320,14 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
                    f"--output-cache, least recently used out first (default {DISK_DEFAULT_GB:g})")
 
 
-def cache_from_args(args: argparse.Namespace, device: str | None = None) -> Any:
+def cache_from_args(args: argparse.Namespace) -> Any:
     """The executor's output cache for the cache flags (ValueError for an unusable value): the
     in-memory mode, behind which `--output-cache DIR` puts the persistent level. The default
-    mode's byte bound is a share (`graph.cache.BUDGET_SHARE`) of the memory budget of `device`
-    (default `--device`, else cpu), set before this is called (`apply_memory`); env
-    `MIXGRAPH_CACHE_BYTES` still wins."""
+    mode's byte bound is a share (`graph.cache.BUDGET_SHARE`) of the CPU memory budget (node
+    outputs are CPU tensors, as `nodes/media/memory_guards.py` counts them), so call it after
+    the budget is set (`apply_memory`); env `MIXGRAPH_CACHE_BYTES` still wins."""
     from mixgraph.nodes.models import memory_budget
-    budget = memory_budget.budget(device or getattr(args, "device", None) or "cpu")
+    budget = memory_budget.budget("cpu")
     memory = make_cache(lru=getattr(args, "cache_lru", None),
                         none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None),
                         memory_bytes=budget.nbytes)

@@ -86,18 +86,19 @@ class RayConfig:
     registry: Callable[[], Any] | None = None
     custom_nodes: dict | None = None
     output_cache: tuple[str, float] | None = None
-    memory: tuple[int, str, str] | None = None
+    memory: tuple[tuple[str, int, str, str], ...] | None = None
 
     def worker_options(self, env: Env) -> WorkerOptions:
         return WorkerOptions(env, dict(self.cache), self.registry, self.custom_nodes,
                              self.output_cache, self.memory or _front_budget(env))
 
 
-def _front_budget(env: Env) -> tuple[int, str, str]:
-    """(bytes, origin, mode) of this process's memory budget for the env's device."""
+def _front_budget(env: Env) -> tuple[tuple[str, int, str, str], ...]:
+    """(device, bytes, origin, mode) of this process's memory budgets for the CPU and the env's
+    device (`WorkerOptions.memory`)."""
     from mixgraph.nodes.models import memory_budget
-    b = memory_budget.budget(env.device or "cpu")
-    return b.nbytes, b.origin, b.mode
+    budgets = {b.device: b for b in map(memory_budget.budget, ("cpu", env.device or "cpu"))}
+    return tuple((b.device, b.nbytes, b.origin, b.mode) for b in budgets.values())
 
 
 def config_from_args(args: Any) -> RayConfig:

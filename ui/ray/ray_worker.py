@@ -63,32 +63,30 @@ class WorkerOptions:
     worker ran is served from disk on another, and after a restart. registry: a picklable factory returning the node registry
     (tests pass their toy registry's); None: the node library plus the custom node packs the
     flags in `custom_nodes` name (`ui.comfy.custom_nodes.load_from_args`'s attributes).
-    memory: the front server's memory budget of the env's device as (bytes, origin, mode)
-    (`nodes/models/memory_budget.py`), set in the worker's process before its executor is made;
-    None: the worker's own default."""
+    memory: the front server's memory budgets, ((device, bytes, origin, mode), ...) for the CPU
+    and the env's device (`nodes/models/memory_budget.py`), set in the worker's process before
+    its executor is made; None: the worker's own defaults."""
 
     env: Env
     cache: dict = field(default_factory=dict)
     registry: Callable[[], Any] | None = None
     custom_nodes: dict | None = None
     output_cache: tuple[str, float] | None = None
-    memory: tuple[int, str, str] | None = None
+    memory: tuple[tuple[str, int, str, str], ...] | None = None
 
 
 def set_worker_budget(options: WorkerOptions) -> Any:
-    """Set the front server's memory budget (`options.memory`) in this worker process; returns
-    the budget in force. Bytes / 2**30 is exact in floating point, so the bytes are the front's."""
+    """Set the front server's memory budgets (`options.memory`) in this worker process; returns
+    the CPU budget in force. Bytes / 2**30 is exact in floating point: the bytes are the front's."""
     from mixgraph.nodes.models import memory_budget
-    device = options.env.device or "cpu"
-    if options.memory is not None:
-        nbytes, origin, mode = options.memory
+    for device, nbytes, origin, mode in options.memory or ():
         memory_budget.set_budget(device, nbytes / memory_budget.GIB, mode=mode, origin=origin)
-    return memory_budget.budget(device)
+    return memory_budget.budget("cpu")
 
 
 def build_executor(options: WorkerOptions) -> Executor:
     """The executor of one worker: the single place worker executors are made. The memory
-    budget is set first: the output cache's default byte bound is a share of it."""
+    budgets are set first: the output cache's default byte bound is a share of the CPU one."""
     budget = set_worker_budget(options)
     if options.registry is not None:
         registry = options.registry()
