@@ -47,7 +47,7 @@ from mixgraph.graph.plan import walk
 
 __all__ = ["structural_key", "key_header", "node_key", "persisted_key", "canonical_literals", "walk_tensors",
            "estimate_nbytes", "CacheEntry", "OutputCache", "LruCountCache", "NoCache",
-           "RamPressureCache", "make_cache", "available_ram", "default_budget"]
+           "RamPressureCache", "make_cache", "available_ram", "default_budget", "BUDGET_SHARE"]
 
 _blake2b = hashlib.blake2b
 _SCALARS = (int, float, str, bool, type(None), bytes)
@@ -265,11 +265,19 @@ def estimate_nbytes(obj: Any) -> int:
 
 # --- the cache ----------------------------------------------------------------------------------
 
-def default_budget(fraction: float = 0.25) -> int:
-    """A fraction of physical RAM (`$MIXGRAPH_CACHE_BYTES` overrides)."""
+#: the share of the memory budget the default output cache may hold (the rest: weights, activations)
+BUDGET_SHARE = 0.25
+
+
+def default_budget(fraction: float = BUDGET_SHARE, memory_bytes: int | None = None) -> int:
+    """The default output cache's byte bound: `$MIXGRAPH_CACHE_BYTES` when set, else `fraction`
+    of `memory_bytes` (the process's memory budget, which the cache counts against: ui/ passes
+    it in, graph/ does not know the budget), else of physical RAM."""
     env = os.environ.get("MIXGRAPH_CACHE_BYTES")
     if env:
         return int(float(env))
+    if memory_bytes is not None:
+        return int(memory_bytes * fraction)
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -460,10 +468,13 @@ class RamPressureCache(OutputCache):
 
 
 def make_cache(*, lru: int | None = None, none: bool = False, ram: float | None = None,
-               max_bytes: int | None = None) -> OutputCache:
+               max_bytes: int | None = None, memory_bytes: int | None = None) -> OutputCache:
     """The cache for ComfyUI's flags: `--cache-lru N`, `--cache-none`, `--cache-ram GB`; none of
     them gives the default (`OutputCache`, an LRU by bytes kept across prompts). At most one.
-    `--cache-lru 0` is ComfyUI's default value of the flag ("LRU off"): the default cache."""
+    `--cache-lru 0` is ComfyUI's default value of the flag ("LRU off"): the default cache.
+    `memory_bytes`: the memory budget the default cache's bound is a share of
+    (`default_budget`); `max_bytes` or `$MIXGRAPH_CACHE_BYTES` win over it, and the other modes
+    keep their own bounds."""
     if lru is not None and int(lru) == 0:
         lru = None
     chosen = [name for name, on in (("--cache-lru", lru is not None), ("--cache-none", none),
@@ -478,4 +489,6 @@ def make_cache(*, lru: int | None = None, none: bool = False, ram: float | None 
         if not ram >= 0:
             raise ValueError(f"--cache-ram needs a number of GB of 0 or more, not {ram}")
         return RamPressureCache(int(ram * 2**30), max_bytes=max_bytes)
+    if max_bytes is None and memory_bytes is not None:
+        max_bytes = default_budget(memory_bytes=memory_bytes)
     return OutputCache(max_bytes)

@@ -256,3 +256,30 @@ def test_comfy_memory_flags_set_the_budget_mode_reserve_and_release(tmp_path):
         assert memory_budget.budget("cpu") == b
     finally:
         memory_budget.reset()
+
+
+def test_output_cache_default_bound_is_a_share_of_the_memory_budget(monkeypatch):
+    """The in-memory output cache counts against the memory budget: its default byte bound is
+    `BUDGET_SHARE` of the CPU budget; `MIXGRAPH_CACHE_BYTES`, an explicit
+    `max_bytes` and the other cache modes keep their own bounds."""
+    from mixgraph.graph.cache import BUDGET_SHARE, LruCountCache, make_cache
+    from mixgraph.nodes.models import memory_budget
+    from mixgraph.ui.comfy.comfy_flags import apply_memory, cache_from_args, memory_from_args
+
+    monkeypatch.delenv("MIXGRAPH_CACHE_BYTES", raising=False)
+    try:
+        for argv, gib in ((["run", "--memory-budget", "2", "x.json"], 2),
+                          (["serve", "--memory-budget", "6", "--cpu"], 6)):
+            args = build_parser().parse_args(argv)
+            apply_memory(memory_from_args(args)[0], "cpu")
+            cache = cache_from_args(args)
+            assert type(cache) is OutputCache and cache.max_bytes == int(gib * 2**30 * BUDGET_SHARE)
+        memory_budget.set_budget("cpu", 0.5)
+        assert cache_from_args(build_parser().parse_args(["run", "x.json"])).max_bytes == 2**27
+        lru = cache_from_args(build_parser().parse_args(["run", "--cache-lru", "3", "x.json"]))
+        assert isinstance(lru, LruCountCache) and lru.max_bytes == 2**62     # counts, as ComfyUI
+        assert make_cache(max_bytes=1234, memory_bytes=2**30).max_bytes == 1234
+        monkeypatch.setenv("MIXGRAPH_CACHE_BYTES", "4096")
+        assert cache_from_args(build_parser().parse_args(["run", "x.json"])).max_bytes == 4096
+    finally:
+        memory_budget.reset()

@@ -252,3 +252,36 @@ def test_ray_workers_share_the_persistent_output_cache(env, ray_cluster, tmp_pat
     messages = {name: body for name, body in second["status"]["messages"]}
     assert messages["execution_cached"]["nodes"] == ["8"]
     assert sum(w["weight_reads"].get("a.safetensors", 0) for w in ws) == 0, ws
+
+
+def test_ray_workers_get_the_front_servers_memory_budget(env, ray_cluster, monkeypatch):
+    """The front server's memory budget (bytes, origin, mode) is set in each worker process (its
+    row in /system_stats says so, the output cache's bound a share of it), the worker's models
+    stream within it, and the prompt's history entry has the run's memory section, as a local
+    run's; `RayConfig.memory` carries the budget to the workers."""
+    from mixgraph.graph.cache import BUDGET_SHARE
+    from mixgraph.nodes.models import memory_budget
+    monkeypatch.setenv("MIXGRAPH_MEMORY_CHECK", "0")   # a budget under the VAE's activations: run anyway
+    monkeypatch.delenv("MIXGRAPH_CACHE_BYTES", raising=False)
+    budget = memory_budget.set_budget("cpu", 0.002, mode="low")
+    assert RayConfig().worker_options(env).memory == (("cpu", budget.nbytes, budget.origin, "low"),)
+
+    async def main():
+        async with ray_client(env, workers=1) as c:
+            _, r = await post_prompt(c, prompt("a.safetensors", 5))
+            return await wait_history(c, r["prompt_id"], timeout=240), await workers(c)
+    try:
+        entry, [w] = asyncio.run(main())
+    finally:
+        memory_budget.reset()
+    assert w["memory_budget"] == {"device": "cpu", "bytes": budget.nbytes, "mode": "low",
+                                  "origin": "--memory-budget 0.002",
+                                  "output_cache_bytes": int(budget.nbytes * BUDGET_SHARE)}
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    memory = entry["status"]["mixgraph"]["memory"]
+    assert (memory["budget_bytes"], memory["budget_origin"], memory["mode"]) == \
+        (budget.nbytes, "--memory-budget 0.002", "low")
+    cost = memory["streaming"]                      # counted in the worker's process
+    assert cost["bytes_streamed"] > 0 and cost["passes"] >= 2
+    assert any(name == "unet weights from a.safetensors" for name in cost["by_model"]), cost
+    assert entry["status"]["mixgraph"]["worker"] == w["name"]

@@ -202,6 +202,53 @@ def test_cli_run_reports_what_streaming_cost(tmp_path, capsys, monkeypatch):
     assert any(name.startswith("unet weights from") for name in memory["streaming"]["by_model"])
 
 
+def test_server_history_entry_has_the_runs_memory_section(tmp_path, monkeypatch):
+    """`serve` puts what `run --report`'s `memory` section says in the prompt's history entry
+    (`status["mixgraph"]["memory"]`): the budget in force and what streaming cost, per prompt."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from mixgraph.ui.server.server import create_app
+    from tests.test_editor_browser import txt2img
+    from tests.test_server import post_prompt, wait_history
+
+    monkeypatch.setenv("MIXGRAPH_MEMORY_CHECK", "0")   # a budget under the VAE's activations: run anyway
+    _wf, _dec, models = _sd15_workflow(tmp_path)
+    for d in ("in", "out", "temp"):
+        (tmp_path / d).mkdir()
+    env = Env(models=(models,), input=tmp_path / "in", output=tmp_path / "out", temp=tmp_path / "temp")
+
+    async def main_():
+        app = create_app(env, user_dir=tmp_path / "user" / "default")
+        async with TestServer(app) as server, TestClient(server) as c:
+            entries = []
+            for seed in (1, 2):
+                status, r = await post_prompt(c, {**txt2img(), "3": {**txt2img()["3"], "inputs": {
+                    **txt2img()["3"]["inputs"], "seed": seed}}})
+                assert status == 200, r
+                entries.append(await wait_history(c, r["prompt_id"], timeout=120))
+            listed = await (await c.get("/history")).json()
+        return entries, listed
+
+    memory_budget.set_budget("cpu", 0.002)
+    (first, second), listed = asyncio.run(main_())
+    for entry in (first, second):
+        assert entry["status"]["status_str"] == "success", entry["status"]
+        memory = entry["status"]["mixgraph"]["memory"]
+        assert (memory["budget_bytes"], memory["budget_origin"], memory["mode"]) == \
+            (int(0.002 * GIB), "--memory-budget 0.002", "normal")
+    cost = first["status"]["mixgraph"]["memory"]["streaming"]
+    assert cost["bytes_streamed"] > 0 and cost["passes"] >= 2
+    assert any(name.startswith("unet weights from") for name in cost["by_model"])
+    # the second prompt's own cost: the text encodings are cached, the UNet and VAE stream again
+    again = second["status"]["mixgraph"]["memory"]["streaming"]
+    assert not any(name.startswith("clip_l") for name in again["by_model"])
+    unet = next(name for name in cost["by_model"] if name.startswith("unet"))
+    assert again["by_model"][unet]["bytes_streamed"] == cost["by_model"][unet]["bytes_streamed"]
+    assert all(e["status"]["mixgraph"]["memory"]["streaming"] for e in listed.values())
+
+
 def test_estimate_counts_the_streamed_footprint_and_refusal_names_the_budget(tmp_path):
     from mixgraph.ui.estimate import estimate, refusal
 

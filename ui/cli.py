@@ -360,9 +360,8 @@ def _cmd_run(args: argparse.Namespace, registry: Any) -> int:
 
 def memory_report(device: str, streamed: dict) -> dict:
     """The run report's ``memory`` section: the budget in force and what streaming cost."""
-    from mixgraph.nodes.models.memory_budget import budget
-    b = budget(device)
-    return {"budget_bytes": b.nbytes, "budget_origin": b.origin, "mode": b.mode, "streaming": streamed}
+    from mixgraph.nodes.weights.streaming import memory_section
+    return memory_section(device, streamed)
 
 
 def streaming_line(s: dict) -> str:

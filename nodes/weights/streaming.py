@@ -28,7 +28,8 @@ yet; mixgraph's models run on the CPU today.
 What it cost is counted in ``STATS`` (bytes streamed, seconds loading, units loaded, passes: the
 times a model's units start over, i.e. forward passes; the peak of weights held by
 streamed models); ``snapshot()`` before and after a run gives the run's share (``mixgraph run``
-prints it and writes it in the report).
+prints it and writes it in the report; the server puts ``memory_section`` in a prompt's history
+entry).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from mixgraph.nodes.models import memory_budget
 from mixgraph.nodes.weights.cast import CastConv2d
 from mixgraph.nodes.weights.gguf_tensor import is_quantized, storage_nbytes
 
-__all__ = ["Unit", "StreamStats", "STATS", "snapshot", "since", "stream_units", "units_of", "choose",
+__all__ = ["Unit", "StreamStats", "STATS", "snapshot", "since", "memory_section", "stream_units", "units_of", "choose",
            "footprint", "smallest_footprint", "weights_allowance", "attach", "is_streamed", "place",
            "WORK_SHARE", "WORK_CAP"]
 
@@ -209,6 +210,14 @@ def since(before: StreamStats) -> dict:
     if per_model:
         out["by_model"] = per_model
     return out
+
+
+def memory_section(device: str, streamed: dict) -> dict:
+    """A run's ``memory`` section (``mixgraph run --report``, a history entry's
+    ``status["mixgraph"]``): the budget in force on ``device`` and what streaming cost
+    (``since``)."""
+    b = memory_budget.budget(device)
+    return {"budget_bytes": b.nbytes, "budget_origin": b.origin, "mode": b.mode, "streaming": streamed}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -322,9 +322,15 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
 
 def cache_from_args(args: argparse.Namespace) -> Any:
     """The executor's output cache for the cache flags (ValueError for an unusable value): the
-    in-memory mode, behind which `--output-cache DIR` puts the persistent level."""
+    in-memory mode, behind which `--output-cache DIR` puts the persistent level. The default
+    mode's byte bound is a share (`graph.cache.BUDGET_SHARE`) of the CPU memory budget (node
+    outputs are CPU tensors, as `nodes/media/memory_guards.py` counts them), so call it after
+    the budget is set (`apply_memory`); env `MIXGRAPH_CACHE_BYTES` still wins."""
+    from mixgraph.nodes.models import memory_budget
+    budget = memory_budget.budget("cpu")
     memory = make_cache(lru=getattr(args, "cache_lru", None),
-                        none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None))
+                        none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None),
+                        memory_bytes=budget.nbytes)
     directory, gb = getattr(args, "output_cache", None), getattr(args, "output_cache_gb", None)
     if directory is None:
         if gb is not None:

@@ -9,7 +9,9 @@ whose prompts run through its `_run_item` seam on Ray actors instead of the loca
   `build_executor(WorkerOptions)` from the server's environment (models folders...), node
   library or registry factory, custom-node flags and cache options: the one factory every worker
   goes through, so a server option that changes executors (a persistent output cache, say) is
-  added in one place.
+  added in one place. The front server's memory budget (bytes, origin, mode) is set in each
+  worker's process before its executor is made; a worker's row in `/system_stats` shows it, and
+  a prompt's history entry has its run's `memory` section (budget, streaming cost) as a local run.
 - **Events.** `ExecutorWorker.run` is a Ray streaming generator: it yields the run's events
   (`graph.events`, previews as tensors) in chunks as they happen, then one `WorkerResult`; the
   front hands each event to the same `on_event` the local path uses, so WebSocket clients and
@@ -72,8 +74,10 @@ class RayConfig:
     """`--ray [ADDRESS]`, `--workers N`, `--fan-out`: address None or "" starts a local Ray
     instance; workers None: one per GPU of the cluster, else one per machine; fan_out: split
     every prompt's batch that can be (else only those whose extra_data has
-    `"mixgraph_fan_out": true`). `cache`, `registry`, `custom_nodes` as in WorkerOptions (the
-    env comes from the server)."""
+    `"mixgraph_fan_out": true`). `cache`, `registry`, `custom_nodes`, `memory` as in
+    WorkerOptions (the env comes from the server; `memory` None: the front server's budget in
+    force when the workers are made, so `--memory-budget` and ComfyUI's memory flags reach
+    them)."""
 
     address: str | None = None
     workers: int | None = None
@@ -82,9 +86,19 @@ class RayConfig:
     registry: Callable[[], Any] | None = None
     custom_nodes: dict | None = None
     output_cache: tuple[str, float] | None = None
+    memory: tuple[tuple[str, int, str, str], ...] | None = None
 
     def worker_options(self, env: Env) -> WorkerOptions:
-        return WorkerOptions(env, dict(self.cache), self.registry, self.custom_nodes, self.output_cache)
+        return WorkerOptions(env, dict(self.cache), self.registry, self.custom_nodes,
+                             self.output_cache, self.memory or _front_budget(env))
+
+
+def _front_budget(env: Env) -> tuple[tuple[str, int, str, str], ...]:
+    """(device, bytes, origin, mode) of this process's memory budgets for the CPU and the env's
+    device (`WorkerOptions.memory`)."""
+    from mixgraph.nodes.models import memory_budget
+    budgets = {b.device: b for b in map(memory_budget.budget, ("cpu", env.device or "cpu"))}
+    return tuple((b.device, b.nbytes, b.origin, b.mode) for b in budgets.values())
 
 
 def config_from_args(args: Any) -> RayConfig:
@@ -130,6 +144,7 @@ class _Worker:
     host: str = ""
     prompts: int = 0
     restarts: int = 0
+    memory_budget: dict = field(default_factory=dict)   # as the worker reports it (`info`)
 
 
 class RayPromptQueue(PromptQueue):
@@ -206,6 +221,7 @@ class RayPromptQueue(PromptQueue):
                                  ) from None
         with self._cv:
             w.pid, w.host, w.state = info["pid"], info["host"], "ready"
+            w.memory_budget = dict(info.get("memory_budget") or {})
             self._update(w, info["held"], info["reads"])
             self._assign()
             self._cv.notify_all()
@@ -430,6 +446,8 @@ class RayPromptQueue(PromptQueue):
                 continue
             if result is None:
                 return None, "error"
+            if result.memory is not None:          # the history entry's `memory`
+                self._memory[item.prompt_id] = result.memory
             return result, result.status
 
     def _stream(self, w: _Worker, item: QueueItem, workflow: Any,
@@ -549,8 +567,10 @@ class RayPromptQueue(PromptQueue):
             self._cv.notify_all()
         ui, note["fan_out"], problem = split.gather(
             [r.ui if r is not None else None for r in results], self.executor.env, names)
-        for part, had in zip(note["fan_out"], held):
+        for part, had, r in zip(note["fan_out"], held, results):
             part["held_weights"] = had       # affinity: did it hold the weights when split
+            if r is not None and r.memory is not None:
+                part["memory"] = r.memory    # each part's budget and streaming cost
         ok = all(r is not None and r.status == "success" for r in results)
         if ok and problem:
             forward(ev.ExecutionError(pid, exception_message=problem,
@@ -693,8 +713,9 @@ class RayPromptQueue(PromptQueue):
 
     def workers(self) -> list[dict]:
         """Each worker: state, process, what it holds (fingerprint + storage precision), weight
-        reads (loads per file since it started or was last freed), the prompt it runs (and node)
-        and the prompts placed on it."""
+        reads (loads per file since it started or was last freed), the prompt it runs (and node),
+        the prompts placed on it, and its memory budget (device, bytes, origin, mode, the output
+        cache's byte bound)."""
         with self._cv:
             out = []
             for w in self._workers:
@@ -707,6 +728,6 @@ class RayPromptQueue(PromptQueue):
                     "weight_reads": dict(w.reads),
                     "running": w.running.prompt_id if w.running is not None else None,
                     "node": w.node, "queued": queued, "prompts": w.prompts,
-                    "restarts": w.restarts})
+                    "restarts": w.restarts, "memory_budget": dict(w.memory_budget)})
             return out
 

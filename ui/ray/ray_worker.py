@@ -62,17 +62,32 @@ class WorkerOptions:
     (`graph.persist`, safe for several processes) behind its in-memory cache, so a prompt one
     worker ran is served from disk on another, and after a restart. registry: a picklable factory returning the node registry
     (tests pass their toy registry's); None: the node library plus the custom node packs the
-    flags in `custom_nodes` name (`ui.comfy.custom_nodes.load_from_args`'s attributes)."""
+    flags in `custom_nodes` name (`ui.comfy.custom_nodes.load_from_args`'s attributes).
+    memory: the front server's memory budgets, ((device, bytes, origin, mode), ...) for the CPU
+    and the env's device (`nodes/models/memory_budget.py`), set in the worker's process before
+    its executor is made; None: the worker's own defaults."""
 
     env: Env
     cache: dict = field(default_factory=dict)
     registry: Callable[[], Any] | None = None
     custom_nodes: dict | None = None
     output_cache: tuple[str, float] | None = None
+    memory: tuple[tuple[str, int, str, str], ...] | None = None
+
+
+def set_worker_budget(options: WorkerOptions) -> Any:
+    """Set the front server's memory budgets (`options.memory`) in this worker process; returns
+    the CPU budget in force. Bytes / 2**30 is exact in floating point: the bytes are the front's."""
+    from mixgraph.nodes.models import memory_budget
+    for device, nbytes, origin, mode in options.memory or ():
+        memory_budget.set_budget(device, nbytes / memory_budget.GIB, mode=mode, origin=origin)
+    return memory_budget.budget("cpu")
 
 
 def build_executor(options: WorkerOptions) -> Executor:
-    """The executor of one worker: the single place worker executors are made."""
+    """The executor of one worker: the single place worker executors are made. The memory
+    budgets are set first: the output cache's default byte bound is a share of the CPU one."""
+    budget = set_worker_budget(options)
     if options.registry is not None:
         registry = options.registry()
     else:
@@ -82,7 +97,7 @@ def build_executor(options: WorkerOptions) -> Executor:
             from mixgraph.ui.comfy.custom_nodes import load_from_args
             load_from_args(SimpleNamespace(**options.custom_nodes), registry, options.env)
     add_nodes(registry)                  # FanOutListPart, for the parts of a list prompt
-    cache = make_cache(**options.cache)
+    cache = make_cache(**options.cache, memory_bytes=budget.nbytes)
     if options.output_cache is not None:
         from mixgraph.graph.persist import DiskCache, TieredCache
         directory, gb = options.output_cache
@@ -101,6 +116,7 @@ class WorkerResult:
     ui: dict
     held: tuple
     reads: dict
+    memory: dict | None = None      # the run's memory section (`streaming.memory_section`)
 
 
 def _held() -> tuple:
@@ -133,6 +149,7 @@ class ExecutorWorker:
 
     def __init__(self, name: str, options: WorkerOptions):
         self.name = name
+        self.device = options.env.device or "cpu"
         self.executor = build_executor(options)
         self._interrupts: dict[str, threading.Event] = {}
         self._lock = threading.Lock()          # one prompt (or /free) at a time
@@ -143,7 +160,15 @@ class ExecutorWorker:
     def info(self) -> dict:
         return {"name": self.name, "pid": os.getpid(), "host": os.uname().nodename,
                 "held": _held(), "reads": _reads(), "running": self.current,
-                "prompts": self.prompts}
+                "prompts": self.prompts, "memory_budget": self._budget()}
+
+    def _budget(self) -> dict:
+        """The memory budget in force in this process and the output cache's byte bound."""
+        from mixgraph.nodes.models import memory_budget
+        b = memory_budget.budget(self.device)
+        cache = getattr(self.executor.cache, "memory", self.executor.cache)   # TieredCache
+        return {"device": b.device, "bytes": b.nbytes, "origin": b.origin, "mode": b.mode,
+                "output_cache_bytes": getattr(cache, "max_bytes", None)}
 
     def _event_for(self, prompt_id: str) -> threading.Event:
         with self._guard:
@@ -164,6 +189,8 @@ class ExecutorWorker:
             with self._lock:
                 self.current = prompt_id
                 try:
+                    from mixgraph.nodes.weights import streaming
+                    before = streaming.snapshot()     # one prompt at a time: its own cost
                     with worker_sink(events.put, prompt_id):    # packs' send_sync, in order
                         report, status = execute(lambda emit: self.executor.run(
                             workflow, targets=outputs or None, on_event=emit,
@@ -171,7 +198,8 @@ class ExecutorWorker:
                             strict=False), prompt_id, events.put)
                     ui = dict(getattr(report, "ui", None) or {})
                     self.prompts += 1
-                    events.put(WorkerResult(status, ui, _held(), _reads()))
+                    memory = streaming.memory_section(self.device, streaming.since(before))
+                    events.put(WorkerResult(status, ui, _held(), _reads(), memory))
                 except BaseException as e:  # noqa: BLE001 - the front must hear of it
                     events.put(WorkerResult("error", {}, (), {}))
                     log.exception("worker %s: %s", self.name, e)

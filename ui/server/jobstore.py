@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS history (
     request     TEXT NOT NULL,     -- JSON, QueueItem.record(): what a re-queue submits
     created_ms  INTEGER NOT NULL,
     finished_ms INTEGER NOT NULL,
-    mixgraph    TEXT NOT NULL DEFAULT '{}'   -- JSON, status["mixgraph"]: worker, reason, retries
+    mixgraph    TEXT NOT NULL DEFAULT '{}'   -- JSON, status["mixgraph"]: worker, reason, retries, memory
 );
 """
 

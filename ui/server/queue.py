@@ -35,7 +35,7 @@ from mixgraph.graph import events as ev
 from mixgraph.graph.context import Interrupted
 from mixgraph.graph.executor import ExecutionFailed, NodeError, ValidationFailed
 from mixgraph.graph.formats.workflow import load_workflow
-from mixgraph.nodes.weights import store
+from mixgraph.nodes.weights import store, streaming
 from mixgraph.ui.server.jobstore import MAX_HISTORY, JobStore, JobStoreError
 from mixgraph.ui.server.progress_state import ProgressStates
 
@@ -127,6 +127,7 @@ class PromptQueue:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._last_gc = time.monotonic()
+        self._memory: dict[str, dict] = {}     # prompt id -> its run's memory section
 
     @property
     def max_history(self) -> int:
@@ -401,13 +402,19 @@ class PromptQueue:
         report, status = self._run_item(item, on_event)
         if dict(getattr(self.executor.env, "settings", ()) or ()).get("release_models"):
             store.clear()   # --disable-smart-memory: models released after each prompt
-        self._store(item, report, messages, status, self._note(item))
+        note = self._note(item)
+        memory = self._memory.pop(item.prompt_id, None)
+        if memory is not None:     # the budget and what streaming cost, as `run --report`'s
+            note = {**(note or {}), "memory": memory}
+        self._store(item, report, messages, status, note)
         for event in held:
             send(event)
 
     def _run_item(self, item: QueueItem, on_event: Callable[[ev.Event], None]) -> tuple[Any, str]:
         """Run one prompt, its events to `on_event`: here, on this process's executor. The seam
-        where `ui.ray.ray_pool.RayPromptQueue` runs it on a Ray worker instead."""
+        where `ui.ray.ray_pool.RayPromptQueue` runs it on a Ray worker instead. The run's memory
+        section (`streaming.memory_section`) is kept for its history entry: one prompt runs at a
+        time here, so the streaming counters' change is this prompt's."""
         def run(emit: Callable[[ev.Event], None]) -> Any:
             if item.workflow is None:
                 item.workflow = self.prepare(item)
@@ -415,7 +422,13 @@ class PromptQueue:
                 item.workflow, targets=item.outputs or None, on_event=emit,
                 interrupt=item.interrupt, prompt_id=item.prompt_id, extra_data=item.extra_data,
                 validation=item.validation, strict=False)
-        return execute(run, item.prompt_id, on_event)
+        before = streaming.snapshot()
+        try:
+            return execute(run, item.prompt_id, on_event)
+        finally:
+            device = getattr(getattr(self.executor, "env", None), "device", None) or "cpu"
+            self._memory[item.prompt_id] = streaming.memory_section(device,
+                                                                    streaming.since(before))
 
     def _note(self, item: QueueItem) -> dict | None:
         """mixgraph's own facts for the history entry's `status["mixgraph"]` (None: nothing)."""

@@ -784,7 +784,7 @@ def cli_main(args: Any) -> int:
         memory, memory_notes = memory_from_args(args)
         notes += memory_notes
         budget = apply_memory(memory, options.get("device"))
-        cache = cache_from_args(args)
+        cache = cache_from_args(args)      # after apply_memory: its bound is a share of the budget
         limits = limits_from_args(args)
         ray = None
         if getattr(args, "ray", None) is not None:
