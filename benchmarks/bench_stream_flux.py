@@ -1,7 +1,7 @@
 """Weight streaming benchmark, Flux: the full-size Flux.1-dev architecture (random weights, 11.9 B
 parameters) in fp8 and in GGUF Q4_0, run through the real nodes at 256x256 within a memory budget
 of 8 GiB (nodes/weights/streaming.py, issue 24): peak RSS, s/step, bytes streamed per step, and
-(fp8, when `--resident-budget` is given) whether the latent equals a resident run's.
+(when `--resident-budget` is given) whether the latent equals a resident run's.
 
 Files, written once into `--models DIR` (or a temporary folder, removed after):
 
@@ -197,7 +197,7 @@ def bench(formats: list[str], budget: float | None, resident: float | None, step
     from mixgraph.ui.bench.bench_precision import run_child
 
     sizes = ensure_files(models, formats, tiny)
-    runs = [(f, budget) for f in formats] + ([("fp8", resident)] if resident and "fp8" in formats else [])
+    runs = [(f, budget) for f in formats] + ([(f, resident) for f in formats] if resident else [])
     rows = []
     for i, (fmt, gib) in enumerate(runs):
         output = work / f"out{i}"
@@ -230,10 +230,11 @@ def bench(formats: list[str], budget: float | None, resident: float | None, step
         rows.append(row)
         print(f"{fmt} {gib} GiB: {row['s_per_step']:.1f} s/step, peak {row['peak_rss_bytes'] / GIB:.2f} GiB, "
               f"{row['bytes_per_step'] / GIB:.2f} GiB streamed/step", file=sys.stderr, flush=True)
-    ref = next((r for r in rows if r["format"] == "fp8" and r["budget_gib"] == resident and "_output" in r), None)
-    for r in rows:
-        if ref is not None and r is not ref and r["format"] == "fp8" and "_output" in r:
-            r["identical_to_resident"] = bool(torch.equal(_latent(r["_output"]), _latent(ref["_output"])))
+    for fmt in formats:   # each streamed run against its format's resident run
+        ref = next((r for r in rows if r["format"] == fmt and r["budget_gib"] == resident and "_output" in r), None)
+        for r in rows:
+            if ref is not None and r is not ref and r["format"] == fmt and "_output" in r:
+                r["identical_to_resident"] = bool(torch.equal(_latent(r["_output"]), _latent(ref["_output"])))
     for r in rows:
         r.pop("_output", None)
     return {"tiny": tiny, "size": size, "steps": steps, "threads": torch.get_num_threads(), "rows": rows}
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {', '.join(FORMATS)}")
     ap.add_argument("--budget", type=float, default=8.0, help="GiB (default 8; --tiny: a third of the model)")
     ap.add_argument("--resident-budget", type=float, default=None,
-                    help="also run the fp8 file with this budget (GiB, enough to hold it: 20) and compare latents")
+                    help="also run each file with this budget (GiB, enough to hold it: 20) and compare latents")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--models", help="keep the generated files here and reuse them (default: a temporary folder)")
