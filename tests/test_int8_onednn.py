@@ -23,22 +23,12 @@ from mixgraph.nodes.weights.cast import (Int8Conv2d, Int8Linear, apply_precision
                                          onednn_int8_conv_available, quantize_uint8)
 from tests.fixtures.tiny_unet import tiny_unet, tiny_unet_config
 from tests.test_cast import Policy as CastPolicy
-from tests.test_int8_conv import seeded_conv
+from tests.test_int8_conv import CASES, seeded_conv
 
 F32, F64 = torch.float32, torch.float64
 
 needs_onednn = pytest.mark.skipif(not onednn_int8_conv_available(env={}),
                                   reason="no native int8 dot products (VNNI/AMX-INT8) or no oneDNN int8 conv")
-
-CASES = {  # name -> (Conv2d args, kwargs, input [N, C, H, W])
-    "1x1": ((16, 24, 1), {}, (2, 16, 9, 7)),
-    "3x3_s1_p1": ((16, 24, 3), {"padding": 1}, (2, 16, 9, 7)),
-    "3x3_s2_p1_downsample": ((16, 16, 3), {"stride": 2, "padding": 1}, (2, 16, 9, 8)),
-    "3x3_s2_p0_no_bias": ((8, 12, 3), {"stride": 2, "bias": False}, (3, 8, 11, 10)),
-    "3x1_dilated_uneven": ((5, 6, (3, 1)), {"stride": (1, 2), "padding": (2, 0), "dilation": 2}, (1, 5, 7, 9)),
-    "4_to_4": ((4, 4, 3), {"padding": 1}, (2, 4, 8, 8)),
-}
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
