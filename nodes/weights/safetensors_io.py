@@ -48,6 +48,8 @@ __all__ = [
     "read_source",
     "source_dtypes",
     "quantization",
+    "byte_ranges",
+    "will_need",
 ]
 
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -426,6 +428,51 @@ def read_source(
                         _convert_released, _release_pages)
     except (SafetensorError, OSError) as e:
         raise WeightFileError(f"{path}: cannot read safetensors data: {e}") from e
+
+
+def byte_ranges(source: WeightSource, keep: Callable[[str], bool]) -> tuple[tuple[int, int], ...]:
+    """(file offset, length) of the data of ``source``'s stored tensors (prefix stripped) that
+    ``keep`` accepts, adjacent ranges merged; empty for anything but a safetensors file (an
+    in-memory source, a pickle or GGUF file). What ``will_need`` is given to bring a streamed
+    unit's bytes in ahead of its use."""
+    path = source.path
+    if path is None or _is_pickle(path) or gguf_file.is_gguf(path):
+        return ()
+    header = _safetensors_header(path)
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    spans = sorted((8 + n + int(e["data_offsets"][0]), 8 + n + int(e["data_offsets"][1]))
+                   for k, e in header.items() if k != "__metadata__" and k.startswith(source.prefix)
+                   and keep(k[len(source.prefix):]))
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        elif hi > lo:
+            merged.append([lo, hi])
+    return tuple((lo, hi - lo) for lo, hi in merged)
+
+
+def will_need(path: str, ranges: Iterable[tuple[int, int]]) -> None:
+    """Ask the kernel to read ``ranges`` of ``path`` into the page cache now, asynchronously
+    (``posix_fadvise(WILLNEED)``), so the memory-mapped views read later find their pages there
+    instead of faulting them in from disk one readahead window at a time while the layers
+    compute. Holds no memory of the process (the page cache is the kernel's, dropped under
+    pressure). Best effort: a no-op where the call does not exist or fails."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        for offset, length in ranges:
+            advise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def quantization(source: WeightSource) -> QuantScheme | None:

@@ -35,6 +35,7 @@ entry).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -49,7 +50,7 @@ from mixgraph.nodes.weights.gguf_tensor import is_quantized, storage_nbytes
 
 __all__ = ["Unit", "StreamStats", "STATS", "snapshot", "since", "memory_section", "stream_units", "units_of", "choose",
            "footprint", "smallest_footprint", "weights_allowance", "attach", "is_streamed", "place",
-           "WORK_SHARE", "WORK_CAP"]
+           "WORK_SHARE", "WORK_CAP", "PREFETCH_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 #: prompt holds at the same time (the VAE, a text encoder), cached outputs; at most WORK_CAP
 WORK_SHARE = 0.25
 WORK_CAP = 2 * memory_budget.GIB
+#: "0" turns the CPU prefetch off (``StreamSource.warm_next``), for measuring what it saves
+PREFETCH_ENV = "MIXGRAPH_STREAM_PREFETCH"
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -228,9 +231,14 @@ class StreamSource:
     """Where one streamed model's units come from, shared by every copy of the module
     (``apply_precision`` deep-copies it; this object is not copied)."""
 
-    def __init__(self, name: str, read: Callable[[str], dict[str, Tensor]], resident_bytes: int):
+    def __init__(self, name: str, read: Callable[[str], dict[str, Tensor]], resident_bytes: int,
+                 warm: Callable[[str], None] | None = None):
         self.name = name
         self.read = read            # unit prefix "blocks.3." -> the store's tensors of that unit
+        self.warm = warm            # unit prefix -> ask for its file bytes ahead (CPU prefetch)
+        self.after: dict[str, str] = {}   # unit prefix -> the one loaded after it last time
+        self.previous: str | None = None  # the unit loaded last
+        self.first: str | None = None     # the first unit in module order
         self.seen: set[int] = set()  # units loaded in this pass: loading one again starts the next
         self.lock = threading.RLock()
         self.loaded: list[_Unit] = []
@@ -257,6 +265,28 @@ class StreamSource:
         for t in ready.values():  # made on the side stream, used (and freed) on this one
             (t.raw if is_quantized(t) else t).record_stream(current)
         return ready
+
+    def warm_next(self, prefix: str, next_prefix: str | None) -> None:
+        """CPU: ``prefix`` is coming in; ask for the bytes of the unit that follows it (the one
+        that followed it last time, else the next in module order, the first after the last)
+        in the background, so the file is read while ``prefix``'s layers compute. The unit's
+        tensors are views of the file's mapping (or converted from them), so this holds no
+        memory of the process: the peak held is unchanged. Off with env
+        ``MIXGRAPH_STREAM_PREFETCH=0``."""
+        if self.previous is not None and self.previous != prefix:
+            self.after[self.previous] = prefix
+        self.previous = prefix
+        target = self.after.get(prefix, next_prefix or self.first)
+        if (self.warm is None or self.device.type == "cuda" or target is None or target == prefix
+                or os.environ.get(PREFETCH_ENV, "1") == "0"):
+            return
+        threading.Thread(target=self._warm, args=(target,), name="mixgraph-stream-prefetch", daemon=True).start()
+
+    def _warm(self, prefix: str) -> None:
+        try:
+            self.warm(prefix)
+        except Exception:  # a hint only: the unit is read as usual when it comes in
+            log.debug("%s: prefetching %s failed", self.name, prefix, exc_info=True)
 
     def prefetch(self, prefix: str | None) -> None:
         if self.device.type == "cuda" and prefix is not None and prefix not in self.pending:
@@ -325,6 +355,7 @@ class _Unit:
             while len(src.loaded) >= src.inflight:
                 src.loaded[0].release()
             start = time.perf_counter()
+            src.warm_next(self.prefix, self.next_prefix)
             tensors = src.tensors(self.prefix)
             src.prefetch(self.next_prefix)
             scales = {k[: -len("_scale")]: v for k, v in tensors.items() if k.endswith(".weight_scale")
@@ -390,12 +421,14 @@ class _Release:
 
 
 def attach(module: nn.Module, streamed: Iterable[str], read: Callable[[str], dict[str, Tensor]],
-           resident_bytes: int, name: str) -> nn.Module:
+           resident_bytes: int, name: str, warm: Callable[[str], None] | None = None) -> nn.Module:
     """Install the hooks on ``module``'s ``streamed`` units (module names, whose parameters are
-    meta placeholders); ``read(prefix)`` gives a unit's tensors as the weight store holds them."""
+    meta placeholders); ``read(prefix)`` gives a unit's tensors as the weight store holds them,
+    ``warm(prefix)`` asks for its file bytes ahead of the read (CPU prefetch; None: none)."""
     streamed = set(streamed)
     order = [u for u in stream_units(module) if u in streamed]
-    source = StreamSource(name, read, resident_bytes)
+    source = StreamSource(name, read, resident_bytes, warm)
+    source.first = order[0] + "." if order else None
     for i, unit_name in enumerate(order):
         unit_module = module.get_submodule(unit_name)
         nxt = order[i + 1] + "." if i + 1 < len(order) else None
