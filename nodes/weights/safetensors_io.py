@@ -22,6 +22,7 @@ import ctypes
 import functools
 import itertools
 import json
+import mmap
 import os
 import struct
 import sys
@@ -453,22 +454,43 @@ def byte_ranges(source: WeightSource, keep: Callable[[str], bool]) -> tuple[tupl
     return tuple((lo, hi - lo) for lo, hi in merged)
 
 
+_MADV_POPULATE_READ = 22  # Linux 5.14+: fault a range of a mapping in, in one call
+_SCRATCH = 8 << 20
+
+
 def will_need(path: str, ranges: Iterable[tuple[int, int]]) -> None:
-    """Ask the kernel to read ``ranges`` of ``path`` into the page cache now, asynchronously
-    (``posix_fadvise(WILLNEED)``), so the memory-mapped views read later find their pages there
-    instead of faulting them in from disk one readahead window at a time while the layers
-    compute. Holds no memory of the process (the page cache is the kernel's, dropped under
-    pressure). Best effort: a no-op where the call does not exist or fails."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return
+    """Bring ``ranges`` of ``path`` into the page cache now (meant for a background thread), so
+    the memory-mapped views read later find their pages there instead of faulting them in from
+    disk one readahead window at a time while the layers compute. Linux: one
+    ``madvise(MADV_POPULATE_READ)`` per range on a mapping of its own, closed after (3 GB/s on a
+    cold Flux block against 1.6 GB/s faulting; ``posix_fadvise(WILLNEED)`` had brought in 2 % of
+    the block a second later); elsewhere, or where that call is refused, a sequential read
+    through one 8 MiB scratch buffer. Holds no memory of the process: the pages are the page
+    cache's (dropped under pressure, then the views fault them in as before). Best effort: an
+    error is left for the real read to meet."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
+        scratch = None
         for offset, length in ranges:
-            advise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+            start = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+            if sys.platform.startswith("linux"):
+                try:
+                    with mmap.mmap(fd, offset + length - start, prot=mmap.PROT_READ, offset=start) as mm:
+                        mm.madvise(_MADV_POPULATE_READ)
+                    continue
+                except (OSError, ValueError):
+                    pass
+            if scratch is None:
+                scratch = memoryview(bytearray(_SCRATCH))
+            end = offset + length
+            while offset < end:
+                got = os.preadv(fd, [scratch[: min(_SCRATCH, end - offset)]], offset)
+                if got <= 0:
+                    break
+                offset += got
     except OSError:
         pass
     finally:

@@ -20,6 +20,13 @@ one by one) is covered too: every layer of a unit that holds weights has a pre-h
 its unit in if it is not; at most ``inflight`` units are held at once (the oldest is released
 when another comes in), so the peak stays ``resident + inflight x largest unit``.
 
+CPU prefetch (``StreamSource.warm_next``): when a unit comes in, a background thread brings the
+file bytes of the unit that follows it (the order recorded on the last pass, else module order)
+into the page cache (``safetensors_io.will_need``: ``MADV_POPULATE_READ``), so that unit's
+memory-mapped views (an fp8 file read as fp8, a bf16 / f32 file at its own dtype) no longer fault
+their pages in from disk while its layers compute. It holds no tensors, so the peak held is
+unchanged; env ``MIXGRAPH_STREAM_PREFETCH=0`` turns it off.
+
 CUDA (``place``): the streamed units are read once into pinned host memory, copied to the device
 with ``non_blocking`` copies on a side stream, and the next unit is prefetched while the current
 one computes (``inflight`` 2). That path is written to the same rules but has not run on a GPU
@@ -269,9 +276,11 @@ class StreamSource:
     def warm_next(self, prefix: str, next_prefix: str | None) -> None:
         """CPU: ``prefix`` is coming in; ask for the bytes of the unit that follows it (the one
         that followed it last time, else the next in module order, the first after the last)
-        in the background, so the file is read while ``prefix``'s layers compute. The unit's
-        tensors are views of the file's mapping (or converted from them), so this holds no
-        memory of the process: the peak held is unchanged. Off with env
+        in the background (``warm``: the store's ``safetensors_io.will_need``), so the file is
+        read into the page cache while ``prefix``'s layers compute and that unit's read finds
+        its bytes there. Only the kernel's page cache fills: the tensors are still made by the
+        unit's own read when it comes in, so the peak held and the bytes counted are those of
+        a run without, and the output is the same bit for bit. Off with env
         ``MIXGRAPH_STREAM_PREFETCH=0``."""
         if self.previous is not None and self.previous != prefix:
             self.after[self.previous] = prefix
