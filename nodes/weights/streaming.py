@@ -22,7 +22,7 @@ when another comes in), so the peak stays ``resident + inflight x largest unit``
 
 CPU prefetch (``StreamSource.warm_next``): when a unit comes in, a background thread brings the
 file bytes of the unit that follows it (the order recorded on the last pass, else module order)
-into the page cache (``safetensors_io.will_need``: a sequential read), so that unit's
+into the page cache (``safetensors_io.will_need``: ``posix_fadvise(WILLNEED)``), so that unit's
 memory-mapped views (an fp8 file read as fp8, a bf16 / f32 file at its own dtype) no longer fault
 their pages in from disk while its layers compute. It holds no tensors, so the peak held is
 unchanged; env ``MIXGRAPH_STREAM_PREFETCH=0`` turns it off.
