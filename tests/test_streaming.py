@@ -333,3 +333,57 @@ def test_full_size_sdxl_over_the_machine_is_refused_naming_the_budget_that_strea
     assert est["nodes"]["3"]["streamed"] == ["MODEL"]
     assert est["peak_bytes"] <= 10 * GIB + BASE_BYTES and est["peak_bytes"] - BASE_BYTES <= gib * GIB
     assert refusal(wf, reg, env, "f32", available=10 * GIB) is None
+
+
+def _join_prefetch():
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == "mixgraph-stream-prefetch":
+            t.join(timeout=10)
+
+
+@pytest.mark.parametrize("spec", ["f32", "bf16"])
+def test_cpu_prefetch_asks_for_the_next_units_bytes_and_changes_nothing(tmp_path, monkeypatch, spec):
+    """When a unit comes in, the file bytes of the one after it are asked for in the background
+    (``will_need``); the output, the bytes counted and the peak held are those of the run without."""
+    from mixgraph.nodes.weights.safetensors_io import byte_ranges
+
+    write_unet(tmp_path / "u.safetensors", "sd15", seed=2)
+    source, config = WeightSource.from_file(tmp_path / "u.safetensors"), tiny_unet_config("sd15")
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[spec]
+    policy = Policy(dtype, dtype, False, True, False)
+    resident, _ = _run(UNetModel, config, source, policy, _unet_inputs(), stream=False)
+    with torch.device("meta"):
+        meta = UNetModel(config)
+    units, fixed = streaming.units_of(meta, store.dtype_rule(meta), policy.storage)
+    real, asked = store.will_need, []
+    monkeypatch.setattr(store, "will_need", lambda path, ranges: (asked.append(tuple(ranges)), real(path, ranges)))
+    runs = {}
+    for prefetch in ("1", "0"):
+        monkeypatch.setenv(streaming.PREFETCH_ENV, prefetch)
+        store.clear()
+        b = memory_budget.set_budget("cpu", _budget_for((fixed + sum(u.nbytes for u in units)) // 2))
+        before = streaming.snapshot()
+        out, was = _run(UNetModel, config, source, policy, _unet_inputs())
+        _join_prefetch()
+        cost = streaming.since(before)
+        assert was and torch.equal(out, resident), prefetch
+        assert cost["peak_weight_bytes"] <= streaming.weights_allowance(b)
+        runs[prefetch] = (cost, len(asked))
+    (on, n_on), (off, n_off) = runs["1"], runs["0"]
+    assert n_on > 0 and n_off == n_on   # asked with prefetch on, never with it off
+    assert (on["bytes_streamed"], on["loads"], on["passes"]) == (off["bytes_streamed"], off["loads"], off["passes"])
+    # every unit streams: bytes once per unit load, and each unit's successor asked for in order
+    asked.clear()
+    monkeypatch.setenv(streaming.PREFETCH_ENV, "1")
+    store.clear()
+    memory_budget.set_budget("cpu", 8, mode="none")
+    before = streaming.snapshot()
+    out, _ = _run(UNetModel, config, source, policy, _unet_inputs())
+    _join_prefetch()
+    cost = streaming.since(before)
+    assert torch.equal(out, resident)
+    assert cost["loads"] == len(units) and cost["bytes_streamed"] == sum(u.nbytes for u in units)
+    second = byte_ranges(source, lambda k: k.startswith(units[1].name + "."))
+    assert second and second in asked and len(asked) == len(units)

@@ -48,6 +48,8 @@ __all__ = [
     "read_source",
     "source_dtypes",
     "quantization",
+    "byte_ranges",
+    "will_need",
 ]
 
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -426,6 +428,64 @@ def read_source(
                         _convert_released, _release_pages)
     except (SafetensorError, OSError) as e:
         raise WeightFileError(f"{path}: cannot read safetensors data: {e}") from e
+
+
+def byte_ranges(source: WeightSource, keep: Callable[[str], bool]) -> tuple[tuple[int, int], ...]:
+    """(file offset, length) of the data of ``source``'s stored tensors (prefix stripped) that
+    ``keep`` accepts, adjacent ranges merged; empty for anything but a safetensors file (an
+    in-memory source, a pickle or GGUF file). What ``will_need`` is given to bring a streamed
+    unit's bytes in ahead of its use."""
+    path = source.path
+    if path is None or _is_pickle(path) or gguf_file.is_gguf(path):
+        return ()
+    header = _safetensors_header(path)
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    spans = sorted((8 + n + int(e["data_offsets"][0]), 8 + n + int(e["data_offsets"][1]))
+                   for k, e in header.items() if k != "__metadata__" and k.startswith(source.prefix)
+                   and keep(k[len(source.prefix):]))
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        elif hi > lo:
+            merged.append([lo, hi])
+    return tuple((lo, hi - lo) for lo, hi in merged)
+
+
+_CHUNK = 4 << 20
+
+
+def will_need(path: str, ranges: Iterable[tuple[int, int]]) -> None:
+    """Have ``ranges`` of ``path`` read into the page cache now (meant for a background thread),
+    so the memory-mapped views read later find their pages there instead of faulting them in
+    from disk one readahead window at a time while the layers compute. ``posix_fadvise(WILLNEED)``
+    per 4 MiB: the kernel reads asynchronously and copies nothing to the process (Linux caps one
+    call at the readahead window, 8 MiB here: one call on a whole Flux block had brought in 2 % of
+    it a second later). Measured on a cold SDXL file: a 140 MiB unit faulted in by its first touch
+    0.15 s, 0.4 s after this 0.03 s, for 0.025 s of CPU to ask. Rejected: a ``pread`` into a
+    scratch buffer (as fast, but its copy took the CPU from the layers: SDXL at 3 GiB 16.7 s/step
+    against 14.7 without) and ``mmap.madvise(MADV_POPULATE_READ)`` (keeps the GIL for the whole
+    call: 2x slower steps). Where ``posix_fadvise`` does not exist (macOS, Windows), nothing.
+    Holds no memory of the process: the pages are the page cache's (dropped under pressure, then
+    the views fault them in as before). Best effort: an error is left for the real read to meet."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        for offset, length in ranges:
+            end = offset + length
+            while offset < end:
+                advise(fd, offset, min(_CHUNK, end - offset), os.POSIX_FADV_WILLNEED)
+                offset += _CHUNK
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def quantization(source: WeightSource) -> QuantScheme | None:

@@ -62,7 +62,8 @@ from mixgraph.nodes.weights.layouts import reader_for_source
 from mixgraph.nodes.adapters.lora import apply_patches
 from mixgraph.nodes.weights.merge import MergePatch
 from mixgraph.nodes.weights.quantized import attach_scales, dequantized, keep_scaled_rule, scales_of
-from mixgraph.nodes.weights.safetensors_io import WeightSource, quantization, read_source, source_dtypes
+from mixgraph.nodes.weights.safetensors_io import (PICKLE_SUFFIXES, WeightSource, byte_ranges, inspect_file, quantization, read_source,
+                                                   source_dtypes, will_need)
 
 __all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule",
            "held"]
@@ -392,7 +393,15 @@ class WeightStore:
             return self._read_part(kind, source, dtype, patches, rule, rename, keep_scaled,
                                    lambda k: k.startswith(prefix), count=False)
 
-        return streaming.attach(module, streamed, read, nbytes(sd), what)
+        ranges: dict[str, tuple[tuple[int, int], ...]] = {}
+
+        def warm(prefix: str) -> None:
+            if prefix not in ranges:
+                ranges[prefix] = _unit_ranges(source, rename, prefix)
+            if ranges[prefix]:
+                will_need(source.path, ranges[prefix])
+
+        return streaming.attach(module, streamed, read, nbytes(sd), what, warm)
 
     def _read_part(self, kind, source, dtype, patches, rule, rename, keep_scaled, want, count=True):
         """The store's tensors of the module keys ``want`` accepts, read from ``source`` as
@@ -491,6 +500,21 @@ class WeightStore:
         # dequantised values are no file values; a GGUF entry holds quantised weights (never derived)
         quantised = quantization(source) is not None or (source.path is not None and is_gguf(source.path))
         return tensors, not quantised and stored <= _EXACT.get(dtype, {dtype})
+
+
+def _unit_ranges(source: WeightSource, rename, prefix: str) -> tuple[tuple[int, int], ...]:
+    """The file byte ranges holding the unit ``prefix``'s tensors (the stored keys whose module
+    key starts with it, and the other tensors of their layers: a scaled fp8 weight's scales);
+    empty where the source is no safetensors file (``safetensors_io.byte_ranges``)."""
+    if source.path is None or source.path.lower().endswith(PICKLE_SUFFIXES) or is_gguf(source.path):
+        return ()
+    if rename is None:
+        rename, _post = reader_for_source(source)
+    stored = [k[len(source.prefix):] for k in inspect_file(source.path) if k.startswith(source.prefix)]
+    mine = {k for k in stored if (new := rename(k) if rename is not None else k) is not None
+            and new.startswith(prefix)}
+    layers = {k.rpartition(".")[0] for k in mine}
+    return byte_ranges(source, lambda k: k in mine or k.rpartition(".")[0] in layers)
 
 
 def _quantised_sizes(source: WeightSource, rename) -> dict[str, int] | None:

@@ -20,6 +20,13 @@ one by one) is covered too: every layer of a unit that holds weights has a pre-h
 its unit in if it is not; at most ``inflight`` units are held at once (the oldest is released
 when another comes in), so the peak stays ``resident + inflight x largest unit``.
 
+CPU prefetch (``StreamSource.warm_next``): when a unit comes in, a background thread brings the
+file bytes of the unit that follows it (the order recorded on the last pass, else module order)
+into the page cache (``safetensors_io.will_need``: ``posix_fadvise(WILLNEED)``), so that unit's
+memory-mapped views (an fp8 file read as fp8, a bf16 / f32 file at its own dtype) no longer fault
+their pages in from disk while its layers compute. It holds no tensors, so the peak held is
+unchanged; env ``MIXGRAPH_STREAM_PREFETCH=0`` turns it off.
+
 CUDA (``place``): the streamed units are read once into pinned host memory, copied to the device
 with ``non_blocking`` copies on a side stream, and the next unit is prefetched while the current
 one computes (``inflight`` 2). That path is written to the same rules but has not run on a GPU
@@ -35,6 +42,7 @@ entry).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -49,7 +57,7 @@ from mixgraph.nodes.weights.gguf_tensor import is_quantized, storage_nbytes
 
 __all__ = ["Unit", "StreamStats", "STATS", "snapshot", "since", "memory_section", "stream_units", "units_of", "choose",
            "footprint", "smallest_footprint", "weights_allowance", "attach", "is_streamed", "place",
-           "WORK_SHARE", "WORK_CAP"]
+           "WORK_SHARE", "WORK_CAP", "PREFETCH_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,8 @@ log = logging.getLogger(__name__)
 #: prompt holds at the same time (the VAE, a text encoder), cached outputs; at most WORK_CAP
 WORK_SHARE = 0.25
 WORK_CAP = 2 * memory_budget.GIB
+#: "0" turns the CPU prefetch off (``StreamSource.warm_next``), for measuring what it saves
+PREFETCH_ENV = "MIXGRAPH_STREAM_PREFETCH"
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -228,9 +238,14 @@ class StreamSource:
     """Where one streamed model's units come from, shared by every copy of the module
     (``apply_precision`` deep-copies it; this object is not copied)."""
 
-    def __init__(self, name: str, read: Callable[[str], dict[str, Tensor]], resident_bytes: int):
+    def __init__(self, name: str, read: Callable[[str], dict[str, Tensor]], resident_bytes: int,
+                 warm: Callable[[str], None] | None = None):
         self.name = name
         self.read = read            # unit prefix "blocks.3." -> the store's tensors of that unit
+        self.warm = warm            # unit prefix -> ask for its file bytes ahead (CPU prefetch)
+        self.after: dict[str, str] = {}   # unit prefix -> the one loaded after it last time
+        self.previous: str | None = None  # the unit loaded last
+        self.first: str | None = None     # the first unit in module order
         self.seen: set[int] = set()  # units loaded in this pass: loading one again starts the next
         self.lock = threading.RLock()
         self.loaded: list[_Unit] = []
@@ -257,6 +272,30 @@ class StreamSource:
         for t in ready.values():  # made on the side stream, used (and freed) on this one
             (t.raw if is_quantized(t) else t).record_stream(current)
         return ready
+
+    def warm_next(self, prefix: str, next_prefix: str | None) -> None:
+        """CPU: ``prefix`` is coming in; ask for the bytes of the unit that follows it (the one
+        that followed it last time, else the next in module order, the first after the last)
+        in the background (``warm``: the store's ``safetensors_io.will_need``), so the file is
+        read into the page cache while ``prefix``'s layers compute and that unit's read finds
+        its bytes there. Only the kernel's page cache fills: the tensors are still made by the
+        unit's own read when it comes in, so the peak held and the bytes counted are those of
+        a run without, and the output is the same bit for bit. Off with env
+        ``MIXGRAPH_STREAM_PREFETCH=0``."""
+        if self.previous is not None and self.previous != prefix:
+            self.after[self.previous] = prefix
+        self.previous = prefix
+        target = self.after.get(prefix, next_prefix or self.first)
+        if (self.warm is None or self.device.type == "cuda" or target is None or target == prefix
+                or os.environ.get(PREFETCH_ENV, "1") == "0"):
+            return
+        threading.Thread(target=self._warm, args=(target,), name="mixgraph-stream-prefetch", daemon=True).start()
+
+    def _warm(self, prefix: str) -> None:
+        try:
+            self.warm(prefix)
+        except Exception:  # a hint only: the unit is read as usual when it comes in
+            log.debug("%s: prefetching %s failed", self.name, prefix, exc_info=True)
 
     def prefetch(self, prefix: str | None) -> None:
         if self.device.type == "cuda" and prefix is not None and prefix not in self.pending:
@@ -325,6 +364,7 @@ class _Unit:
             while len(src.loaded) >= src.inflight:
                 src.loaded[0].release()
             start = time.perf_counter()
+            src.warm_next(self.prefix, self.next_prefix)
             tensors = src.tensors(self.prefix)
             src.prefetch(self.next_prefix)
             scales = {k[: -len("_scale")]: v for k, v in tensors.items() if k.endswith(".weight_scale")
@@ -390,12 +430,14 @@ class _Release:
 
 
 def attach(module: nn.Module, streamed: Iterable[str], read: Callable[[str], dict[str, Tensor]],
-           resident_bytes: int, name: str) -> nn.Module:
+           resident_bytes: int, name: str, warm: Callable[[str], None] | None = None) -> nn.Module:
     """Install the hooks on ``module``'s ``streamed`` units (module names, whose parameters are
-    meta placeholders); ``read(prefix)`` gives a unit's tensors as the weight store holds them."""
+    meta placeholders); ``read(prefix)`` gives a unit's tensors as the weight store holds them,
+    ``warm(prefix)`` asks for its file bytes ahead of the read (CPU prefetch; None: none)."""
     streamed = set(streamed)
     order = [u for u in stream_units(module) if u in streamed]
-    source = StreamSource(name, read, resident_bytes)
+    source = StreamSource(name, read, resident_bytes, warm)
+    source.first = order[0] + "." if order else None
     for i, unit_name in enumerate(order):
         unit_module = module.get_submodule(unit_name)
         nxt = order[i + 1] + "." if i + 1 < len(order) else None
