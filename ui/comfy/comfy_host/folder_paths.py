@@ -14,8 +14,8 @@ import os
 import time
 from pathlib import Path
 
-from mixgraph.nodes.helpers import folders as _folders
-from mixgraph.ui.comfy import comfy_runtime as _rt
+import mixgraph.nodes.helpers.folders as _folders
+import mixgraph.ui.comfy.comfy_runtime as _rt
 
 supported_pt_extensions = {".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft"}
 _EXTRA_FOLDERS = ("configs", "clip_vision", "style_models", "gligen", "hypernetworks",

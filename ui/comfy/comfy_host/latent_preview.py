@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from mixgraph.nodes.helpers.previews import previewer_for
-from mixgraph.ui.comfy import comfy_runtime as _rt
+import mixgraph.ui.comfy.comfy_runtime as _rt
 
 MAX_PREVIEW_RESOLUTION = 512
 

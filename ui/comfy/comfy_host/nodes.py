@@ -15,8 +15,8 @@ from typing import Any
 
 from mixgraph.graph.node import MAX_RESOLUTION, Result  # noqa: F401  (MAX_RESOLUTION: ComfyUI's name)
 from mixgraph.graph.registry import render_spec, widget_order
-from mixgraph.ui.comfy import comfy_payloads as _payloads
-from mixgraph.ui.comfy import comfy_runtime as _rt
+import mixgraph.ui.comfy.comfy_payloads as _payloads
+import mixgraph.ui.comfy.comfy_runtime as _rt
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from mixgraph.ui.comfy import comfy_runtime as _rt
+import mixgraph.ui.comfy.comfy_runtime as _rt
 from mixgraph.ui.comfy.client_messages import progress_text
 
 

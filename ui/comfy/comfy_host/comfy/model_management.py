@@ -12,7 +12,7 @@ import os
 import torch
 
 from mixgraph.graph.context import Interrupted
-from mixgraph.ui.comfy import comfy_runtime as _rt
+import mixgraph.ui.comfy.comfy_runtime as _rt
 
 InterruptProcessingException = Interrupted
 OOM_EXCEPTION = torch.cuda.OutOfMemoryError

@@ -10,8 +10,8 @@ from typing import Any, Callable
 import safetensors.torch
 import torch
 
-from mixgraph.nodes.models.resize import upscale as _upscale
-from mixgraph.ui.comfy import comfy_runtime as _rt
+import mixgraph.nodes.models.resize as _resize
+import mixgraph.ui.comfy.comfy_runtime as _rt
 
 log = logging.getLogger("mixgraph.custom_nodes")
 
@@ -57,7 +57,7 @@ def common_upscale(samples: torch.Tensor, width: int, height: int, upscale_metho
                    crop: str) -> torch.Tensor:
     """Resize [B, C, H, W] (ComfyUI's methods: nearest-exact, bilinear, area, bicubic, lanczos;
     crop "disabled" or "center")."""
-    return _upscale(samples, int(width), int(height), upscale_method, crop)
+    return _resize.upscale(samples, int(width), int(height), upscale_method, crop)
 
 
 def load_torch_file(ckpt: str, safe_load: bool = False, device: Any = None,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from mixgraph.ui.comfy import comfy_runtime as _rt
+import mixgraph.ui.comfy.comfy_runtime as _rt
 
 from comfy_api.internal import ComfyAPIBase
 from comfy_api.internal.async_to_sync import create_sync_class

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from mixgraph.nodes.helpers import imaging
-from mixgraph.ui.comfy import comfy_runtime as _rt
+import mixgraph.ui.comfy.comfy_runtime as _rt
 
 
 class _UIOutput:
