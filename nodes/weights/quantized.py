@@ -1,4 +1,4 @@
-"""ComfyUI's quantised weight files: fp8 layers with a scale, read for any model.
+"""ComfyUI's quantised weight files: fp8 and int8 layers with a scale, read for any model.
 
 Two layouts people have (ComfyUI ``comfy/utils.py: convert_old_quants``, ``comfy/ops.py``):
 
@@ -13,40 +13,57 @@ Two layouts people have (ComfyUI ``comfy/utils.py: convert_old_quants``, ``comfy
   (``{"layers": {<layer>: {...}}}``), with ``<layer>.weight_scale`` and optionally
   ``<layer>.input_scale`` (and ``<layer>.weight_scale_2`` for nvfp4).
 
-Semantics (both): the layer's weight is ``fp8.to(float) * weight_scale``. ComfyUI computes a
-quantised layer one of two ways: where the GPU has fp8 matrix units and the file allows it, the
-input is divided by its ``input_scale`` (or scaled dynamically), cast to fp8 and multiplied with
-``torch._scaled_mm(scale_a=input_scale, scale_b=weight_scale)``; everywhere else (CPU, older
-GPUs, ``full_precision_matrix_mult``) the weight is dequantised to the compute dtype and an
-ordinary ``linear`` runs, the input scale unused. mixgraph computes in f32 / f16 / bf16 only
-(``cast.COMPUTE_DTYPES``), so it always takes the second way: the input scale is read past (its
-keys are not module parameters) and never applied; the weight scale always is.
+The formats read (``FORMATS``; the names and layouts are those of ComfyUI and of the converter
+people make these files with, silveroxides/convert_to_quant): the layer's weight ``w`` is
+``q.to(float) * s`` for its stored ``q`` and dequantisation scale ``s`` (float32), with
 
-Where the weights live (``read_quantized``): a layer whose policy stores fp8, and whose module is
-a plain Linear / Conv layer (``SCALED_LAYER_TYPES``: the cast layers of ``cast.py``), keeps the
-file's fp8 tensor as is (in the file's fp8 type, whatever fp8 type the policy names, as ComfyUI
-keeps such layers in theirs) with its scale beside it (``<key>_scale``, e.g.
-``layer.weight_scale``); the weight store attaches that scale to the layer (``attach_scales``,
-a non-persistent buffer ``weight_scale``) and the cast layer multiplies the weight it casts by it
-on every forward. Every other layer (another storage dtype, keep-f32 modules, other module
-types) is dequantised once at read time, in f32, then cast to its storage dtype.
+- ``float8_e4m3fn`` / ``float8_e5m2``: ``s`` per tensor (a scalar) or per output row ([M]);
+- ``float8_e4m3fn_rowwise``: fp8 ``q``, ``s`` per output row ([M] or [M, 1]);
+- ``int8_tensorwise``: int8 ``q``, ``s`` per tensor or per output row;
+- ``int8_blockwise`` / ``float8_e4m3fn_blockwise``: a 2-D ``q`` [M, N] in B x B tiles,
+  ``s`` [M/B, N/B] (or flat, read row-major), tile (i, j) scaled by ``s[i, j]``;
+  B is the config's ``group_size`` (default 128 for int8, 64 for fp8, the converter's).
 
-Only fp8 formats are read; other ``comfy_quant`` formats (nvfp4, mxfp8, int8, ...) are refused by
-name. Nothing here names a model family.
+Configs with ``"convrot": true`` (a rotation applied to the weight that the input would need
+too), nvfp4, mxfp8 and any other format are refused by name; a scale of another shape than its
+format's, or a ``group_size`` that does not tile the weight, is a ValueError naming the key.
+
+ComfyUI computes a quantised layer one of two ways: where the GPU has fp8 (int8) matrix units
+and the file allows it, the input is quantised too and multiplied with a scaled matmul;
+everywhere else (CPU, older GPUs, ``full_precision_matrix_mult``) the weight is dequantised to
+the compute dtype and an ordinary ``linear`` runs, the input scale unused. mixgraph computes in
+f32 / f16 / bf16 only (``cast.COMPUTE_DTYPES``), so it always takes the second way: the input
+scale is read past (its keys are not module parameters) and never applied; the weight scale
+always is.
+
+Where the weights live (``read_quantized``): a layer of a format that may stay fp8 (per-tensor
+or per-row fp8: ``KEPT_FORMATS``) whose policy stores fp8, and whose module is a plain Linear /
+Conv layer (``SCALED_LAYER_TYPES``: the cast layers of ``cast.py``), keeps the file's fp8 tensor
+as is (in the file's fp8 type, whatever fp8 type the policy names, as ComfyUI keeps such layers
+in theirs) with its scale beside it (``<key>_scale``, e.g. ``layer.weight_scale``); the weight
+store attaches that scale to the layer (``attach_scales``, a non-persistent buffer
+``weight_scale``) and the cast layer multiplies the weight it casts by it on every forward. Every
+other layer (int8 and block-wise layers, another storage dtype, keep-f32 modules, other module
+types) is dequantised once at read time, in f32, then cast to its storage dtype: an int8 file
+is held at the policy's storage dtype, never as int8.
+
+Nothing here names a model family.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["QuantLayer", "QuantScheme", "quant_scheme", "FP8_FORMATS", "SCALED_LAYER_TYPES", "scale_key",
-           "dequantize", "read_quantized", "attach_scales", "keep_scaled_rule", "dequantized",
-           "module_state_dict", "plain_state_dict", "scales_of", "layer_format", "QUANT_METADATA"]
+__all__ = ["QuantLayer", "QuantScheme", "QuantFormat", "quant_scheme", "FP8_FORMATS", "FORMATS", "KEPT_FORMATS",
+           "SCALED_LAYER_TYPES", "scale_key", "dequantize", "read_quantized", "attach_scales", "keep_scaled_rule",
+           "dequantized", "module_state_dict", "plain_state_dict", "scales_of", "layer_format", "layer_config",
+           "QUANT_METADATA"]
 
 SCALED_FP8 = "scaled_fp8"
 QUANT_METADATA = "_quantization_metadata"
@@ -59,6 +76,32 @@ _SCALE_ATTR = "weight_scale"
 
 
 @dataclass(frozen=True)
+class QuantFormat:
+    """A ``comfy_quant`` format that is read: the weight dtypes it stores (empty: any, as the
+    scaled-fp8 layouts never said), its scale's layout ("tensor_or_row" | "row" | "block"), the
+    block side when the config gives no ``group_size``, and whether its weight may stay fp8 with
+    its scale (``kept``; else it is dequantised at read time)."""
+
+    stored: tuple[torch.dtype, ...]
+    scale: str
+    group_size: int | None = None
+    kept: bool = False
+
+
+#: the formats read, by their ``comfy_quant`` name (defaults as silveroxides/convert_to_quant writes)
+FORMATS: dict[str, QuantFormat] = {
+    "float8_e4m3fn": QuantFormat((), "tensor_or_row", kept=True),
+    "float8_e5m2": QuantFormat((), "tensor_or_row", kept=True),
+    "float8_e4m3fn_rowwise": QuantFormat((torch.float8_e4m3fn,), "row", kept=True),
+    "float8_e4m3fn_blockwise": QuantFormat((torch.float8_e4m3fn,), "block", 64),
+    "int8_tensorwise": QuantFormat((torch.int8,), "tensor_or_row"),
+    "int8_blockwise": QuantFormat((torch.int8,), "block", 128),
+}
+#: the formats whose weights may stay fp8 with their (per-tensor or per-row) scale
+KEPT_FORMATS = frozenset(name for name, f in FORMATS.items() if f.kept)
+
+
+@dataclass(frozen=True)
 class QuantLayer:
     """One quantised layer: stored keys (source prefix stripped) of its weight and scales."""
 
@@ -67,6 +110,8 @@ class QuantLayer:
     input_scale: str | None = None
     format: str | None = None  # None: its ``comfy_quant`` tensor says (read with the weights)
     marker: str | None = None  # the ``comfy_quant`` key, where the file has one
+    #: the whole config where the header metadata gives it (``group_size``, ``convrot``, ...)
+    config: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -122,15 +167,17 @@ def quant_scheme(keys: Iterable[str], metadata: Mapping[str, str] | None = None,
         inp = base + ".input_scale"
         layers[base + ".weight"] = QuantLayer(base + ".weight", base + ".weight_scale",
                                               inp if inp in keys else None, fmt,
-                                              marker if marker in keys else None)
+                                              marker if marker in keys else None,
+                                              conf if fmt is not None else None)
         aux.update(k for k in (marker, base + ".weight_scale", inp, base + ".weight_scale_2") if k in keys)
     return QuantScheme("mixed", layers, frozenset(aux))
 
 
-def layer_format(layer: QuantLayer, read: Callable[[str], Tensor]) -> str:
-    """The layer's format name: from the metadata, else from its ``comfy_quant`` JSON tensor."""
+def layer_config(layer: QuantLayer, read: Callable[[str], Tensor]) -> Mapping[str, Any]:
+    """The layer's config (at least ``format``): from the metadata, else from its ``comfy_quant``
+    JSON tensor."""
     if layer.format is not None:
-        return layer.format
+        return layer.config if layer.config is not None else {"format": layer.format}
     if layer.marker is None:
         raise ValueError(f"quantised layer {layer.weight}: no format given")
     raw = read(layer.marker)
@@ -138,30 +185,81 @@ def layer_format(layer: QuantLayer, read: Callable[[str], Tensor]) -> str:
         conf = json.loads(bytes(raw.to(torch.uint8).reshape(-1).tolist()).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{layer.marker}: not a comfy_quant JSON config ({e})") from e
-    fmt = conf.get("format") if isinstance(conf, dict) else None
-    if fmt is None:
+    if not isinstance(conf, dict) or conf.get("format") is None:
         raise ValueError(f"{layer.marker}: comfy_quant config without a format: {conf!r}")
-    return fmt
+    return conf
 
 
-def _check(layer: QuantLayer, fmt: str, w: Tensor, scale: Tensor) -> Tensor:
-    """The scale, shaped to broadcast over ``w`` (per tensor: a 0-dim tensor; per output row: [out, 1, ...])."""
-    if fmt not in FP8_FORMATS:
+def layer_format(layer: QuantLayer, read: Callable[[str], Tensor]) -> str:
+    """The layer's format name: from the metadata, else from its ``comfy_quant`` JSON tensor."""
+    return layer_config(layer, read)["format"]
+
+
+def _group_size(layer: QuantLayer, conf: Mapping[str, Any], fmt: QuantFormat) -> int:
+    """A block format's tile side: the config's ``group_size`` (older converter versions nested it
+    under ``params``), else the format's default."""
+    params = conf.get("params")
+    size = conf.get("group_size", params.get("group_size") if isinstance(params, dict) else None)
+    size = fmt.group_size if size is None else size
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ValueError(f"{layer.marker or layer.weight}: group_size {size!r} is no positive integer")
+    return size
+
+
+def _check(layer: QuantLayer, conf: Mapping[str, Any], w: Tensor, scale: Tensor) -> tuple[Tensor, int | None]:
+    """(scale, block) for ``dequantize``: without a block the scale shaped to broadcast over ``w``
+    (per tensor: a 0-dim tensor; per output row: [out, 1, ...]); for a block format [M/B, N/B]
+    with the block side B. Refuses what is not read (see the module docstring) by name."""
+    name = conf["format"]
+    if conf.get("convrot"):
         raise NotImplementedError(
-            f"{layer.weight}: {fmt!r} quantised layers are not supported yet (mixgraph reads ComfyUI's "
-            f"per-tensor scaled fp8 layers: {', '.join(FP8_FORMATS)})")
+            f"{layer.weight}: {name!r} layers with \"convrot\": true (a rotated weight whose input needs "
+            f"the same rotation) are not supported yet")
+    fmt = FORMATS.get(name)
+    if fmt is None:
+        raise NotImplementedError(
+            f"{layer.weight}: {name!r} quantised layers are not supported yet (mixgraph reads ComfyUI's "
+            f"fp8 and int8 layers: {', '.join(FORMATS)})")
+    if fmt.stored and w.dtype not in fmt.stored:
+        raise ValueError(f"{layer.weight}: a {w.dtype} weight in a {name!r} layer (expected "
+                         f"{', '.join(map(str, fmt.stored))})")
     scale = scale.to(torch.float32)
-    if scale.numel() == 1:
-        return scale.reshape(())
+    if fmt.scale == "block":
+        size = _group_size(layer, conf, fmt)
+        if w.ndim != 2 or w.shape[0] % size or w.shape[1] % size:
+            raise ValueError(f"{layer.weight}: a {name!r} weight of shape {list(w.shape)} is not tiled by "
+                             f"group_size {size} (expected a 2-D weight whose sides it divides)")
+        grid = (w.shape[0] // size, w.shape[1] // size)
+        if not _is_grid(scale, grid):
+            raise ValueError(f"{layer.scale}: a scale of shape {list(scale.shape)} for a weight of shape "
+                             f"{list(w.shape)} (expected {list(grid)}: one per {size}x{size} block)")
+        return scale.reshape(grid), size
+    if fmt.scale == "tensor_or_row" and scale.numel() == 1:
+        return scale.reshape(()), None
     if w.ndim >= 1 and scale.numel() == w.shape[0]:
-        return scale.reshape(w.shape[0], *([1] * (w.ndim - 1)))  # [out] -> [out, 1, ...]
+        return scale.reshape(w.shape[0], *([1] * (w.ndim - 1))), None  # [out] -> [out, 1, ...]
+    expected = "one per output row" if fmt.scale == "row" else "one per tensor or per output row"
     raise ValueError(f"{layer.scale}: a scale of shape {list(scale.shape)} for a weight of shape "
-                     f"{list(w.shape)} (expected one per tensor or per output row)")
+                     f"{list(w.shape)} (expected {expected})")
 
 
-def dequantize(w: Tensor, scale: Tensor) -> Tensor:
-    """``w * scale`` in float32: what ComfyUI's dequantisation gives in an f32 compute dtype."""
-    return w.to(torch.float32) * scale.to(torch.float32)
+def _is_grid(scale: Tensor, grid: tuple[int, int]) -> bool:
+    """Is ``scale`` one value per block of the [M/B, N/B] ``grid``: that shape up to dims of size
+    1, or flat (read row-major)? A transposed grid of the same count is not."""
+    if scale.numel() != grid[0] * grid[1]:
+        return False
+    return scale.ndim <= 1 or [d for d in scale.shape if d != 1] == [d for d in grid if d != 1]
+
+
+def dequantize(w: Tensor, scale: Tensor, block: int | None = None) -> Tensor:
+    """``w * scale`` in float32: what ComfyUI's dequantisation gives in an f32 compute dtype. With
+    ``block``: ``w`` [M, N] in ``block`` x ``block`` tiles, tile (i, j) times ``scale[i, j]``."""
+    if block is None:
+        return w.to(torch.float32) * scale.to(torch.float32)
+    m, n = w.shape
+    tiles = w.to(torch.float32).reshape(m // block, block, n // block, block)  # [M/B, B, N/B, B]
+    per_tile = scale.to(torch.float32).reshape(m // block, 1, n // block, 1)  # [M/B, 1, N/B, 1]
+    return (tiles * per_tile).reshape(m, n)
 
 
 def read_quantized(
@@ -175,10 +273,11 @@ def read_quantized(
 ) -> dict[str, Tensor]:
     """A quantised source's tensors as module keys (see the module docstring): ``items`` maps a
     stored key (prefix stripped) to a reader; scale and marker keys are consumed, not returned; a
-    quantised weight comes back fp8 with ``scale_key(key)`` beside it where ``dtype_for`` gives an
-    fp8 dtype and ``keep_scaled(key)`` allows it, else dequantised (f32) and cast to that dtype.
-    Other tensors go through ``convert(tensor, dtype)``; ``release(t)`` is called on a stored fp8
-    tensor once it has been dequantised (its file pages can go)."""
+    quantised weight of a ``KEPT_FORMATS`` format comes back fp8 with ``scale_key(key)`` beside it
+    where ``dtype_for`` gives an fp8 dtype and ``keep_scaled(key)`` allows it, else (and for
+    every int8 or block-wise layer) dequantised (f32) and cast to that dtype. Other tensors go
+    through ``convert(tensor, dtype)``; ``release(t)`` is called on a stored quantised tensor once
+    it has been dequantised (its file pages can go)."""
 
     def read(key: str) -> Tensor:
         if key not in items:
@@ -197,12 +296,14 @@ def read_quantized(
             out[new] = convert(get(), dtype_for(new))
             continue
         w = get()
-        scale = _check(layer, layer_format(layer, read), w, read(layer.scale))
+        conf = layer_config(layer, read)
+        scale, block = _check(layer, conf, w, read(layer.scale))
         target = dtype_for(new)
-        if target in _FP8_DTYPES and w.dtype in _FP8_DTYPES and keep_scaled(new):
+        if (conf["format"] in KEPT_FORMATS and target in _FP8_DTYPES and w.dtype in _FP8_DTYPES
+                and keep_scaled(new)):
             out[new], out[scale_key(new)] = w, scale
             continue
-        out[new] = dequantize(w, scale).to(torch.float32 if target is None else target)
+        out[new] = dequantize(w, scale, block).to(torch.float32 if target is None else target)
         release(w)
     return out
 
