@@ -296,6 +296,10 @@ class CacheEntry:
 class OutputCache:
     """LRU of node outputs across prompts, bounded by an estimated byte budget. Thread-safe."""
 
+    #: True when `max_bytes` is `BUDGET_SHARE` of the memory budget `make_cache` was given: that
+    #: share of the budget is then this cache's, and ui/ tells the budget's other users so
+    budget_share: bool = False
+
     def __init__(self, max_bytes: int | None = None):
         self.max_bytes = default_budget() if max_bytes is None else int(max_bytes)
         self._entries: OrderedDict[bytes, CacheEntry] = OrderedDict()
@@ -490,5 +494,7 @@ def make_cache(*, lru: int | None = None, none: bool = False, ram: float | None 
             raise ValueError(f"--cache-ram needs a number of GB of 0 or more, not {ram}")
         return RamPressureCache(int(ram * 2**30), max_bytes=max_bytes)
     if max_bytes is None and memory_bytes is not None:
-        max_bytes = default_budget(memory_bytes=memory_bytes)
+        cache = OutputCache(default_budget(memory_bytes=memory_bytes))
+        cache.budget_share = not os.environ.get("MIXGRAPH_CACHE_BYTES")
+        return cache
     return OutputCache(max_bytes)

@@ -387,3 +387,41 @@ def test_cpu_prefetch_asks_for_the_next_units_bytes_and_changes_nothing(tmp_path
     assert cost["loads"] == len(units) and cost["bytes_streamed"] == sum(u.nbytes for u in units)
     second = byte_ranges(source, lambda k: k.startswith(units[1].name + "."))
     assert second and second in asked and len(asked) == len(units)
+
+
+def test_the_output_caches_budget_share_is_left_out_of_the_weights_allowance(tmp_path, monkeypatch):
+    """The default output cache's bound is a share of the budget (``graph.cache.BUDGET_SHARE``):
+    a model's weights allowance leaves it out, so a model that fits beside no cache streams beside
+    one; other cache modes, ``MIXGRAPH_CACHE_BYTES`` and a budget set afterwards leave it whole."""
+    from argparse import Namespace
+
+    from mixgraph.graph.cache import BUDGET_SHARE
+    from mixgraph.ui.comfy.comfy_flags import cache_from_args
+
+    monkeypatch.delenv("MIXGRAPH_CACHE_BYTES", raising=False)
+    write_unet(tmp_path / "u.safetensors", "sd15", seed=2)
+    source, config = WeightSource.from_file(tmp_path / "u.safetensors"), tiny_unet_config("sd15")
+    policy = Policy(torch.float32, torch.float32, False, True, False)
+    with torch.device("meta"):
+        meta = UNetModel(config)
+    units, fixed = streaming.units_of(meta, store.dtype_rule(meta), policy.storage)
+    total = fixed + sum(u.nbytes for u in units)
+    b = memory_budget.set_budget("cpu", _budget_for(total * 6 // 5))  # fits with a fifth to spare
+    whole = streaming.weights_allowance(b)
+    assert whole >= total
+    assert not _run(UNetModel, config, source, policy, _unet_inputs())[1]
+    cache = cache_from_args(Namespace())
+    assert cache.max_bytes == int(b.nbytes * BUDGET_SHARE)
+    assert streaming.weights_allowance(b) == whole - cache.max_bytes < total
+    store.clear()
+    assert _run(UNetModel, config, source, policy, _unet_inputs())[1]  # now it streams
+    for args in (Namespace(cache_none=True), Namespace(cache_lru=4)):
+        cache_from_args(args)
+        assert streaming.weights_allowance(b) == whole, args
+    monkeypatch.setenv("MIXGRAPH_CACHE_BYTES", str(1 << 20))
+    cache_from_args(Namespace())
+    assert streaming.weights_allowance(b) == whole
+    monkeypatch.delenv("MIXGRAPH_CACHE_BYTES")
+    cache_from_args(Namespace())
+    again = memory_budget.set_budget("cpu", _budget_for(total * 6 // 5))
+    assert streaming.weights_allowance(again) == whole  # a new budget: its cache is made after it

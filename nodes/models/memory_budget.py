@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["Budget", "GIB", "budget", "set_budget", "reset", "default_budget", "machine_bytes",
-           "default_reserve", "BUDGET_ENV"]
+           "default_reserve", "BUDGET_ENV", "set_output_share", "output_share"]
 
 GIB = 1 << 30
 #: env override of the default budget, in GiB (tests and benchmarks; the CLI flag wins)
@@ -101,6 +101,7 @@ def default_budget(device: str | torch.device = "cpu", reserve_bytes: int | None
 
 _lock = threading.Lock()
 _budgets: dict[str, Budget] = {}
+_output_shares: dict[str, tuple[Budget, int]] = {}  # device -> (the budget, bytes the output cache may hold of it)
 
 
 def budget(device: str | torch.device = "cpu") -> Budget:
@@ -134,7 +135,24 @@ def set_budget(device: str | torch.device = "cpu", gib: float | None = None, *,
     return b
 
 
+def set_output_share(b: Budget, nbytes: int) -> None:
+    """Record that the in-memory output cache may hold `nbytes` of budget `b` (its default bound
+    is a share of the budget: ui/ calls this when it makes the cache; 0: none of it). Weight
+    streaming leaves that share out of a model's weights allowance. It belongs to `b` itself: a
+    budget set afterwards starts without one (its cache is made again after it)."""
+    with _lock:
+        _output_shares[b.device] = (b, max(0, int(nbytes)))
+
+
+def output_share(b: Budget) -> int:
+    """The bytes of budget `b` the output cache may hold (`set_output_share`), 0 if none recorded."""
+    with _lock:
+        entry = _output_shares.get(b.device)
+    return entry[1] if entry is not None and entry[0] is b else 0
+
+
 def reset() -> None:
     """Forget every budget set (tests): the next `budget()` computes the default again."""
     with _lock:
         _budgets.clear()
+        _output_shares.clear()

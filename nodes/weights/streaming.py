@@ -62,7 +62,8 @@ __all__ = ["Unit", "StreamStats", "STATS", "snapshot", "since", "memory_section"
 log = logging.getLogger(__name__)
 
 #: the share of the budget not given to one model's weights: activations, the other models a
-#: prompt holds at the same time (the VAE, a text encoder), cached outputs; at most WORK_CAP
+#: prompt holds at the same time (the VAE, a text encoder); at most WORK_CAP. The output cache's
+#: share, where it has one (``memory_budget.output_share``), is left out besides
 WORK_SHARE = 0.25
 WORK_CAP = 2 * memory_budget.GIB
 #: "0" turns the CPU prefetch off (``StreamSource.warm_next``), for measuring what it saves
@@ -71,8 +72,10 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def weights_allowance(budget: memory_budget.Budget) -> int:
-    """The bytes one model's weights may hold under ``budget`` (the rest is the working share)."""
-    return budget.nbytes - min(int(budget.nbytes * WORK_SHARE), WORK_CAP)
+    """The bytes one model's weights may hold under ``budget``: the rest is the working share and
+    what the in-memory output cache may hold of it (its default bound is a share of the budget)."""
+    work = min(int(budget.nbytes * WORK_SHARE), WORK_CAP)
+    return max(0, budget.nbytes - work - memory_budget.output_share(budget))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -331,6 +331,8 @@ def cache_from_args(args: argparse.Namespace) -> Any:
     memory = make_cache(lru=getattr(args, "cache_lru", None),
                         none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None),
                         memory_bytes=budget.nbytes)
+    # the default cache's bound is a share of the budget: weight streaming leaves it out
+    memory_budget.set_output_share(budget, memory.max_bytes if memory.budget_share else 0)
     directory, gb = getattr(args, "output_cache", None), getattr(args, "output_cache_gb", None)
     if directory is None:
         if gb is not None:

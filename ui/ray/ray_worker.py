@@ -98,6 +98,8 @@ def build_executor(options: WorkerOptions) -> Executor:
             load_from_args(SimpleNamespace(**options.custom_nodes), registry, options.env)
     add_nodes(registry)                  # FanOutListPart, for the parts of a list prompt
     cache = make_cache(**options.cache, memory_bytes=budget.nbytes)
+    from mixgraph.nodes.models import memory_budget
+    memory_budget.set_output_share(budget, cache.max_bytes if cache.budget_share else 0)
     if options.output_cache is not None:
         from mixgraph.graph.persist import DiskCache, TieredCache
         directory, gb = options.output_cache
