@@ -18,9 +18,10 @@ uncond, as under CFG): SIZE x SIZE px, 77 tokens.
   c_crossattn=context)`: the call its `calc_cond_batch` makes once per step for a batched
   cond/uncond pair (input scaling, sigma -> timestep, the UNet, the denoised output).
 * mixgraph: `load_checkpoint` of the same file, the precision given (a SPEC or a preset, resolved
-  for the MODEL type on this CPU by `graph.precision.Resolver`, as a run with `--precision P`
-  resolves it), `ModelHandle.runner(policy)`: the weight store and `apply_precision` path a
-  workflow's KSampler gets, then `runner(x, timestep, context, {})`: the `FamilyRunner` call its
+  for the MODEL type on this CPU by `graph.precision.Resolver` with the role the SD family names
+  for its UNet, `sd_unet`, as a KSampler under `--precision P` resolves it; the node library's
+  socket types are imported first, since they register the roles), `ModelHandle.runner(policy)`:
+  the weight store and `apply_precision` path a workflow's KSampler gets, then `runner(x, timestep, context, {})`: the `FamilyRunner` call its
   CFG denoiser makes once per step. The input scaling ComfyUI's call includes is a few
   elementwise operations on a [2, 4, SIZE/8, SIZE/8] latent (microseconds against seconds).
 
@@ -180,7 +181,9 @@ def mixgraph_child(cfg: dict) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
+    import mixgraph.nodes.socket_types  # noqa: F401 - registers the precision roles the presets resolve by
     from mixgraph.graph.precision import Resolver, hardware_section, parse_precision_arg
+    from mixgraph.nodes.helpers.precision import family_role
     from mixgraph.nodes.models.loader import load_checkpoint
 
     torch.set_num_threads(cfg["threads"])
@@ -191,15 +194,16 @@ def mixgraph_child(cfg: dict) -> None:
         t0 = time.perf_counter()
         handle, _, _ = load_checkpoint(cfg["checkpoint"])
         resolved = {}
+        role = family_role(handle, "MODEL")  # "sd_unet": the role a KSampler asks its MODEL's policy for
         for prec in ["f32", *cfg["precisions"]]:
             default, types = parse_precision_arg(prec)
-            policy = Resolver(None, types, default).policy("bench", "MODEL")
+            policy = Resolver(None, types, default).policy("bench", "MODEL", role)
             resolved[prec] = policy.spec
             if policy.spec not in runners:
                 runners[policy.spec] = handle.runner(policy)
         hw = hardware_section("cpu")
-        return {"resolved": resolved, "load_s": time.perf_counter() - t0, "threads": torch.get_num_threads(),
-                "cpu": hw.get("name"), "native": {k: hw.get(k) for k in ("native_bf16", "native_f16", "native_int8")},
+        return {"resolved": resolved, "role": role, "load_s": time.perf_counter() - t0,
+                "threads": torch.get_num_threads(), "cpu": hw.get("name"), "native": {k: hw.get(k) for k in ("native_bf16", "native_f16", "native_int8")},
                 "auto": hw.get("auto")}
 
     def prepare(inputs: str, out: str) -> dict:
@@ -368,6 +372,17 @@ def run(args: argparse.Namespace) -> dict:
             "mixgraph": mg_info, "parity_f32": parity, "rows": rows}
 
 
+def _plain(v: Any) -> Any:
+    """`res` as strict JSON: an infinite SNR (identical outputs) becomes the string "inf"."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--comfyui", help="ComfyUI source folder (holds main.py, comfy/)")
@@ -388,7 +403,7 @@ def main() -> None:
     except BenchError as e:
         sys.exit(f"bench_vs_comfyui: {e}")
     if args.json:
-        print(json.dumps(res, indent=1, default=str))
+        print(json.dumps(_plain(res), indent=1, default=str))
         return
     sys.path.insert(0, str(ROOT))
     from mixgraph.ui.bench.bench_precision import fmt_s, format_table
@@ -397,7 +412,7 @@ def main() -> None:
     print(f"ComfyUI {c['version']} ({c['dir']}, flags {' '.join(c['argv'])}): unet {c['unet_dtype']}, "
           f"manual cast {c['manual_cast_dtype']}, attention {c['attention']}, device {c['device']}")
     m = res["mixgraph"]
-    print(f"mixgraph on {m['cpu']} ({m['native']}); {res['threads']} threads; batch 2; "
+    print(f"mixgraph on {m['cpu']} ({m['native']}); MODEL role {m['role']}; {res['threads']} threads; batch 2; "
           f"{res['repeats']} rounds, interleaved")
     for p in res["parity_f32"]:
         print(f"parity {p['size']} px, mixgraph f32 vs ComfyUI raw UNet output: max |diff| "
