@@ -98,6 +98,8 @@ PRECISIONS = {
     "f16+upcast": "f16+upcast",
     "bf16:f32": "bf16:f32",
     "int8": "int8",
+    "int8:bf16": "int8:bf16",
+    "bf16": "bf16",
 }
 
 

@@ -435,7 +435,7 @@ class Int8Conv2d(_PackedInt8):
         if self._use_onednn(x):
             if x.device.type == "meta" or is_fake(x):  # `mixgraph estimate`'s trace: shapes only
                 return self._onednn_like(x).to(self.compute_dtype)
-            return self._forward_onednn(x).to(self.compute_dtype)
+            return self._forward_onednn(x)
         return self._forward_gemm(x)
 
     def _out_hw(self, h: int, w: int) -> tuple[int, int]:
@@ -467,9 +467,12 @@ class Int8Conv2d(_PackedInt8):
                 list(self.dilation), 1, None)
         q, scale, zero = self.quantize_input(x)
         zeros = torch.zeros(self.out_channels, dtype=torch.int64)
-        return torch.ops.onednn.qconv2d_pointwise(
+        # oneDNN writes f32 or bf16 (rounded from its f32 result: the same values as a cast after)
+        out_dtype = torch.bfloat16 if self.compute_dtype == torch.bfloat16 else torch.float32
+        y = torch.ops.onednn.qconv2d_pointwise(
             q, scale, zero, packed, self.weight_scale, zeros, self.bias, list(self.stride),
-            list(self.padding), list(self.dilation), 1, 1.0, 0, torch.float32, "none", [], "")
+            list(self.padding), list(self.dilation), 1, 1.0, 0, out_dtype, "none", [], "")
+        return y.to(self.compute_dtype)
 
     def _forward_gemm(self, x: Tensor) -> Tensor:
         b, _, h, w = x.shape
@@ -635,7 +638,7 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
                 # module casts it itself where it uses it
                 held += n * size[storage]
             elif name in int8_names:
-                held += n * 4  # the store keeps the f32 weights the int8 copy is made from
+                held += n * size[storage]  # the store keeps the weights the int8 copy is made from
                 if pname == "weight" and type(m) is nn.Linear:
                     per_use += n + m.out_features * 4  # int8 matrix, f32 scales
                     if onednn_conv:  # oneDNN's packed copy of the int8 weights, made on first use
