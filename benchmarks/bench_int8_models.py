@@ -5,7 +5,7 @@ Models (seeded random weights: matrices N(0, 0.02), vectors as built; random wei
 same as trained ones):
 - `sd15`: the full-size SD 1.5 UNet, batch 2 (as under CFG), SIZE px (latent SIZE/8), 77 tokens;
 - `flux`: a slice of Flux.1-dev at full width (hidden 3072, 24 heads, MLP 12288) with
-  `--flux-depth D,S` double / single blocks (default 2,4: a tenth of the 19 + 38), batch 1,
+  `--flux-depth D,S` double / single blocks (default 1,2: a twentieth of the 19 + 38), batch 1,
   SIZE px (SIZE^2/256 image tokens), 256 text tokens. Its Linears are what a whole Flux step
   spends its time in; the ratios carry over, the seconds scale with the block count.
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="256,512")
     ap.add_argument("--specs", default="f32,bf16,int8,int8:bf16")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--flux-depth", default="2,4", help="double,single blocks of the Flux slice")
+    ap.add_argument("--flux-depth", default="1,2", help="double,single blocks of the Flux slice")
     ap.add_argument("--limit", action="store_true", help="measure the int8 GEMM limit and the int8 layers' rate")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

@@ -235,10 +235,13 @@ class Int8Linear(_PackedInt8):
     `compute_dtype`:
 
     - "onednn" (CPU with native int8 dot products, `onednn_int8_conv_available`): oneDNN's
-      dynamic quantized Linear (`quantized::linear_dynamic`, the x86 backend's kernel): the
-      input is quantized per tensor (asymmetric uint8, in the kernel), the bias added in f32.
-      1.4-2.6x faster than the "int_mm" kernel at 1024-4096 tokens (its quantisation is fused),
-      ~1 dB lower SNR per layer (benchmarks/README.md).
+      dynamic quantized Linear (`quantized::linear_dynamic`, the x86 backend's kernel), which
+      quantizes its input per tensor (asymmetric uint8). To give each token its own scale, as
+      "int_mm" does, the rows are first divided by their absmax and the output rows multiplied
+      back (x W = diag(s) (diag(1/s) x) W, exact up to rounding), the bias added after in f32:
+      a token of small values then keeps its levels beside a large one (per layer 34 vs 21 dB
+      SNR on rows of mixed scale, `benchmarks/bench_int8_models.py`), at 1.1-1.5x the time of
+      the plain per-tensor call and still 1.4-2x faster than "int_mm" at 1024-4096 tokens.
     - "int_mm" (any device): per-row absmax int8 activations, `torch._int_mm`, f32 rescale.
 
     The weights are held once, as `weight_int8`; oneDNN's packed copy is made from them on first
@@ -274,7 +277,10 @@ class Int8Linear(_PackedInt8):
             if x2.device.type == "meta" or is_fake(x2):  # `mixgraph estimate`'s trace: shapes only
                 y = x2.new_empty(x2.shape[0], self.out_features)
             else:
-                y = torch.ops.quantized.linear_dynamic(x2.contiguous(), self._onednn_packed(), False)
+                s = x2.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # [N, 1] per-token scale
+                y = torch.ops.quantized.linear_dynamic(x2 / s, self._onednn_packed(), False).mul_(s)
+                if self.bias is not None:
+                    y = y.add_(self.bias)
         else:
             y = self._forward_int_mm(x2)
         return y.reshape(*lead, self.out_features).to(self.compute_dtype)  # [N, out] -> [..., out]
@@ -287,9 +293,9 @@ class Int8Linear(_PackedInt8):
                 warnings.simplefilter("ignore")
                 qw = torch._make_per_channel_quantized_tensor(
                     self.weight_int8.t().contiguous(), self.weight_scale.double(), zeros, 0)  # [out, in]
-                try:
+                try:  # without the bias: it is added after the rows are scaled back
                     torch.backends.quantized.engine = "onednn"
-                    self._packed = torch.ops.quantized.linear_prepack(qw, self.bias)
+                    self._packed = torch.ops.quantized.linear_prepack(qw, None)
                 finally:
                     torch.backends.quantized.engine = engine
         return self._packed
