@@ -278,9 +278,8 @@ class Int8Linear(_PackedInt8):
                 y = x2.new_empty(x2.shape[0], self.out_features)
             else:
                 s = x2.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # [N, 1] per-token scale
-                y = torch.ops.quantized.linear_dynamic(x2 / s, self._onednn_packed(), False).mul_(s)
-                if self.bias is not None:
-                    y = y.add_(self.bias)
+                y = torch.ops.quantized.linear_dynamic(x2 / s, self._onednn_packed(), False)
+                y = y.mul_(s) if self.bias is None else torch.addcmul(self.bias, y, s, out=y)  # y s + b
         else:
             y = self._forward_int_mm(x2)
         return y.reshape(*lead, self.out_features).to(self.compute_dtype)  # [N, out] -> [..., out]
