@@ -2,11 +2,17 @@
 
 A SPEC names how a model's weights are stored and what dtype its layers compute in:
 
-    SPEC   := PRESET | "int8" | STORE [":" COMPUTE] ("+" FLAG)*
+    SPEC   := PRESET | "int8" [":" HALF] | STORE [":" COMPUTE] ("+" FLAG)*
     PRESET := auto | quality | balanced | memory | fast      (auto = balanced; see `preset_spec`)
     STORE  := f32 | bf16 | f16 | fp8_e4m3fn | fp8_e5m2        (fp32/fp16/float32/... accepted)
     COMPUTE:= f32 | bf16 | f16                                 (default: the storage dtype)
     FLAG   := upcast (= upcast_attention + f32_norms) | upcast_attention | f32_norms
+    HALF   := bf16 | f16
+
+`int8`: int8 Linear and Conv2d layers (int8 weights, activations quantised per call), every other
+layer stored and computed in f32. `int8:bf16` (`int8:f16`): the same int8 layers, every other
+layer (attention, norms, the layers `int8_skip` names) stored and computed in bf16 (f16): on a CPU
+with native bf16 the attention then runs at bf16's speed beside the int8 GEMMs.
 
 Examples: `f32`, `bf16`, `bf16:f32` (store bf16, compute f32), `fp8_e4m3fn:bf16`, `f16+upcast`.
 fp8 formats are storage only, so an fp8 SPEC must name its compute dtype.
@@ -89,7 +95,7 @@ _NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
 _HALF = (torch.float16, torch.bfloat16)
 
 ALLOWED = ("f32, bf16, f16, STORE:COMPUTE (e.g. bf16:f32, fp8_e4m3fn:bf16, fp8_e5m2:f16), "
-           "+upcast / +upcast_attention / +f32_norms flags (e.g. f16+upcast), int8, auto, "
+           "+upcast / +upcast_attention / +f32_norms flags (e.g. f16+upcast), int8, int8:bf16, auto, "
            "or a preset: quality, balanced, memory, fast")
 
 
@@ -122,7 +128,7 @@ def _make(storage: torch.dtype, compute: torch.dtype, upcast_attention: bool = F
 def format_spec(p: Any) -> str:
     """The canonical SPEC of any policy-like object (the inverse of `parse_spec`)."""
     if p.int8:
-        return "int8"
+        return "int8" if p.compute == torch.float32 else "int8:" + _NAMES[p.compute]
     s = _NAMES[p.storage]
     if p.compute != p.storage:
         s += ":" + _NAMES[p.compute]
@@ -154,14 +160,15 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
     pinned:      the handle's own precision (a `Set*Precision` node); beats `base`.
     storage:     a storage dtype the loader pinned (UNETLoader's `weight_dtype`); it replaces the
                  storage of whichever policy won, keeping its compute dtype and flags. int8 is a
-                 storage format too (int8 Linear/Conv2d weights, f32 for the rest) and cannot hold the
-                 pinned dtype, so the pin wins: the model stores `storage` and computes in f32,
-                 int8's compute dtype (`int8` + fp8_e4m3fn -> `fp8_e4m3fn:f32`), and `warn` is
-                 told. What the report names is then what is stored and computed.
+                 storage format too (int8 Linear/Conv2d weights, f32 or half for the rest) and cannot
+                 hold the pinned dtype, so the pin wins: the model stores `storage` and computes in
+                 the int8 policy's dtype for the rest (`int8` + fp8_e4m3fn -> `fp8_e4m3fn:f32`),
+                 and `warn` is told. What the report names is then what is stored and computed.
     compute:     a compute dtype pinned on the handle (ComfyUI's ModelComputeDtype); it replaces
-                 the compute dtype of whichever policy won, keeping storage and flags. int8 layers
-                 compute in f32 and keep doing so (`warn` is told the pin does not apply).
-    f32_compute: a NaN-guard re-run: same storage and flags, f32 compute; beats everything.
+                 the compute dtype of whichever policy won, keeping storage and flags. An int8
+                 policy keeps its own dtypes (`warn` is told the pin does not apply).
+    f32_compute: a NaN-guard re-run: same storage and flags, f32 compute; beats everything
+                 (`int8:bf16` re-runs as `int8`: the int8 layers stay, the rest in f32).
     """
     policy = _as_policy(pinned if pinned is not None else base)
     if storage is not None and (storage != policy.storage or policy.int8):
@@ -170,21 +177,25 @@ def resolve(base: Any, *, pinned: Any = None, storage: torch.dtype | None = None
                                  f"{', '.join(_NAMES.values())}")
         if policy.int8 and warn is not None:
             name = _NAMES[storage]
+            pinned_spec = format_spec(_make(storage, policy.compute))
             warn(f"int8 does not combine with the loader's weight_dtype {name}: the model is "
-                 f"stored {name} and computes in f32 ({name}:f32), without int8 layers")
+                 f"stored {name} and computes in {_NAMES[policy.compute]} ({pinned_spec}), without int8 layers")
         policy = _make(storage, policy.compute, policy.upcast_attention, policy.f32_norms)
     if compute is not None and compute != policy.compute:
         if compute not in _COMPUTE.values():
             raise PrecisionError(f"pinned compute dtype {compute} is not one of f32, bf16, f16")
         if policy.int8:
             if warn is not None:
-                warn(f"int8 layers compute in f32: the pinned compute dtype {_NAMES[compute]} "
+                warn(f"{policy.spec} keeps its own compute dtypes (int8 layers, "
+                     f"{_NAMES[policy.compute]} for the rest): the pinned compute dtype {_NAMES[compute]} "
                      f"does not apply")
         else:
             policy = _make(policy.storage, compute, policy.upcast_attention, policy.f32_norms)
     if f32_compute and policy.compute != torch.float32:
-        policy = _make(policy.storage, torch.float32, policy.upcast_attention, policy.f32_norms,
-                       policy.int8)
+        if policy.int8:  # int8:bf16 -> int8: the int8 layers stay, the rest runs in f32
+            policy = _make(torch.float32, torch.float32, int8=True)
+        else:
+            policy = _make(policy.storage, torch.float32, policy.upcast_attention, policy.f32_norms)
     return policy
 
 
@@ -205,10 +216,16 @@ def parse_spec(spec: str, device: str = "cpu", socket: str | None = None, *,
 def _parse_plain(spec: str) -> Policy:
     """A SPEC that names no preset, parsed (the grammar in the module docstring)."""
     text = spec.strip().lower()
-    if text == "int8":
-        # Dynamic int8 Linear and Conv2d layers (weights int8, activations quantized per call,
-        # f32 math); every other layer keeps f32 weights, hence storage f32.
-        return _make(torch.float32, torch.float32, int8=True)
+    if text == "int8" or text.startswith("int8:"):
+        # Dynamic int8 Linear and Conv2d layers (weights int8, activations quantized per call);
+        # every other layer stores and computes in f32, or in the half dtype named after the colon.
+        _, sep, rest = text.partition(":")
+        rest = rest.strip() if sep else "f32"
+        dtype = _COMPUTE.get(rest)
+        if dtype is None or "+" in rest:
+            raise PrecisionError(f"precision {spec!r}: int8 takes the dtype of its other layers after "
+                                 f"the colon: int8 (f32), int8:bf16 or int8:f16, not {rest!r}")
+        return _make(dtype, dtype, int8=True)
     base, *flags = text.split("+")
     store_name, sep, compute_name = base.partition(":")
     storage = _STORAGE.get(store_name.strip())
@@ -591,9 +608,7 @@ def emulation_warning(policy: Policy, device: str, caps: DeviceCaps | None = Non
     """The one-line warning for a compute dtype the device only emulates (half precision, or int8
     without VNNI/AMX), else None. It names what is lost: speed, not the memory saving."""
     caps = caps or device_caps(device)
-    if policy.int8:
-        if caps.native_int8:
-            return None
+    if policy.int8 and not caps.native_int8:
         return (f"int8 on {device} is emulated (no VNNI/AMX-INT8): expect it slower than f32; "
                 f"it still stores Linear and conv weights in a quarter of the memory")
     if not policy.is_half or caps.native(policy.compute):

@@ -129,21 +129,27 @@ def test_int8_linear_is_exactly_its_integer_product_rescaled():
 
 @needs_onednn
 @torch.no_grad()
-def test_onednn_linear_is_the_dequantised_product_of_per_tensor_uint8_activations():
-    """oneDNN's dynamic Linear against our own quantisation (Int8Conv2d.quantize_input's per-tensor
-    uint8 scheme, the one the kernel computes) of the same input, multiplied in f64 with the
-    dequantised int8 weights. The kernel picks its own scale/zero point the same way up to
-    float rounding, so a few entries may land one level apart: bound 1e-3 relative (one level
-    is ~0.4% of the range, and only a rare entry moves)."""
+def test_onednn_linear_is_the_dequantised_product_of_row_scaled_uint8_activations():
+    """oneDNN's dynamic Linear against our own quantisation of the same input: each row divided
+    by its absmax s, the whole quantized per tensor (Int8Conv2d.quantize_input's uint8 scheme,
+    the one the kernel computes), multiplied in f64 with the dequantised int8 weights, each row
+    times s, plus the bias. The kernel picks its own scale/zero point the same way up to float
+    rounding, so a few entries may land one level apart: bound 1e-3 relative (one level is ~0.4%
+    of the range, and only a rare entry moves)."""
     g = torch.Generator().manual_seed(5)
     lin = nn.Linear(96, 40)
     x = torch.randn(3, 17, 96, generator=g) + 0.2
+    x[1] *= 30.0  # rows of very different scale: each keeps its own levels
     q = Int8Linear(lin, F32)
     q.kernel = "onednn"
-    qx, scale, zero = quantize_uint8(x.reshape(-1, 96))  # [3, 17, 96] -> [51, 96] uint8
+    rows = x.reshape(-1, 96)  # [3, 17, 96] -> [51, 96]
+    s = rows.abs().amax(dim=1, keepdim=True)
+    qx, scale, zero = quantize_uint8(rows / s)
     wd = q.weight_int8.double() * q.weight_scale.double()  # [in, out]
-    ref = ((qx.double() - zero) * scale) @ wd + lin.bias.double()
+    ref = ((qx.double() - zero) * scale) @ wd * s.double() + lin.bias.double()
     out = q(x)
+    for i in range(3):  # the small rows are as good as the large ones
+        assert _rel(out[i], lin(x[i])) < 0.025
     assert out.shape == (3, 17, 40) and out.dtype == F32
     assert _rel(out.reshape(-1, 40), ref) < 1e-3
     assert 1e-4 < _rel(out, lin(x)) < 0.025  # against f32: the conv's error budget (see above)

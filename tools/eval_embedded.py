@@ -5,7 +5,7 @@ text encoder, UNet, sampler, VAE) and is judged by the pixel-statistics check of
 `nodes/models/shapes.py` (no extra model).
 
     PYTHONPATH=. python tools/eval_embedded.py quality [--n 200]   # held-out captions
-    PYTHONPATH=. python tools/eval_embedded.py precision [--n 24]  # PSNR/SSIM vs f32 + colour check
+    PYTHONPATH=. python tools/eval_embedded.py precision [--n 24] [--precisions "int8;bf16"]  # PSNR/SSIM vs f32
     PYTHONPATH=. python tools/eval_embedded.py lora                # strength 0 / 0.5 / 1
     PYTHONPATH=. python tools/eval_embedded.py controlnet          # the mask moves the shape
     PYTHONPATH=. python tools/eval_embedded.py roundtrip [--n 240] # the check on VAE round trips
@@ -98,6 +98,8 @@ PRECISIONS = {
     "f16+upcast": "f16+upcast",
     "bf16:f32": "bf16:f32",
     "int8": "int8",
+    "int8:bf16": "int8:bf16",
+    "bf16": "bf16",
 }
 
 
@@ -108,7 +110,8 @@ def precision(args, runner: Runner) -> dict:
     for i, (scene, prompt) in enumerate(prompts):
         ref.append(runner.image(demo_workflow(prompt, seed=2000 + i), "f32"))
     rows["f32"] = {"spec": "f32", **score([(s, S.check_image(im)) for (s, _), im in zip(prompts, ref)])}
-    for name, spec in PRECISIONS.items():
+    chosen = PRECISIONS if not args.precisions else {s: s for s in args.precisions.split(";") if s}
+    for name, spec in chosen.items():
         images = [runner.image(demo_workflow(p, seed=2000 + i), spec) for i, (_, p) in enumerate(prompts)]
         a = [torch.from_numpy(x)[None] for x in images]
         b = [torch.from_numpy(x)[None] for x in ref]
@@ -195,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cfg", type=float)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--precisions", help="precision: these SPECs (';'-separated) instead of the default set")
     p.add_argument("--checkpoint", type=Path, help="evaluate this file instead of the embedded model")
     p.add_argument("--threads", type=int, default=1, help="torch threads (more than the free cores slows it down)")
     args = p.parse_args(argv)

@@ -235,10 +235,13 @@ class Int8Linear(_PackedInt8):
     `compute_dtype`:
 
     - "onednn" (CPU with native int8 dot products, `onednn_int8_conv_available`): oneDNN's
-      dynamic quantized Linear (`quantized::linear_dynamic`, the x86 backend's kernel): the
-      input is quantized per tensor (asymmetric uint8, in the kernel), the bias added in f32.
-      1.4-2.6x faster than the "int_mm" kernel at 1024-4096 tokens (its quantisation is fused),
-      ~1 dB lower SNR per layer (benchmarks/README.md).
+      dynamic quantized Linear (`quantized::linear_dynamic`, the x86 backend's kernel), which
+      quantizes its input per tensor (asymmetric uint8). To give each token its own scale, as
+      "int_mm" does, the rows are first divided by their absmax and the output rows multiplied
+      back (x W = diag(s) (diag(1/s) x) W, exact up to rounding), the bias added after in f32:
+      a token of small values then keeps its levels beside a large one (per layer 34 vs 21 dB
+      SNR on rows of mixed scale, `benchmarks/bench_int8_models.py`), at 1.1-1.5x the time of
+      the plain per-tensor call and still 1.4-2x faster than "int_mm" at 1024-4096 tokens.
     - "int_mm" (any device): per-row absmax int8 activations, `torch._int_mm`, f32 rescale.
 
     The weights are held once, as `weight_int8`; oneDNN's packed copy is made from them on first
@@ -274,7 +277,9 @@ class Int8Linear(_PackedInt8):
             if x2.device.type == "meta" or is_fake(x2):  # `mixgraph estimate`'s trace: shapes only
                 y = x2.new_empty(x2.shape[0], self.out_features)
             else:
-                y = torch.ops.quantized.linear_dynamic(x2.contiguous(), self._onednn_packed(), False)
+                s = x2.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # [N, 1] per-token scale
+                y = torch.ops.quantized.linear_dynamic(x2 / s, self._onednn_packed(), False)
+                y = y.mul_(s) if self.bias is None else torch.addcmul(self.bias, y, s, out=y)  # y s + b
         else:
             y = self._forward_int_mm(x2)
         return y.reshape(*lead, self.out_features).to(self.compute_dtype)  # [N, out] -> [..., out]
@@ -287,9 +292,9 @@ class Int8Linear(_PackedInt8):
                 warnings.simplefilter("ignore")
                 qw = torch._make_per_channel_quantized_tensor(
                     self.weight_int8.t().contiguous(), self.weight_scale.double(), zeros, 0)  # [out, in]
-                try:
+                try:  # without the bias: it is added after the rows are scaled back
                     torch.backends.quantized.engine = "onednn"
-                    self._packed = torch.ops.quantized.linear_prepack(qw, self.bias)
+                    self._packed = torch.ops.quantized.linear_prepack(qw, None)
                 finally:
                     torch.backends.quantized.engine = engine
         return self._packed
@@ -435,7 +440,7 @@ class Int8Conv2d(_PackedInt8):
         if self._use_onednn(x):
             if x.device.type == "meta" or is_fake(x):  # `mixgraph estimate`'s trace: shapes only
                 return self._onednn_like(x).to(self.compute_dtype)
-            return self._forward_onednn(x).to(self.compute_dtype)
+            return self._forward_onednn(x)
         return self._forward_gemm(x)
 
     def _out_hw(self, h: int, w: int) -> tuple[int, int]:
@@ -467,9 +472,12 @@ class Int8Conv2d(_PackedInt8):
                 list(self.dilation), 1, None)
         q, scale, zero = self.quantize_input(x)
         zeros = torch.zeros(self.out_channels, dtype=torch.int64)
-        return torch.ops.onednn.qconv2d_pointwise(
+        # oneDNN writes f32 or bf16 (rounded from its f32 result: the same values as a cast after)
+        out_dtype = torch.bfloat16 if self.compute_dtype == torch.bfloat16 else torch.float32
+        y = torch.ops.onednn.qconv2d_pointwise(
             q, scale, zero, packed, self.weight_scale, zeros, self.bias, list(self.stride),
-            list(self.padding), list(self.dilation), 1, 1.0, 0, torch.float32, "none", [], "")
+            list(self.padding), list(self.dilation), 1, 1.0, 0, out_dtype, "none", [], "")
+        return y.to(self.compute_dtype)
 
     def _forward_gemm(self, x: Tensor) -> Tensor:
         b, _, h, w = x.shape
@@ -635,7 +643,7 @@ def precision_bytes(module: nn.Module, policy: PolicyLike) -> tuple[int, int]:
                 # module casts it itself where it uses it
                 held += n * size[storage]
             elif name in int8_names:
-                held += n * 4  # the store keeps the f32 weights the int8 copy is made from
+                held += n * size[storage]  # the store keeps the weights the int8 copy is made from
                 if pname == "weight" and type(m) is nn.Linear:
                     per_use += n + m.out_features * 4  # int8 matrix, f32 scales
                     if onednn_conv:  # oneDNN's packed copy of the int8 weights, made on first use
