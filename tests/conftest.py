@@ -43,6 +43,20 @@ def pytest_sessionfinish(session, exitstatus):
         child.join(30)
 
 
+@pytest.fixture
+def fresh_memory_budget():
+    """No memory budget set and an empty weight store before and after the test (modules that
+    set budgets ask for it with `pytestmark` or `autouse` wrappers)."""
+    from mixgraph.nodes.models import memory_budget
+    from mixgraph.nodes.weights import store
+
+    memory_budget.reset()
+    store.clear()
+    yield
+    memory_budget.reset()
+    store.clear()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module of tiny-op tests: on a shared 2-core machine tiny ops are

@@ -1,7 +1,7 @@
 """`int8:bf16` / `int8:f16`: the int8 Linear and Conv2d layers of `int8`, every other layer stored
 and computed in the half dtype (issue 27: with bf16 native, the attention and norms beside the
-int8 GEMMs run at bf16's speed). The grammar, the per-use rules, what `apply_precision` builds,
-the bytes it holds, and a whole workflow run."""
+int8 GEMMs run at bf16's speed). The grammar, the per-use rules, what `apply_precision` builds
+and the bytes it holds; the executor run is in tests/test_precision_surfaces.py."""
 
 from __future__ import annotations
 
@@ -97,42 +97,3 @@ def test_onednn_conv_writes_bf16_exactly_as_its_f32_result_cast():
     a.kernel = b.kernel = "onednn"
     yb = b(x)
     assert yb.dtype == BF16 and torch.equal(yb, a(x).to(BF16))
-
-
-@pytest.fixture
-def env(tmp_path):
-    from mixgraph.graph.env import Env
-
-    for d in ("in", "out", "temp", "models"):
-        (tmp_path / d).mkdir(parents=True)
-    return Env(models=(tmp_path / "models",), input=tmp_path / "in", output=tmp_path / "out",
-               temp=tmp_path / "temp")
-
-
-def test_a_workflow_runs_under_int8_bf16(env):
-    """Through the executor: the UNet materializes with int8 layers and bf16 for the rest, the
-    report names `int8:bf16`, and a UNETLoader fp8 pin turns int8 off keeping bf16 compute."""
-    from mixgraph.graph.cache import OutputCache
-    from mixgraph.graph.executor import Executor
-    from mixgraph.graph.registry import Registry
-    from mixgraph.nodes.declare.loaders.loading import UNETLoader
-    from tests import toy_nodes as toy
-    from tests.fixtures.checkpoints import write_unet
-    from tests.test_precision_surfaces import StoredAs
-    from tests.toy_nodes import call, link
-
-    (env.models[0] / "diffusion_models").mkdir()
-    write_unet(env.models[0] / "diffusion_models" / "u.safetensors", "sd15", seed=3)
-    reg = Registry()
-    for fn in (UNETLoader, StoredAs, toy.ShowText):
-        reg.add(fn.spec)
-    wf = {"1": call("UNETLoader", unet_name="u.safetensors", weight_dtype="default"),
-          "2": call("StoredAs", model=link(1)), "3": call("ShowText", text=link(2))}
-    ex = Executor(reg, env, OutputCache(2**26))
-    r = ex.run(wf, precision="int8:bf16")
-    spec, storage, layers = r.values["2"][0].split("|")
-    assert spec == "int8:bf16" and r.nodes["2"].precision == "int8:bf16"
-    assert storage == "fp8_tensors=no" and layers != "int8_layers=0"
-    wf["1"]["inputs"]["weight_dtype"] = "fp8_e4m3fn"
-    r = ex.run(wf, precision="int8:bf16")
-    assert r.values["2"][0] == "fp8_e4m3fn:bf16|fp8_tensors=yes|int8_layers=0"

@@ -161,7 +161,10 @@ def StoredAs(model=Socket("MODEL"), ctx=None):
     return f"{policy.spec}|fp8_tensors={'yes' if fp8 else 'no'}|int8_layers={int8}"
 
 
-def test_int8_with_fp8_weight_dtype_reports_what_it_stores_and_computes(env):
+@pytest.mark.parametrize("spec, pinned", [("int8", "fp8_e4m3fn:f32"), ("int8:bf16", "fp8_e4m3fn:bf16")])
+def test_int8_with_fp8_weight_dtype_reports_what_it_stores_and_computes(env, spec, pinned):
+    """The int8 policies through the executor; a UNETLoader fp8 pin turns int8 off and keeps the
+    compute dtype of the rest (f32 for `int8`, bf16 for `int8:bf16`)."""
     (env.models[0] / "diffusion_models").mkdir()
     write_unet(env.models[0] / "diffusion_models" / "u.safetensors", "sd15", seed=3)
     reg = Registry()
@@ -170,12 +173,12 @@ def test_int8_with_fp8_weight_dtype_reports_what_it_stores_and_computes(env):
     wf = {"1": call("UNETLoader", unet_name="u.safetensors", weight_dtype="fp8_e4m3fn"),
           "2": call("StoredAs", model=link(1)), "3": call("ShowText", text=link(2))}
     ex = Executor(reg, env, OutputCache(2**26))
-    r = ex.run(wf, precision="int8")
-    assert r.values["2"][0] == "fp8_e4m3fn:f32|fp8_tensors=yes|int8_layers=0"
-    assert r.nodes["2"].precision == "fp8_e4m3fn:f32"
+    r = ex.run(wf, precision=spec)
+    assert r.values["2"][0] == f"{pinned}|fp8_tensors=yes|int8_layers=0"
+    assert r.nodes["2"].precision == pinned
     assert any("int8 does not combine" in w for w in r.warnings)
     wf["1"]["inputs"]["weight_dtype"] = "default"          # no pin: int8 is what runs
-    r = ex.run(wf, precision="int8")
-    spec, storage, layers = r.values["2"][0].split("|")
-    assert spec == "int8" and r.nodes["2"].precision == "int8" and layers != "int8_layers=0"
+    r = ex.run(wf, precision=spec)
+    ran, storage, layers = r.values["2"][0].split("|")
+    assert ran == spec and r.nodes["2"].precision == spec and layers != "int8_layers=0"
     assert storage == "fp8_tensors=no"

@@ -30,12 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(autouse=True)
-def _fresh_budget():
-    memory_budget.reset()
-    store.clear()
+def _fresh_budget(fresh_memory_budget):
     yield
-    memory_budget.reset()
-    store.clear()
 
 
 # ---------------------------------------------------------------------------------------------

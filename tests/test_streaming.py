@@ -31,12 +31,8 @@ GIB = memory_budget.GIB
 
 
 @pytest.fixture(autouse=True)
-def _fresh_budget():
-    memory_budget.reset()
-    store.clear()
+def _fresh_budget(fresh_memory_budget):
     yield
-    memory_budget.reset()
-    store.clear()
 
 
 def _budget_for(nbytes: int) -> float:
