@@ -207,4 +207,5 @@ def test_precision_node_int8_is_a_whole_spec_whatever_the_other_widgets_say():
     from mixgraph.nodes.declare.model_patches.precision_nodes import policy_from
 
     assert policy_from("int8", "bf16", True, True) == parse_spec("int8")
+    assert policy_from("int8:bf16", "f32", False, True) == parse_spec("int8:bf16")
     assert policy_from("fp8_e4m3fn", "bf16", True, False).spec == "fp8_e4m3fn:bf16+upcast_attention"

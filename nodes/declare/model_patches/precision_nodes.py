@@ -8,16 +8,17 @@ import torch
 from mixgraph.graph.node import Boolean, Combo, Socket, node
 from mixgraph.graph.precision import parse_spec, resolve
 
-STORAGE = ("f32", "bf16", "f16", "fp8_e4m3fn", "fp8_e5m2", "int8")
+STORAGE = ("f32", "bf16", "f16", "fp8_e4m3fn", "fp8_e5m2", "int8", "int8:bf16")
 COMPUTE = ("f32", "bf16", "f16")
 
 
 def policy_from(storage: str, compute: str, upcast_attention: bool, f32_norms: bool):
-    """The Policy these widget values name, through the one SPEC grammar. `int8` computes in f32
-    and is a whole SPEC (no compute dtype, no flags: they only change half-precision compute), so
-    the other widgets do not apply to it."""
-    if storage == "int8":
-        return parse_spec("int8")
+    """The Policy these widget values name, through the one SPEC grammar. `int8` (the rest in f32)
+    and `int8:bf16` (the rest in bf16) are whole SPECs (no compute dtype, no flags), so the other
+    widgets do not apply to them: a saved workflow's `int8` with the default compute `bf16` keeps
+    meaning f32 for the rest."""
+    if storage.startswith("int8"):
+        return parse_spec(storage)
     flags = ("+upcast_attention" if upcast_attention else "") + ("+f32_norms" if f32_norms else "")
     return parse_spec(f"{storage}:{compute}{flags}")
 
