@@ -118,6 +118,7 @@ def precision(args, runner: Runner) -> dict:
         rows[name] = {"spec": spec,
                       "psnr_db_mean": float(np.mean([min(psnr(x, y), 99.0) for x, y in zip(a, b)])),
                       "psnr_db_min": float(min(psnr(x, y) for x, y in zip(a, b))),
+                      "psnr_db_each": [round(min(psnr(x, y), 99.0), 1) for x, y in zip(a, b)],
                       "ssim_mean": float(np.mean([ssim(x, y) for x, y in zip(a, b)])),
                       **score([(s, S.check_image(im)) for (s, _), im in zip(prompts, images)])}
         print(f"precision {name}: {rows[name]}", file=sys.stderr, flush=True)
