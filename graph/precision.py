@@ -370,11 +370,13 @@ CPU_INT8_TABLE: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
      "AMX: int8 tiles not measured against AMX-BF16; bf16 kept"),
     (("avx512_vnni", "avx512_bf16"), (),
      "AVX512-VNNI with AVX512-BF16 (measured, AMD EPYC Zen 4): the int8 SD1.5 UNet runs at bf16's "
-     "speed (256 px: 0.72 vs 0.76 s per call; 512 px: 3.99 vs 3.68 s) with a lower PSNR; bf16 kept"),
+     "speed (1.06x / 0.95x bf16 per call at 256 / 512 px; int8:bf16 1.21x / 1.02x, 45.5 vs 50.2 dB "
+     "on the embedded model); bf16 kept. DiT Linears gain more (a Flux slice 1.5x / 1.2x bf16) but "
+     "lose 11 dB SNR on random weights, with no trained DiT to check: opt-in (int8, int8:bf16)"),
     (("avx512_vnni",), ("fast",),
-     "AVX512-VNNI without bf16: the int8 SD1.5 UNet 2.9x (256 px) / 1.8x (512 px) faster than "
+     "AVX512-VNNI without bf16: the int8 SD1.5 UNet 2.8x (256 px) / 1.9x (512 px) faster than "
      "f32 on a VNNI CPU, int8 GEMM 2.7-3.6x f32 on Cascade Lake (issue 27): `fast`; `balanced` "
-     "stays f32 (int8 PSNR vs f32 ~48 dB mean on the embedded model, 29 dB on random weights)"),
+     "stays f32 (int8 PSNR vs f32 49 dB mean, 44 worst on the embedded model, 28 dB on random weights)"),
 )
 
 
