@@ -20,6 +20,7 @@ from mixgraph.nodes.families.sd.unet import UNetModel
 from mixgraph.nodes.models import loader, memory_budget
 from mixgraph.nodes.weights import quantized, store, streaming
 from mixgraph.nodes.weights.cast import apply_precision
+from mixgraph.nodes.weights.gguf_tensor import is_quantized
 from mixgraph.nodes.weights.safetensors_io import WeightSource, byte_ranges, quantization
 from mixgraph.nodes.weights.store import WeightStore
 from tests.fixtures import checkpoints as C
@@ -175,9 +176,28 @@ def test_block_scale_with_the_same_count_is_read_row_major(tmp_path):
         assert torch.equal(m.state_dict()[f"{k}.weight"], ref[f"{k}.weight"])
 
 
-@pytest.mark.parametrize("case", ["int8_tensorwise_per_row", "int8_blockwise", "float8_e4m3fn_blockwise"])
+@pytest.mark.parametrize("case", ["int8_tensorwise", "int8_tensorwise_per_row", "int8_blockwise"])
+def test_int8_layers_stay_int8_in_memory_whatever_the_storage_dtype(tmp_path, case):
+    """An int8 layer is held as int8 (a QuantizedTensor of `int8_format`: per block a float32
+    scale, then the values) under any storage dtype, a quarter of its f32 bytes and a little;
+    it dequantises to exactly q * scale, cast to the dtype asked for."""
+    block = 32 if "block" in case else None
+    source, ref = _wide_file(tmp_path, case, block)
+    for storage in (F32, BF16, E4M3):
+        s = WeightStore()
+        m = s.materialize("wide", source, None, storage, (), Wide)
+        for k in WIDE_LAYERS:
+            w = m.get_submodule(k).weight
+            assert is_quantized(w) and w.fmt.name.startswith("int8x") and not hasattr(m.get_submodule(k), "weight_scale")
+            assert w.raw.numel() == quantized.int8_kept_bytes(tuple(w.shape), block) < w.numel() * 2
+            assert torch.equal(w.dequantize(), ref[f"{k}.weight"]), k
+            assert torch.equal(w.dequantize(BF16), ref[f"{k}.weight"].to(BF16)), k
+        assert s.stats.bytes < sum(ref[f"{k}.weight"].numel() for k in WIDE_LAYERS) * 2
+
+
+@pytest.mark.parametrize("case", ["float8_e4m3fn_blockwise"])
 def test_dequantised_layers_take_the_storage_dtype(tmp_path, case):
-    """int8 and block-wise layers are dequantised in f32 then cast to the storage dtype, fp8
+    """Block-wise fp8 layers are dequantised in f32 then cast to the storage dtype, fp8
     included (no scale is kept for them)."""
     source, ref = _wide_file(tmp_path, case, 32 if "block" in case else None)
     for storage in (BF16, E4M3):
@@ -391,9 +411,10 @@ def test_streamed_within_a_small_budget_equals_the_dequantised_file(unet_files, 
         assert any(a <= lo and lo + n <= a + m for a, m in spans), k
 
 
-def test_estimate_counts_an_int8_checkpoint_at_the_storage_dtype(tmp_path):
-    """``mixgraph estimate`` counts an int8 file's weights at the storage dtype they are
-    dequantised to: what it counts for the dequantised plain file, under f32 and bf16."""
+def test_estimate_counts_an_int8_checkpoint_at_the_bytes_kept(tmp_path):
+    """``mixgraph estimate`` counts an int8 file's int8 layers at the bytes the store keeps for
+    them (``int8_kept_bytes``), the rest as for the dequantised plain file, under f32 and bf16."""
+    from mixgraph.nodes.weights.safetensors_io import held_quantised
     from mixgraph.graph.env import Env
     from mixgraph.ui import api
     from mixgraph.ui.estimate import estimate
@@ -413,4 +434,35 @@ def test_estimate_counts_an_int8_checkpoint_at_the_storage_dtype(tmp_path):
             g.add("PreviewImage", images=g.add("VAEDecode", samples=ks.out, vae=ck[2]).out)
             est = estimate(g.build(), reg, env, spec)
             got[name] = (est["nodes"][ks.node_id]["weights_bytes"], est["peak_bytes"])
-        assert got["q.safetensors"] == got["plain.safetensors"] and got["q.safetensors"][0] > 0, spec
+        item = 4 if spec == "f32" else 2
+        held = held_quantised(WeightSource.from_file(models / "checkpoints" / "q.safetensors"))
+        unet = {k: v for k, v in held.items() if k.startswith("model.diffusion_model.")}
+        assert unet and all(b < n * 2 for b, n in unet.values())
+        saving = sum(n * item - b for b, n in unet.values())
+        assert got["q.safetensors"][0] == got["plain.safetensors"][0] - saving > 0, spec
+        assert got["q.safetensors"][1] <= got["plain.safetensors"][1], spec
+
+
+def test_an_int8_file_that_fits_only_as_int8_stays_resident(unet_files):
+    """The streaming plan counts an int8 layer at the bytes kept (``held_quantised``): under an
+    allowance between the file's int8 footprint and its dense f32 one, the model stays resident,
+    and gives the dequantised file's output exactly."""
+    from mixgraph.nodes.weights.safetensors_io import held_quantised
+
+    handle = loader.load_unet(unet_files / "int8_tensorwise_per_row.safetensors")
+    plain = loader.load_unet(unet_files / "int8_tensorwise_per_row_dequantised.safetensors")
+    policy = Policy(F32, F32, False, True, False)
+    want, _ = _unet_out(plain, policy, stream=False)
+    store.clear()
+    with torch.device("meta"):
+        meta = UNetModel(handle.config)
+    rule = store.dtype_rule(meta)
+    units, fixed = streaming.units_of(meta, rule, F32)
+    kept_units, kept_fixed = streaming.units_of(meta, rule, F32,
+                                                {k: b for k, (b, _n) in held_quantised(handle.source).items()})
+    dense, kept = fixed + sum(u.nbytes for u in units), kept_fixed + sum(u.nbytes for u in kept_units)
+    assert kept < 0.9 * dense  # the tiny UNet: its Linears are a quarter of its bytes
+    b = memory_budget.set_budget("cpu", (kept + dense) / 2 / (1 - streaming.WORK_SHARE) / memory_budget.GIB)
+    assert kept <= streaming.weights_allowance(b) < dense
+    got, was = _unet_out(handle, policy)
+    assert not was and torch.equal(got, want)

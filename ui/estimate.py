@@ -292,17 +292,18 @@ def _weight_parts(socket: str, handle: Any, pkey: tuple) -> tuple[tuple[int, int
 
 
 def _gguf_saving(module: torch.nn.Module, source: Any, storage: torch.dtype) -> int:
-    """Bytes a GGUF file's quantised weights hold less than `precision_bytes` counts for them
-    (it counts them in the storage dtype; the weight store holds the file's blocks)."""
-    from mixgraph.nodes.weights.gguf_file import is_gguf, quantised_sizes
+    """Bytes the weights a source keeps quantised (a GGUF file's blocks, an int8 file's layers)
+    hold less than `precision_bytes` counts for them (it counts them in the storage dtype)."""
+    from mixgraph.nodes.weights.safetensors_io import WeightSource, held_quantised
 
-    path = getattr(source, "path", None)
-    if path is None or not is_gguf(path):
+    if not isinstance(source, WeightSource):
+        return 0
+    held_by_key = held_quantised(source)
+    if not held_by_key:
         return 0
     params = dict(module.named_parameters())
     item = torch.empty((), dtype=storage).element_size()
-    return sum(max(0, numel * item - held) for key, (held, numel) in quantised_sizes(path, source.prefix).items()
-               if key in params)
+    return sum(max(0, numel * item - held) for key, (held, numel) in held_by_key.items() if key in params)
 
 
 def _weight_bytes(socket: str, handle: Any, pkey: tuple) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""A weight kept in a GGUF block format in memory and dequantised when it is used.
+"""A weight kept in a GGUF block format in memory and dequantised when it is used (also an int8
+file's layers, in the block format ``quantized.int8_format``: the same mechanism).
 
 ``QuantizedTensor`` is a torch tensor subclass (a "wrapper" tensor: no storage of its own) that
 reports the weight's logical shape and float32 dtype while holding only the file's quantised

@@ -43,15 +43,25 @@ as is (in the file's fp8 type, whatever fp8 type the policy names, as ComfyUI ke
 in theirs) with its scale beside it (``<key>_scale``, e.g. ``layer.weight_scale``); the weight
 store attaches that scale to the layer (``attach_scales``, a non-persistent buffer
 ``weight_scale``) and the cast layer multiplies the weight it casts by it on every forward. Every
-other layer (int8 and block-wise layers, another storage dtype, keep-f32 modules, other module
-types) is dequantised once at read time, in f32, then cast to its storage dtype: an int8 file
-is held at the policy's storage dtype, never as int8.
+other fp8 layer (block-wise layers, another storage dtype, keep-f32 modules, other module types)
+is dequantised once at read time, in f32, then cast to its storage dtype.
+
+An int8 layer (``int8_tensorwise``, ``int8_blockwise``) of a plain Linear / Conv layer stays int8
+in memory whatever the storage dtype, as a GGUF weight does: a ``gguf_tensor.QuantizedTensor`` in
+the block format ``int8_format(B)`` (per block of B consecutive values of a row: its float32
+scale, then its B int8 values; B = the row for per-tensor / per-row scales, the group size for
+block scales, whose [M/B, N/B] grid is repeated over the B rows of each tile), built once at read
+time (``keep_int8``). The cast layers dequantise it on every forward to the same float32 values
+``dequantize`` gives (``q * scale``), then cast them; so an int8 file is held at about a quarter
+of its f32 size (``int8_kept_bytes``), and a model that fits only so stays resident. Other int8
+layers (other module types, a reader that fuses tensors) are dequantised at read time.
 
 Nothing here names a model family.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -60,10 +70,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mixgraph.nodes.weights.gguf_quants import BlockFormat
+from mixgraph.nodes.weights.gguf_tensor import QuantizedTensor
+
 __all__ = ["QuantLayer", "QuantScheme", "QuantFormat", "quant_scheme", "FP8_FORMATS", "FORMATS", "KEPT_FORMATS",
            "SCALED_LAYER_TYPES", "scale_key", "dequantize", "read_quantized", "attach_scales", "keep_scaled_rule",
            "dequantized", "module_state_dict", "plain_state_dict", "scales_of", "layer_format", "layer_config",
-           "QUANT_METADATA"]
+           "QUANT_METADATA", "int8_format", "keep_int8", "int8_kept_bytes", "kept_int8_layers"]
 
 SCALED_FP8 = "scaled_fp8"
 QUANT_METADATA = "_quantization_metadata"
@@ -262,6 +275,70 @@ def dequantize(w: Tensor, scale: Tensor, block: int | None = None) -> Tensor:
     return (tiles * per_tile).reshape(m, n)
 
 
+@functools.lru_cache(maxsize=64)
+def int8_format(block: int) -> BlockFormat:
+    """The in-memory block format of a kept int8 weight: per block of ``block`` values, a float32
+    scale (4 bytes, native order) then the int8 values."""
+    return BlockFormat(f"int8x{block}", -1, block, 4 + block, _int8_blocks)
+
+
+def _int8_blocks(blocks: Tensor) -> Tensor:
+    """[n, 4 + B] bytes -> [n, B] float32: each block's int8 values times its scale."""
+    scale = blocks[:, :4].contiguous().view(torch.float32)  # [n, 4] uint8 -> [n, 1]
+    return blocks[:, 4:].contiguous().view(torch.int8).to(torch.float32) * scale
+
+
+def keep_int8(w: Tensor, scale: Tensor, block: int | None) -> QuantizedTensor:
+    """An int8 weight and its scale (as ``_check`` shapes it) as a ``QuantizedTensor`` in
+    ``int8_format``: one block per output row (per-tensor / per-row scales), or per ``block``
+    columns of a row (block scales, tile (i, j)'s scale on each of its rows)."""
+    m = w.shape[0]
+    scale = scale.to(torch.float32)
+    if block is None:
+        per = w.numel() // m
+        s = scale.expand(m) if scale.ndim == 0 else scale.reshape(m)  # [M]: one scale per row
+        s, q = s.reshape(m, 1), w.reshape(m, 1, per)  # [M, 1] scales, [M, 1, per] values
+    else:
+        per = block
+        s = scale.repeat_interleave(block, dim=0)  # [M/B, N/B] -> [M, N/B]
+        q = w.reshape(m, w.shape[1] // block, block)  # [M, N] -> [M, N/B, B]
+    sbytes = s.contiguous().reshape(-1, 1).view(torch.uint8).reshape(m, -1, 4)  # [M, k, 4]
+    raw = torch.cat([sbytes, q.contiguous().view(torch.uint8)], dim=2)  # [M, k, 4 + B]
+    return QuantizedTensor(raw.reshape(-1), int8_format(per), tuple(w.shape))
+
+
+def kept_int8_layers(scheme: QuantScheme, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+                     read: Callable[[str], Tensor]) -> dict[str, tuple[int, int]]:
+    """stored weight key -> (bytes ``keep_int8`` holds, values), for the int8 layers of a source
+    whose stored keys have ``shapes`` ((shape, dtype), from the header); ``read`` reads a marker
+    tensor where a layer's config is there. What estimates made from shapes use (they would count
+    the weights dense)."""
+    out = {}
+    for key, layer in scheme.layers.items():
+        shape, dtype = shapes.get(key, ((), None))
+        if dtype != torch.int8 or not shape:
+            continue
+        conf = layer_config(layer, read)
+        fmt = FORMATS.get(conf["format"])
+        if fmt is None:
+            continue  # refused by name when read
+        block = _group_size(layer, conf, fmt) if fmt.scale == "block" else None
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        out[key] = (int8_kept_bytes(shape, block), numel)
+    return out
+
+
+def int8_kept_bytes(shape: tuple[int, ...], block: int | None) -> int:
+    """Bytes ``keep_int8`` holds for a weight of ``shape`` (``block`` None: one block per row)."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    per = numel // int(shape[0]) if block is None else block
+    return numel + 4 * (numel // per)
+
+
 def read_quantized(
     scheme: QuantScheme,
     items: Mapping[str, Callable[[], Tensor]],
@@ -302,6 +379,10 @@ def read_quantized(
         if (conf["format"] in KEPT_FORMATS and target in _FP8_DTYPES and w.dtype in _FP8_DTYPES
                 and keep_scaled(new)):
             out[new], out[scale_key(new)] = w, scale
+            continue
+        if w.dtype == torch.int8 and keep_scaled(new):
+            out[new] = keep_int8(w, scale, block)
+            release(w)
             continue
         out[new] = dequantize(w, scale, block).to(torch.float32 if target is None else target)
         release(w)

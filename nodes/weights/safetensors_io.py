@@ -35,9 +35,10 @@ from safetensors import SafetensorError, safe_open
 
 from mixgraph.nodes.weights import gguf_file
 from mixgraph.nodes.weights.gguf_tensor import is_quantized
-from mixgraph.nodes.weights.quantized import QuantScheme, quant_scheme, read_quantized
+from mixgraph.nodes.weights.quantized import QuantScheme, kept_int8_layers, quant_scheme, read_quantized
 
 __all__ = [
+    "held_quantised",
     "TensorInfo",
     "WeightSource",
     "WeightFileError",
@@ -502,6 +503,33 @@ def quantization(source: WeightSource) -> QuantScheme | None:
 def _file_quantization(path: str, size: int, mtime_ns: int, prefix: str) -> QuantScheme | None:
     names = [k[len(prefix):] for k in inspect_file(path) if k.startswith(prefix)]
     return quant_scheme(names, file_metadata(path), prefix)
+
+
+def held_quantised(source: WeightSource) -> dict[str, tuple[int, int]]:
+    """stored key (prefix stripped) -> (bytes the weight store holds, values) for the weights a
+    source keeps quantised in memory whatever the storage dtype: a GGUF file's quantised tensors,
+    a ComfyUI-quantised file's int8 layers (``quantized.keep_int8``); {} for any other source.
+    From the header (and an int8 layer's tiny config tensor): what estimates made from shapes
+    need, since they would count these weights dense."""
+    if source.path is None:
+        return {}
+    if gguf_file.is_gguf(source.path):
+        return gguf_file.quantised_sizes(source.path, source.prefix)
+    if _is_pickle(source.path):
+        return {}
+    return dict(_held_int8(source.path, source.size, source.mtime_ns, source.prefix))
+
+
+@functools.lru_cache(maxsize=64)
+def _held_int8(path: str, size: int, mtime_ns: int, prefix: str) -> tuple[tuple[str, tuple[int, int]], ...]:
+    scheme = _file_quantization(path, size, mtime_ns, prefix)
+    if scheme is None:
+        return ()
+    shapes = {k[len(prefix):]: (i.shape, i.dtype) for k, i in inspect_file(path).items() if k.startswith(prefix)}
+    markers = [prefix + layer.marker for layer in scheme.layers.values() if layer.marker is not None
+               and layer.format is None and shapes.get(layer.weight, ((), None))[1] == torch.int8]
+    configs = read_tensors(path, markers, prefix=prefix) if markers else {}
+    return tuple(kept_int8_layers(scheme, shapes, configs.__getitem__).items())
 
 
 def source_dtypes(source: WeightSource) -> set[torch.dtype]:

@@ -56,14 +56,15 @@ from torch import nn
 
 from mixgraph.nodes.models import memory_budget
 from mixgraph.nodes.weights import streaming
-from mixgraph.nodes.weights.gguf_file import is_gguf, quantised_sizes
+from mixgraph.nodes.weights.gguf_file import is_gguf
 from mixgraph.nodes.weights.gguf_tensor import is_quantized, storage_nbytes
 from mixgraph.nodes.weights.layouts import reader_for_source
 from mixgraph.nodes.adapters.lora import apply_patches
 from mixgraph.nodes.weights.merge import MergePatch
 from mixgraph.nodes.weights.quantized import attach_scales, dequantized, keep_scaled_rule, scales_of
-from mixgraph.nodes.weights.safetensors_io import (PICKLE_SUFFIXES, WeightSource, byte_ranges, inspect_file, quantization, read_source,
-                                                   source_dtypes, will_need)
+from mixgraph.nodes.weights.safetensors_io import (PICKLE_SUFFIXES, WeightSource, byte_ranges, held_quantised,
+                                                   inspect_file, quantization, read_source, source_dtypes,
+                                                   will_need)
 
 __all__ = ["StoreStats", "WeightStore", "STORE", "materialize", "clear", "configure", "stats", "dtype_rule",
            "held"]
@@ -518,13 +519,15 @@ def _unit_ranges(source: WeightSource, rename, prefix: str) -> tuple[tuple[int, 
 
 
 def _quantised_sizes(source: WeightSource, rename) -> dict[str, int] | None:
-    """Module key -> bytes held, for a GGUF file's quantised tensors (header only); None else."""
-    if source.path is None or not is_gguf(source.path):
+    """Module key -> bytes held, for the weights a source keeps quantised (a GGUF file's blocks,
+    an int8 file's layers: ``safetensors_io.held_quantised``); None where it has none."""
+    held = held_quantised(source)
+    if not held:
         return None
     if rename is None:
         rename, _post = reader_for_source(source)
     out = {}
-    for k, (held_bytes, _n) in quantised_sizes(source.path, source.prefix).items():
+    for k, (held_bytes, _n) in held.items():
         new = rename(k) if rename is not None else k
         if new is not None:
             out[new] = held_bytes
