@@ -286,12 +286,12 @@ def _weight_parts(socket: str, handle: Any, pkey: tuple) -> tuple[tuple[int, int
         with torch.device("meta"):
             module = build()
         held, use = precision_bytes(module, Policy(*pkey))
-        held -= _gguf_saving(module, source, pkey[0])
+        held -= _quantised_saving(module, source, pkey[0])
         parts.append((held, use, held + _stored_table_bytes(module, source)))
     return tuple(parts)
 
 
-def _gguf_saving(module: torch.nn.Module, source: Any, storage: torch.dtype) -> int:
+def _quantised_saving(module: torch.nn.Module, source: Any, storage: torch.dtype) -> int:
     """Bytes the weights a source keeps quantised (a GGUF file's blocks, an int8 file's layers)
     hold less than `precision_bytes` counts for them (it counts them in the storage dtype)."""
     from mixgraph.nodes.weights.safetensors_io import WeightSource, held_quantised

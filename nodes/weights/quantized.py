@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -323,19 +324,14 @@ def kept_int8_layers(scheme: QuantScheme, shapes: Mapping[str, tuple[tuple[int, 
         if fmt is None:
             continue  # refused by name when read
         block = _group_size(layer, conf, fmt) if fmt.scale == "block" else None
-        numel = 1
-        for d in shape:
-            numel *= int(d)
-        out[key] = (int8_kept_bytes(shape, block), numel)
+        out[key] = (int8_kept_bytes(shape, block), math.prod(shape))
     return out
 
 
 def int8_kept_bytes(shape: tuple[int, ...], block: int | None) -> int:
     """Bytes ``keep_int8`` holds for a weight of ``shape`` (``block`` None: one block per row)."""
-    numel = 1
-    for d in shape:
-        numel *= int(d)
-    per = numel // int(shape[0]) if block is None else block
+    numel = math.prod(shape)
+    per = numel // shape[0] if block is None else block
     return numel + 4 * (numel // per)
 
 

@@ -320,6 +320,16 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
                    f"--output-cache, least recently used out first (default {DISK_DEFAULT_GB:g})")
 
 
+def budget_cache(budget: Any, **modes: Any) -> Any:
+    """The in-memory output cache for the cache `modes` (`graph.cache.make_cache`'s) under the
+    memory `budget`: the default mode's bound is a share of it, recorded so weight streaming
+    leaves that share out of a model's weights allowance (`memory_budget.set_output_share`)."""
+    from mixgraph.nodes.models import memory_budget
+    memory = make_cache(**modes, memory_bytes=budget.nbytes)
+    memory_budget.set_output_share(budget, memory.max_bytes if memory.budget_share else 0)
+    return memory
+
+
 def cache_from_args(args: argparse.Namespace) -> Any:
     """The executor's output cache for the cache flags (ValueError for an unusable value): the
     in-memory mode, behind which `--output-cache DIR` puts the persistent level. The default
@@ -327,12 +337,8 @@ def cache_from_args(args: argparse.Namespace) -> Any:
     outputs are CPU tensors, as `nodes/media/memory_guards.py` counts them), so call it after
     the budget is set (`apply_memory`); env `MIXGRAPH_CACHE_BYTES` still wins."""
     from mixgraph.nodes.models import memory_budget
-    budget = memory_budget.budget("cpu")
-    memory = make_cache(lru=getattr(args, "cache_lru", None),
-                        none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None),
-                        memory_bytes=budget.nbytes)
-    # the default cache's bound is a share of the budget: weight streaming leaves it out
-    memory_budget.set_output_share(budget, memory.max_bytes if memory.budget_share else 0)
+    memory = budget_cache(memory_budget.budget("cpu"), lru=getattr(args, "cache_lru", None),
+                          none=getattr(args, "cache_none", False), ram=getattr(args, "cache_ram", None))
     directory, gb = getattr(args, "output_cache", None), getattr(args, "output_cache_gb", None)
     if directory is None:
         if gb is not None:

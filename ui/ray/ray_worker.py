@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from mixgraph.graph.cache import make_cache
 from mixgraph.graph.env import Env
 from mixgraph.graph.executor import Executor
 from mixgraph.ui.comfy.client_messages import worker_sink
+from mixgraph.ui.comfy.comfy_flags import budget_cache
 from mixgraph.ui.server.queue import execute
 from mixgraph.ui.ray.ray_fanout import add_nodes
 
@@ -97,9 +97,7 @@ def build_executor(options: WorkerOptions) -> Executor:
             from mixgraph.ui.comfy.custom_nodes import load_from_args
             load_from_args(SimpleNamespace(**options.custom_nodes), registry, options.env)
     add_nodes(registry)                  # FanOutListPart, for the parts of a list prompt
-    cache = make_cache(**options.cache, memory_bytes=budget.nbytes)
-    from mixgraph.nodes.models import memory_budget
-    memory_budget.set_output_share(budget, cache.max_bytes if cache.budget_share else 0)
+    cache = budget_cache(budget, **options.cache)
     if options.output_cache is not None:
         from mixgraph.graph.persist import DiskCache, TieredCache
         directory, gb = options.output_cache
